@@ -1,0 +1,1 @@
+"""The actor layer: actors, endpoints, futures, ports and meshes (private)."""

@@ -1,0 +1,131 @@
+"""How procs are started: ``BootstrapCommand`` and ``default_bootstrap_cmd``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+PROC_MODULE = "monarch_core._actor._proc_main"
+BOOTSTRAP_ENV = "MONARCH_PROC_BOOTSTRAP"
+_BIND_KEYS = ("cpunodebind", "membind", "physcpubind", "cpus")
+
+
+@dataclasses.dataclass(frozen=True)
+class BootstrapCommand:
+    """The OS command that starts a proc.
+
+    ``program`` is executed with ``args``; ``arg0`` (if set) is what the
+    process sees as ``argv[0]``.  ``env`` holds *overrides* applied on top of
+    the spawning process's environment: a value of ``None`` removes that
+    variable.  The command must end up running
+    ``python -m monarch_core._actor._proc_main`` (directly or through a wrapper
+    such as ``numactl`` or a container launcher); the proc finds its identity in
+    the ``MONARCH_PROC_BOOTSTRAP`` variable, which monarch sets.
+    """
+
+    program: str
+    args: tuple[str, ...] = ("-m", PROC_MODULE)
+    env: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
+    arg0: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.program, str) or not self.program:
+            raise TypeError(f"BootstrapCommand.program must be a non-empty str, got {self.program!r}")
+        object.__setattr__(self, "args", tuple(self.args))
+        for k, v in dict(self.env).items():
+            if not isinstance(k, str) or not (v is None or isinstance(v, str)):
+                raise TypeError(
+                    f"BootstrapCommand.env maps str to str (or None to remove a variable); got {k!r}: {v!r}"
+                )
+        object.__setattr__(self, "env", dict(self.env))
+
+    def with_env(self, env: Mapping[str, str | None] | None = None, /, **kwargs: str | None) -> BootstrapCommand:
+        """A copy with more environment overrides (``None`` removes a variable)."""
+        merged = dict(self.env)
+        merged.update(env or {})
+        merged.update(kwargs)
+        return dataclasses.replace(self, env=merged)
+
+    def with_args(self, *args: str) -> BootstrapCommand:
+        return dataclasses.replace(self, args=tuple(args))
+
+    def argv(self) -> list[str]:
+        return [self.arg0 or self.program, *self.args]
+
+    def build_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) with the overrides applied."""
+        env = dict(os.environ if base is None else base)
+        for k, v in self.env.items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
+        return env
+
+
+def default_bootstrap_cmd(python_executable: str | None = None) -> BootstrapCommand:
+    """The default command: this process's Python (or ``python_executable``)
+    running the monarch proc module, inheriting this process's environment."""
+    return BootstrapCommand(program=python_executable or sys.executable)
+
+
+def validate_proc_bind(proc_bind: Any, nprocs: int) -> list[dict[str, str]] | None:
+    """Check ``proc_bind`` (one dict per proc) and return it normalised."""
+    if proc_bind is None:
+        return None
+    if not isinstance(proc_bind, (list, tuple)):
+        raise TypeError(f"proc_bind must be a list of dicts (one per proc), got {type(proc_bind).__name__}")
+    if len(proc_bind) != nprocs:
+        raise ValueError(
+            f"proc_bind has {len(proc_bind)} entries but {nprocs} procs are being spawned per host; "
+            "give exactly one dict per proc (math.prod(per_host.values()))"
+        )
+    out = []
+    for i, d in enumerate(proc_bind):
+        if not isinstance(d, Mapping):
+            raise TypeError(f"proc_bind[{i}] must be a dict, got {type(d).__name__}")
+        bad = [k for k in d if k not in _BIND_KEYS]
+        if bad:
+            raise ValueError(f"proc_bind[{i}] has unknown keys {bad}; known keys: {list(_BIND_KEYS)}")
+        out.append({k: str(v) for k, v in d.items()})
+        if ("cpunodebind" in d or "membind" in d) and shutil.which("numactl") is None:
+            raise RuntimeError(
+                f"proc_bind[{i}] uses {'cpunodebind' if 'cpunodebind' in d else 'membind'}, which needs "
+                "numactl; install it (apt-get install numactl) or bind with 'cpus' instead"
+            )
+    return out
+
+
+def parse_cpu_list(spec: str) -> set[int]:
+    """``"0-3,6"`` → ``{0, 1, 2, 3, 6}``."""
+    cpus: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if "-" in part:
+            a, b = part.split("-", 1)
+            cpus.update(range(int(a), int(b) + 1))
+        else:
+            cpus.add(int(part))
+    return cpus
+
+
+def apply_bind(cmd_argv: list[str], bind: Mapping[str, str] | None) -> tuple[list[str], str | None]:
+    """Prefix ``numactl`` for node/memory binding; return the CPU list for
+    ``sched_setaffinity`` (done by the proc itself) separately."""
+    if not bind:
+        return cmd_argv, None
+    prefix = []
+    if "cpunodebind" in bind or "membind" in bind:
+        prefix = [shutil.which("numactl") or "numactl"]
+        if "cpunodebind" in bind:
+            prefix.append(f"--cpunodebind={bind['cpunodebind']}")
+        if "membind" in bind:
+            prefix.append(f"--membind={bind['membind']}")
+    cpus = bind.get("cpus") or bind.get("physcpubind")
+    return prefix + cmd_argv, cpus

@@ -1,0 +1,73 @@
+"""The context API: who is running, and for which message."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monarch_core._actor import _state
+from monarch_core._mesh._shape import Point
+
+
+class ClientInstance:
+    """``context().actor_instance`` outside any actor: the root client."""
+
+    name = "client"
+    class_name = "client"
+
+    def __init__(self, rt: _state.ProcRuntime) -> None:
+        self.proc_id = rt.proc_id
+        self.rank = rt.point
+        self.actor_id = f"{rt.proc_id}.{rt.name}"
+        self.display_name = rt.name
+
+    @property
+    def proc(self) -> Any:
+        from monarch_core._actor._mesh import this_proc
+
+        return this_proc()
+
+    def __repr__(self) -> str:
+        return f"<{self.name} on {self.proc_id}>"
+
+
+class Context:
+    """What ``context()`` returns: ``actor_instance`` (the running actor: its
+    ``rank``, ``actor_id``, ``name``, ``proc``) and ``message_rank`` (the
+    current message's ``Point`` within the cast that delivered it)."""
+
+    __slots__ = ("actor_instance", "message_rank")
+
+    def __init__(self, actor_instance: Any, message_rank: Point) -> None:
+        self.actor_instance = actor_instance
+        self.message_rank = message_rank
+
+    def __repr__(self) -> str:
+        return f"Context(actor_instance={self.actor_instance!r}, message_rank={self.message_rank!r})"
+
+
+def context() -> Context:
+    """The Context of the running actor; on the client, the root client context."""
+    host = _state.current_actor.get()
+    if host is not None:
+        rank = _state.current_message_rank.get() or host.rank
+        return Context(host, rank)
+    rt = _state.runtime()
+    inst = rt.caches.get("client_instance")
+    if inst is None:
+        inst = rt.caches["client_instance"] = ClientInstance(rt)
+    return Context(inst, rt.point)
+
+
+def current_rank() -> Point:
+    """The current message's position within its mesh, as a ``Point``."""
+    return context().message_rank
+
+
+def current_size() -> dict[str, int]:
+    """Size of each dimension of the mesh that received the current message."""
+    return dict(context().message_rank.extent.as_dict())
+
+
+def current_actor_name() -> str:
+    """The actor id of the running actor, as a string (``"client"`` ... on the client)."""
+    return str(context().actor_instance.actor_id)

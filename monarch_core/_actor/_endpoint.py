@@ -1,0 +1,346 @@
+"""Endpoints: the ``@endpoint`` decorators and the messaging adverbs."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import random
+from typing import TYPE_CHECKING, Any, Callable, Generic, Literal, TypeVar, overload
+
+from monarch_core._actor._future import Cell, Future
+from monarch_core._actor._port import Port, StreamIterator
+
+if TYPE_CHECKING:
+    from monarch_core._actor._mesh import ActorMesh
+    from monarch_core._mesh._value_mesh import ValueMesh
+
+try:  # Python >= 3.10
+    from typing import ParamSpec
+except ImportError:  # pragma: no cover
+    from typing_extensions import ParamSpec  # type: ignore
+
+P = ParamSpec("P")
+R = TypeVar("R")
+A = TypeVar("A")
+
+Propagator = Any
+
+
+class EndpointProperty(Generic[P, R]):
+    """What ``@endpoint`` puts on an Actor class.
+
+    On a spawned actor mesh, the attribute becomes an :class:`Endpoint` with the
+    messaging adverbs.  Inside the actor itself (``self.method``) it is the
+    plain bound method.
+    """
+
+    def __init__(
+        self,
+        method: Callable[..., Any],
+        propagate: Propagator = None,
+        explicit_response_port: bool = False,
+        instrument: bool = True,
+        concurrent: bool = False,
+    ) -> None:
+        if not callable(method):
+            raise TypeError(f"@endpoint must decorate a function, got {type(method).__name__}")
+        self._method = method
+        self._propagate = propagate
+        self._explicit_response_port = explicit_response_port
+        self._instrument = instrument
+        self._concurrent = concurrent
+        self._is_async = inspect.iscoroutinefunction(method)
+        self._name = getattr(method, "__name__", "endpoint")
+        self._owner_name = ""
+        self._signature: inspect.Signature | None = None
+        functools.update_wrapper(self, method)  # type: ignore[arg-type]
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+        self._owner_name = owner.__qualname__
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        if instance is None:
+            return self
+        return self._method.__get__(instance, owner)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"endpoint {self._qualname()} cannot be called directly on the class; spawn the actor and "
+            f"use an adverb: mesh.{self._name}.call(...), .call_one(...), .broadcast(...)"
+        )
+
+    def _qualname(self) -> str:
+        return f"{self._owner_name}.{self._name}" if self._owner_name else self._name
+
+    def _check_args(self, args: tuple, kwargs: dict) -> None:
+        """Raise ``TypeError`` at the call site if the arguments do not fit."""
+        sig = self._signature
+        if sig is None:
+            try:
+                sig = self._signature = inspect.signature(self._method)
+            except (TypeError, ValueError):  # builtins without signatures: accept anything
+                return
+        try:
+            if self._explicit_response_port:
+                sig.bind(None, None, *args, **kwargs)
+            else:
+                sig.bind(None, *args, **kwargs)
+        except TypeError as e:
+            params = list(sig.parameters.values())[2 if self._explicit_response_port else 1 :]
+            shown = "(" + ", ".join(str(p) for p in params) + ")"
+            raise TypeError(
+                f"bad arguments for endpoint {self._qualname()}{shown}: {e}. Nothing was sent."
+            ) from None
+
+
+@overload
+def endpoint(method: Callable[..., R], /) -> EndpointProperty[..., R]: ...
+
+
+@overload
+def endpoint(
+    *,
+    propagate: Propagator = None,
+    explicit_response_port: bool = False,
+    instrument: bool = True,
+) -> Callable[[Callable[..., R]], EndpointProperty[..., R]]: ...
+
+
+def endpoint(
+    method: Callable[..., Any] | None = None,
+    *,
+    propagate: Propagator = None,
+    explicit_response_port: bool = False,
+    instrument: bool = True,
+) -> Any:
+    """Mark an Actor method as an endpoint callable from other actors.
+
+    Apply it bare (``@endpoint``) or with options
+    (``@endpoint(explicit_response_port=True)``).  Endpoints may be sync or
+    async; each actor handles one message at a time, in arrival order.  With
+    ``explicit_response_port=True`` the method receives a :class:`Port` as its
+    first argument (after ``self``) and sends its result(s) through it.
+    ``propagate`` is accepted for API compatibility (it only matters to the
+    tensor engine); ``instrument`` controls telemetry spans.
+    """
+
+    def wrap(m: Callable[..., Any]) -> EndpointProperty[Any, Any]:
+        return EndpointProperty(m, propagate, explicit_response_port, instrument)
+
+    if method is not None:
+        return wrap(method)
+    return wrap
+
+
+def concurrent_endpoint(
+    method: Callable[..., Any] | None = None,
+    *,
+    propagate: Propagator = None,
+    explicit_response_port: bool = False,
+    instrument: bool = True,
+) -> Any:
+    """Run one *async* actor endpoint as an asyncio background task.
+
+    The actor returns to its mailbox as soon as the body starts (first
+    ``await``), so it can handle further messages meanwhile.  Bodies of
+    messages from the same sender start in order.  An exception the body does
+    not forward through its port (``port.exception(e)``) fails the actor, as
+    for ``explicit_response_port`` endpoints.  Outstanding tasks are cancelled
+    before ``__cleanup__`` runs.
+    """
+
+    def wrap(m: Callable[..., Any]) -> EndpointProperty[Any, Any]:
+        if not inspect.iscoroutinefunction(m):
+            raise TypeError(
+                f"@concurrent_endpoint needs an async method; {getattr(m, '__qualname__', m)!r} is "
+                "synchronous. Make it `async def`, or use @endpoint."
+            )
+        return EndpointProperty(m, propagate, explicit_response_port, instrument, concurrent=True)
+
+    if method is not None:
+        return wrap(method)
+    return wrap
+
+
+class Endpoint(Generic[P, R]):
+    """A callable endpoint on a spawned actor or actor mesh.
+
+    Its methods are the messaging adverbs: :meth:`call`, :meth:`call_one`,
+    :meth:`choose`, :meth:`stream`, :meth:`broadcast` (and ``rref``, which
+    needs the tensor engine).
+    """
+
+    def __init__(self, mesh: ActorMesh[Any], name: str, prop: EndpointProperty[P, R]) -> None:
+        self._mesh = mesh
+        self._name = name
+        self._prop = prop
+
+    def _describe(self) -> str:
+        return f"{self._mesh._name}.{self._name}"
+
+    def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        """Call the endpoint on the single actor of this mesh.
+
+        Raises ``ValueError`` (before sending) if the mesh has more than one
+        actor: slice it first, or use ``call``/``choose``."""
+        n = self._mesh._region.nelements
+        if n != 1:
+            raise ValueError(
+                f"call_one() needs a mesh of exactly one actor, but {self._describe()} has {n} "
+                f"({self._mesh._region.extent}); slice it (mesh.slice(...)) or use call()/choose()"
+            )
+        self._prop._check_args(args, kwargs)
+        return Future._of(self._mesh._call_one(self, args, kwargs, 0))
+
+    def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
+        """Call the endpoint on one actor of the mesh (load-balanced)."""
+        self._prop._check_args(args, kwargs)
+        n = self._mesh._region.nelements
+        return Future._of(self._mesh._call_one(self, args, kwargs, random.randrange(n)))
+
+    def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
+        """Call the endpoint on every actor; the future resolves to a
+        ``ValueMesh`` of their results (raises the first ``ActorError``)."""
+        self._prop._check_args(args, kwargs)
+        return Future._of(self._mesh._call_all(self, args, kwargs))
+
+    def stream(self, *args: P.args, **kwargs: P.kwargs) -> StreamIterator[R]:
+        """Call every actor and yield a future per response, in arrival order
+        (``async for value in ...`` also works)."""
+        self._prop._check_args(args, kwargs)
+        return self._mesh._call_stream(self, args, kwargs)
+
+    def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
+        """Fire-and-forget to every actor.  Return does not mean delivery; an
+        exception in the endpoint fails that actor (supervision)."""
+        self._prop._check_args(args, kwargs)
+        self._mesh._cast(self, args, kwargs, None, None)
+
+    def rref(self, *args: P.args, **kwargs: P.kwargs) -> Any:
+        raise NotImplementedError(
+            "rref() needs the distributed tensor engine, which monarch-core does not provide yet; "
+            "use call()/call_one() to get values back"
+        )
+
+    def _send(self, args: tuple, kwargs: dict, port: Port[Any] | None = None, selection: str = "all") -> None:
+        self._prop._check_args(args, kwargs)
+        if selection == "all":
+            self._mesh._cast(self, args, kwargs, port, None)
+        elif selection == "choose":
+            self._mesh._cast(self, args, kwargs, port, random.randrange(self._mesh._region.nelements))
+        else:
+            raise ValueError(f"send(selection={selection!r}): selection must be 'all' or 'choose'")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"{self._describe()} is an endpoint of a remote actor mesh; call it with an adverb: "
+            f".call(...), .call_one(...), .choose(...), .stream(...) or .broadcast(...)"
+        )
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self._describe()}>"
+
+
+class NotAnEndpoint:
+    """What a plain (undecorated) actor method looks like on a mesh."""
+
+    def __init__(self, mesh: ActorMesh[Any], name: str, method: Callable[..., Any]) -> None:
+        self._mesh = mesh
+        self._name = name
+        self._method = method
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise AttributeError(
+            f"{self._mesh._class.__qualname__}.{self._name} is not an endpoint, so it cannot be called on "
+            f"the actor mesh {self._mesh._name!r}. Decorate it with @endpoint, or call it through "
+            f"as_endpoint: as_endpoint(mesh.{self._name}).call(...)"
+        )
+
+    def __getattr__(self, adverb: str) -> Any:
+        if adverb in ("call", "call_one", "choose", "stream", "broadcast", "rref"):
+            return self.__call__
+        raise AttributeError(adverb)
+
+
+def as_endpoint(
+    not_an_endpoint: Any,
+    *,
+    propagate: Propagator = None,
+    explicit_response_port: bool = False,
+) -> Endpoint[Any, Any]:
+    """Treat an actor method that is not an ``@endpoint`` as one, e.g.
+    ``as_endpoint(mesh.reset).call()``.  Raises ``ValueError`` if the
+    argument is not a method of a spawned actor mesh."""
+    if isinstance(not_an_endpoint, Endpoint):
+        return not_an_endpoint
+    if not isinstance(not_an_endpoint, NotAnEndpoint):
+        raise ValueError(
+            f"as_endpoint() takes a method of a spawned actor mesh (as_endpoint(mesh.method)), "
+            f"got {not_an_endpoint!r}"
+        )
+    prop: EndpointProperty[Any, Any] = EndpointProperty(
+        not_an_endpoint._method, propagate, explicit_response_port, True
+    )
+    prop._name = not_an_endpoint._name
+    prop._owner_name = not_an_endpoint._mesh._class.__qualname__
+    return Endpoint(not_an_endpoint._mesh, not_an_endpoint._name, prop)
+
+
+def send(
+    endpoint: Endpoint[P, R],
+    args: tuple,
+    kwargs: dict,
+    port: Port[Any] | None = None,
+    selection: Literal["all", "choose"] = "all",
+) -> None:
+    """Fire-and-forget invocation of ``endpoint`` on ``selection`` of its mesh;
+    responses (if any) go to ``port``."""
+    if not isinstance(endpoint, Endpoint):
+        raise TypeError(f"send() needs an endpoint of an actor mesh (mesh.method), got {endpoint!r}")
+    endpoint._send(tuple(args), dict(kwargs), port, selection)
+
+
+def _map_future(fut: Future[Any], fn: Callable[[Any], Any]) -> Future[Any]:
+    src = fut._ensure()
+    out = Cell()
+
+    def done() -> None:
+        def compute() -> Any:
+            return fn(src.result())
+
+        out.set_lazy(compute)
+
+    if not src.add_callback(done):
+        done()
+    return Future._of(out)
+
+
+class Accumulator(Generic[P, R, A]):
+    """Accumulate the results of calling an endpoint on every actor of a mesh.
+
+    ``Accumulator(mesh.value, 0, lambda acc, x: acc + x).accumulate()`` is a
+    future of the sum, folded in rank order.
+    """
+
+    def __init__(self, endpoint: Endpoint[P, R], identity: A, combine: Callable[[A, R], A]) -> None:
+        if not isinstance(endpoint, Endpoint):
+            raise TypeError(
+                "Accumulator needs an endpoint of a spawned actor mesh (e.g. Accumulator(mesh.value, 0, add)), "
+                f"got {endpoint!r}"
+            )
+        self._endpoint = endpoint
+        self._identity = identity
+        self._combine = combine
+
+    def accumulate(self, *args: P.args, **kwargs: P.kwargs) -> Future[A]:
+        """Call the endpoint everywhere; resolve to the folded value."""
+        identity, combine = self._identity, self._combine
+
+        def fold(vm: Any) -> A:
+            acc = identity
+            for v in vm.values():
+                acc = combine(acc, v)
+            return acc
+
+        return _map_future(self._endpoint.call(*args, **kwargs), fold)

@@ -1,0 +1,334 @@
+"""``Future``: one result, observable from sync code, asyncio and trio.
+
+A future is backed by a thread-safe :class:`Cell` that the kernel (or a local
+sender) resolves.  Results that arrive as bytes are decoded lazily, once, by the
+first observer, so the kernel thread never runs user unpickling code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Generic, TypeVar
+
+R = TypeVar("R")
+
+_PENDING = object()
+
+
+class Cell:
+    """A one-shot, thread-safe result holder with callbacks."""
+
+    __slots__ = ("_lock", "_event", "_value", "_exc", "_decode", "_callbacks", "_done")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._event = threading.Event()
+        self._value: Any = _PENDING
+        self._exc: BaseException | None = None
+        self._decode: Callable[[], Any] | None = None
+        self._callbacks: list[Callable[[], None]] | None = []
+        self._done = False
+
+    # -- producers (any thread) ---------------------------------------------
+    def set_result(self, value: Any) -> bool:
+        return self._finish(value, None, None)
+
+    def set_exception(self, exc: BaseException) -> bool:
+        return self._finish(None, exc, None)
+
+    def set_lazy(self, decode: Callable[[], Any]) -> bool:
+        """Resolve with ``decode()``, evaluated by the first observer."""
+        return self._finish(None, None, decode)
+
+    def _finish(self, value: Any, exc: BaseException | None, decode: Callable[[], Any] | None) -> bool:
+        with self._lock:
+            if self._done:
+                return False
+            self._value, self._exc, self._decode = value, exc, decode
+            self._done = True
+            cbs = self._callbacks
+            self._callbacks = None
+        self._event.set()
+        if cbs:
+            for cb in cbs:
+                try:
+                    cb()
+                except Exception:  # pragma: no cover - a broken observer
+                    import logging
+
+                    logging.getLogger("monarch.actor").exception("future callback failed")
+        return True
+
+    # -- observers ------------------------------------------------------------
+    def done(self) -> bool:
+        return self._done
+
+    def wait(self, timeout: float | None) -> bool:
+        if self._done:
+            return True
+        return self._event.wait(timeout)
+
+    def add_callback(self, cb: Callable[[], None]) -> bool:
+        """Register ``cb``; False (and not registered) if already resolved."""
+        with self._lock:
+            if self._done:
+                return False
+            self._callbacks.append(cb)  # type: ignore[union-attr]
+            return True
+
+    def remove_callback(self, cb: Callable[[], None]) -> bool:
+        """Unregister ``cb``; False if it has already been (or is being) called."""
+        with self._lock:
+            if self._done or self._callbacks is None:
+                return False
+            try:
+                self._callbacks.remove(cb)
+            except ValueError:
+                return False
+            return True
+
+    def _materialize(self) -> None:
+        decode = self._decode
+        if decode is not None:
+            with self._lock:
+                decode = self._decode
+                if decode is not None:
+                    try:
+                        self._value = decode()
+                    except BaseException as e:  # decoding failed: that is the outcome
+                        self._exc = e
+                    self._decode = None
+
+    def result(self) -> Any:
+        self._materialize()
+        if self._exc is not None:
+            raise self._exc
+        return self._value
+
+    def exception(self) -> BaseException | None:
+        self._materialize()
+        return self._exc
+
+
+def _kernel_thread_check() -> None:
+    from monarch_core._actor import _state
+
+    rt = _state.current_runtime_or_none()
+    if rt is not None and rt.kernel.in_loop():
+        raise RuntimeError(
+            "Future.get() called on the monarch kernel thread; this would deadlock. "
+            "Await the future instead."
+        )
+
+
+class Future(Generic[R]):
+    """The result of an asynchronous monarch operation.
+
+    Observe it with :meth:`get` (blocking, from synchronous code), ``await``
+    (from asyncio *or* trio code), or :meth:`as_asyncio`.  Observation never
+    consumes it: every observer sees the same result.  ``Future(coro=...)``
+    wraps a coroutine, which runs (once) on a helper asyncio loop the first
+    time the future is observed.
+    """
+
+    __slots__ = ("_cell", "_coro", "_start_lock")
+
+    def __init__(self, *, coro: Coroutine[Any, Any, R]) -> None:
+        if not asyncio.iscoroutine(coro):
+            raise TypeError(
+                f"Future(coro=...) needs a coroutine object, got {type(coro).__name__}. "
+                "Call the async function: Future(coro=my_async_fn(args)), not Future(coro=my_async_fn)."
+            )
+        self._cell: Cell | None = None
+        self._coro: Coroutine[Any, Any, R] | None = coro
+        self._start_lock = threading.Lock()
+
+    @classmethod
+    def _of(cls, cell: Cell) -> Future[R]:
+        f = cls.__new__(cls)
+        f._cell = cell
+        f._coro = None
+        f._start_lock = None  # type: ignore[assignment]
+        return f
+
+    @classmethod
+    def _resolved(cls, value: R) -> Future[R]:
+        c = Cell()
+        c.set_result(value)
+        return cls._of(c)
+
+    @classmethod
+    def _failed(cls, exc: BaseException) -> Future[R]:
+        c = Cell()
+        c.set_exception(exc)
+        return cls._of(c)
+
+    def _ensure(self) -> Cell:
+        cell = self._cell
+        if cell is not None:
+            return cell
+        with self._start_lock:
+            if self._cell is None:
+                cell = Cell()
+                coro = self._coro
+                self._coro = None
+                _helper_loop().submit(coro, cell)
+                self._cell = cell
+        return self._cell  # type: ignore[return-value]
+
+    # -- synchronous -----------------------------------------------------------
+    def get(self, timeout: float | None = None) -> R:
+        """Block until the result is available and return it (or raise its
+        exception).  On ``TimeoutError`` the future is not consumed: a later
+        ``get()`` or ``await`` still observes the result.  Avoid calling it
+        inside a running event loop: it blocks the loop."""
+        cell = self._ensure()
+        if not cell.done():
+            _kernel_thread_check()
+            if not cell.wait(timeout):
+                raise TimeoutError(f"Future not resolved within {timeout} s (it keeps running; get() again later)")
+        return cell.result()
+
+    def result(self, timeout: float | None = None) -> R:
+        """Same as :meth:`get`."""
+        return self.get(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """Block until resolved; return its exception, or ``None`` on success."""
+        cell = self._ensure()
+        if not cell.done():
+            _kernel_thread_check()
+            if not cell.wait(timeout):
+                raise TimeoutError(f"Future not resolved within {timeout} s")
+        return cell.exception()
+
+    def done(self) -> bool:
+        """True once the result (or exception) is available."""
+        return self._ensure().done()
+
+    # -- async -------------------------------------------------------------------
+    def __await__(self) -> Generator[Any, None, R]:
+        return self._await().__await__()
+
+    async def _await(self) -> R:
+        cell = self._ensure()
+        if cell.done():
+            return cell.result()
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is not None:
+            await _wait_asyncio(cell, loop)
+        else:
+            await _wait_trio(cell)
+        return cell.result()
+
+    def as_asyncio(self) -> asyncio.Future[R]:
+        """A standard ``asyncio.Future`` on the running loop that resolves with
+        this future.  Raises ``RuntimeError`` off a loop (without consuming
+        this future).  Each call returns a fresh loop-local future."""
+        loop = asyncio.get_running_loop()  # RuntimeError when there is none
+        cell = self._ensure()
+        af: asyncio.Future[R] = loop.create_future()
+
+        def settle() -> None:
+            if af.done():
+                return
+            try:
+                af.set_result(cell.result())
+            except BaseException as e:  # noqa: BLE001 - transfer any outcome
+                af.set_exception(e)
+
+        def cb() -> None:
+            try:
+                loop.call_soon_threadsafe(settle)
+            except RuntimeError:  # loop closed meanwhile
+                pass
+
+        if not cell.add_callback(cb):
+            settle()
+        return af
+
+    def __repr__(self) -> str:
+        c = self._cell
+        state = "pending" if c is None or not c.done() else "done"
+        return f"<monarch Future {state}>"
+
+
+async def _wait_asyncio(cell: Cell, loop: asyncio.AbstractEventLoop) -> None:
+    waiter = loop.create_future()
+
+    def wake() -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    def cb() -> None:
+        try:
+            loop.call_soon_threadsafe(wake)
+        except RuntimeError:
+            pass
+
+    if not cell.add_callback(cb):
+        return
+    try:
+        await waiter
+    finally:
+        cell.remove_callback(cb)
+
+
+async def _wait_trio(cell: Cell) -> None:
+    import trio
+
+    task = trio.lowlevel.current_task()
+    token = trio.lowlevel.current_trio_token()
+
+    def cb() -> None:
+        try:
+            token.run_sync_soon(trio.lowlevel.reschedule, task)
+        except trio.RunFinishedError:
+            pass
+
+    if not cell.add_callback(cb):
+        await trio.lowlevel.checkpoint()
+        return
+
+    def abort(_raise_cancel: Any) -> Any:
+        if cell.remove_callback(cb):
+            return trio.lowlevel.Abort.SUCCEEDED
+        return trio.lowlevel.Abort.FAILED  # the reschedule is already on its way
+
+    await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+class _HelperLoop:
+    """A background asyncio loop that runs ``Future(coro=...)`` coroutines."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        t = threading.Thread(target=self.loop.run_forever, name="monarch-futures", daemon=True)
+        t.start()
+
+    def submit(self, coro: Coroutine[Any, Any, Any], cell: Cell) -> None:
+        async def runner() -> None:
+            try:
+                cell.set_result(await coro)
+            except BaseException as e:  # noqa: BLE001
+                cell.set_exception(e)
+
+        asyncio.run_coroutine_threadsafe(runner(), self.loop)
+
+
+_helper: _HelperLoop | None = None
+_helper_lock = threading.Lock()
+
+
+def _helper_loop() -> _HelperLoop:
+    global _helper
+    if _helper is None:
+        with _helper_lock:
+            if _helper is None:
+                _helper = _HelperLoop()
+    return _helper

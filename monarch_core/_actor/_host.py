@@ -1,0 +1,311 @@
+"""ActorHost: runs one actor instance in this process.
+
+Each actor gets its own thread running its own asyncio loop.  Async endpoints
+run as coroutines on that loop (so ``asyncio.sleep``/``gather`` work); sync
+endpoints run directly on the same thread, which only blocks this actor.
+Messages are handled one at a time, in arrival order, except bodies of
+``@concurrent_endpoint`` methods, which run as tasks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import marshal
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from monarch_core._actor import _serial, _state
+from monarch_core._actor._port import _DroppingPort, Port, send_to_port, wrap_exception
+from monarch_core._kernel import _wire as W
+from monarch_core._mesh._shape import Extent, Point
+from monarch_core.errors import SupervisionError
+
+if TYPE_CHECKING:
+    from monarch_core._actor._agent import ProcAgent
+
+logger = logging.getLogger("monarch.actor")
+
+_STOP = object()
+CLEANUP_TIMEOUT = 10.0
+
+
+class ActorHost:
+    """The runtime side of one actor (also what ``context().actor_instance`` is)."""
+
+    def __init__(
+        self,
+        agent: ProcAgent,
+        key: str,
+        mesh_name: str,
+        rank: int,
+        labels: tuple,
+        sizes: tuple,
+        init_reply: tuple | None,
+        payload: Any,
+        buffers: list,
+        class_name: str = "",
+    ) -> None:
+        self.agent = agent
+        self.key = key
+        self.name = mesh_name
+        self.mesh_extent = Extent(labels, sizes)
+        self.rank = Point(rank, self.mesh_extent)
+        self.class_name = class_name
+        self.display_name = f"{mesh_name}{_coords(self.rank)}"
+        self.actor_id = f"{agent.kernel.proc_id}.{mesh_name}[{rank}]"
+        self.proc_id = agent.kernel.proc_id
+        self.instance: Any = None
+        self.init_error: BaseException | None = None
+        self.failure: BaseException | None = None
+        self.stopped = False
+        self.owned: list[Any] = []  # meshes spawned by this actor (stopped with it)
+        self._init = (init_reply, payload, buffers)
+        self._extents: dict[tuple, Extent] = {(labels, sizes): self.mesh_extent}
+        self._concurrent: set[asyncio.Task] = set()
+        self.loop = asyncio.new_event_loop()
+        self._inbox: asyncio.Queue = asyncio.Queue()
+        self._thread = threading.Thread(target=self._thread_main, name=f"monarch-actor-{self.display_name}", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- public-ish
+    @property
+    def proc(self) -> Any:
+        from monarch_core._actor._mesh import this_proc
+
+        return this_proc()
+
+    def enqueue(self, h: tuple, payload: Any, buffers: list) -> None:
+        """Queue a message (any thread)."""
+        try:
+            self.loop.call_soon_threadsafe(self._inbox.put_nowait, (h, payload, buffers))
+        except RuntimeError:  # loop closed: the actor is gone
+            self.agent.reply_gone(h, self)
+
+    def request_stop(self, reason: str, reply: tuple | None) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._inbox.put_nowait, (_STOP, reason, reply))
+        except RuntimeError:
+            if reply is not None:
+                send_to_port(reply, self.rank.rank, W.S_VALUE, None)
+
+    # ---------------------------------------------------------------- thread
+    def _thread_main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_until_complete(self._main())
+        except BaseException:  # pragma: no cover - _main handles everything
+            logger.exception("actor %s loop crashed", self.display_name)
+        finally:
+            try:
+                pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+                for t in pending:
+                    t.cancel()
+                if pending:
+                    self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            finally:
+                self.loop.close()
+
+    async def _main(self) -> None:
+        _state.current_actor.set(self)
+        await self._construct()
+        inbox = self._inbox
+        while True:
+            item = await inbox.get()
+            h = item[0]
+            if h is _STOP:
+                await self._stop(item[1], item[2])
+                return
+            await self._handle(h, item[1], item[2])
+
+    async def _construct(self) -> None:
+        init_reply, payload, buffers = self._init
+        self._init = (None, None, None)
+        agent = self.agent
+        if not agent.proc_ready.is_set():
+            await asyncio.get_running_loop().run_in_executor(None, agent.proc_ready.wait)
+        token = _state.current_message_rank.set(self.rank)
+        try:
+            if agent.init_error is not None:
+                raise agent.init_error
+            cls, args, kwargs = _serial.loads(payload, buffers)
+            self.class_name = cls.__qualname__
+            instance = cls.__new__(cls)
+            self.instance = instance
+            instance.__init__(*args, **kwargs)
+        except Exception as e:
+            self.init_error = wrap_exception(e, f"{self.name}.__init__")
+            logger.error("actor %s failed in __init__: %s", self.display_name, e)
+            if init_reply is not None:
+                send_to_port(init_reply, self.rank.rank, W.S_ERROR, self.init_error)
+            return
+        except BaseException as e:  # SystemExit/KeyboardInterrupt in __init__: the actor dies
+            self.init_error = wrap_exception(e, f"{self.name}.__init__")
+            if init_reply is not None:
+                send_to_port(init_reply, self.rank.rank, W.S_ERROR, self.init_error)
+            return
+        finally:
+            _state.current_message_rank.reset(token)
+        if init_reply is not None:
+            send_to_port(init_reply, self.rank.rank, W.S_VALUE, True)
+
+    def _extent(self, labels: tuple, sizes: tuple) -> Extent:
+        k = (labels, sizes)
+        e = self._extents.get(k)
+        if e is None:
+            e = self._extents[k] = Extent(labels, sizes)
+        return e
+
+    def _refuse(self, reply: tuple | None, rank: int, method: str) -> None:
+        if reply is None:
+            return
+        if self.init_error is not None:
+            exc: BaseException = self.init_error
+        elif self.failure is not None:
+            exc = SupervisionError(
+                f"actor {self.display_name} ({self.class_name}) failed earlier and cannot handle "
+                f"{method}: {self.failure}"
+            )
+        else:
+            exc = SupervisionError(f"actor {self.display_name} was stopped; {method} was not run")
+        send_to_port(tuple(reply), rank, W.S_ERROR, exc)
+
+    async def _handle(self, h: tuple, payload: Any, buffers: list) -> None:
+        _key, method_name, reply, rank, labels, sizes, _sender = h
+        if self.init_error is not None or self.failure is not None or self.stopped:
+            self._refuse(reply, rank, method_name)
+            return
+        reply_ref = tuple(reply) if reply is not None else None
+        where = f"{self.name}.{method_name}"
+        token = _state.current_message_rank.set(Point(rank, self._extent(labels, sizes)))
+        prop = None
+        explicit = False
+        try:
+            args, kwargs = _serial.loads(payload, buffers)
+            prop, func = self._lookup(method_name)
+            explicit = prop is not None and (prop._explicit_response_port or prop._concurrent)
+            if explicit:
+                port: Port[Any] = Port(reply_ref, None, rank) if reply_ref is not None else _DroppingPort()
+                args = (port, *args)
+            if prop is not None and prop._concurrent:
+                self._start_concurrent(func, args, kwargs, where)
+                await asyncio.sleep(0)  # let the body start before the next message
+                return
+            result = func(self.instance, *args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            if reply_ref is not None and not explicit:
+                try:
+                    rp, rb = _serial.dumps(result)
+                except Exception as e:
+                    raise TypeError(
+                        f"the result of {where} ({type(result).__name__}) could not be pickled: {e}"
+                    ) from e
+                from monarch_core._actor._port import send_raw_to_port
+
+                send_raw_to_port(reply_ref, rank, W.S_VALUE, rp, rb)
+        except Exception as e:
+            if reply_ref is not None and not explicit:
+                logger.debug("endpoint %s raised %r", where, e)
+                send_to_port(reply_ref, rank, W.S_ERROR, wrap_exception(e, where))
+            else:
+                why = "explicit-response-port endpoint" if explicit else "broadcast (no caller to report to)"
+                self._die(e, f"{where} raised in a {why}")
+        except BaseException as e:
+            self._die(e, f"{where} raised {type(e).__name__}")
+            if reply_ref is not None and not explicit:
+                self._refuse(reply_ref, rank, method_name)
+        finally:
+            _state.current_message_rank.reset(token)
+
+    def _lookup(self, name: str) -> tuple[Any, Any]:
+        from monarch_core._actor._endpoint import EndpointProperty
+
+        cls = type(self.instance)
+        for klass in cls.__mro__:
+            attr = klass.__dict__.get(name)
+            if attr is None:
+                continue
+            if isinstance(attr, EndpointProperty):
+                return attr, attr._method
+            if callable(attr):
+                return None, attr
+            break
+        raise AttributeError(f"{cls.__qualname__} has no endpoint {name!r}")
+
+    def _start_concurrent(self, func: Any, args: tuple, kwargs: dict, where: str) -> None:
+        rank_token = _state.current_message_rank.get()
+
+        async def body() -> None:
+            _state.current_message_rank.set(rank_token)
+            try:
+                await func(self.instance, *args, **kwargs)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as e:
+                self._die(e, f"concurrent endpoint {where} raised")
+
+        t = self.loop.create_task(body())
+        self._concurrent.add(t)
+        t.add_done_callback(self._concurrent.discard)
+
+    def _die(self, exc: BaseException, why: str) -> None:
+        if self.failure is not None:
+            return
+        err = wrap_exception(exc, self.name)
+        self.failure = err
+        logger.error("actor %s (%s) failed: %s: %r", self.display_name, self.class_name, why, exc)
+        self.agent.actor_failed(self, why, err)
+
+    async def _stop(self, reason: str, reply: tuple | None) -> None:
+        self.stopped = True
+        await self._cancel_concurrent()
+        await self.agent.stop_owned_async(self)
+        cleanup = getattr(self.instance, "__cleanup__", None) if self.instance is not None else None
+        if cleanup is not None:
+            token = _state.current_message_rank.set(self.rank)
+            try:
+                exc = None if self.failure is None else self.failure
+                res = cleanup(exc)
+                if inspect.isawaitable(res):
+                    await asyncio.wait_for(res, CLEANUP_TIMEOUT)
+            except asyncio.TimeoutError:
+                logger.warning("actor %s: __cleanup__ did not finish within %.0fs", self.display_name, CLEANUP_TIMEOUT)
+            except Exception:
+                logger.exception("actor %s: __cleanup__ raised", self.display_name)
+            finally:
+                _state.current_message_rank.reset(token)
+        self.agent.actor_stopped(self, reason)
+        # refuse whatever is still queued
+        while not self._inbox.empty():
+            h, _p, _b = self._inbox.get_nowait()
+            if h is not _STOP and isinstance(h, tuple):
+                self._refuse(h[2], h[3], h[1])
+        if reply is not None:
+            send_to_port(reply, self.rank.rank, W.S_VALUE, None)
+
+    async def _cancel_concurrent(self) -> None:
+        tasks = [t for t in self._concurrent if not t.done()]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def __repr__(self) -> str:
+        return f"<actor {self.display_name} ({self.class_name}) on {self.proc_id}>"
+
+
+def _coords(p: Point) -> str:
+    if not len(p.extent):
+        return ""
+    return str(p)
+
+
+def encode_actor_header(key: str, method: str, reply: tuple | None, rank: int, labels: tuple, sizes: tuple, sender: str) -> bytes:
+    return marshal.dumps((key, method, reply, rank, labels, sizes, sender))
+
+
+def now_ns() -> int:
+    return time.time_ns()

@@ -1,0 +1,918 @@
+"""HostMesh, ProcMesh and ActorMesh: the mesh objects of the public API."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import marshal
+import math
+import os
+import sys
+import threading
+import time
+import uuid
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
+
+import trio
+
+from monarch_core._actor import _serial, _state
+from monarch_core._actor._bootstrap import (
+    BOOTSTRAP_ENV,
+    BootstrapCommand,
+    apply_bind,
+    default_bootstrap_cmd,
+    validate_proc_bind,
+)
+from monarch_core._actor._endpoint import Endpoint, EndpointProperty, NotAnEndpoint
+from monarch_core._actor._future import Cell, Future
+from monarch_core._actor._port import GatherReplies, OneReply, StreamIterator, StreamReplies
+from monarch_core._kernel import _wire as W
+from monarch_core._kernel._runtime import PortHandler
+from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
+from monarch_core._mesh._value_mesh import ValueMesh
+from monarch_core.errors import SupervisionError
+from monarch_core.hookspecs import Allocation, HostHandle
+
+if TYPE_CHECKING:
+    from monarch_core._actor._actor import Actor
+
+logger = logging.getLogger("monarch.mesh")
+
+T = TypeVar("T")
+#: Seconds to wait for a proc to report its address when a reference to it
+#: must be serialized before it has started.
+START_TIMEOUT = float(os.environ.get("MONARCH_PROC_START_TIMEOUT", "60"))
+_names = itertools.count()
+_EMPTY_REGION = Extent([], []).region
+
+
+class _ProcSlot:
+    """One proc: its id, its address once known, and whether it said hello."""
+
+    __slots__ = ("proc_id", "address", "ready", "pid", "failed")
+
+    def __init__(self, proc_id: str, address: str | None = None) -> None:
+        self.proc_id = proc_id
+        self.address = address
+        self.ready = threading.Event()
+        if address is not None:
+            self.ready.set()
+        self.pid: int | None = None
+        self.failed: str | None = None
+
+    def ref(self) -> tuple[str, str]:
+        """``(proc_id, address)``, waiting for the proc to start if needed."""
+        if self.address is None:
+            if not self.ready.wait(START_TIMEOUT) or self.address is None:
+                raise SupervisionError(
+                    f"proc {self.proc_id} never reported its address"
+                    + (f" ({self.failed})" if self.failed else f" within {START_TIMEOUT:.0f}s")
+                )
+        return (self.proc_id, self.address)
+
+
+def _slot_from_ref(ref: tuple) -> _ProcSlot:
+    return _ProcSlot(ref[0], ref[1])
+
+
+def _sender_name() -> str:
+    host = _state.current_actor.get()
+    return host.display_name if host is not None else "client"
+
+
+def _owner_check(mesh: Any, what: str) -> None:
+    if not mesh._owner:
+        kind = type(mesh).__name__
+        raise RuntimeError(
+            f"cannot {what} {kind} {mesh._name!r}: this object is a reference (a slice, or received from "
+            f"another actor), not the owner. Only the owner can {what} it: call {what}() on the "
+            f"{kind} returned by the spawn call."
+        )
+
+
+# ====================================================================== ActorMesh
+
+
+class ActorMesh(MeshTrait, Generic[T]):
+    """A mesh of actors of one class.  Endpoint attributes are
+    :class:`~monarch_core.actor.Endpoint` s; slicing gives a view."""
+
+    def __init__(
+        self,
+        cls: type,
+        name: str,
+        key: str,
+        members: list[_ProcSlot],
+        region: Region,
+        proc_mesh: ProcMesh | None,
+        init_cell: Cell,
+        owner: bool,
+    ) -> None:
+        self._class = cls
+        self._name = name
+        self._key = key
+        self._members = members
+        self._region_ = region
+        self._proc_mesh = proc_mesh
+        self._init_cell = init_cell
+        self._owner = owner
+        self._stopped = False
+        self._endpoints: dict[str, Any] = {}
+
+    # MeshTrait hooks
+    @property
+    def _region(self) -> Region:
+        return self._region_
+
+    def _with_region(self, region: Region) -> ActorMesh[T]:
+        return ActorMesh(self._class, self._name, self._key, self._members, region, self._proc_mesh, self._init_cell, False)
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__") or attr in ("_class", "_endpoints", "_name", "_region_"):
+            raise AttributeError(attr)
+        eps = self._endpoints
+        ep = eps.get(attr)
+        if ep is not None:
+            return ep
+        for klass in self._class.__mro__:
+            v = klass.__dict__.get(attr)
+            if v is None:
+                continue
+            if isinstance(v, EndpointProperty):
+                ep = eps[attr] = Endpoint(self, attr, v)
+                return ep
+            if callable(v) and not isinstance(v, type):
+                return NotAnEndpoint(self, attr, v)
+            break
+        raise AttributeError(
+            f"actor mesh {self._name!r} of {self._class.__qualname__} has no endpoint {attr!r}"
+        )
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Resolves to True once every actor's ``__init__`` has run (raises the
+        first ``__init__`` error)."""
+        return Future._of(self._init_cell)
+
+    @property
+    def proc_mesh(self) -> ProcMesh | None:
+        return self._proc_mesh
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    # ------------------------------------------------------------- sending
+    def _send(self, index: int, method: str, reply: tuple | None, rank_in_msg: int, region: Region,
+              header_extra: tuple, payload: Any, bufs: list, reply_port: int | None, kernel: Any, sender: str) -> str:
+        slot = self._members[region.root_rank(index)]
+        header = marshal.dumps(
+            (self._key, method, reply, rank_in_msg, region.labels, region.sizes, sender)
+        )
+        addr = slot.address if slot.ready.is_set() else None
+        kernel.send(slot.proc_id, addr, W.K_ACTOR, 0, header, payload, bufs, reply_port)
+        return slot.proc_id
+
+    def _pack(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> tuple[Any, list]:
+        try:
+            return _serial.dumps((args, kwargs))
+        except Exception as e:
+            raise TypeError(f"arguments of {ep._describe()} could not be pickled: {e}") from e
+
+    def _call_one(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, index: int) -> Cell:
+        payload, bufs = self._pack(ep, args, kwargs)
+        rt = _state.runtime()
+        kernel = rt.kernel
+        h = OneReply(kernel, "")
+        reply = (rt.proc_id, kernel.address, h.port_id)
+        h.proc_id = self._send(index, ep._name, reply, index, self._region_, (), payload, bufs, h.port_id, kernel,
+                               _sender_name())
+        return h.cell
+
+    def _call_all(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> Cell:
+        payload, bufs = self._pack(ep, args, kwargs)
+        rt = _state.runtime()
+        kernel = rt.kernel
+        region = self._region_
+        h = GatherReplies(kernel, region.extent, "", ValueMesh)
+        reply = (rt.proc_id, kernel.address, h.port_id)
+        sender = _sender_name()
+        procs = []
+        for i in range(region.nelements):
+            procs.append(self._send(i, ep._name, reply, i, region, (), payload, bufs, h.port_id, kernel, sender))
+        h.procs = procs
+        return h.cell
+
+    def _call_stream(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> StreamIterator[Any]:
+        payload, bufs = self._pack(ep, args, kwargs)
+        rt = _state.runtime()
+        kernel = rt.kernel
+        region = self._region_
+        h = StreamReplies(kernel, region.nelements, "")
+        reply = (rt.proc_id, kernel.address, h.port_id)
+        sender = _sender_name()
+        h.procs = [
+            self._send(i, ep._name, reply, i, region, (), payload, bufs, h.port_id, kernel, sender)
+            for i in range(region.nelements)
+        ]
+        return StreamIterator(h)
+
+    def _cast(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, port: Any, only: int | None) -> None:
+        payload, bufs = self._pack(ep, args, kwargs)
+        kernel = _state.runtime().kernel
+        region = self._region_
+        reply = port._ref if port is not None else None
+        sender = _sender_name()
+        indices = range(region.nelements) if only is None else (only,)
+        for i in indices:
+            self._send(i, ep._name, reply, i, region, (), payload, bufs, None, kernel, sender)
+
+    # ------------------------------------------------------------- lifecycle
+    def stop(self, reason: str = "stopped by its owner") -> Future[None]:
+        """Stop every actor of this mesh (running ``__cleanup__``) and the
+        meshes they own.  Only the owner may stop a mesh."""
+        _owner_check(self, "stop")
+        return self._stop_owned(reason)
+
+    def _stop_owned(self, reason: str) -> Future[None]:
+        if self._stopped:
+            return Future._resolved(None)
+        self._stopped = True
+        rt = _state.runtime()
+        kernel = rt.kernel
+        region = self._region_
+        h = GatherReplies(kernel, region.extent, "", lambda e, v: None)
+        reply = (rt.proc_id, kernel.address, h.port_id)
+        for i in range(region.nelements):
+            slot = self._members[region.root_rank(i)]
+            if slot.proc_id in kernel.dead:
+                h.deliver(i, W.S_VALUE, _NONE_PAYLOAD, [])
+                continue
+            header = marshal.dumps(("stop_actor", self._key, reply, reason))
+            kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0, header, b"", [],
+                        None)
+        _state.runtime().agent.unregister_owned(self)
+        return Future._of(_never_fails(h.cell))
+
+    def __reduce__(self) -> Any:
+        members = [self._members[r].ref() for r in self._region_.root_ranks()]
+        region = Extent(self._region_.labels, self._region_.sizes).region
+        return (_rebuild_actor_mesh, (self._class, self._name, self._key, members, region))
+
+    def __repr__(self) -> str:
+        return f"<ActorMesh {self._name!r} of {self._class.__qualname__} {self._region_.extent}>"
+
+
+_NONE_PAYLOAD = _serial.dumps(None)[0]
+
+
+def _never_fails(cell: Cell) -> Cell:
+    """A cell that resolves to None when ``cell`` resolves, whatever the outcome
+    (stopping something already dead is not an error)."""
+    out = Cell()
+
+    def done() -> None:
+        out.set_result(None)
+
+    if not cell.add_callback(done):
+        done()
+    return out
+
+
+def _rebuild_actor_mesh(cls: type, name: str, key: str, members: list, region: Region) -> ActorMesh[Any]:
+    c = Cell()
+    c.set_result(True)
+    return ActorMesh(cls, name, key, [_slot_from_ref(m) for m in members], region, None, c, False)
+
+
+# ====================================================================== ProcMesh
+
+
+class ProcMesh(MeshTrait):
+    """A mesh of processes that can spawn actor meshes."""
+
+    def __init__(
+        self,
+        name: str,
+        slots: list[_ProcSlot],
+        region: Region,
+        host_mesh: HostMesh | None,
+        init_cell: Cell,
+        owner: bool,
+    ) -> None:
+        self._name = name
+        self._slots = slots
+        self._region_ = region
+        self._host_mesh = host_mesh
+        self._init_cell = init_cell
+        self._owner = owner
+        self._stopped: Cell | None = None
+        self._actor_meshes: list[ActorMesh[Any]] = []
+
+    @property
+    def _region(self) -> Region:
+        return self._region_
+
+    def _with_region(self, region: Region) -> ProcMesh:
+        return ProcMesh(self._name, self._slots, region, self._host_mesh, self._init_cell, False)
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Resolves to True once every proc has started and run its bootstrap."""
+        return Future._of(self._init_cell)
+
+    @property
+    def host_mesh(self) -> HostMesh | None:
+        return self._host_mesh
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def spawn(self, name: str, Class: type[T], *args: Any, **kwargs: Any) -> T:
+        """Spawn an actor mesh of ``Class`` on every proc of this mesh.
+
+        Returns immediately; each actor's ``__init__`` runs before its first
+        endpoint call.  ``ValueError`` if ``Class`` is not an ``Actor``
+        subclass."""
+        from monarch_core._actor._actor import Actor
+
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"spawn(name, Class, ...): name must be a non-empty str, got {name!r}")
+        if not (isinstance(Class, type) and issubclass(Class, Actor)):
+            raise ValueError(
+                f"spawn({name!r}, {getattr(Class, '__name__', Class)!r}): the class must subclass "
+                "monarch_core.actor.Actor"
+            )
+        if self._stopped is not None:
+            raise RuntimeError(f"proc mesh {self._name!r} has been stopped; spawn procs again")
+        try:
+            payload, bufs = _serial.dumps((Class, args, kwargs))
+        except Exception as e:
+            raise TypeError(f"constructor arguments of {Class.__qualname__} could not be pickled: {e}") from e
+        rt = _state.runtime()
+        kernel = rt.kernel
+        region = self._region_
+        key = f"{name}-{uuid.uuid4().hex[:10]}"
+        gather = GatherReplies(kernel, region.extent, "", lambda e, v: True)
+        reply = (rt.proc_id, kernel.address, gather.port_id)
+        procs = []
+        members = []
+        for i, root in enumerate(region.root_ranks()):
+            slot = self._slots[root]
+            members.append(slot)
+            header = marshal.dumps(
+                ("spawn", key, name, i, region.labels, region.sizes, reply, Class.__qualname__)
+            )
+            kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0, header,
+                        payload, bufs, gather.port_id)
+            procs.append(slot.proc_id)
+        gather.procs = procs
+        mesh: ActorMesh[Any] = ActorMesh(
+            Class, name, key, members, Extent(region.labels, region.sizes).region, self, gather.cell, True
+        )
+        rt.agent.register_owned(mesh)
+        return mesh  # type: ignore[return-value]
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop every proc (and actor) of this mesh and release it.  Only the
+        owner may stop it."""
+        _owner_check(self, "stop")
+        return self._stop_owned(reason)
+
+    def _stop_owned(self, reason: str) -> Future[None]:
+        if self._stopped is not None:
+            return Future._of(self._stopped)
+        cell = self._stopped = Cell()
+        rt = _state.runtime()
+        rt.agent.unregister_owned(self)
+        slots = [s for s in self._slots if s.proc_id != rt.proc_id]
+        if not slots:
+            cell.set_result(None)
+            return Future._of(cell)
+        rt.kernel.call_soon(rt.kernel.start_task, _stop_procs, rt.kernel, slots, reason, cell)
+        return Future._of(cell)
+
+    async def __aenter__(self) -> ProcMesh:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._owner:
+            await self.stop()
+
+    def activate(self) -> Any:
+        raise NotImplementedError("ProcMesh.activate() needs the distributed tensor engine, which monarch-core does not provide yet")
+
+    def rank_tensor(self, dim: str) -> Any:
+        raise NotImplementedError("ProcMesh.rank_tensor() needs the distributed tensor engine, which monarch-core does not provide yet")
+
+    def rank_tensors(self) -> Any:
+        raise NotImplementedError("ProcMesh.rank_tensors() needs the distributed tensor engine, which monarch-core does not provide yet")
+
+    def to_table(self) -> str:
+        """A text table: rank, coordinates, proc id, pid, address."""
+        rows = [f"{'rank':>4}  {'coords':<28} {'proc':<40} {'pid':>8}  address"]
+        ext = self._region_.extent
+        for i, root in enumerate(self._region_.root_ranks()):
+            s = self._slots[root]
+            rows.append(f"{i:>4}  {str(Point(i, ext)):<28} {s.proc_id:<40} {s.pid or '-':>8}  {s.address or '(starting)'}")
+        return "\n".join(rows)
+
+    @classmethod
+    def from_host_mesh(cls, host_mesh: HostMesh, hy_proc_mesh: Any = None, region: Any = None, setup: Any = None,
+                       _attach_controller_controller: bool = True) -> ProcMesh:
+        """Spawn one proc per host of ``host_mesh`` (``setup`` as bootstrap)."""
+        return host_mesh.spawn_procs(bootstrap=setup)
+
+    def __reduce__(self) -> Any:
+        refs = [self._slots[r].ref() for r in self._region_.root_ranks()]
+        return (_rebuild_proc_mesh, (self._name, refs, Extent(self._region_.labels, self._region_.sizes).region))
+
+    def __repr__(self) -> str:
+        return f"<ProcMesh {self._name!r} {self._region_.extent}>"
+
+
+def _rebuild_proc_mesh(name: str, refs: list, region: Region) -> ProcMesh:
+    c = Cell()
+    c.set_result(True)
+    return ProcMesh(name, [_slot_from_ref(r) for r in refs], region, None, c, False)
+
+
+async def _stop_procs(kernel: Any, slots: list[_ProcSlot], reason: str, cell: Cell) -> None:
+    """Ask procs to stop, escalate to SIGTERM/SIGKILL, resolve ``cell`` when all are gone."""
+    from monarch_core._actor._agent import STOP_GRACE
+
+    header = marshal.dumps(("stop_proc", reason))
+    for s in slots:
+        kernel.expect_exit(s.proc_id)
+        if s.proc_id not in kernel.dead:
+            kernel.send(s.proc_id, None, W.K_CONTROL, 0, header, b"", [], None)
+    procs = [kernel.child(s.proc_id) for s in slots]
+    with trio.move_on_after(STOP_GRACE + 2):
+        for p in procs:
+            if p is not None:
+                await p.wait()
+    for sig_name in ("terminate", "kill"):
+        alive = [p for p in procs if p is not None and p.returncode is None]
+        if not alive:
+            break
+        for p in alive:
+            logger.warning("proc pid %s did not stop within the grace period; sending %s", p.pid, sig_name)
+            getattr(p, sig_name)()
+        with trio.move_on_after(2):
+            for p in alive:
+                await p.wait()
+    cell.set_result(None)
+
+
+class _ProcStatus(PortHandler):
+    """Collects hello/ready from newly spawned procs."""
+
+    def __init__(self, kernel: Any, slots: list[_ProcSlot], describe: Callable[[int], str]) -> None:
+        self.kernel = kernel
+        self.slots = slots
+        self.cell = Cell()
+        self.ready = 0
+        self.lock = threading.Lock()
+        self.describe = describe
+        self.port_id = kernel.add_port(self)
+
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        try:
+            msg = _serial.loads(payload, buffers)
+        except Exception as e:
+            msg, status = e, W.S_ERROR
+        if status == W.S_ERROR:
+            self._fail(msg if isinstance(msg, BaseException) else RuntimeError(str(msg)), rank)
+            return
+        if msg[0] == "hello":
+            _tag, proc_id, address, pid = msg
+            slot = self.slots[rank]
+            slot.address = address
+            slot.pid = pid
+            slot.ready.set()
+            if self.kernel.in_loop():
+                self.kernel.learn_address(proc_id, address)
+            else:
+                self.kernel.call_soon(self.kernel.learn_address, proc_id, address)
+        elif msg[0] == "ready":
+            with self.lock:
+                self.ready += 1
+                done = self.ready == len(self.slots)
+            if done:
+                self.kernel.remove_port(self.port_id)
+                self.cell.set_result(True)
+
+    def _fail(self, exc: BaseException, rank: int | None) -> None:
+        self.kernel.remove_port(self.port_id)
+        self.cell.set_exception(exc)
+
+    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        for s in self.slots:
+            if s.proc_id == proc_id:
+                s.failed = str(exc)
+                s.ready.set()
+        self._fail(SupervisionError(f"a proc failed while starting: {exc}"), None)
+
+
+# ====================================================================== HostMesh
+
+
+class HostMesh(MeshTrait):
+    """A mesh of hosts that can spawn proc meshes.
+
+    As an async context manager it shuts the hosts down on exit."""
+
+    def __init__(
+        self,
+        hosts: list[HostHandle],
+        region: Region,
+        *,
+        owner: bool,
+        allocation: Allocation | None = None,
+        python_executable: str | None = None,
+        name: str = "hosts",
+        shared: dict | None = None,
+    ) -> None:
+        self._hosts = hosts
+        self._region_ = region
+        self._owner = owner
+        self._allocation = allocation
+        self._python = python_executable
+        self._name = name
+        # state shared by views of the same host mesh
+        self._shared = shared if shared is not None else {"procs": [], "shutdown": False}
+
+    @property
+    def _region(self) -> Region:
+        return self._region_
+
+    def _with_region(self, region: Region) -> HostMesh:
+        return HostMesh(self._hosts, region, owner=False, allocation=self._allocation, python_executable=self._python,
+                        name=self._name, shared=self._shared)
+
+    @property
+    def region(self) -> Region:
+        return self._region_
+
+    @property
+    def stream_logs(self) -> bool:
+        """Worker output goes to the client's stdout/stderr (always true here)."""
+        return True
+
+    @property
+    def is_fake_in_process(self) -> bool:
+        return False
+
+    @property
+    def initialized(self) -> Future[bool]:
+        return Future._resolved(True)
+
+    def with_python_executable(self, python_executable: str) -> HostMesh:
+        """A view of these hosts that starts procs with ``python_executable``."""
+        if not isinstance(python_executable, str) or not python_executable:
+            raise TypeError("with_python_executable() needs the path of a Python executable")
+        return HostMesh(self._hosts, self._region_, owner=False, allocation=self._allocation,
+                        python_executable=python_executable, name=self._name, shared=self._shared)
+
+    def spawn_procs(
+        self,
+        per_host: dict[str, int] | None = None,
+        bootstrap: Callable[[], Any] | None = None,
+        name: str | None = None,
+        proc_bind: list[dict[str, str]] | None = None,
+        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
+    ) -> ProcMesh:
+        """Start ``per_host`` procs on every host of this mesh.
+
+        Returns immediately; the procs start in the background
+        (``ProcMesh.initialized`` resolves when all have run ``bootstrap``).
+        The proc mesh's dimensions are this host mesh's, then ``per_host``'s.
+        """
+        if self._shared["shutdown"]:
+            raise RuntimeError(f"host mesh {self._name!r} has been shut down; allocate hosts again")
+        per_host = _check_per_host(per_host, self._region_.labels)
+        if bootstrap is not None and not callable(bootstrap):
+            raise TypeError(f"bootstrap must be a callable run on each new proc, got {type(bootstrap).__name__}")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"name must be a non-empty str, got {name!r}")
+        if bootstrap_command is not None and not (
+            isinstance(bootstrap_command, BootstrapCommand) or callable(bootstrap_command)
+        ):
+            raise TypeError("bootstrap_command must be a BootstrapCommand or a callable Point -> BootstrapCommand")
+        nper = math.prod(per_host.values()) if per_host else 1
+        binds = validate_proc_bind(proc_bind, nper)
+        try:
+            boot_payload = _serial.dumps(bootstrap)
+        except Exception as e:
+            raise TypeError(f"bootstrap callable could not be pickled: {e}") from e
+        name = name or f"procs{next(_names)}"
+        rt = _state.runtime()
+        host_region = self._region_
+        labels = host_region.labels + tuple(per_host)
+        sizes = host_region.sizes + tuple(per_host.values())
+        extent = Extent(labels, sizes)
+        host_roots = host_region.root_ranks()
+        specs = []
+        slots = []
+        for hi, hroot in enumerate(host_roots):
+            host = self._hosts[hroot]
+            if host.address is not None:
+                raise NotImplementedError(
+                    f"host {host.name} is a remote worker loop ({host.address}); spawning on remote hosts "
+                    "needs the worker-loop support of monarch-transport-tcp"
+                )
+            for j in range(nper):
+                rank = hi * nper + j
+                point = Point(rank, extent)
+                if callable(bootstrap_command) and not isinstance(bootstrap_command, BootstrapCommand):
+                    cmd = bootstrap_command(point)
+                    if not isinstance(cmd, BootstrapCommand):
+                        raise TypeError(f"bootstrap_command({point}) returned {type(cmd).__name__}, not a BootstrapCommand")
+                elif bootstrap_command is not None:
+                    cmd = bootstrap_command
+                else:
+                    cmd = default_bootstrap_cmd(self._python or rt.python_executable)
+                slot = _ProcSlot(f"{name}-{rank}-{uuid.uuid4().hex[:8]}")
+                slots.append(slot)
+                specs.append((slot, rank, point, cmd, binds[j] if binds else None))
+        status = _ProcStatus(rt.kernel, slots, lambda r: f"{name}{Point(r, extent)}")
+        pm = ProcMesh(name, slots, extent.region, self, status.cell, True)
+        self._shared["procs"].append(pm)
+        rt.agent.register_owned(pm)
+        rt.kernel.call_soon(rt.kernel.start_task, _spawn_local, rt, name, specs, extent, status, boot_payload)
+        return pm
+
+    def stop(self) -> Future[None]:
+        """Stop every proc spawned on these hosts; keep the hosts for reuse."""
+        _owner_check(self, "stop")
+        return self._stop_procs()
+
+    def _stop_procs(self) -> Future[None]:
+        procs = list(self._shared["procs"])
+        self._shared["procs"].clear()
+        futs = [p._stop_owned("its host mesh was stopped") for p in procs]
+        return _all_done(futs)
+
+    def shutdown(self) -> Future[None]:
+        """Stop every proc and give the hosts back; the mesh is unusable after."""
+        _owner_check(self, "shut down")
+        fut = self._stop_procs()
+        self._shared["shutdown"] = True
+        alloc = self._allocation
+        if alloc is None:
+            return fut
+        rt = _state.runtime()
+        out = Cell()
+
+        async def release() -> None:
+            try:
+                await alloc.release()
+            except Exception as e:  # noqa: BLE001
+                logger.warning("releasing hosts of %r failed: %s", self._name, e)
+            out.set_result(None)
+
+        def after() -> None:
+            rt.kernel.call_soon(rt.kernel.start_task, release)
+
+        c = fut._ensure()
+        if not c.add_callback(after):
+            after()
+        return Future._of(out)
+
+    async def sync_workspace(self, workspace: Any, conda: bool = False, auto_reload: bool = False) -> None:
+        raise NotImplementedError("sync_workspace is not supported by monarch-core; install your code on every host")
+
+    async def __aenter__(self) -> HostMesh:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._owner and not self._shared["shutdown"]:
+            await self.shutdown()
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_host_mesh, (self._hosts, self._region_, self._python, self._name))
+
+    def __repr__(self) -> str:
+        return f"<HostMesh {self._name!r} {self._region_.extent}>"
+
+
+def _rebuild_host_mesh(hosts: list, region: Region, python: str | None, name: str) -> HostMesh:
+    return HostMesh(hosts, region, owner=False, python_executable=python, name=name)
+
+
+def _all_done(futs: list[Future[Any]]) -> Future[None]:
+    out = Cell()
+    if not futs:
+        out.set_result(None)
+        return Future._of(out)
+    remaining = [len(futs)]
+    lock = threading.Lock()
+
+    def one() -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            out.set_result(None)
+
+    for f in futs:
+        if not f._ensure().add_callback(one):
+            one()
+    return Future._of(out)
+
+
+def _check_per_host(per_host: Any, host_labels: tuple) -> dict[str, int]:
+    if per_host is None:
+        return {}
+    if not isinstance(per_host, dict):
+        raise TypeError(f"per_host must be a dict like {{'gpus': 4}}, got {type(per_host).__name__}")
+    out = {}
+    for k, v in per_host.items():
+        if not isinstance(k, str) or not k:
+            raise TypeError(f"per_host keys must be dimension names (str), got {k!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"per_host[{k!r}] must be an int >= 1, got {v!r}")
+        if k in host_labels:
+            raise ValueError(f"per_host dimension {k!r} clashes with a host mesh dimension {list(host_labels)}")
+        out[k] = v
+    return out
+
+
+async def _spawn_local(rt: Any, name: str, specs: list, extent: Extent, status: _ProcStatus, boot_payload: tuple) -> None:
+    """Start the OS processes of a new proc mesh (kernel loop)."""
+    from monarch_core._actor._agent import bootstrap_env_json
+    from monarch_core._plugins import registry
+
+    kernel = rt.kernel
+    hook = registry().pm.hook.monarch_proc_env
+    has_env_hooks = bool(hook.get_hookimpls())
+    init_payload, init_bufs = boot_payload
+    status_ref = [rt.proc_id, kernel.address, status.port_id]
+    level = os.environ.get("MONARCH_LOG_LEVEL") or logging.getLevelName(logging.getLogger("monarch").getEffectiveLevel())
+    for slot, rank, point, cmd, bind in specs:
+        coords = dict(point)
+        describe = f"proc {name}{point if len(extent) else ''}"
+        try:
+            env = cmd.build_env()
+            if has_env_hooks:
+                for overrides in hook(proc_name=name, rank=rank, coords=coords):
+                    for k, v in (overrides or {}).items():
+                        if v is None:
+                            env.pop(k, None)
+                        else:
+                            env[k] = str(v)
+            argv, cpus = apply_bind(cmd.argv(), bind)
+            env[BOOTSTRAP_ENV] = bootstrap_env_json(
+                {
+                    "proc_id": slot.proc_id,
+                    "name": name,
+                    "rank": rank,
+                    "labels": list(extent.labels),
+                    "sizes": list(extent.sizes),
+                    "transport": rt.transport,
+                    "parent": [rt.proc_id, kernel.address],
+                    "root": list(rt.root),
+                    "status": status_ref,
+                    "parent_pid": os.getpid(),
+                    "sys_path": [p for p in sys.path if p],
+                    "python": cmd.program,
+                    "cpus": cpus,
+                    "log_level": level,
+                    "describe": describe,
+                }
+            )
+            executable = cmd.program if cmd.arg0 is not None and argv[0] == cmd.arg0 else None
+            proc = await kernel.spawn_process(slot.proc_id, argv, env, describe=describe, executable=executable)
+            slot.pid = proc.pid
+        except Exception as e:
+            msg = f"could not start {describe} with {cmd.argv()!r}: {type(e).__name__}: {e}"
+            logger.error("%s", msg)
+            slot.failed = msg
+            kernel.proc_failed(slot.proc_id, msg)
+            continue
+        header = marshal.dumps(("init", tuple(status_ref), rank))
+        kernel.send(slot.proc_id, None, W.K_CONTROL, 0, header, init_payload, init_bufs, status.port_id)
+
+
+# ====================================================================== entry points
+
+
+def this_proc() -> ProcMesh:
+    """The proc this code runs in (the client's own process on the client)."""
+    rt = _state.runtime()
+    pm = rt.caches.get("this_proc")
+    if pm is None:
+        c = Cell()
+        c.set_result(True)
+        pm = ProcMesh(rt.proc_mesh_name, [_ProcSlot(rt.proc_id, rt.kernel.address)], _EMPTY_REGION, None, c, False)
+        rt.caches["this_proc"] = pm
+    return pm
+
+
+def this_host() -> HostMesh:
+    """The machine this code runs on, as a one-host ``HostMesh`` (no
+    dimensions).  Procs spawned from it are children of this process."""
+    _state.runtime()
+    return HostMesh([HostHandle("localhost")], _EMPTY_REGION, owner=True, name="this_host")
+
+
+def hosts_from_config(name: str) -> HostMesh:
+    """The host mesh ``name`` from the project's configuration.
+
+    Looks up ``[hosts.<name>]`` in ``monarch.toml`` (or ``[tool.monarch.hosts.<name>]``
+    in ``pyproject.toml``; ``MONARCH_CONFIG`` overrides the path), resolves its
+    ``scheduler`` through the installed plugins, and allocates the hosts.
+    See ``docs/configuration.md``.  Errors name the file and list what is
+    configured and installed.
+    """
+    from monarch_core._config import lookup_host_mesh
+    from monarch_core._plugins import registry
+    from monarch_core.hookspecs import AllocationRequest
+
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"hosts_from_config(name): name must be a non-empty str, got {name!r}")
+    reg = registry()
+    cfg = lookup_host_mesh(name, installed_schedulers=sorted(reg.scheduler_specs()))
+    scheduler = reg.scheduler(cfg.scheduler)
+    request = AllocationRequest(name=name, params=cfg.params, source=cfg.source)
+    scheduler.validate(request)
+    rt = _state.runtime()
+    allocation = rt.kernel.run(scheduler.allocate, request)
+    hosts = list(allocation.hosts)
+    region = Extent([allocation.dim], [len(hosts)]).region
+    hm = HostMesh(hosts, region, owner=True, allocation=allocation, name=name)
+    rt.agent.register_owned(_HostMeshOwnership(hm))
+    return hm
+
+
+class _HostMeshOwnership:
+    """Lets the agent shut a configured host mesh down at exit."""
+
+    def __init__(self, hm: HostMesh) -> None:
+        self.hm = hm
+
+    def _stop_owned(self, reason: str) -> Future[None]:
+        if self.hm._shared["shutdown"]:
+            return Future._resolved(None)
+        return self.hm.shutdown()
+
+
+# ====================================================================== controllers
+
+
+def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any) -> Future[T]:
+    """The singleton actor ``name`` for the whole program, spawned (on the
+    root client's process) from ``Class(*args, **kwargs)`` the first time.
+    Works from the client and from inside actors."""
+    from monarch_core._actor._actor import Actor
+
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"get_or_spawn_controller(name, ...): name must be a non-empty str, got {name!r}")
+    if not (isinstance(Class, type) and issubclass(Class, Actor)):
+        raise ValueError(
+            f"get_or_spawn_controller({name!r}, {getattr(Class, '__name__', Class)!r}): the class must subclass Actor"
+        )
+    payload, bufs = _serial.dumps((Class, args, kwargs))
+    rt = _state.runtime()
+    kernel = rt.kernel
+    h = OneReply(kernel, "")
+    reply = (rt.proc_id, kernel.address, h.port_id)
+    header = marshal.dumps(("controller", name, reply))
+    root_id, root_addr = rt.root
+    h.proc_id = root_id
+    kernel.send(root_id, root_addr, W.K_CONTROL, 0, header, payload, bufs, h.port_id)
+
+    def build(ref: Any) -> Any:
+        key, proc_id, address = ref
+        c = Cell()
+        c.set_result(True)
+        return ActorMesh(Class, name, key, [_ProcSlot(proc_id, address)], _EMPTY_REGION, None, c, False)
+
+    from monarch_core._actor._endpoint import _map_future
+
+    return _map_future(Future._of(h.cell), build)
+
+
+def spawn_local_controller(agent: Any, name: str, payload: Any, buffers: list) -> None:
+    """On the root proc (kernel loop): spawn controller ``name`` here."""
+    kernel = agent.kernel
+    key = f"controller-{name}-{uuid.uuid4().hex[:8]}"
+
+    class _Init(PortHandler):
+        def deliver(self, rank: int, status: int, p: Any, b: list) -> None:
+            kernel.remove_port(port_id)
+            err = None
+            if status != W.S_VALUE:
+                try:
+                    err = _serial.loads(p, b)
+                except Exception as e:  # noqa: BLE001
+                    err = e
+            agent.controller_ready(name, (key, kernel.proc_id, kernel.address), err)
+
+        def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+            agent.controller_ready(name, None, exc)
+
+    port_id = kernel.add_port(_Init())
+    h = ("spawn", key, name, 0, (), (), (kernel.proc_id, kernel.address, port_id), "controller")
+    agent._op_spawn(h, payload, buffers, kernel.proc_id)

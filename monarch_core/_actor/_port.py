@@ -1,0 +1,389 @@
+"""Ports: where replies and channel messages arrive.
+
+A *port* is an id registered in this process's kernel with a handler.  The
+public :class:`Port` is a picklable reference to one (it can be sent to other
+actors, which then send to it); :class:`PortReceiver` reads from one.  The
+reply collectors used by the adverbs (``call_one``, ``call``, ``stream``) are
+port handlers too.
+"""
+
+from __future__ import annotations
+
+import collections
+import marshal
+import threading
+import traceback
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
+
+from monarch_core._actor import _serial, _state
+from monarch_core._actor._future import Cell, Future
+from monarch_core._kernel import _wire as W
+from monarch_core._kernel._runtime import PortHandler
+from monarch_core.errors import ActorError
+
+if TYPE_CHECKING:
+    from monarch_core._mesh._shape import Extent
+
+R = TypeVar("R")
+
+
+def _decode_value(status: int, payload: Any, buffers: list) -> Any:
+    obj = _serial.loads(payload, buffers)
+    if status == W.S_ERROR:
+        raise obj
+    return obj
+
+
+def send_to_port(ref: tuple, rank: int | None, status: int, obj: Any) -> None:
+    """Send ``obj`` to the port ``ref = (proc_id, address, port_id)``."""
+    payload, bufs = _serial.dumps(obj)
+    send_raw_to_port(ref, rank, status, payload, bufs)
+
+
+def send_raw_to_port(ref: tuple, rank: int | None, status: int, payload: Any, bufs: list) -> None:
+    proc_id, address, port_id = ref
+    header = marshal.dumps((port_id, -1 if rank is None else rank, status))
+    _state.runtime().kernel.send(proc_id, address, W.K_PORT, 0, header, payload, bufs)
+
+
+def wrap_exception(e: BaseException, where: str = "") -> ActorError:
+    """An :class:`ActorError` carrying ``e`` and its formatted traceback,
+    picklable even when ``e`` itself is not."""
+    if isinstance(e, ActorError):
+        return e
+    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    ctx = _state.current_actor.get()
+    actor = ctx.display_name if ctx is not None else None
+    payload_exc: BaseException = e
+    try:
+        _serial.dumps(e)
+    except Exception:
+        payload_exc = RuntimeError(f"{type(e).__name__}: {e} (the original exception could not be pickled)")
+    msg = f"Actor call {where} failed." if where else "A remote actor call has failed."
+    endpoint = where.rsplit(".", 1)[1] if "." in where else None
+    return ActorError(payload_exc, msg, remote_traceback=tb, actor=actor, endpoint=endpoint)
+
+
+class Port(Generic[R]):
+    """A port that sends messages to a (possibly remote) receiver.
+
+    Picklable: pass it as an endpoint argument and the receiving actor can
+    ``send`` to it.  ``rank`` is stamped on each message (for ranked
+    receivers); when ``None`` the sender's current message rank is used.
+    """
+
+    __slots__ = ("_ref", "_rank", "_once", "_used")
+
+    def __init__(self, port_ref: tuple, instance: Any = None, rank: int | None = None) -> None:
+        self._ref = tuple(port_ref)
+        self._rank = rank
+        self._once = False
+        self._used = False
+
+    def _stamp(self) -> int | None:
+        if self._rank is not None:
+            return self._rank
+        r = _state.current_message_rank.get()
+        return r.rank if r is not None else None
+
+    def send(self, obj: R) -> None:
+        """Send ``obj`` to the receiver.  Never blocks."""
+        send_to_port(self._ref, self._stamp(), W.S_VALUE, obj)
+
+    def send_message(self, message: Any) -> None:
+        """Alias of :meth:`send` (reference-API compatibility)."""
+        self.send(message)
+
+    async def resolve_and_send(self, result: Any) -> None:
+        """Await ``result`` if it is awaitable, then send it."""
+        import inspect
+
+        if inspect.isawaitable(result):
+            result = await result
+        self.send(result)
+
+    def exception(self, e: BaseException) -> None:
+        """Deliver ``e`` to the receiver, where it is raised (as an
+        :class:`~monarch_core.errors.ActorError` carrying ``e``)."""
+        send_to_port(self._ref, self._stamp(), W.S_ERROR, wrap_exception(e))
+
+    @property
+    def return_undeliverable(self) -> bool:
+        return True
+
+    def __reduce__(self) -> Any:
+        return (Port, (self._ref, None, self._rank))
+
+    def __repr__(self) -> str:
+        return f"Port({self._ref[0]}#{self._ref[2]})"
+
+
+class _DroppingPort(Port[Any]):
+    """Used where nobody waits for a reply (broadcast): values are dropped,
+    exceptions are raised in the actor (and so fail it)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(("", None, 0))
+
+    def send(self, obj: Any) -> None:
+        return None
+
+    def exception(self, e: BaseException) -> None:
+        raise e
+
+    def __reduce__(self) -> Any:
+        return (_DroppingPort, ())
+
+
+# ----------------------------------------------------------------- receivers
+
+
+class _QueueHandler(PortHandler):
+    """Buffers arriving messages; hands them to waiting cells in order."""
+
+    def __init__(self, once: bool) -> None:
+        self._lock = threading.Lock()
+        self._items: collections.deque = collections.deque()
+        self._waiters: collections.deque[tuple[Cell, bool]] = collections.deque()
+        self._once = once
+        self._closed_exc: BaseException | None = None
+        self.port_id = 0
+
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        item = (rank, status, payload, buffers)
+        with self._lock:
+            if self._waiters:
+                cell, ranked = self._waiters.popleft()
+            else:
+                self._items.append(item)
+                cell = None
+        if cell is not None:
+            _resolve(cell, ranked, item)
+        if self._once:
+            _state.runtime().kernel.remove_port(self.port_id)
+
+    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        with self._lock:
+            waiters = list(self._waiters)
+            self._waiters.clear()
+        for cell, _ranked in waiters:
+            cell.set_exception(exc)
+
+    def next(self, ranked: bool) -> Cell:
+        cell = Cell()
+        with self._lock:
+            if self._items:
+                item = self._items.popleft()
+            else:
+                self._waiters.append((cell, ranked))
+                return cell
+        _resolve(cell, ranked, item)
+        return cell
+
+
+def _resolve(cell: Cell, ranked: bool, item: tuple) -> None:
+    rank, status, payload, buffers = item
+
+    def decode() -> Any:
+        v = _decode_value(status, payload, buffers)
+        if ranked:
+            if rank < 0:
+                raise ValueError("ranked port receiver got a message without a rank")
+            return (rank, v)
+        return v
+
+    cell.set_lazy(decode)
+
+
+class PortReceiver(Generic[R]):
+    """Receives the messages sent to the matching :class:`Port`, in order."""
+
+    _ranked = False
+
+    def __init__(self, mailbox: Any, receiver: _QueueHandler) -> None:
+        self._handler = receiver
+
+    def recv(self) -> Future[R]:
+        """A future for the next message (raises what a sender passed to
+        ``Port.exception``)."""
+        return Future._of(self._handler.next(self._ranked))
+
+    def ranked(self) -> RankedPortReceiver[R]:
+        """A view of this receiver whose ``recv`` returns ``(rank, value)``."""
+        return RankedPortReceiver(None, self._handler)
+
+
+class RankedPortReceiver(PortReceiver[R]):
+    """A receiver whose ``recv()`` resolves to ``(sender_rank, value)``."""
+
+    _ranked = True
+
+
+class Channel(Generic[R]):
+    """Low-level message passing: open a (Port, PortReceiver) pair in the
+    current actor (or the client)."""
+
+    @staticmethod
+    def open(once: bool = False) -> tuple[Port[R], PortReceiver[R]]:
+        """Open a channel.  With ``once=True`` the port accepts one message."""
+        kernel = _state.runtime().kernel
+        h = _QueueHandler(once)
+        h.port_id = kernel.add_port(h)
+        port: Port[R] = Port((kernel.proc_id, kernel.address, h.port_id), None, None)
+        return port, PortReceiver(None, h)
+
+    @staticmethod
+    def open_ranked(once: bool = False) -> tuple[Port[R], RankedPortReceiver[R]]:
+        """Like :meth:`open`, but the receiver yields ``(rank, value)``."""
+        port, recv = Channel.open(once)
+        return port, recv.ranked()
+
+
+# ----------------------------------------------------------------- reply collectors
+
+
+class OneReply(PortHandler):
+    """Collects exactly one reply into a cell (``call_one``, ``choose``)."""
+
+    __slots__ = ("cell", "port_id", "proc_id", "kernel", "describe")
+
+    def __init__(self, kernel: Any, describe: str) -> None:
+        self.cell = Cell()
+        self.kernel = kernel
+        self.port_id = kernel.add_port(self)
+        self.proc_id = ""
+        self.describe = describe
+
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        self.kernel.remove_port(self.port_id)
+        self.kernel.reply_done(self.proc_id, self.port_id)
+        self.cell.set_lazy(lambda: _decode_value(status, payload, buffers))
+
+    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        self.kernel.remove_port(self.port_id)
+        self.cell.set_exception(_annotate(exc, self.describe))
+
+
+class GatherReplies(PortHandler):
+    """Collects one reply per rank of a cast into a ``ValueMesh`` (``call``,
+    ``initialized``).  The first error fails the whole future."""
+
+    def __init__(self, kernel: Any, extent: Extent, describe: str, build: Callable[[Extent, list], Any]) -> None:
+        self.cell = Cell()
+        self.kernel = kernel
+        self.extent = extent
+        self.n = extent.nelements
+        self.results: list = [None] * self.n
+        self.count = 0
+        self.lock = threading.Lock()
+        self.describe = describe
+        self.build = build
+        self.port_id = kernel.add_port(self)
+        self.procs: list[str] = []
+
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        if status != W.S_VALUE:
+            self._finish_error(status, payload, buffers)
+            return
+        with self.lock:
+            if not 0 <= rank < self.n or self.results[rank] is not None:
+                return
+            self.results[rank] = (payload, buffers)
+            self.count += 1
+            done = self.count == self.n
+        if done:
+            self._done()
+            results, extent, build = self.results, self.extent, self.build
+            self.cell.set_lazy(lambda: build(extent, [_serial.loads(p, b) for p, b in results]))
+
+    def _done(self) -> None:
+        self.kernel.remove_port(self.port_id)
+        for p in self.procs:
+            self.kernel.reply_done(p, self.port_id)
+
+    def _finish_error(self, status: int, payload: Any, buffers: list) -> None:
+        self._done()
+        self.cell.set_lazy(lambda: _decode_value(status, payload, buffers))
+
+    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        self._done()
+        self.cell.set_exception(_annotate(exc, self.describe))
+
+
+class StreamReplies(PortHandler):
+    """Hands replies out in arrival order, one cell each (``stream``)."""
+
+    def __init__(self, kernel: Any, n: int, describe: str) -> None:
+        self.kernel = kernel
+        self.n = n
+        self.describe = describe
+        self.cells = [Cell() for _ in range(n)]
+        self.next = 0
+        self.lock = threading.Lock()
+        self.port_id = kernel.add_port(self)
+        self.procs: list[str] = []
+
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        with self.lock:
+            if self.next >= self.n:
+                return
+            cell = self.cells[self.next]
+            self.next += 1
+            last = self.next == self.n
+        if last:
+            self.kernel.remove_port(self.port_id)
+            for p in self.procs:
+                self.kernel.reply_done(p, self.port_id)
+        cell.set_lazy(lambda: _decode_value(status, payload, buffers))
+
+    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        exc = _annotate(exc, self.describe)
+        with self.lock:
+            rest = self.cells[self.next :]
+            self.next = self.n
+        for c in rest:
+            c.set_exception(exc)
+        self.kernel.remove_port(self.port_id)
+
+
+def _annotate(exc: BaseException, describe: str) -> BaseException:
+    if describe and isinstance(exc, Exception) and describe not in str(exc):
+        try:
+            return type(exc)(f"{describe}: {exc}")
+        except Exception:
+            return exc
+    return exc
+
+
+class StreamIterator(Generic[R]):
+    """What ``Endpoint.stream`` returns: iterate for futures in arrival order
+    (``for f in ep.stream(): f.get()``), or ``async for`` for values."""
+
+    def __init__(self, handler: StreamReplies) -> None:
+        self._h = handler
+        self._i = 0
+
+    def __iter__(self) -> Iterator[Future[R]]:
+        return self
+
+    def __next__(self) -> Future[R]:
+        if self._i >= self._h.n:
+            raise StopIteration
+        c = self._h.cells[self._i]
+        self._i += 1
+        return Future._of(c)
+
+    def __len__(self) -> int:
+        return self._h.n - self._i
+
+    def __aiter__(self) -> StreamIterator[R]:
+        return self
+
+    async def __anext__(self) -> R:
+        try:
+            f = next(self)
+        except StopIteration:
+            raise StopAsyncIteration from None
+        return await f

@@ -1,0 +1,115 @@
+"""Entry point of a proc (worker) process: ``python -m monarch_core._actor._proc_main``.
+
+The spawning process passes the proc's identity in ``MONARCH_PROC_BOOTSTRAP``
+(JSON).  The proc sets a parent-death signal (so it never outlives the process
+that started it), starts its kernel on its own address, tells its parent it is
+listening, and serves until told to stop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import logging
+import os
+import signal
+import sys
+
+
+def _set_parent_death_signal() -> None:
+    PR_SET_PDEATHSIG = 1
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:  # pragma: no cover - non-Linux
+        pass
+
+
+def main() -> None:
+    raw = os.environ.pop("MONARCH_PROC_BOOTSTRAP", None)
+    if raw is None:
+        sys.stderr.write(
+            "monarch_core._actor._proc_main starts a proc for a monarch program; it is not run by hand. "
+            "Use HostMesh.spawn_procs(...) (or `python -m monarch_core.worker` for a host worker loop).\n"
+        )
+        sys.exit(2)
+    info = json.loads(raw)
+    _set_parent_death_signal()
+    if os.getppid() != info["parent_pid"]:
+        os._exit(1)  # the parent died before we set the death signal
+    os.environ["MONARCH_PROC_ID"] = info["proc_id"]
+    for p in reversed(info.get("sys_path", [])):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    if info.get("cpus"):
+        from monarch_core._actor._bootstrap import parse_cpu_list
+
+        os.sched_setaffinity(0, parse_cpu_list(info["cpus"]))
+    level = info.get("log_level") or "WARNING"
+    logging.basicConfig(
+        level=level if isinstance(level, int) else getattr(logging, str(level).upper(), logging.WARNING),
+        format=f"[%(levelname)s {info['describe']} pid {os.getpid()}] %(name)s: %(message)s",
+    )
+    import trio
+
+    from monarch_core._actor import _serial, _state, _transport
+    from monarch_core._actor._agent import ProcAgent
+    from monarch_core._kernel import _wire as W
+    from monarch_core._kernel._runtime import Kernel
+    from monarch_core._mesh._shape import Extent, Point
+    from monarch_core._plugins import registry
+
+    _transport.set_from_parent(info["transport"])
+    transport = registry().transport(info["transport"])
+    kernel = Kernel(proc_id=info["proc_id"], name=info["name"], transport=transport)
+    agent = ProcAgent(kernel)
+    kernel.agent = agent
+    parent = tuple(info["parent"])
+    rt = _state.ProcRuntime(
+        kernel=kernel,
+        agent=agent,
+        proc_id=info["proc_id"],
+        name=info["describe"],
+        is_client=False,
+        transport=transport.name,
+        root=tuple(info["root"]),
+        parent=parent,
+        point=Point(info["rank"], Extent(info["labels"], info["sizes"])),
+        python_executable=info.get("python") or sys.executable,
+        proc_mesh_name=info["name"],
+    )
+    agent.runtime = rt
+    _state.set_runtime(rt)
+    status = tuple(info["status"])
+
+    async def hello() -> None:
+        import marshal
+
+        payload, bufs = _serial.dumps(("hello", kernel.proc_id, kernel.address, os.getpid()))
+        kernel.learn_address(parent[0], parent[1])
+        kernel.send(status[0], status[1], W.K_PORT, 0, marshal.dumps((status[2], info["rank"], W.S_VALUE)),
+                    payload, bufs)
+        kernel.on_proc_failed.append(_exit_if_parent(parent[0]))
+
+    try:
+        trio.run(functools.partial(kernel.serve, after_start=hello))
+    except KeyboardInterrupt:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _exit_if_parent(parent_id: str):  # type: ignore[no-untyped-def]
+    def cb(proc_id: str, reason: str) -> None:
+        if proc_id == parent_id:
+            logging.getLogger("monarch.proc").error("owner %s is gone (%s); exiting", proc_id, reason)
+            sys.stdout.flush()
+            os._exit(1)
+
+    return cb
+
+
+if __name__ == "__main__":
+    main()

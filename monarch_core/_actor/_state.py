@@ -1,0 +1,149 @@
+"""Process-wide runtime state: the kernel, this proc's identity, the context.
+
+In the client the runtime is created on first use (starting the kernel thread);
+in a worker process ``_proc_main`` creates it before the loop starts.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextvars
+import logging
+import os
+import sys
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from monarch_core._mesh._shape import Extent, Point
+
+if TYPE_CHECKING:
+    from monarch_core._actor._agent import ProcAgent
+    from monarch_core._kernel._runtime import Kernel
+
+logger = logging.getLogger("monarch.actor")
+
+ProcRef = tuple  # (proc_id, address)
+
+
+@dataclass
+class ProcRuntime:
+    """Everything this process knows about itself."""
+
+    kernel: Kernel
+    agent: ProcAgent
+    proc_id: str
+    name: str
+    is_client: bool
+    transport: str
+    root: ProcRef
+    parent: ProcRef | None
+    point: Point
+    python_executable: str
+    proc_mesh_name: str = "client"
+    caches: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ref(self) -> ProcRef:
+        return (self.proc_id, self.kernel.address)
+
+
+_runtime: ProcRuntime | None = None
+_runtime_lock = threading.Lock()
+_shutdown_done = False
+
+#: The actor (an ``_host.ActorHost``) whose code is running, if any.
+current_actor: contextvars.ContextVar[Any] = contextvars.ContextVar("monarch_current_actor", default=None)
+#: The rank of the message being handled, within the cast's extent.
+current_message_rank: contextvars.ContextVar[Point | None] = contextvars.ContextVar(
+    "monarch_message_rank", default=None
+)
+
+_EMPTY = Extent([], [])
+ROOT_POINT = Point(0, _EMPTY)
+
+
+def current_runtime_or_none() -> ProcRuntime | None:
+    return _runtime
+
+
+def set_runtime(rt: ProcRuntime) -> None:
+    global _runtime
+    _runtime = rt
+
+
+def runtime() -> ProcRuntime:
+    """This process's runtime, starting the client kernel on first use."""
+    rt = _runtime
+    if rt is not None:
+        return rt
+    with _runtime_lock:
+        if _runtime is None:
+            if _shutdown_done:
+                raise RuntimeError(
+                    "the monarch context was shut down (shutdown_context() or interpreter exit); "
+                    "no new meshes can be created in this process"
+                )
+            _start_client()
+    return _runtime  # type: ignore[return-value]
+
+
+def _start_client() -> None:
+    from monarch_core._actor import _transport
+    from monarch_core._actor._agent import ProcAgent
+    from monarch_core._kernel._runtime import Kernel
+    from monarch_core._plugins import registry
+
+    choice = _transport.current_choice()
+    transport = registry().transport(choice.name)
+    proc_id = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    kernel = Kernel(proc_id=proc_id, name="client", transport=transport, bind_spec=choice.bind_spec)
+    agent = ProcAgent(kernel)
+    kernel.agent = agent
+    kernel.start_thread()
+    ref = (proc_id, kernel.address)
+    rt = ProcRuntime(
+        kernel=kernel,
+        agent=agent,
+        proc_id=proc_id,
+        name="client",
+        is_client=True,
+        transport=choice.name,
+        root=ref,
+        parent=None,
+        point=ROOT_POINT,
+        python_executable=sys.executable,
+    )
+    agent.runtime = rt
+    agent.proc_ready.set()
+    set_runtime(rt)
+    atexit.register(_atexit_shutdown)
+    logger.debug("client kernel listening on %s", kernel.address)
+
+
+def _atexit_shutdown() -> None:
+    try:
+        shutdown(timeout=5.0)
+    except Exception:  # pragma: no cover - best effort at exit
+        logger.exception("error while shutting down the monarch context at exit")
+
+
+def shutdown(timeout: float = 10.0) -> None:
+    """Stop every proc this process owns and stop the kernel.  Idempotent."""
+    global _runtime, _shutdown_done
+    with _runtime_lock:
+        rt = _runtime
+        if rt is None or _shutdown_done:
+            _shutdown_done = True
+            return
+        _shutdown_done = True
+    try:
+        rt.agent.shutdown_owned(timeout)
+    finally:
+        rt.kernel.stop_loop()
+        rt.kernel.join(timeout)
+
+
+def is_shut_down() -> bool:
+    return _shutdown_done

@@ -1,0 +1,137 @@
+"""Built-in plugins, registered through the same hooks as external ones:
+
+* the ``inproc`` transport (connections inside one process, over socket
+  pairs; used for tests and by the conformance kit);
+* the ``local`` scheduler (hosts on this machine, procs as child processes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket as _stdsocket
+from typing import Any
+
+import trio
+
+from monarch_core.errors import ConfigError, ConnectError, TransportError
+from monarch_core.hookspecs import (
+    Allocation,
+    AllocationRequest,
+    HostHandle,
+    Listener,
+    Scheduler,
+    SchedulerSpec,
+    Stream,
+    Transport,
+    TransportSpec,
+    hookimpl,
+)
+from monarch_core.streams import SocketStream
+
+# ----------------------------------------------------------------- inproc transport
+
+_inproc_listeners: dict[str, "_InprocListener"] = {}
+_inproc_ids = itertools.count(1)
+
+
+class _InprocListener(Listener):
+    def __init__(self, name: str) -> None:
+        self.address = f"inproc://{name}"
+        self._name = name
+        self._send, self._recv = trio.open_memory_channel[Stream](64)
+
+    async def accept(self) -> Stream:
+        try:
+            return await self._recv.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            raise TransportError(f"listener {self.address} is closed") from None
+
+    async def aclose(self) -> None:
+        _inproc_listeners.pop(self._name, None)
+        await self._recv.aclose()
+
+
+class InprocTransport(Transport):
+    """Connections between kernels of one process (socket pairs)."""
+
+    name = "inproc"
+
+    def default_bind_spec(self) -> str:
+        return f"inproc://kernel-{next(_inproc_ids)}"
+
+    def normalize(self, url: str) -> str:
+        if not url.startswith("inproc://") or len(url) == len("inproc://"):
+            raise ValueError(f"malformed inproc address {url!r}; expected inproc://NAME")
+        return url
+
+    async def listen(self, bind_spec: str) -> Listener:
+        name = self.normalize(bind_spec)[len("inproc://") :]
+        if name in _inproc_listeners:
+            raise TransportError(f"inproc address {bind_spec} is already bound in this process")
+        lst = _InprocListener(name)
+        _inproc_listeners[name] = lst
+        return lst
+
+    async def connect(self, address: str) -> Stream:
+        name = address[len("inproc://") :]
+        lst = _inproc_listeners.get(name)
+        if lst is None:
+            raise ConnectError(f"nothing listens on {address} in this process")
+        a, b = trio.socket.socketpair(_stdsocket.AF_UNIX, _stdsocket.SOCK_STREAM)
+        try:
+            lst._send.send_nowait(SocketStream(b, peer=f"inproc client of {name}"))
+        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            a.close()
+            b.close()
+            raise ConnectError(f"{address} is not accepting connections") from None
+        return SocketStream(a, peer=address)
+
+
+# ----------------------------------------------------------------- local scheduler
+
+
+class _LocalAllocation(Allocation):
+    def __init__(self, n: int) -> None:
+        self.hosts = [HostHandle(name=f"local{i}") for i in range(n)]
+
+    async def release(self) -> None:
+        return None
+
+
+class LocalScheduler(Scheduler):
+    """``scheduler = "local"``: ``hosts`` (default 1) hosts on this machine.
+    Each host's procs are child processes of the calling process."""
+
+    name = "local"
+    _PARAMS = {"hosts"}
+
+    def validate(self, request: AllocationRequest) -> None:
+        unknown = sorted(set(request.params) - self._PARAMS)
+        if unknown:
+            raise ConfigError(
+                f"{request.source}: unknown parameter(s) {unknown} for scheduler 'local'; "
+                f"it accepts {sorted(self._PARAMS)} (e.g. hosts = 2)"
+            )
+        n = request.params.get("hosts", 1)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"{request.source}: 'hosts' must be an integer >= 1, got {n!r}")
+
+    async def allocate(self, request: AllocationRequest) -> Allocation:
+        return _LocalAllocation(int(request.params.get("hosts", 1)))
+
+
+@hookimpl
+def monarch_transports() -> list[TransportSpec]:
+    return [
+        TransportSpec(
+            name="inproc",
+            schemes=("inproc",),
+            factory=InprocTransport,
+            description="connections inside one process (tests, conformance kit)",
+        )
+    ]
+
+
+@hookimpl
+def monarch_schedulers() -> list[SchedulerSpec]:
+    return [SchedulerSpec("local", LocalScheduler, "hosts on this machine; procs are child processes")]

@@ -1,0 +1,632 @@
+"""The proc kernel: one trio loop per process that owns every socket.
+
+Responsibilities:
+
+* listen on this proc's address and serve inbound sessions;
+* keep one outbound *session* per destination proc: FIFO, sequence-numbered,
+  acknowledged, retransmitted after a reconnect, de-duplicated by the receiver;
+* route arriving messages to actor mailboxes, ports and the proc agent;
+* spawn local OS processes and watch them, so that a dead proc fails whatever
+  was waiting on it.
+
+Threads: in the client the loop runs in one background thread; in a worker
+process it is the main thread.  The thread-safe entry points are
+:meth:`Kernel.send`, :meth:`Kernel.call_soon`, :meth:`Kernel.run`,
+:meth:`Kernel.add_port` / :meth:`Kernel.remove_port`.  Everything else runs on
+the loop.  No plugin hook is called on the per-message path: the transport is
+resolved once per address scheme.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from monarch_core._compat import BaseExceptionGroup, first_leaf
+from monarch_core._kernel import _wire as W
+from monarch_core.errors import (
+    ConnectError,
+    ProtocolError,
+    SupervisionError,
+    TransportError,
+    UndeliverableMessageError,
+)
+from monarch_core.hookspecs import Listener, Stream, Transport
+
+logger = logging.getLogger("monarch.kernel")
+
+_ACK_NONE = W.FIXED.pack(W.K_ACK, 0, 0, 0, 0, 0)
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        logger.warning("ignoring %s=%r: not a number", name, os.environ.get(name))
+        return default
+
+
+#: Seconds a message may stay unacknowledged (reconnecting included) before it
+#: is returned to its sender as undeliverable.
+DELIVERY_TIMEOUT = _env_float("MONARCH_DELIVERY_TIMEOUT", 30.0)
+#: Seconds to wait for a handshake from a new connection.
+HANDSHAKE_TIMEOUT = _env_float("MONARCH_HANDSHAKE_TIMEOUT", 10.0)
+
+
+class PortHandler:
+    """Receives messages addressed to one port id.  Methods may be called from
+    any thread (the kernel loop, or a sender in the same process)."""
+
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class _Outbound:
+    """The sending half of one session to one destination proc."""
+
+    __slots__ = (
+        "kernel",
+        "proc_id",
+        "session_id",
+        "seq",
+        "queue",
+        "unacked",
+        "wake",
+        "failed",
+        "cancel",
+        "last_ack_time",
+    )
+
+    def __init__(self, kernel: Kernel, proc_id: str) -> None:
+        self.kernel = kernel
+        self.proc_id = proc_id
+        self.session_id = uuid.uuid4().hex
+        self.seq = 0
+        # items: (seq, parts, port_id_or_None)
+        self.queue: collections.deque = collections.deque()
+        self.unacked: collections.deque = collections.deque()
+        self.wake = trio.Event()
+        self.failed: BaseException | None = None
+        self.cancel = trio.CancelScope()
+        self.last_ack_time = time.monotonic()
+
+    def push(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, port_id: int | None) -> None:
+        self.seq += 1
+        self.queue.append((self.seq, W.encode_message(kind, flags, self.seq, header, payload, buffers), port_id))
+        self.wake.set()
+
+    def trim(self, acked: int) -> None:
+        u = self.unacked
+        while u and u[0][0] <= acked:
+            u.popleft()
+        self.last_ack_time = time.monotonic()
+
+    def fail(self, exc: BaseException) -> None:
+        """Return every queued and unacknowledged message to its sender."""
+        if self.failed is None:
+            self.failed = exc
+        k = self.kernel
+        for _seq, _parts, port_id in itertools.chain(self.unacked, self.queue):
+            if port_id is not None:
+                k._fail_port(port_id, exc, self.proc_id)
+        self.unacked.clear()
+        self.queue.clear()
+        self.cancel.cancel()
+
+    async def run(self) -> None:
+        k = self.kernel
+        with self.cancel:
+            backoff = 0.005
+            down_since: float | None = None
+            while True:
+                address = await k._wait_address(self.proc_id)
+                if address is None:  # the proc died before it ever listened
+                    self.fail(k._dead_error(self.proc_id))
+                    return
+                stream = None
+                try:
+                    stream = await k.transport_for(address).connect(address)
+                    down_since = None
+                    backoff = 0.005
+                    await self._session(stream, address)
+                    return
+                except (TransportError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+                    err: BaseException = e
+                except BaseExceptionGroup as eg:
+                    err = first_leaf(eg, skip=(trio.Cancelled,))
+                    if not isinstance(err, (TransportError, OSError, trio.BrokenResourceError)):
+                        raise
+                finally:
+                    if stream is not None:
+                        with trio.CancelScope(shield=True):
+                            await stream.aclose()
+                if self.proc_id in k.dead:
+                    self.fail(k._dead_error(self.proc_id))
+                    return
+                now = time.monotonic()
+                if down_since is None:
+                    down_since = now
+                    logger.info("session to %s at %s broke (%s); reconnecting", self.proc_id, address, err)
+                if now - down_since > k.delivery_timeout:
+                    self.fail(
+                        UndeliverableMessageError(
+                            f"could not deliver to proc {self.proc_id!r} at {address}: no connection for "
+                            f"{k.delivery_timeout:.0f}s (last error: {err}). Set MONARCH_DELIVERY_TIMEOUT "
+                            "to wait longer."
+                        )
+                    )
+                    return
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, 0.5)
+
+    async def _session(self, stream: Stream, address: str) -> None:
+        k = self.kernel
+        await stream.send_all(
+            W.encode_handshake({"proc": k.proc_id, "session": self.session_id, "address": k.address or ""})
+        )
+        reader = W.FrameReader(stream)
+        with trio.fail_after(HANDSHAKE_TIMEOUT):
+            hello = await W.read_handshake(reader)
+        self.trim(int(hello.get("last", 0)))
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_acks, reader)
+                if self.unacked:  # retransmit what the peer has not acknowledged
+                    parts = [p for _s, ps, _p in self.unacked for p in ps]
+                    await W.write_parts(stream, parts)
+                while True:
+                    while not self.queue:
+                        if self.wake.is_set():
+                            self.wake = trio.Event()
+                        await self.wake.wait()
+                    batch = self.queue
+                    self.queue = collections.deque()
+                    self.unacked.extend(batch)
+                    if len(batch) == 1:
+                        parts = batch[0][1]
+                    else:
+                        parts = [p for _s, ps, _p in batch for p in ps]
+                    await W.write_parts(stream, parts)
+        except BaseExceptionGroup as eg:
+            raise first_leaf(eg, skip=(trio.Cancelled,)) from None
+
+    async def _read_acks(self, reader: W.FrameReader) -> None:
+        while True:
+            kind, _f, seq, _h, _p, _b = await reader.read_message()
+            if kind != W.K_ACK:
+                raise ProtocolError(f"peer {reader.peer} sent kind {kind} on an outbound session")
+            self.trim(seq)
+
+
+class Kernel:
+    """The per-process kernel.  See the module docstring."""
+
+    def __init__(self, *, proc_id: str, name: str, transport: Transport, bind_spec: str | None = None) -> None:
+        self.proc_id = proc_id
+        self.name = name
+        self.transport = transport
+        self.bind_spec = bind_spec or transport.default_bind_spec()
+        self.address: str | None = None
+        self.delivery_timeout = DELIVERY_TIMEOUT
+        self.token: trio.lowlevel.TrioToken | None = None
+        self.thread_ident: int | None = None
+        self.actors: dict[str, Any] = {}
+        self.ports: dict[int, PortHandler] = {}
+        self._port_ids = itertools.count(1)
+        self.agent: Any = None  # the proc agent: handle_control(op, args, payload, buffers, sender)
+        self.dead: dict[str, str] = {}
+        self.on_proc_failed: list[Callable[[str, str], None]] = []
+        self._outbound: dict[str, _Outbound] = {}
+        self._addresses: dict[str, str] = {}
+        self._addr_events: dict[str, trio.Event] = {}
+        self._pending: dict[str, set[int]] = {}
+        self._inbound_last: dict[str, int] = {}
+        self._transports: dict[str, Transport] = {}
+        self._tx: collections.deque = collections.deque()
+        self._tx_scheduled = False
+        self._nursery: trio.Nursery | None = None
+        self._listener: Listener | None = None
+        self._stopped = threading.Event()
+        self._started = threading.Event()
+        self._start_error: BaseException | None = None
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._children: dict[str, Any] = {}
+        self._shutdown = trio.Event() if False else None  # created on the loop
+
+    # ------------------------------------------------------------------ startup
+    def start_thread(self, *, name: str = "monarch-kernel") -> None:
+        """Run the kernel loop in a daemon thread; return once it is listening."""
+        t = threading.Thread(target=self._thread_main, name=name, daemon=True)
+        self._thread = t
+        t.start()
+        self._started.wait()
+        if self._start_error is not None:
+            raise self._start_error
+
+    def _thread_main(self) -> None:
+        try:
+            trio.run(self.serve)
+        except BaseException as e:  # pragma: no cover - logged, the loop is gone
+            if not self._started.is_set():
+                self._start_error = e
+            else:
+                logger.exception("monarch kernel loop crashed")
+        finally:
+            self._started.set()
+            self._stopped.set()
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED, after_start: Callable | None = None) -> None:
+        """Run the kernel until :meth:`stop_loop` is called."""
+        self.token = trio.lowlevel.current_trio_token()
+        self.thread_ident = threading.get_ident()
+        self._shutdown = trio.Event()
+        try:
+            self._listener = await self.transport.listen(self.bind_spec)
+        except BaseException as e:
+            self._start_error = e
+            self._started.set()
+            raise
+        self.address = self._listener.address
+        self._addresses[self.proc_id] = self.address
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            nursery.start_soon(self._accept_loop, self._listener)
+            task_status.started()
+            self._started.set()
+            if after_start is not None:
+                nursery.start_soon(after_start)
+            await self._shutdown.wait()
+            self._closing = True
+            nursery.cancel_scope.cancel()
+        with trio.CancelScope(shield=True):
+            await self._listener.aclose()
+
+    def stop_loop(self) -> None:
+        """Ask the loop to exit (thread-safe).  Sessions are dropped."""
+        if self.token is None or self._shutdown is None:
+            return
+        try:
+            self.token.run_sync_soon(self._shutdown.set)
+        except trio.RunFinishedError:
+            pass
+
+    def join(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+    # ------------------------------------------------------------------ thread helpers
+    def in_loop(self) -> bool:
+        return threading.get_ident() == self.thread_ident
+
+    def call_soon(self, fn: Callable, *args: Any) -> None:
+        """Run ``fn(*args)`` on the loop soon (thread-safe; FIFO)."""
+        if self.token is None:
+            raise RuntimeError("the monarch kernel is not running")
+        try:
+            self.token.run_sync_soon(fn, *args)
+        except trio.RunFinishedError:
+            raise RuntimeError("the monarch kernel has shut down") from None
+
+    def run(self, afn: Callable, *args: Any) -> Any:
+        """Run ``await afn(*args)`` on the loop and return its result (blocks;
+        not callable from the loop thread)."""
+        if self.in_loop():
+            raise RuntimeError("Kernel.run called from the kernel loop (would deadlock)")
+        return trio.from_thread.run(afn, *args, trio_token=self.token)
+
+    def start_task(self, afn: Callable, *args: Any) -> None:
+        """Start a background task on the kernel nursery (loop thread only)."""
+        assert self._nursery is not None
+        self._nursery.start_soon(afn, *args)
+
+    # ------------------------------------------------------------------ addresses
+    def transport_for(self, address: str) -> Transport:
+        scheme = address.split("://", 1)[0]
+        t = self._transports.get(scheme)
+        if t is None:
+            from monarch_core._plugins import registry
+
+            t = registry().transport(scheme)
+            self._transports[scheme] = t
+        return t
+
+    def learn_address(self, proc_id: str, address: str) -> None:
+        """Record where ``proc_id`` listens (loop thread)."""
+        self._addresses[proc_id] = address
+        ev = self._addr_events.pop(proc_id, None)
+        if ev is not None:
+            ev.set()
+
+    def expect_proc(self, proc_id: str) -> None:
+        """Declare a proc whose address will be learned later (loop thread):
+        sessions to it wait instead of dialling."""
+        if proc_id not in self._addresses and proc_id not in self._addr_events:
+            self._addr_events[proc_id] = trio.Event()
+
+    async def _wait_address(self, proc_id: str) -> str | None:
+        while True:
+            a = self._addresses.get(proc_id)
+            if a is not None:
+                return a
+            if proc_id in self.dead:
+                return None
+            ev = self._addr_events.get(proc_id)
+            if ev is None:
+                ev = self._addr_events[proc_id] = trio.Event()
+            await ev.wait()
+
+    # ------------------------------------------------------------------ ports
+    def add_port(self, handler: PortHandler) -> int:
+        """Register a port handler; returns its id (thread-safe)."""
+        pid = next(self._port_ids)
+        self.ports[pid] = handler
+        return pid
+
+    def remove_port(self, port_id: int) -> None:
+        self.ports.pop(port_id, None)
+
+    def _fail_port(self, port_id: int, exc: BaseException, proc_id: str | None) -> None:
+        h = self.ports.get(port_id)
+        if h is not None:
+            try:
+                h.fail(exc, proc_id)
+            except Exception:  # pragma: no cover - handlers must not raise
+                logger.exception("port handler failed while failing port %s", port_id)
+
+    # ------------------------------------------------------------------ sending
+    def send(
+        self,
+        proc_id: str,
+        address: str | None,
+        kind: int,
+        flags: int,
+        header: bytes,
+        payload: Any,
+        buffers: list,
+        reply_port: int | None = None,
+    ) -> None:
+        """Send one message to a proc (thread-safe, non-blocking, FIFO per
+        calling thread and destination).
+
+        ``reply_port`` names a local port that expects a reply from that proc:
+        if the proc dies or the message is undeliverable, the port is failed
+        instead of waiting forever.
+        """
+        if proc_id == self.proc_id:
+            self.route(kind, flags, header, payload, buffers, self.proc_id)
+            return
+        self._tx.append((proc_id, address, kind, flags, header, payload, buffers, reply_port))
+        if not self._tx_scheduled:
+            self._tx_scheduled = True
+            if self.thread_ident == threading.get_ident():
+                self._drain_tx()
+            else:
+                try:
+                    self.token.run_sync_soon(self._drain_tx)  # type: ignore[union-attr]
+                except trio.RunFinishedError:
+                    self._tx_scheduled = False
+                    raise RuntimeError(
+                        "the monarch kernel has shut down; no more messages can be sent "
+                        "(was shutdown_context() called?)"
+                    ) from None
+
+    def _drain_tx(self) -> None:
+        self._tx_scheduled = False
+        tx = self._tx
+        while tx:
+            proc_id, address, kind, flags, header, payload, buffers, reply_port = tx.popleft()
+            self._push(proc_id, address, kind, flags, header, payload, buffers, reply_port)
+
+    def _push(self, proc_id, address, kind, flags, header, payload, buffers, reply_port) -> None:
+        if proc_id in self.dead:
+            if reply_port is not None:
+                self._fail_port(reply_port, self._dead_error(proc_id), proc_id)
+            return
+        if address is not None and proc_id not in self._addresses:
+            self.learn_address(proc_id, address)
+        out = self._outbound.get(proc_id)
+        if out is None or out.failed is not None:
+            if self._closing:
+                if reply_port is not None:
+                    self._fail_port(reply_port, RuntimeError("the monarch kernel is shutting down"), proc_id)
+                return
+            out = _Outbound(self, proc_id)
+            self._outbound[proc_id] = out
+            assert self._nursery is not None
+            self._nursery.start_soon(self._run_outbound, out)
+        if reply_port is not None:
+            s = self._pending.get(proc_id)
+            if s is None:
+                s = self._pending[proc_id] = set()
+            s.add(reply_port)
+        out.push(kind, flags, header, payload, buffers, reply_port)
+
+    async def _run_outbound(self, out: _Outbound) -> None:
+        try:
+            await out.run()
+        finally:
+            if self._outbound.get(out.proc_id) is out and out.failed is not None:
+                del self._outbound[out.proc_id]
+
+    def reply_done(self, proc_id: str, port_id: int) -> None:
+        """Forget that ``port_id`` waits on ``proc_id`` (any thread)."""
+        s = self._pending.get(proc_id)
+        if s is not None:
+            s.discard(port_id)
+
+    # ------------------------------------------------------------------ failures
+    def _dead_error(self, proc_id: str) -> SupervisionError:
+        return SupervisionError(self.dead.get(proc_id) or f"proc {proc_id} is gone")
+
+    def proc_failed(self, proc_id: str, reason: str) -> None:
+        """Mark ``proc_id`` dead (loop thread): its pending calls fail with
+        ``reason``, later sends fail at once, listeners are told."""
+        if proc_id in self.dead:
+            return
+        self.dead[proc_id] = reason
+        exc = SupervisionError(reason)
+        ev = self._addr_events.pop(proc_id, None)
+        if ev is not None:
+            ev.set()
+        out = self._outbound.get(proc_id)
+        if out is not None:
+            out.fail(exc)
+        pending = self._pending.pop(proc_id, None)
+        if pending:
+            for port_id in list(pending):
+                self._fail_port(port_id, exc, proc_id)
+        for cb in list(self.on_proc_failed):
+            try:
+                cb(proc_id, reason)
+            except Exception:
+                logger.exception("proc-failure listener raised")
+
+    # ------------------------------------------------------------------ receiving
+    async def _accept_loop(self, listener: Listener) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except TransportError as e:
+                if self._closing:
+                    return
+                logger.error("listener on %s failed: %s", self.address, e)
+                return
+            self._nursery.start_soon(self._serve_inbound, stream)  # type: ignore[union-attr]
+
+    async def _serve_inbound(self, stream: Stream) -> None:
+        peer = getattr(stream, "peer", "?")
+        try:
+            reader = W.FrameReader(stream)
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                hello = await W.read_handshake(reader)
+            session = hello.get("session")
+            sender = hello.get("proc")
+            if not isinstance(session, str) or not isinstance(sender, str):
+                raise ProtocolError(f"peer {peer} sent a handshake without session/proc")
+            sender_addr = hello.get("address")
+            if isinstance(sender_addr, str) and sender_addr and sender not in self._addresses:
+                self.learn_address(sender, sender_addr)
+            last = self._inbound_last.get(session, 0)
+            await stream.send_all(W.encode_handshake({"proc": self.proc_id, "last": last}))
+            acked = last
+            route = self.route
+            while True:
+                kind, flags, seq, header, payload, buffers = await reader.read_message()
+                if kind == W.K_BYE:
+                    self._inbound_last.pop(session, None)
+                    return
+                if seq <= last:
+                    continue  # a retransmission we already delivered
+                if seq != last + 1:
+                    raise ProtocolError(f"peer {peer} skipped from seq {last} to {seq}")
+                last = seq
+                self._inbound_last[session] = seq
+                route(kind, flags, header, payload, buffers, sender)
+                if reader.buffered() < W.FIXED_SIZE and last > acked:
+                    await stream.send_all(W.FIXED.pack(W.K_ACK, 0, 0, 0, 0, last))
+                    acked = last
+        except trio.TooSlowError:
+            logger.warning("connection from %s sent no handshake within %.0fs; dropped", peer, HANDSHAKE_TIMEOUT)
+        except ProtocolError as e:
+            logger.warning("dropping connection from %s: %s", peer, e)
+        except (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
+            logger.debug("inbound connection from %s ended: %s", peer, e)
+        finally:
+            with trio.CancelScope(shield=True):
+                await stream.aclose()
+
+    def route(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, sender: str) -> None:
+        """Deliver one message that arrived for this proc (any thread)."""
+        h = W.decode_header(sender, header)
+        if kind == W.K_ACTOR:
+            actor = self.actors.get(h[0])
+            if actor is None:
+                if self.agent is not None:
+                    self.agent.no_such_actor(h, payload, buffers, sender)
+                return
+            actor.enqueue(h, payload, buffers)
+        elif kind == W.K_PORT:
+            port = self.ports.get(h[0])
+            if port is None:
+                logger.debug("message for closed port %s from %s dropped", h[0], sender)
+                return
+            port.deliver(h[1], h[2], payload, buffers)
+        elif kind == W.K_CONTROL:
+            if self.agent is None:
+                logger.warning("control message %r from %s but no proc agent", h[0], sender)
+                return
+            if self.in_loop():
+                self.agent.handle_control(h, payload, buffers, sender)
+            else:
+                self.call_soon(self.agent.handle_control, h, payload, buffers, sender)
+        else:
+            raise ProtocolError(f"peer {sender} sent unexpected message kind {kind}")
+
+    # ------------------------------------------------------------------ child processes
+    async def spawn_process(
+        self,
+        proc_id: str,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        describe: str,
+        cwd: str | None = None,
+        executable: str | None = None,
+    ) -> Any:
+        """Start a child OS process for ``proc_id`` and watch it (loop thread).
+
+        When it exits without :meth:`expect_exit` having been called,
+        :meth:`proc_failed` is called with its exit status.
+        """
+        self.expect_proc(proc_id)
+        proc = await trio.lowlevel.open_process(
+            argv, env=env, cwd=cwd, start_new_session=True, executable=executable
+        )
+        entry = {"proc": proc, "expected": False, "describe": describe}
+        self._children[proc_id] = entry
+        self._nursery.start_soon(self._watch_child, proc_id, entry)  # type: ignore[union-attr]
+        return proc
+
+    def expect_exit(self, proc_id: str) -> None:
+        e = self._children.get(proc_id)
+        if e is not None:
+            e["expected"] = True
+
+    def child(self, proc_id: str) -> Any:
+        e = self._children.get(proc_id)
+        return e["proc"] if e is not None else None
+
+    async def _watch_child(self, proc_id: str, entry: dict) -> None:
+        proc = entry["proc"]
+        rc = await proc.wait()
+        if rc < 0:
+            try:
+                sig = signal.Signals(-rc).name
+            except ValueError:
+                sig = f"signal {-rc}"
+            status = f"was killed by {sig}"
+        else:
+            status = f"exited with code {rc}"
+        if entry["expected"]:
+            reason = f"{entry['describe']} (pid {proc.pid}) was stopped"
+        else:
+            reason = f"{entry['describe']} (pid {proc.pid}) {status}"
+            logger.warning("%s", reason)
+        entry["status"] = status
+        self.proc_failed(proc_id, reason)
+
+    def children(self) -> dict[str, Any]:
+        return self._children

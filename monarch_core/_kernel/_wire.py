@@ -1,0 +1,211 @@
+"""Wire format: handshake and length-prefixed frames.
+
+A connection starts with a handshake in each direction::
+
+    b"MONARCH\\0" | u16 version | u32 length | marshal(dict)
+
+then carries messages.  A message is one fixed header followed by its parts::
+
+    u8 kind | u8 flags | u16 nbufs | u32 hlen | u32 plen | u64 seq     (20 bytes)
+    u64 buffer length * nbufs
+    header  (hlen bytes, ``marshal`` of a tuple of primitives: routing only)
+    payload (plen bytes, cloudpickle protocol 5 of the user's objects)
+    buffer 0, buffer 1, ...   (pickle-5 out-of-band buffers, never copied
+                               into the payload)
+
+The header is ``marshal`` rather than pickle: it holds only strings, ints and
+tuples, decodes several times faster, and cannot run code when a peer sends
+garbage.  Every length is checked against limits before anything is allocated;
+a violation raises :class:`~monarch_core.errors.ProtocolError` and the
+connection is dropped.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import struct
+from typing import Any
+
+from monarch_core.errors import ConnectionClosed, ProtocolError
+from monarch_core.hookspecs import Stream
+
+MAGIC = b"MONARCH\0"
+VERSION = 1
+_HS = struct.Struct("<8sHI")
+FIXED = struct.Struct("<BBHIIQ")
+FIXED_SIZE = FIXED.size
+
+# message kinds
+K_ACTOR = 1  # to an actor: (actor_key, endpoint, reply, rank, labels, sizes, sender)
+K_PORT = 2  # to a port: (port_id, rank, status)
+K_CONTROL = 3  # to the proc's agent: (op, *args)
+K_ACK = 4  # cumulative acknowledgement: seq field = last delivered seq
+K_BYE = 5  # orderly end of a session: receiver forgets it
+
+# port message status
+S_VALUE = 0
+S_ERROR = 1  # payload: an exception to raise at the receiver (ActorError ...)
+S_CLOSE = 2  # the sender of a stream of values is done
+
+MAX_HEADER = 1 << 20
+MAX_HANDSHAKE = 1 << 16
+MAX_BUFS = 1 << 14
+MAX_MESSAGE = int(os.environ.get("MONARCH_MAX_MESSAGE_BYTES", str(1 << 36)))
+_BIG = 1 << 16  # parts at least this large are read straight into their own buffer
+_COALESCE = 1 << 16  # parts smaller than this are joined into one write
+
+
+def encode_handshake(info: dict[str, Any]) -> bytes:
+    body = marshal.dumps(info)
+    return _HS.pack(MAGIC, VERSION, len(body)) + body
+
+
+async def read_handshake(reader: "FrameReader") -> dict[str, Any]:
+    raw = await reader.read_exactly(_HS.size)
+    magic, version, n = _HS.unpack(raw)
+    if magic != MAGIC:
+        raise ProtocolError(
+            f"peer {reader.peer} is not speaking the monarch protocol (first bytes {bytes(raw[:8])!r}); "
+            "is something else listening on this address, or a TLS port dialled without TLS?"
+        )
+    if version != VERSION:
+        raise ProtocolError(
+            f"peer {reader.peer} speaks monarch wire version {version}, this process speaks {VERSION}; "
+            "install the same monarch-core version on every host"
+        )
+    if n > MAX_HANDSHAKE:
+        raise ProtocolError(f"peer {reader.peer} sent a {n}-byte handshake (limit {MAX_HANDSHAKE})")
+    body = await reader.read_exactly(n)
+    try:
+        info = marshal.loads(body)
+    except (ValueError, EOFError, TypeError) as e:
+        raise ProtocolError(f"peer {reader.peer} sent a malformed handshake: {e}") from None
+    if not isinstance(info, dict):
+        raise ProtocolError(f"peer {reader.peer} sent a malformed handshake (not a mapping)")
+    return info
+
+
+def encode_message(
+    kind: int, flags: int, seq: int, header: bytes, payload: bytes | bytearray | memoryview, buffers: list
+) -> list:
+    """The parts of one message, ready for :func:`write_parts`."""
+    nb = len(buffers)
+    fixed = FIXED.pack(kind, flags, nb, len(header), len(payload), seq)
+    if nb:
+        lens = struct.pack(f"<{nb}Q", *[memoryview(b).nbytes for b in buffers])
+        return [fixed, lens, header, payload, *buffers]
+    return [fixed, header, payload]
+
+
+def coalesce(parts: list) -> list:
+    """Join runs of small parts so that a batch costs few ``send`` calls."""
+    out: list = []
+    run: list = []
+    run_len = 0
+    for p in parts:
+        n = p.nbytes if isinstance(p, memoryview) else len(p)
+        if n >= _COALESCE:
+            if run:
+                out.append(b"".join(run))
+                run, run_len = [], 0
+            out.append(p)
+        else:
+            run.append(p)
+            run_len += n
+    if run:
+        out.append(b"".join(run) if len(run) > 1 else run[0])
+    return out
+
+
+class FrameReader:
+    """Reads handshakes and messages from a :class:`Stream`, with limits."""
+
+    __slots__ = ("stream", "peer", "_buf", "_pos")
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+        self.peer = getattr(stream, "peer", "?")
+        self._buf = bytearray()
+        self._pos = 0
+
+    def buffered(self) -> int:
+        return len(self._buf) - self._pos
+
+    async def _fill(self, need: int) -> None:
+        while len(self._buf) - self._pos < need:
+            if self._pos:
+                del self._buf[: self._pos]
+                self._pos = 0
+            chunk = await self.stream.receive_some(max(65536, need - len(self._buf)))
+            if not chunk:
+                raise ConnectionClosed(f"connection from {self.peer} closed")
+            self._buf += chunk
+
+    async def read_exactly(self, n: int) -> bytes:
+        await self._fill(n)
+        p = self._pos
+        out = bytes(self._buf[p : p + n])
+        self._pos = p + n
+        return out
+
+    async def _read_big(self, n: int) -> bytearray:
+        out = bytearray(n)
+        mv = memoryview(out)
+        have = min(n, len(self._buf) - self._pos)
+        if have:
+            mv[:have] = self._buf[self._pos : self._pos + have]
+            self._pos += have
+        recv_into = self.stream.receive_into
+        while have < n:
+            got = await recv_into(mv[have:])
+            if not got:
+                raise ConnectionClosed(f"connection from {self.peer} closed mid-message")
+            have += got
+        return out
+
+    async def read_message(self) -> tuple[int, int, int, bytes, Any, list]:
+        """Return ``(kind, flags, seq, header, payload, buffers)``."""
+        await self._fill(FIXED_SIZE)
+        kind, flags, nbufs, hlen, plen, seq = FIXED.unpack_from(self._buf, self._pos)
+        if not 1 <= kind <= K_BYE:
+            raise ProtocolError(f"peer {self.peer} sent a frame of unknown kind {kind}")
+        if nbufs > MAX_BUFS or hlen > MAX_HEADER or plen > MAX_MESSAGE:
+            raise ProtocolError(
+                f"peer {self.peer} sent an oversized frame (header {hlen} B, payload {plen} B, "
+                f"{nbufs} buffers; limits {MAX_HEADER} B, {MAX_MESSAGE} B, {MAX_BUFS})"
+            )
+        self._pos += FIXED_SIZE
+        lens: tuple[int, ...] = ()
+        if nbufs:
+            raw = await self.read_exactly(8 * nbufs)
+            lens = struct.unpack(f"<{nbufs}Q", raw)
+            if sum(lens) + plen > MAX_MESSAGE:
+                raise ProtocolError(
+                    f"peer {self.peer} announced a {sum(lens) + plen}-byte message (limit {MAX_MESSAGE}); "
+                    "raise MONARCH_MAX_MESSAGE_BYTES if this is intended"
+                )
+        header = await self.read_exactly(hlen) if hlen else b""
+        if plen >= _BIG:
+            payload: Any = await self._read_big(plen)
+        else:
+            payload = await self.read_exactly(plen) if plen else b""
+        bufs = []
+        for n in lens:
+            bufs.append(await self._read_big(n) if n >= _BIG else bytearray(await self.read_exactly(n)))
+        return kind, flags, seq, header, payload, bufs
+
+
+def decode_header(peer: str, header: bytes) -> tuple:
+    try:
+        h = marshal.loads(header)
+    except (ValueError, EOFError, TypeError) as e:
+        raise ProtocolError(f"peer {peer} sent a malformed message header: {e}") from None
+    if not isinstance(h, tuple) or not h:
+        raise ProtocolError(f"peer {peer} sent a malformed message header (not a tuple)")
+    return h
+
+
+async def write_parts(stream: Stream, parts: list) -> None:
+    for p in coalesce(parts):
+        await stream.send_all(p)

@@ -1,0 +1,1 @@
+"""Mesh shapes (Extent, Point, Region, MeshTrait) and ValueMesh."""

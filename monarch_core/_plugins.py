@@ -1,0 +1,237 @@
+"""The plugin manager: loads plugins lazily, resolves names once.
+
+Nothing here runs per message.  The manager is built on first use; transports
+and schedulers are resolved by name into objects that the kernel then calls
+directly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import warnings
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from monarch_core import hookspecs
+from monarch_core.errors import UnknownSchedulerError, UnknownTransportError
+
+logger = logging.getLogger("monarch.plugins")
+
+ENTRY_POINT_GROUP = "monarch"
+DISABLE_ENV = "MONARCH_DISABLED_PLUGINS"
+
+#: Names the project's own plugins provide, and the distribution to install.
+KNOWN_TRANSPORT_PACKAGES = {
+    "ipc": "monarch-transport-tcp",
+    "unix": "monarch-transport-tcp",
+    "tcp": "monarch-transport-tcp",
+    "tls": "monarch-transport-tcp",
+    "rdma": "monarch-transport-rdma",
+}
+KNOWN_SCHEDULER_PACKAGES = {
+    "ssh": "monarch-scheduler-ssh",
+    "slurm": "monarch-scheduler-slurm",
+}
+
+
+@dataclass
+class PluginInfo:
+    """One registered plugin, as ``monarch plugins`` shows it."""
+
+    name: str
+    distribution: str
+    version: str
+    module: Any
+    transports: list[str] = field(default_factory=list)
+    schedulers: list[str] = field(default_factory=list)
+    hooks: list[str] = field(default_factory=list)
+
+
+class PluginRegistry:
+    """A pluggy manager plus the name tables resolved from it (once)."""
+
+    def __init__(self, *, load_entry_points: bool = True) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self.infos: list[PluginInfo] = []
+        self.failed: dict[str, str] = {}
+        self._lock = threading.RLock()
+        self._transport_specs: dict[str, hookspecs.TransportSpec] | None = None
+        self._scheduler_specs: dict[str, hookspecs.SchedulerSpec] | None = None
+        self._transports: dict[str, hookspecs.Transport] = {}
+        blocked = {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
+        self.blocked = blocked
+        from monarch_core import _builtins
+
+        self._register("builtin", _builtins, "monarch-core", _core_version())
+        if load_entry_points:
+            self._load_entry_points()
+
+    # -- loading ---------------------------------------------------------
+    def _register(self, name: str, module: Any, dist: str, version: str) -> None:
+        if name in self.blocked:
+            logger.info("plugin %r is disabled by %s", name, DISABLE_ENV)
+            return
+        self.pm.register(module, name=name)
+        self.infos.append(PluginInfo(name, dist, version, module))
+
+    def _load_entry_points(self) -> None:
+        eps = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
+        for ep in eps:
+            if ep.name in self.blocked:
+                logger.info("plugin %r is disabled by %s", ep.name, DISABLE_ENV)
+                continue
+            dist = getattr(ep, "dist", None)
+            dist_name = dist.metadata["Name"] if dist is not None else "?"
+            dist_version = dist.version if dist is not None else "?"
+            try:
+                module = ep.load()
+                self.pm.register(module, name=ep.name)
+            except Exception as e:  # a broken plugin must not break the others
+                msg = (
+                    f"monarch plugin {ep.name!r} (from {dist_name} {dist_version}, entry point "
+                    f"{ep.value!r}) failed to load and is disabled: {type(e).__name__}: {e}. "
+                    f"Reinstall it, or set {DISABLE_ENV}={ep.name} to silence this warning."
+                )
+                self.failed[ep.name] = f"{type(e).__name__}: {e}"
+                warnings.warn(msg, RuntimeWarning, stacklevel=2)
+                logger.warning("%s", msg)
+                continue
+            self.infos.append(PluginInfo(ep.name, dist_name, dist_version, module))
+
+    # -- transports ------------------------------------------------------
+    def transport_specs(self) -> dict[str, hookspecs.TransportSpec]:
+        """Every accepted name/alias/scheme → its spec (first registration wins)."""
+        with self._lock:
+            if self._transport_specs is None:
+                table: dict[str, hookspecs.TransportSpec] = {}
+                for info in self.infos:
+                    impl = getattr(info.module, "monarch_transports", None)
+                    if impl is None:
+                        continue
+                    for spec in impl() or ():
+                        info.transports.append(spec.name)
+                        for key in (spec.name, *spec.aliases, *spec.schemes):
+                            if key in table and table[key] is not spec:
+                                logger.warning(
+                                    "transport name %r claimed by plugin %r is already provided; ignoring",
+                                    key,
+                                    info.name,
+                                )
+                                continue
+                            table[key] = spec
+                self._transport_specs = table
+            return self._transport_specs
+
+    def transport(self, name: str) -> hookspecs.Transport:
+        """The transport for a name, alias or URL scheme (instantiated once)."""
+        with self._lock:
+            t = self._transports.get(name)
+            if t is not None:
+                return t
+            spec = self.transport_specs().get(name)
+            if spec is None:
+                raise UnknownTransportError(self.unknown_transport_message(name))
+            t = self._transports.get(spec.name)
+            if t is None:
+                t = spec.load()
+                self._transports[spec.name] = t
+            self._transports[name] = t
+            return t
+
+    def unknown_transport_message(self, name: str) -> str:
+        known = sorted({s.name for s in self.transport_specs().values()})
+        schemes = sorted({sc for s in self.transport_specs().values() for sc in s.schemes})
+        msg = f"no installed plugin provides the transport {name!r}. Installed transports: {known or 'none'}"
+        msg += f" (URL schemes: {schemes or 'none'})."
+        pkg = KNOWN_TRANSPORT_PACKAGES.get(name)
+        if pkg:
+            msg += f" {name!r} is provided by {pkg}: pip install {pkg}"
+            if pkg in _blocked_dists(self):
+                msg += f" (it is installed but disabled by {DISABLE_ENV}={os.environ.get(DISABLE_ENV, '')})"
+            msg += "."
+        else:
+            msg += " Check the spelling, or install the plugin that provides it."
+        return msg
+
+    # -- schedulers ------------------------------------------------------
+    def scheduler_specs(self) -> dict[str, hookspecs.SchedulerSpec]:
+        with self._lock:
+            if self._scheduler_specs is None:
+                table: dict[str, hookspecs.SchedulerSpec] = {}
+                for info in self.infos:
+                    impl = getattr(info.module, "monarch_schedulers", None)
+                    if impl is None:
+                        continue
+                    for spec in impl() or ():
+                        info.schedulers.append(spec.name)
+                        if spec.name in table:
+                            logger.warning("scheduler %r from plugin %r is already provided; ignoring", spec.name, info.name)
+                            continue
+                        table[spec.name] = spec
+                self._scheduler_specs = table
+            return self._scheduler_specs
+
+    def scheduler(self, name: str) -> hookspecs.Scheduler:
+        spec = self.scheduler_specs().get(name)
+        if spec is None:
+            known = sorted(self.scheduler_specs())
+            msg = f"no installed plugin provides the scheduler {name!r}. Installed schedulers: {known}."
+            pkg = KNOWN_SCHEDULER_PACKAGES.get(name)
+            if pkg:
+                msg += f" {name!r} is provided by {pkg}: pip install {pkg}."
+            raise UnknownSchedulerError(msg)
+        return spec.load()
+
+    # -- listing ---------------------------------------------------------
+    def describe(self) -> list[PluginInfo]:
+        self.transport_specs()
+        self.scheduler_specs()
+        for info in self.infos:
+            info.hooks = sorted(
+                h.name for h in self.pm.get_hookcallers(info.module) or () if h.name.startswith("monarch_")
+            )
+        return self.infos
+
+
+def _blocked_dists(reg: PluginRegistry) -> set[str]:
+    out = set()
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in reg.blocked and getattr(ep, "dist", None) is not None:
+            out.add(ep.dist.metadata["Name"])
+    return out
+
+
+def _core_version() -> str:
+    try:
+        return metadata.version("monarch-core")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+_registry: PluginRegistry | None = None
+_registry_lock = threading.Lock()
+
+
+def registry() -> PluginRegistry:
+    """The process-wide registry, built on first use."""
+    global _registry
+    reg = _registry
+    if reg is None:
+        with _registry_lock:
+            if _registry is None:
+                _registry = PluginRegistry()
+            reg = _registry
+    return reg
+
+
+def reset_registry() -> None:
+    """Forget the registry (tests use this after changing the environment)."""
+    global _registry
+    with _registry_lock:
+        _registry = None

@@ -1,0 +1,91 @@
+"""The ``monarch_core.actor`` API: the names of the reference ``monarch.actor``.
+
+A façade: the work lives in the private ``_actor``, ``_mesh`` and ``_kernel``
+packages.  ``__all__`` is exactly the reference's documented names.
+``ChannelTransport`` and ``BootstrapCommand`` (types named in the reference's
+signatures) are importable from here too, and from ``monarch_core``.
+"""
+
+from __future__ import annotations
+
+import sys as _sys
+import types as _types
+from typing import Any as _Any
+
+from monarch_core._actor._actor import Actor
+from monarch_core._actor._bootstrap import BootstrapCommand, default_bootstrap_cmd
+from monarch_core._actor._context import Context, context, current_actor_name, current_rank, current_size
+from monarch_core._actor._endpoint import (
+    Accumulator,
+    Endpoint,
+    as_endpoint,
+    concurrent_endpoint,
+    endpoint,
+    send,
+)
+from monarch_core._actor._future import Future
+from monarch_core._actor._mesh import (
+    HostMesh,
+    ProcMesh,
+    get_or_spawn_controller,
+    hosts_from_config,
+    this_host,
+    this_proc,
+)
+from monarch_core._actor._port import Channel, Port, PortReceiver
+from monarch_core._actor._supervision import MeshFailure
+from monarch_core._actor._supervision import unhandled_fault_hook as _default_unhandled_fault_hook
+from monarch_core._actor._transport import ChannelTransport, enable_transport
+from monarch_core._mesh._shape import Extent, Point
+from monarch_core._mesh._value_mesh import ValueMesh
+from monarch_core._telemetry import traced
+from monarch_core.errors import ActorError
+
+unhandled_fault_hook = _default_unhandled_fault_hook
+
+
+def shutdown_context() -> Future[None]:
+    """Stop every proc and actor this process owns and stop its kernel.
+
+    Idempotent: later calls return an already-resolved future.  Runs
+    automatically at interpreter exit."""
+    from monarch_core._actor import _state
+
+    _state.shutdown()
+    return Future._resolved(None)
+
+
+__all__ = [
+    "Accumulator",
+    "Actor",
+    "ActorError",
+    "Channel",
+    "Context",
+    "Endpoint",
+    "Extent",
+    "Future",
+    "HostMesh",
+    "MeshFailure",
+    "Point",
+    "Port",
+    "PortReceiver",
+    "ProcMesh",
+    "ValueMesh",
+    "as_endpoint",
+    "concurrent_endpoint",
+    "context",
+    "current_actor_name",
+    "current_rank",
+    "current_size",
+    "default_bootstrap_cmd",
+    "enable_transport",
+    "endpoint",
+    "get_or_spawn_controller",
+    "hosts_from_config",
+    "send",
+    "shutdown_context",
+    "this_host",
+    "this_proc",
+    "traced",
+    "unhandled_fault_hook",
+]

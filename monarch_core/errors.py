@@ -1,0 +1,145 @@
+"""The exception tree of monarch-core, in one place.
+
+Every error the framework raises on purpose derives from :class:`MonarchError`,
+except where the contract of the reference API names a builtin
+(``ValueError`` for ``call_one`` on many actors, ``TypeError`` for bad endpoint
+arguments, ``IndexError``/``TypeError`` for bad slicing, ``TimeoutError`` for
+``Future.get(timeout=...)``, ``RuntimeError`` for lifecycle misuse)::
+
+    Exception
+    ├── ActorError                       a remote endpoint raised (user code)
+    ├── MonarchError
+    │   ├── PluginError                  an unknown or broken plugin name
+    │   │   ├── UnknownTransportError    (also a ValueError)
+    │   │   └── UnknownSchedulerError    (also a ValueError)
+    │   ├── ConfigError                  hosts_from_config problems (also a ValueError)
+    │   ├── TransportError               a channel could not be opened / broke
+    │   │   ├── ConnectError             could not reach an address
+    │   │   ├── ConnectionClosed         the peer went away
+    │   │   └── ProtocolError            malformed frame or handshake
+    │   ├── UndeliverableMessageError    a message could not be delivered
+    │   └── SupervisionError             an actor or proc this caller depends on failed
+    └── (builtins named by the API contract)
+
+Plugins map their library exceptions (``OSError``, ``trio.BrokenResourceError``,
+``ssl.SSLError``, ``paramiko.SSHException`` ...) into this tree at the plugin
+boundary; nothing from a third-party library escapes to user code.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ActorError",
+    "ConfigError",
+    "ConnectError",
+    "ConnectionClosed",
+    "MonarchError",
+    "PluginError",
+    "ProtocolError",
+    "SupervisionError",
+    "TransportError",
+    "UndeliverableMessageError",
+    "UnknownSchedulerError",
+    "UnknownTransportError",
+]
+
+
+class MonarchError(Exception):
+    """Base class of the errors monarch-core raises on purpose."""
+
+
+class PluginError(MonarchError):
+    """A plugin could not be found, loaded, or used."""
+
+
+class UnknownTransportError(PluginError, ValueError):
+    """No installed plugin provides the requested transport."""
+
+
+class UnknownSchedulerError(PluginError, ValueError):
+    """No installed plugin provides the requested scheduler."""
+
+
+class ConfigError(MonarchError, ValueError):
+    """The project configuration (``monarch.toml`` / ``[tool.monarch]``) is missing,
+    malformed, or does not define what was asked for.  The message names the file."""
+
+
+class TransportError(MonarchError):
+    """A channel could not be opened, or broke while in use."""
+
+
+class ConnectError(TransportError):
+    """The address could not be reached (refused, unreachable, timed out)."""
+
+
+class ConnectionClosed(TransportError):
+    """The peer closed the connection, or it broke."""
+
+
+class ProtocolError(TransportError):
+    """The peer sent bytes that are not a valid monarch frame or handshake."""
+
+
+class UndeliverableMessageError(MonarchError):
+    """A message could not be delivered to its destination.
+
+    The message names the destination and why (the proc is gone, the actor was
+    stopped, no acknowledgement within the delivery timeout).
+    """
+
+
+class SupervisionError(MonarchError):
+    """An actor or proc that the caller depends on has failed.
+
+    Raised by calls whose destination died (process exit, signal, actor
+    failure) and by calls to an actor mesh that has already failed.
+    """
+
+
+class ActorError(Exception):
+    """Deterministic problem with the user's code in a remote endpoint.
+
+    ``exception`` is the exception the endpoint raised (reconstructed on the
+    caller's side when it could be pickled, otherwise a ``RuntimeError`` carrying
+    its text).  ``str()`` holds the message, the actor and endpoint names, and the
+    remote traceback.
+    """
+
+    def __init__(
+        self,
+        exception: BaseException,
+        message: str = "A remote actor call has failed.",
+        *,
+        remote_traceback: str | None = None,
+        actor: str | None = None,
+        endpoint: str | None = None,
+    ) -> None:
+        self.exception = exception
+        self.message = message
+        self.remote_traceback = remote_traceback
+        self.actor = actor
+        self.endpoint = endpoint
+        super().__init__(exception, message)
+
+    def __str__(self) -> str:
+        where = ""
+        if self.actor or self.endpoint:
+            where = f" (actor {self.actor}, endpoint {self.endpoint})"
+        tb = self.remote_traceback
+        if tb is None:
+            tb = f"{type(self.exception).__name__}: {self.exception}\n"
+        return (
+            f"{self.message}{where}\n"
+            f" Traceback of where the remote call failed (most recent call last):\n{tb}"
+        ).rstrip("\n")
+
+    def __reduce__(self):  # keep keyword-only fields across pickling
+        return (
+            _rebuild_actor_error,
+            (self.exception, self.message, self.remote_traceback, self.actor, self.endpoint),
+        )
+
+
+def _rebuild_actor_error(exception, message, tb, actor, endpoint) -> ActorError:
+    return ActorError(exception, message, remote_traceback=tb, actor=actor, endpoint=endpoint)

@@ -1,0 +1,21 @@
+"""Hook implementations of monarch-transport-tcp.
+
+Kept import-light: the transports themselves are imported only when first used.
+"""
+
+from __future__ import annotations
+
+from monarch_core.hookspecs import TransportSpec, hookimpl
+
+
+@hookimpl
+def monarch_transports() -> list[TransportSpec]:
+    return [
+        TransportSpec(
+            name="ipc",
+            schemes=("ipc",),
+            aliases=("unix",),
+            factory="monarch_transport_tcp._ipc:IpcTransport",
+            description="Unix-domain sockets (ipc:///path, ipc://@abstract-name); the default",
+        ),
+    ]
