@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs into .venv and run the whole suite.
+# Usage: bash scripts/test.sh [pytest args...]
+# Works on a fresh Debian 12 machine with Python >= 3.10 (run as root for the
+# system packages later suites need).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+VENV="${VENV:-.venv}"
+if [ ! -x "$VENV/bin/python" ]; then
+  "$PY" -m venv "$VENV"
+fi
+"$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+"$VENV/bin/python" -m pip install -q -e ".[test]" -e plugins/transport_tcp
+exec "$VENV/bin/python" -m pytest "$@"
