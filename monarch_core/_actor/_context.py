@@ -49,8 +49,8 @@ def context() -> Context:
     """The Context of the running actor; on the client, the root client context."""
     host = _state.current_actor.get()
     if host is not None:
-        rank = _state.current_message_rank.get() or host.rank
-        return Context(host, rank)
+        rank = _state.current_message_rank.get()
+        return Context(host, host.rank if rank is None else rank)
     rt = _state.runtime()
     inst = rt.caches.get("client_instance")
     if inst is None:

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from monarch_core._actor import _serial, _state
-from monarch_core._actor._port import _DroppingPort, Port, send_to_port, wrap_exception
+from monarch_core._actor._port import _DroppingPort, Port, send_raw_to_port, send_to_port, wrap_exception
 from monarch_core._kernel import _wire as W
 from monarch_core._mesh._shape import Extent, Point
 from monarch_core.errors import SupervisionError
@@ -65,6 +65,7 @@ class ActorHost:
         self._init = (init_reply, payload, buffers)
         self._extents: dict[tuple, Extent] = {(labels, sizes): self.mesh_extent}
         self._concurrent: set[asyncio.Task] = set()
+        self._current_reply: tuple | None = None
         self.loop = asyncio.new_event_loop()
         self._inbox: asyncio.Queue = asyncio.Queue()
         self._thread = threading.Thread(target=self._thread_main, name=f"monarch-actor-{self.display_name}", daemon=True)
@@ -165,47 +166,40 @@ class ActorHost:
             exc: BaseException = self.init_error
         elif self.failure is not None:
             exc = SupervisionError(
-                f"actor {self.display_name} ({self.class_name}) failed earlier and cannot handle "
-                f"{method}: {self.failure}"
+                f"actor {self.display_name} ({self.class_name}) and its descendants failed; "
+                f"{method} was not completed. Cause: {self.failure}"
             )
         else:
             exc = SupervisionError(f"actor {self.display_name} was stopped; {method} was not run")
         send_to_port(tuple(reply), rank, W.S_ERROR, exc)
 
     async def _handle(self, h: tuple, payload: Any, buffers: list) -> None:
-        _key, method_name, reply, rank, labels, sizes, _sender = h
+        _key, method_name, reply, rank, labels, sizes, _sender, _ret, explicit_flag = h
         if self.init_error is not None or self.failure is not None or self.stopped:
             self._refuse(reply, rank, method_name)
             return
         reply_ref = tuple(reply) if reply is not None else None
         where = f"{self.name}.{method_name}"
         token = _state.current_message_rank.set(Point(rank, self._extent(labels, sizes)))
-        prop = None
-        explicit = False
+        explicit = bool(explicit_flag)
+        self._current_reply = (reply_ref, rank, method_name)
         try:
             args, kwargs = _serial.loads(payload, buffers)
             prop, func = self._lookup(method_name)
-            explicit = prop is not None and (prop._explicit_response_port or prop._concurrent)
+            if prop is not None:
+                explicit = prop._explicit_response_port
             if explicit:
                 port: Port[Any] = Port(reply_ref, None, rank) if reply_ref is not None else _DroppingPort()
                 args = (port, *args)
             if prop is not None and prop._concurrent:
-                self._start_concurrent(func, args, kwargs, where)
+                self._start_concurrent(func, args, kwargs, where, None if explicit else reply_ref, rank)
                 await asyncio.sleep(0)  # let the body start before the next message
                 return
             result = func(self.instance, *args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
             if reply_ref is not None and not explicit:
-                try:
-                    rp, rb = _serial.dumps(result)
-                except Exception as e:
-                    raise TypeError(
-                        f"the result of {where} ({type(result).__name__}) could not be pickled: {e}"
-                    ) from e
-                from monarch_core._actor._port import send_raw_to_port
-
-                send_raw_to_port(reply_ref, rank, W.S_VALUE, rp, rb)
+                self._reply_value(reply_ref, rank, result, where)
         except Exception as e:
             if reply_ref is not None and not explicit:
                 logger.debug("endpoint %s raised %r", where, e)
@@ -215,10 +209,16 @@ class ActorHost:
                 self._die(e, f"{where} raised in a {why}")
         except BaseException as e:
             self._die(e, f"{where} raised {type(e).__name__}")
-            if reply_ref is not None and not explicit:
-                self._refuse(reply_ref, rank, method_name)
         finally:
+            self._current_reply = None
             _state.current_message_rank.reset(token)
+
+    def _reply_value(self, reply_ref: tuple, rank: int, result: Any, where: str) -> None:
+        try:
+            rp, rb = _serial.dumps(result)
+        except Exception as e:
+            raise TypeError(f"the result of {where} ({type(result).__name__}) could not be pickled: {e}") from e
+        send_raw_to_port(reply_ref, rank, W.S_VALUE, rp, rb)
 
     def _lookup(self, name: str) -> tuple[Any, Any]:
         from monarch_core._actor._endpoint import EndpointProperty
@@ -235,27 +235,45 @@ class ActorHost:
             break
         raise AttributeError(f"{cls.__qualname__} has no endpoint {name!r}")
 
-    def _start_concurrent(self, func: Any, args: tuple, kwargs: dict, where: str) -> None:
-        rank_token = _state.current_message_rank.get()
+    def _start_concurrent(
+        self, func: Any, args: tuple, kwargs: dict, where: str, reply_ref: tuple | None, rank: int
+    ) -> None:
+        """Run a concurrent endpoint's body as a task.  Without an explicit port
+        its return value (or exception) goes to the caller; an exception that
+        is not forwarded anywhere fails the actor."""
+        msg_rank = _state.current_message_rank.get()
+        current = self._current_reply
 
         async def body() -> None:
-            _state.current_message_rank.set(rank_token)
+            _state.current_message_rank.set(msg_rank)
             try:
-                await func(self.instance, *args, **kwargs)
+                result = await func(self.instance, *args, **kwargs)
+                if reply_ref is not None:
+                    self._reply_value(reply_ref, rank, result, where)
             except asyncio.CancelledError:
                 raise
+            except Exception as e:
+                if reply_ref is not None:
+                    send_to_port(reply_ref, rank, W.S_ERROR, wrap_exception(e, where))
+                else:
+                    self._die(e, f"concurrent endpoint {where} raised without forwarding it to its port", current)
             except BaseException as e:
-                self._die(e, f"concurrent endpoint {where} raised")
+                self._die(e, f"concurrent endpoint {where} raised {type(e).__name__}", current)
 
         t = self.loop.create_task(body())
         self._concurrent.add(t)
         t.add_done_callback(self._concurrent.discard)
 
-    def _die(self, exc: BaseException, why: str) -> None:
+    def _die(self, exc: BaseException, why: str, current: tuple | None = None) -> None:
+        """The actor fails: whoever waits on the message being handled is told,
+        later messages are refused with the cause, the owner is notified."""
         if self.failure is not None:
             return
         err = wrap_exception(exc, self.name)
         self.failure = err
+        cur = current if current is not None else self._current_reply
+        if cur is not None and cur[0] is not None:
+            self._refuse(cur[0], cur[1], cur[2])
         logger.error("actor %s (%s) failed: %s: %r", self.display_name, self.class_name, why, exc)
         self.agent.actor_failed(self, why, err)
 

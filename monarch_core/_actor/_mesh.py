@@ -164,10 +164,10 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     # ------------------------------------------------------------- sending
     def _send(self, index: int, method: str, reply: tuple | None, rank_in_msg: int, region: Region,
-              header_extra: tuple, payload: Any, bufs: list, reply_port: int | None, kernel: Any, sender: str) -> str:
+              explicit: bool, payload: Any, bufs: list, reply_port: int | None, kernel: Any, sender: str) -> str:
         slot = self._members[region.root_rank(index)]
         header = marshal.dumps(
-            (self._key, method, reply, rank_in_msg, region.labels, region.sizes, sender)
+            (self._key, method, reply, rank_in_msg, region.labels, region.sizes, sender, None, explicit)
         )
         addr = slot.address if slot.ready.is_set() else None
         kernel.send(slot.proc_id, addr, W.K_ACTOR, 0, header, payload, bufs, reply_port)
@@ -185,7 +185,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         kernel = rt.kernel
         h = OneReply(kernel, "")
         reply = (rt.proc_id, kernel.address, h.port_id)
-        h.proc_id = self._send(index, ep._name, reply, index, self._region_, (), payload, bufs, h.port_id, kernel,
+        h.proc_id = self._send(index, ep._name, reply, index, self._region_, ep._prop._explicit_response_port, payload, bufs, h.port_id, kernel,
                                _sender_name())
         return h.cell
 
@@ -199,7 +199,8 @@ class ActorMesh(MeshTrait, Generic[T]):
         sender = _sender_name()
         procs = []
         for i in range(region.nelements):
-            procs.append(self._send(i, ep._name, reply, i, region, (), payload, bufs, h.port_id, kernel, sender))
+            procs.append(self._send(i, ep._name, reply, i, region, ep._prop._explicit_response_port, payload, bufs,
+                                    h.port_id, kernel, sender))
         h.procs = procs
         return h.cell
 
@@ -212,7 +213,8 @@ class ActorMesh(MeshTrait, Generic[T]):
         reply = (rt.proc_id, kernel.address, h.port_id)
         sender = _sender_name()
         h.procs = [
-            self._send(i, ep._name, reply, i, region, (), payload, bufs, h.port_id, kernel, sender)
+            self._send(i, ep._name, reply, i, region, ep._prop._explicit_response_port, payload, bufs, h.port_id,
+                       kernel, sender)
             for i in range(region.nelements)
         ]
         return StreamIterator(h)
@@ -225,7 +227,8 @@ class ActorMesh(MeshTrait, Generic[T]):
         sender = _sender_name()
         indices = range(region.nelements) if only is None else (only,)
         for i in indices:
-            self._send(i, ep._name, reply, i, region, (), payload, bufs, None, kernel, sender)
+            self._send(i, ep._name, reply, i, region, ep._prop._explicit_response_port, payload, bufs, None, kernel,
+                       sender)
 
     # ------------------------------------------------------------- lifecycle
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:

@@ -24,6 +24,7 @@ import itertools
 import logging
 import os
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -592,9 +593,14 @@ class Kernel:
         :meth:`proc_failed` is called with its exit status.
         """
         self.expect_proc(proc_id)
-        proc = await trio.lowlevel.open_process(
-            argv, env=env, cwd=cwd, start_new_session=True, executable=executable
+        # Fork on *this* thread, which lives as long as the kernel: the child's
+        # parent-death signal fires when the forking thread exits, so a
+        # short-lived helper thread (trio.lowlevel.open_process uses one) would
+        # kill the proc when that thread retires.
+        proc = _Child(
+            subprocess.Popen(argv, env=env, cwd=cwd, start_new_session=True, executable=executable)
         )
+        await trio.lowlevel.checkpoint()
         entry = {"proc": proc, "expected": False, "describe": describe}
         self._children[proc_id] = entry
         self._nursery.start_soon(self._watch_child, proc_id, entry)  # type: ignore[union-attr]
@@ -630,3 +636,62 @@ class Kernel:
 
     def children(self) -> dict[str, Any]:
         return self._children
+
+
+class _Child:
+    """A child process whose exit can be awaited on the trio loop (pidfd)."""
+
+    def __init__(self, popen: subprocess.Popen) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self._pidfd: int | None = None
+        self._exited: trio.Event | None = None
+        self._waiting = False
+        try:
+            self._pidfd = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):  # pragma: no cover - kernels without pidfd
+            self._pidfd = None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    async def wait(self) -> int:
+        """Wait for the exit (any number of tasks may wait at once)."""
+        if self._exited is None:
+            self._exited = trio.Event()
+        while self._waiting:
+            await self._exited.wait()
+            if self._popen.returncode is not None:
+                return self._popen.returncode
+        self._waiting = True
+        try:
+            rc = await self._wait()
+        finally:
+            self._waiting = False
+        self._exited.set()
+        return rc
+
+    async def _wait(self) -> int:
+        if self._pidfd is not None:
+            if self._popen.poll() is None:
+                await trio.lowlevel.wait_readable(self._pidfd)
+        else:  # pragma: no cover
+            while self._popen.poll() is None:
+                await trio.sleep(0.05)
+        rc = self._popen.wait()
+        if self._pidfd is not None:
+            try:
+                os.close(self._pidfd)
+            except OSError:
+                pass
+            self._pidfd = None
+        return rc
+
+    def terminate(self) -> None:
+        if self._popen.poll() is None:
+            self._popen.terminate()
+
+    def kill(self) -> None:
+        if self._popen.poll() is None:
+            self._popen.kill()

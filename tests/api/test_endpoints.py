@@ -102,6 +102,11 @@ class Concurrent(Actor):
         self._event().set()
         return "opened"
 
+    @concurrent_endpoint(explicit_response_port=True)
+    async def conc_unforwarded(self, port: Port[int]) -> None:
+        await asyncio.sleep(0)
+        raise ValueError("not forwarded")
+
     @endpoint
     def snapshot(self) -> list:
         return list(self.log)
@@ -204,9 +209,9 @@ def test_concurrent_endpoint_handles_next_message_while_body_awaits(procs) -> No
     # (with a sequential actor this would deadlock)
     with pytest.raises(TimeoutError):
         fa.get(timeout=0.2)
-    assert one.open.call_one().get(timeout=30) == "opened"
-    assert fa.get(timeout=30) == "a"
-    assert fb.get(timeout=30) == "b"
+    assert one.open.call_one().get(timeout=20) == "opened"
+    assert fa.get(timeout=20) == "a"
+    assert fb.get(timeout=20) == "b"
     log = one.snapshot.call_one().get()
     assert len(log) == 4
     # bodies start in message order
@@ -218,8 +223,8 @@ def test_concurrent_endpoint_returns_value(procs) -> None:
     """Without explicit_response_port the body is an ordinary async endpoint:
     its return value is the reply."""
     c = procs.spawn(fresh("conc"), Concurrent)
-    assert c.slice(gpus=1).doubled.call_one(21).get() == 42
-    assert c.doubled.call(5).get().values() == [10, 10, 10, 10]
+    assert c.slice(gpus=1).doubled.call_one(21).get(timeout=20) == 42
+    assert c.doubled.call(5).get(timeout=20).values() == [10, 10, 10, 10]
 
 
 def test_concurrent_endpoint_exception_reaches_caller(procs) -> None:
@@ -228,8 +233,20 @@ def test_concurrent_endpoint_exception_reaches_caller(procs) -> None:
     and the actor keeps serving."""
     one = procs.spawn(fresh("conc"), Concurrent).slice(gpus=2)
     with pytest.raises(ActorError, match="concurrent kaboom"):
-        one.conc_boom.call_one().get()
-    assert one.snapshot.call_one().get() == []
+        one.conc_boom.call_one().get(timeout=20)
+    assert one.snapshot.call_one().get(timeout=20) == []
+
+
+def test_concurrent_endpoint_unforwarded_exception_fails_actor(procs) -> None:
+    """With an explicit port, an exception the body does not forward fails
+    the actor (no silent errors): the pending call must not hang, and the
+    actor no longer serves."""
+    one = procs.spawn(fresh("conc"), Concurrent).slice(gpus=3)
+    exc = one.conc_unforwarded.call_one().exception(timeout=20)  # TimeoutError = hang
+    assert isinstance(exc, Exception)
+    with pytest.raises(Exception) as info:
+        one.snapshot.call_one().get(timeout=20)
+    assert not isinstance(info.value, TimeoutError)
 
 
 def test_concurrent_endpoint_requires_async_method() -> None:

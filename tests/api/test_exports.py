@@ -1,0 +1,143 @@
+"""The public surface of ``monarch_core.actor``: exactly the names the
+reference documents as ``monarch.actor.X``; tensor-engine entry points raise
+``NotImplementedError``."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import itertools
+
+import pytest
+
+import monarch_core.actor as mactor
+from monarch_core.actor import Actor, endpoint, traced
+
+#: every ``monarch.actor.X`` documented in the reference page
+SPEC_NAMES = {
+    "Accumulator",
+    "Actor",
+    "ActorError",
+    "Channel",
+    "Context",
+    "Endpoint",
+    "Extent",
+    "Future",
+    "HostMesh",
+    "MeshFailure",
+    "Point",
+    "Port",
+    "PortReceiver",
+    "ProcMesh",
+    "ValueMesh",
+    "as_endpoint",
+    "concurrent_endpoint",
+    "context",
+    "current_actor_name",
+    "current_rank",
+    "current_size",
+    "default_bootstrap_cmd",
+    "enable_transport",
+    "endpoint",
+    "get_or_spawn_controller",
+    "hosts_from_config",
+    "send",
+    "shutdown_context",
+    "this_host",
+    "this_proc",
+    "traced",
+    "unhandled_fault_hook",
+}
+
+_names = itertools.count()
+
+
+class Plain(Actor):
+    @endpoint
+    def one(self) -> int:
+        return 1
+
+
+def test_all_is_exactly_the_documented_names() -> None:
+    assert len(mactor.__all__) == len(set(mactor.__all__)), "duplicates in __all__"
+    assert sorted(mactor.__all__) == sorted(SPEC_NAMES)
+
+
+def test_every_documented_name_is_importable() -> None:
+    for name in SPEC_NAMES:
+        assert hasattr(mactor, name), name
+    ns: dict = {}
+    exec("from monarch_core.actor import *", ns)  # noqa: S102
+    assert SPEC_NAMES <= set(ns)
+
+
+def test_documented_classes_and_functions() -> None:
+    for cls in (
+        "Accumulator",
+        "Actor",
+        "ActorError",
+        "Channel",
+        "Context",
+        "Extent",
+        "Future",
+        "HostMesh",
+        "MeshFailure",
+        "Point",
+        "Port",
+        "PortReceiver",
+        "ProcMesh",
+        "ValueMesh",
+    ):
+        assert inspect.isclass(getattr(mactor, cls)), cls
+    for fn in (
+        "as_endpoint",
+        "concurrent_endpoint",
+        "context",
+        "current_actor_name",
+        "current_rank",
+        "current_size",
+        "default_bootstrap_cmd",
+        "enable_transport",
+        "endpoint",
+        "get_or_spawn_controller",
+        "hosts_from_config",
+        "send",
+        "shutdown_context",
+        "this_host",
+        "this_proc",
+        "traced",
+        "unhandled_fault_hook",
+    ):
+        assert callable(getattr(mactor, fn)), fn
+    assert issubclass(mactor.ActorError, Exception)
+
+
+def test_endpoint_rref_is_not_implemented(procs) -> None:
+    m = procs.spawn(f"plain{next(_names)}", Plain)
+    with pytest.raises(NotImplementedError):
+        m.one.rref()
+    assert m.one.call().get().values() == [1, 1, 1, 1]
+
+
+def test_proc_mesh_tensor_engine_methods_are_not_implemented(procs) -> None:
+    with pytest.raises(NotImplementedError):
+        procs.activate()
+    with pytest.raises(NotImplementedError):
+        procs.rank_tensor("gpus")
+    with pytest.raises(NotImplementedError):
+        procs.rank_tensors()
+
+
+def test_traced_wraps_sync_and_async_functions() -> None:
+    @traced
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @traced(name="custom_span")
+    async def mul(a: int, b: int) -> int:
+        await asyncio.sleep(0)
+        return a * b
+
+    assert add(2, 3) == 5
+    assert add.__name__ == "add"
+    assert asyncio.run(mul(4, 5)) == 20

@@ -1,0 +1,465 @@
+"""The plugin manager: built-ins, entry points, disabling, broken and
+third-party plugins, unknown names, and ``monarch plugins``.
+
+The registry is process-wide and built once, so every test that depends on the
+environment (``MONARCH_DISABLED_PLUGINS``, extra distributions on ``sys.path``)
+runs its checks in a fresh interpreter (``subprocess.run([sys.executable,
+"-c", code])``).  Throwaway distributions are real ``*.dist-info`` directories
+in ``tmp_path``, found by ``importlib.metadata`` through ``PYTHONPATH``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+
+import pytest
+
+from monarch_core._builtins import InprocTransport, LocalScheduler
+from monarch_core._plugins import PluginRegistry
+from monarch_core.actor import Actor, endpoint
+from monarch_core.errors import PluginError, UnknownSchedulerError, UnknownTransportError
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CORE_VERSION = metadata.version("monarch-core")
+TCP_VERSION = metadata.version("monarch-transport-tcp")
+MONARCH_CLI = os.path.join(os.path.dirname(sys.executable), "monarch")
+
+
+# ---------------------------------------------------------------- actors used by child clients
+
+
+class WhereAmI(Actor):
+    """Reports what a proc sees: its kernel's address, pid, and one variable."""
+
+    @endpoint
+    def where(self, var: str) -> dict:
+        from monarch_core._actor import _state
+
+        return {"address": _state.runtime().kernel.address, "pid": os.getpid(), "var": os.environ.get(var)}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _env(**extra: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MONARCH_DISABLED_PLUGINS", "PYTHONPATH")}
+    for k, v in extra.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    return env
+
+
+def _py(code: str, timeout: float = 120, **env: str | None) -> subprocess.CompletedProcess:
+    prelude = f"import sys; sys.path.insert(0, {HERE!r})\n"
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=_env(**env),
+    )
+
+
+def _json(res: subprocess.CompletedProcess):  # type: ignore[no-untyped-def]
+    assert res.returncode == 0, f"child failed (rc {res.returncode}):\n{res.stderr[-4000:]}"
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def make_dist(root: pathlib.Path, dist: str, version: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
+    """A minimal installed distribution: ``<dist>-<version>.dist-info`` with
+    METADATA and entry_points.txt, plus top-level modules, all under ``root``."""
+    info = root / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    eps = "[monarch]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points.items())
+    (info / "entry_points.txt").write_text(eps)
+    for name, src in modules.items():
+        (root / f"{name}.py").write_text(textwrap.dedent(src))
+
+
+BROKEN_MOD = """
+raise ImportError("broken_mod needs libfoo.so.3, which is not installed")
+"""
+
+DIRT_PLUGIN = '''
+"""A third-party transport: Unix sockets as files in one directory."""
+import os
+import socket as _s
+import uuid
+
+import trio
+
+from monarch_core.errors import ConnectError, TransportError
+from monarch_core.hookspecs import Transport, TransportSpec, hookimpl
+from monarch_core.streams import SocketListener, SocketStream
+
+
+class DirTransport(Transport):
+    name = "dir"
+
+    def default_bind_spec(self):
+        return f"dir://{os.environ['MC_DIRT_DIR']}/{uuid.uuid4().hex[:10]}.sock"
+
+    def normalize(self, url):
+        if not url.startswith("dir:///"):
+            raise ValueError(f"malformed dir address {url!r}; expected dir:///absolute/path")
+        return url
+
+    async def listen(self, bind_spec):
+        path = self.normalize(bind_spec)[len("dir://"):]
+        sock = trio.socket.socket(_s.AF_UNIX, _s.SOCK_STREAM)
+        try:
+            await sock.bind(path)
+            sock.listen(128)
+        except OSError as e:
+            sock.close()
+            raise TransportError(f"cannot listen on {bind_spec}: {e}") from None
+        return SocketListener(sock, bind_spec)
+
+    async def connect(self, address):
+        sock = trio.socket.socket(_s.AF_UNIX, _s.SOCK_STREAM)
+        try:
+            await sock.connect(address[len("dir://"):])
+        except OSError as e:
+            sock.close()
+            raise ConnectError(f"cannot connect to {address}: {e}") from None
+        return SocketStream(sock, peer=address)
+
+
+@hookimpl
+def monarch_transports():
+    return [TransportSpec(name="dir", schemes=("dir",), factory="dirt_plugin:DirTransport",
+                          description="Unix sockets in a directory")]
+
+
+@hookimpl
+def monarch_proc_env(proc_name, rank, coords):
+    return {"MC_DIRT_RANK": f"{proc_name}:{rank}:{dict(coords)}"}
+'''
+
+
+# ---------------------------------------------------------------- built-ins and entry points
+
+
+def test_builtins_are_registered_through_the_hooks() -> None:
+    res = _py(
+        """
+        import json
+        from monarch_core import _builtins
+        from monarch_core._plugins import registry
+        reg = registry()
+        impls = {h: sorted(i.plugin_name for i in getattr(reg.pm.hook, h).get_hookimpls())
+                 for h in ("monarch_transports", "monarch_schedulers")}
+        info = {i.name: [i.distribution, i.version, i.transports, i.schedulers] for i in reg.describe()}
+        print(json.dumps({
+            "builtin_is_module": reg.pm.get_plugin("builtin") is _builtins,
+            "impls": impls,
+            "inproc": type(reg.transport("inproc")).__qualname__,
+            "local": type(reg.scheduler("local")).__qualname__,
+            "info": info["builtin"],
+        }))
+        """
+    )
+    out = _json(res)
+    assert out == {
+        "builtin_is_module": True,
+        "impls": {"monarch_transports": ["builtin", "transport_tcp"], "monarch_schedulers": ["builtin"]},
+        "inproc": InprocTransport.__qualname__,
+        "local": LocalScheduler.__qualname__,
+        "info": ["monarch-core", CORE_VERSION, ["inproc"], ["local"]],
+    }
+
+
+def test_transport_tcp_entry_point_is_loaded_and_provides_ipc_with_alias_unix() -> None:
+    res = _py(
+        """
+        import json
+        from monarch_core._plugins import registry
+        from monarch_transport_tcp import plugin
+        from monarch_transport_tcp._ipc import IpcTransport
+        reg = registry()
+        info = {i.name: [i.distribution, i.version, i.transports] for i in reg.describe()}
+        ipc = reg.transport("ipc")
+        print(json.dumps({
+            "plugin_module": reg.pm.get_plugin("transport_tcp") is plugin,
+            "info": info["transport_tcp"],
+            "ipc": isinstance(ipc, IpcTransport),
+            "unix_same": reg.transport("unix") is ipc,
+            "failed": reg.failed,
+            "order": [i.name for i in reg.infos],
+        }))
+        """
+    )
+    assert _json(res) == {
+        "plugin_module": True,
+        "info": ["monarch-transport-tcp", TCP_VERSION, ["ipc"]],
+        "ipc": True,
+        "unix_same": True,
+        "failed": {},
+        "order": ["builtin", "transport_tcp"],
+    }
+
+
+@pytest.mark.parametrize("value", ["transport_tcp", " transport_tcp ", "nothing,transport_tcp", "transport_tcp,,"])
+def test_disabled_transport_tcp_makes_ipc_unknown_naming_the_package_and_why(value: str) -> None:
+    res = _py(
+        """
+        import json
+        from monarch_core._plugins import registry
+        from monarch_core.errors import UnknownTransportError
+        reg = registry()
+        out = {"plugins": [i.name for i in reg.infos], "blocked": sorted(reg.blocked)}
+        for name in ("ipc", "unix"):
+            try:
+                reg.transport(name)
+                out[name] = None
+            except UnknownTransportError as e:
+                out[name] = str(e)
+        out["inproc"] = type(reg.transport("inproc")).__name__
+        print(json.dumps(out))
+        """,
+        MONARCH_DISABLED_PLUGINS=value,
+    )
+    out = _json(res)
+    assert out["plugins"] == ["builtin"]
+    assert "transport_tcp" in out["blocked"]
+    assert out["inproc"] == "InprocTransport"
+    for name in ("ipc", "unix"):
+        msg = out[name]
+        assert msg is not None, f"{name} still resolves with transport_tcp disabled"
+        assert f"no installed plugin provides the transport {name!r}" in msg
+        assert "Installed transports: ['inproc']" in msg
+        assert "pip install monarch-transport-tcp" in msg
+        assert f"disabled by MONARCH_DISABLED_PLUGINS={value}" in msg
+
+
+def test_disabled_transport_tcp_makes_the_actor_api_fail_with_the_same_advice() -> None:
+    res = _py(
+        """
+        import json
+        from monarch_core.actor import this_host
+        from monarch_core.errors import UnknownTransportError
+        try:
+            this_host()
+            print(json.dumps(None))
+        except UnknownTransportError as e:
+            print(json.dumps(str(e)))
+        """,
+        MONARCH_DISABLED_PLUGINS="transport_tcp",
+    )
+    msg = _json(res)
+    assert msg is not None
+    assert "pip install monarch-transport-tcp" in msg and "disabled" in msg
+
+
+# ---------------------------------------------------------------- a broken plugin
+
+
+def test_broken_plugin_becomes_a_runtime_warning_naming_it_and_the_rest_still_works(tmp_path: pathlib.Path) -> None:
+    make_dist(tmp_path, "monarch-broken", "0.7", {"broken": "broken_mod"}, {"broken_mod": BROKEN_MOD})
+    res = _py(
+        """
+        import json, warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            from monarch_core._plugins import registry
+            reg = registry()
+        from monarch_core.actor import this_host
+        from test_plugins import WhereAmI
+        pm = this_host().spawn_procs(per_host={"gpus": 2})
+        where = pm.spawn("w", WhereAmI).where.call("HOME").get(timeout=60).values()
+        pm.stop().get(timeout=30)
+        print(json.dumps({
+            "warnings": [[w.category.__name__, str(w.message)] for w in caught],
+            "failed": reg.failed,
+            "plugins": [i.name for i in reg.infos],
+            "ipc": type(reg.transport("ipc")).__name__,
+            "local": type(reg.scheduler("local")).__name__,
+            "schemes": sorted({w["address"].split("://")[0] for w in where}),
+        }))
+        """,
+        PYTHONPATH=str(tmp_path),
+    )
+    out = _json(res)
+    assert len(out["warnings"]) == 1, out["warnings"]
+    category, message = out["warnings"][0]
+    assert category == "RuntimeWarning"
+    assert message.startswith("monarch plugin 'broken' (from monarch-broken 0.7, entry point 'broken_mod') failed to load")
+    assert "ImportError: broken_mod needs libfoo.so.3, which is not installed" in message
+    assert "MONARCH_DISABLED_PLUGINS=broken" in message
+    assert out["failed"] == {"broken": "ImportError: broken_mod needs libfoo.so.3, which is not installed"}
+    assert out["plugins"] == ["builtin", "transport_tcp"]
+    assert (out["ipc"], out["local"], out["schemes"]) == ("IpcTransport", "LocalScheduler", ["ipc"])
+
+
+def test_broken_plugin_is_listed_as_failed_by_monarch_plugins_and_silenced_by_disabling(tmp_path: pathlib.Path) -> None:
+    make_dist(tmp_path, "monarch-broken", "0.7", {"broken": "broken_mod"}, {"broken_mod": BROKEN_MOD})
+    listed = subprocess.run(
+        [MONARCH_CLI, "plugins"], capture_output=True, text=True, timeout=60, env=_env(PYTHONPATH=str(tmp_path))
+    )
+    assert listed.returncode == 0
+    assert listed.stdout.splitlines() == [
+        f"builtin (monarch-core=={CORE_VERSION})  transports: inproc; schedulers: local",
+        f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: ipc",
+        "broken  FAILED TO LOAD: ImportError: broken_mod needs libfoo.so.3, which is not installed",
+    ]
+    assert "monarch plugin 'broken'" in listed.stderr  # the warning reaches the user
+    silenced = subprocess.run(
+        [MONARCH_CLI, "plugins"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(PYTHONPATH=str(tmp_path), MONARCH_DISABLED_PLUGINS="broken"),
+    )
+    assert silenced.returncode == 0
+    assert silenced.stderr == ""
+    assert silenced.stdout.splitlines()[-1] == "broken  disabled by MONARCH_DISABLED_PLUGINS"
+
+
+# ---------------------------------------------------------------- unknown names
+
+
+def test_unknown_transport_names_list_the_installed_ones() -> None:
+    reg = PluginRegistry()
+    with pytest.raises(UnknownTransportError) as ei:
+        reg.transport("quic")
+    assert str(ei.value) == (
+        "no installed plugin provides the transport 'quic'. Installed transports: ['inproc', 'ipc'] "
+        "(URL schemes: ['inproc', 'ipc']). Check the spelling, or install the plugin that provides it."
+    )
+    assert isinstance(ei.value, PluginError) and isinstance(ei.value, ValueError)
+
+
+@pytest.mark.parametrize("name, package", [("rdma", "monarch-transport-rdma"), ("tls", "monarch-transport-tcp")])
+def test_unknown_transport_of_a_known_plugin_names_the_package(name: str, package: str) -> None:
+    with pytest.raises(UnknownTransportError) as ei:
+        PluginRegistry().transport(name)
+    assert f"Installed transports: ['inproc', 'ipc']" in str(ei.value)
+    assert str(ei.value).endswith(f"{name!r} is provided by {package}: pip install {package}.")
+
+
+def test_unknown_scheduler_names_list_the_installed_ones() -> None:
+    reg = PluginRegistry()
+    with pytest.raises(UnknownSchedulerError) as ei:
+        reg.scheduler("kubernetes")
+    assert str(ei.value) == "no installed plugin provides the scheduler 'kubernetes'. Installed schedulers: ['local']."
+    with pytest.raises(UnknownSchedulerError) as ei:
+        reg.scheduler("slurm")
+    assert str(ei.value) == (
+        "no installed plugin provides the scheduler 'slurm'. Installed schedulers: ['local']. "
+        "'slurm' is provided by monarch-scheduler-slurm: pip install monarch-scheduler-slurm."
+    )
+
+
+# ---------------------------------------------------------------- a third-party plugin
+
+
+def test_third_party_transport_plugin_is_usable_by_name_and_carries_a_mesh(
+    tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
+    site = tmp_path / "site"
+    socks = pathlib.Path(os.path.realpath("/tmp")) / f"mc-dirt-{os.getpid()}-{tmp_path.name[-8:]}"
+    socks.mkdir()
+    request.addfinalizer(lambda: shutil.rmtree(socks, ignore_errors=True))
+    make_dist(site, "monarch-transport-dir", "0.3", {"dirt": "dirt_plugin"}, {"dirt_plugin": DIRT_PLUGIN})
+    res = _py(
+        """
+        import json, os
+        from monarch_core._plugins import registry
+        from monarch_core.actor import enable_transport, this_host
+        from test_plugins import WhereAmI
+        import dirt_plugin
+        reg = registry()
+        t = reg.transport("dir")
+        enable_transport("dir")
+        pm = this_host().spawn_procs(per_host={"gpus": 2})
+        w = pm.spawn("w", WhereAmI)
+        where = w.where.call("MC_DIRT_RANK").get(timeout=60).values()
+        from monarch_core._actor import _state
+        client = _state.runtime().kernel.address
+        files = sorted(os.listdir(os.environ["MC_DIRT_DIR"]))
+        pm.stop().get(timeout=30)
+        print(json.dumps({
+            "is_plugin_class": isinstance(t, dirt_plugin.DirTransport),
+            "client": client,
+            "where": where,
+            "files": files,
+            "info": [[i.name, i.distribution, i.version, i.transports, i.hooks] for i in reg.describe()],
+        }))
+        """,
+        PYTHONPATH=str(site),
+        MC_DIRT_DIR=str(socks),
+    )
+    out = _json(res)
+    assert out["is_plugin_class"] is True
+    assert out["client"].startswith(f"dir://{socks}/")
+    assert [w["address"].startswith(f"dir://{socks}/") for w in out["where"]] == [True, True]
+    assert [w["var"] for w in out["where"]] == ["procs0:0:{'gpus': 0}", "procs0:1:{'gpus': 1}"]
+    assert len({w["pid"] for w in out["where"]}) == 2
+    # one socket file per kernel: the client and both procs listened through the plugin
+    assert out["files"] == sorted(
+        [out["client"].rsplit("/", 1)[1]] + [w["address"].rsplit("/", 1)[1] for w in out["where"]]
+    )
+    assert ["dirt", "monarch-transport-dir", "0.3", ["dir"], ["monarch_proc_env", "monarch_transports"]] in out["info"]
+
+
+def test_third_party_plugin_is_listed_by_monarch_plugins(tmp_path: pathlib.Path) -> None:
+    make_dist(tmp_path, "monarch-transport-dir", "0.3", {"dirt": "dirt_plugin"}, {"dirt_plugin": DIRT_PLUGIN})
+    res = subprocess.run(
+        [MONARCH_CLI, "plugins"], capture_output=True, text=True, timeout=60, env=_env(PYTHONPATH=str(tmp_path))
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        f"builtin (monarch-core=={CORE_VERSION})  transports: inproc; schedulers: local",
+        "dirt (monarch-transport-dir==0.3)  transports: dir; hooks: monarch_proc_env",
+        f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: ipc",
+    ]
+
+
+# ---------------------------------------------------------------- monarch plugins
+
+
+EXPECTED_LISTING = [
+    f"builtin (monarch-core=={CORE_VERSION})  transports: inproc; schedulers: local",
+    f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: ipc",
+]
+
+
+@pytest.mark.parametrize(
+    "argv", [[MONARCH_CLI, "plugins"], [sys.executable, "-m", "monarch_core.cli", "plugins"]], ids=["script", "module"]
+)
+def test_monarch_plugins_lists_each_plugin_with_version_and_what_it_provides(argv: list[str]) -> None:
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=_env())
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == EXPECTED_LISTING
+    assert res.stderr == ""
+
+
+def test_monarch_plugins_shows_a_disabled_plugin() -> None:
+    res = subprocess.run(
+        [MONARCH_CLI, "plugins"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=_env(MONARCH_DISABLED_PLUGINS="transport_tcp"),
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.splitlines() == [
+        EXPECTED_LISTING[0],
+        "transport_tcp  disabled by MONARCH_DISABLED_PLUGINS",
+    ]
+
+
+def test_monarch_without_a_command_prints_help_and_exits_2() -> None:
+    res = subprocess.run([MONARCH_CLI], capture_output=True, text=True, timeout=60, env=_env())
+    assert res.returncode == 2
+    assert "plugins" in res.stdout and "usage: monarch" in res.stdout
