@@ -39,6 +39,7 @@ class _InprocListener(Listener):
         self.address = f"inproc://{name}"
         self._name = name
         self._send, self._recv = trio.open_memory_channel[Stream](64)
+        self._token = trio.lowlevel.current_trio_token()
 
     async def accept(self) -> Stream:
         try:
@@ -77,14 +78,26 @@ class InprocTransport(Transport):
         lst = _inproc_listeners.get(name)
         if lst is None:
             raise ConnectError(f"nothing listens on {address} in this process")
-        a, b = trio.socket.socketpair(_stdsocket.AF_UNIX, _stdsocket.SOCK_STREAM)
+        a, b = _stdsocket.socketpair(_stdsocket.AF_UNIX, _stdsocket.SOCK_STREAM)
+        a.setblocking(False)
+        b.setblocking(False)
+
+        def hand_over() -> None:  # runs on the listener's trio loop
+            try:
+                lst._send.send_nowait(SocketStream(trio.socket.from_stdlib_socket(b), peer=f"inproc client of {name}"))
+            except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+                b.close()
+
         try:
-            lst._send.send_nowait(SocketStream(b, peer=f"inproc client of {name}"))
-        except (trio.WouldBlock, trio.ClosedResourceError, trio.BrokenResourceError):
+            if trio.lowlevel.current_trio_token() is lst._token:
+                hand_over()
+            else:  # the listener lives in another trio run (another kernel thread)
+                lst._token.run_sync_soon(hand_over)
+        except trio.RunFinishedError:
             a.close()
             b.close()
-            raise ConnectError(f"{address} is not accepting connections") from None
-        return SocketStream(a, peer=address)
+            raise ConnectError(f"{address} is not accepting connections (its kernel has stopped)") from None
+        return SocketStream(trio.socket.from_stdlib_socket(a), peer=address)
 
 
 # ----------------------------------------------------------------- local scheduler

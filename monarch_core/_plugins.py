@@ -151,10 +151,19 @@ class PluginRegistry:
         msg += f" (URL schemes: {schemes or 'none'})."
         pkg = KNOWN_TRANSPORT_PACKAGES.get(name)
         if pkg:
-            msg += f" {name!r} is provided by {pkg}: pip install {pkg}"
+            installed = _dist_version(pkg)
             if pkg in _blocked_dists(self):
-                msg += f" (it is installed but disabled by {DISABLE_ENV}={os.environ.get(DISABLE_ENV, '')})"
-            msg += "."
+                msg += (
+                    f" {name!r} is provided by {pkg} (pip install {pkg}), which is installed but disabled by "
+                    f"{DISABLE_ENV}={os.environ.get(DISABLE_ENV, '')}; remove it from that list."
+                )
+            elif installed is not None:
+                msg += (
+                    f" {name!r} comes from {pkg}, but the installed {pkg} {installed} does not provide it; "
+                    f"upgrade it: pip install --upgrade {pkg}."
+                )
+            else:
+                msg += f" {name!r} is provided by {pkg}: pip install {pkg}."
         else:
             msg += " Check the spelling, or install the plugin that provides it."
         return msg
@@ -205,6 +214,13 @@ def _blocked_dists(reg: PluginRegistry) -> set[str]:
         if ep.name in reg.blocked and getattr(ep, "dist", None) is not None:
             out.add(ep.dist.metadata["Name"])
     return out
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
 
 
 def _core_version() -> str:

@@ -128,15 +128,21 @@ class ProcAgent:
         threading.Thread(target=run, name="monarch-proc-bootstrap", daemon=True).start()
 
     def _op_stop_proc(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        _op, reason = h
+        _op, reason, grace = h
         if self.stopping:
             return
         self.stopping = True
-        threading.Thread(target=self._stop_proc, args=(reason,), name="monarch-proc-stop", daemon=True).start()
+        threading.Thread(
+            target=self._stop_proc, args=(reason, float(grace)), name="monarch-proc-stop", daemon=True
+        ).start()
 
-    def _stop_proc(self, reason: str) -> None:
+    def _stop_proc(self, reason: str, grace: float) -> None:
         try:
-            self.stop_everything(reason, STOP_GRACE)
+            self.stop_everything(reason, grace)
+            try:  # let replies already queued (stop acknowledgements) reach their ports
+                self.kernel.run(self.kernel.flush, 1.0)
+            except Exception:  # pragma: no cover - the loop is already gone
+                pass
         finally:
             self.kernel.stop_loop()
 
@@ -296,9 +302,10 @@ class _LocalSignal:
 
 def _stop_meshes(meshes: list, timeout: float) -> None:
     futs = []
+    grace = max(0.5, timeout - 1.0)
     for m in reversed(meshes):
         try:
-            futs.append(m._stop_owned("its owner stopped"))
+            futs.append(m._stop_owned("its owner stopped", grace))
         except Exception:
             logger.exception("stopping %r failed", m)
     deadline = time.monotonic() + timeout

@@ -66,6 +66,10 @@ class ActorHost:
         self._extents: dict[tuple, Extent] = {(labels, sizes): self.mesh_extent}
         self._concurrent: set[asyncio.Task] = set()
         self._current_reply: tuple | None = None
+        self._stop_lock = threading.Lock()
+        self._stop_replies: list[tuple] = []
+        self._stop_requested = False
+        self._finished = False
         self.loop = asyncio.new_event_loop()
         self._inbox: asyncio.Queue = asyncio.Queue()
         self._thread = threading.Thread(target=self._thread_main, name=f"monarch-actor-{self.display_name}", daemon=True)
@@ -86,11 +90,30 @@ class ActorHost:
             self.agent.reply_gone(h, self)
 
     def request_stop(self, reason: str, reply: tuple | None) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self._inbox.put_nowait, (_STOP, reason, reply))
-        except RuntimeError:
+        """Ask the actor to stop after the messages already queued (any
+        thread).  ``reply`` gets ``None`` once it has stopped; a request to an
+        actor that is stopping or stopped is answered when it is done."""
+        with self._stop_lock:
+            if self._finished:
+                if reply is not None:
+                    send_to_port(reply, self.rank.rank, W.S_VALUE, None)
+                return
             if reply is not None:
-                send_to_port(reply, self.rank.rank, W.S_VALUE, None)
+                self._stop_replies.append(reply)
+            if self._stop_requested:
+                return
+            self._stop_requested = True
+        try:
+            self.loop.call_soon_threadsafe(self._inbox.put_nowait, (_STOP, reason, None))
+        except RuntimeError:  # the loop is closed: the actor thread is gone
+            self._finish_stop()
+
+    def _finish_stop(self) -> None:
+        with self._stop_lock:
+            self._finished = True
+            replies, self._stop_replies = self._stop_replies, []
+        for r in replies:
+            send_to_port(r, self.rank.rank, W.S_VALUE, None)
 
     # ---------------------------------------------------------------- thread
     def _thread_main(self) -> None:
@@ -301,8 +324,7 @@ class ActorHost:
             h, _p, _b = self._inbox.get_nowait()
             if h is not _STOP and isinstance(h, tuple):
                 self._refuse(h[2], h[3], h[1])
-        if reply is not None:
-            send_to_port(reply, self.rank.rank, W.S_VALUE, None)
+        self._finish_stop()
 
     async def _cancel_concurrent(self) -> None:
         tasks = [t for t in self._concurrent if not t.done()]

@@ -237,7 +237,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         _owner_check(self, "stop")
         return self._stop_owned(reason)
 
-    def _stop_owned(self, reason: str) -> Future[None]:
+    def _stop_owned(self, reason: str, grace: float | None = None) -> Future[None]:
         if self._stopped:
             return Future._resolved(None)
         self._stopped = True
@@ -253,7 +253,8 @@ class ActorMesh(MeshTrait, Generic[T]):
                 continue
             header = marshal.dumps(("stop_actor", self._key, reply, reason))
             kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0, header, b"", [],
-                        None)
+                        h.port_id)
+            h.procs.append(slot.proc_id)
         _state.runtime().agent.unregister_owned(self)
         return Future._of(_never_fails(h.cell))
 
@@ -383,9 +384,11 @@ class ProcMesh(MeshTrait):
         _owner_check(self, "stop")
         return self._stop_owned(reason)
 
-    def _stop_owned(self, reason: str) -> Future[None]:
+    def _stop_owned(self, reason: str, grace: float | None = None) -> Future[None]:
         if self._stopped is not None:
             return Future._of(self._stopped)
+        from monarch_core._actor._agent import STOP_GRACE
+
         cell = self._stopped = Cell()
         rt = _state.runtime()
         rt.agent.unregister_owned(self)
@@ -393,7 +396,9 @@ class ProcMesh(MeshTrait):
         if not slots:
             cell.set_result(None)
             return Future._of(cell)
-        rt.kernel.call_soon(rt.kernel.start_task, _stop_procs, rt.kernel, slots, reason, cell)
+        rt.kernel.call_soon(
+            rt.kernel.start_task, _stop_procs, rt.kernel, slots, reason, cell, STOP_GRACE if grace is None else grace
+        )
         return Future._of(cell)
 
     async def __aenter__(self) -> ProcMesh:
@@ -441,17 +446,16 @@ def _rebuild_proc_mesh(name: str, refs: list, region: Region) -> ProcMesh:
     return ProcMesh(name, [_slot_from_ref(r) for r in refs], region, None, c, False)
 
 
-async def _stop_procs(kernel: Any, slots: list[_ProcSlot], reason: str, cell: Cell) -> None:
-    """Ask procs to stop, escalate to SIGTERM/SIGKILL, resolve ``cell`` when all are gone."""
-    from monarch_core._actor._agent import STOP_GRACE
-
-    header = marshal.dumps(("stop_proc", reason))
+async def _stop_procs(kernel: Any, slots: list[_ProcSlot], reason: str, cell: Cell, grace: float) -> None:
+    """Ask procs to stop (they get ``grace`` seconds to run ``__cleanup__``),
+    escalate to SIGTERM then SIGKILL, resolve ``cell`` when all are gone."""
+    header = marshal.dumps(("stop_proc", reason, max(0.5, grace - 0.5)))
     for s in slots:
         kernel.expect_exit(s.proc_id)
         if s.proc_id not in kernel.dead:
             kernel.send(s.proc_id, None, W.K_CONTROL, 0, header, b"", [], None)
     procs = [kernel.child(s.proc_id) for s in slots]
-    with trio.move_on_after(STOP_GRACE + 2):
+    with trio.move_on_after(grace):
         for p in procs:
             if p is not None:
                 await p.wait()
@@ -462,7 +466,7 @@ async def _stop_procs(kernel: Any, slots: list[_ProcSlot], reason: str, cell: Ce
         for p in alive:
             logger.warning("proc pid %s did not stop within the grace period; sending %s", p.pid, sig_name)
             getattr(p, sig_name)()
-        with trio.move_on_after(2):
+        with trio.move_on_after(1.0):
             for p in alive:
                 await p.wait()
     cell.set_result(None)
@@ -651,10 +655,10 @@ class HostMesh(MeshTrait):
         _owner_check(self, "stop")
         return self._stop_procs()
 
-    def _stop_procs(self) -> Future[None]:
+    def _stop_procs(self, grace: float | None = None) -> Future[None]:
         procs = list(self._shared["procs"])
         self._shared["procs"].clear()
-        futs = [p._stop_owned("its host mesh was stopped") for p in procs]
+        futs = [p._stop_owned("its host mesh was stopped", grace) for p in procs]
         return _all_done(futs)
 
     def shutdown(self) -> Future[None]:
@@ -793,6 +797,7 @@ async def _spawn_local(rt: Any, name: str, specs: list, extent: Extent, status: 
             logger.error("%s", msg)
             slot.failed = msg
             kernel.proc_failed(slot.proc_id, msg)
+            status.fail(SupervisionError(msg), slot.proc_id)
             continue
         header = marshal.dumps(("init", tuple(status_ref), rank))
         kernel.send(slot.proc_id, None, W.K_CONTROL, 0, header, init_payload, init_bufs, status.port_id)
@@ -855,7 +860,7 @@ class _HostMeshOwnership:
     def __init__(self, hm: HostMesh) -> None:
         self.hm = hm
 
-    def _stop_owned(self, reason: str) -> Future[None]:
+    def _stop_owned(self, reason: str, grace: float | None = None) -> Future[None]:
         if self.hm._shared["shutdown"]:
             return Future._resolved(None)
         return self.hm.shutdown()

@@ -79,6 +79,8 @@ def runtime() -> ProcRuntime:
     if rt is not None:
         return rt
     with _runtime_lock:
+        if _runtime is not None:
+            return _runtime
         if _runtime is None:
             if _shutdown_done:
                 raise RuntimeError(
@@ -143,6 +145,8 @@ def shutdown(timeout: float = 10.0) -> None:
     finally:
         rt.kernel.stop_loop()
         rt.kernel.join(timeout)
+        with _runtime_lock:
+            _runtime = None
 
 
 def is_shut_down() -> bool:

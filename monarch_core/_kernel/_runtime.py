@@ -116,16 +116,16 @@ class _Outbound:
         self.last_ack_time = time.monotonic()
 
     def fail(self, exc: BaseException) -> None:
-        """Return every queued and unacknowledged message to its sender."""
+        """Return every queued and unacknowledged message to its sender (each
+        waiting port is failed once, together with the proc's other pending
+        replies)."""
         if self.failed is None:
             self.failed = exc
-        k = self.kernel
-        for _seq, _parts, port_id in itertools.chain(self.unacked, self.queue):
-            if port_id is not None:
-                k._fail_port(port_id, exc, self.proc_id)
+        ports = {port_id for _s, _p, port_id in itertools.chain(self.unacked, self.queue) if port_id is not None}
         self.unacked.clear()
         self.queue.clear()
         self.cancel.cancel()
+        self.kernel._fail_pending(self.proc_id, exc, ports)
 
     async def run(self) -> None:
         k = self.kernel
@@ -462,6 +462,13 @@ class Kernel:
             if self._outbound.get(out.proc_id) is out and out.failed is not None:
                 del self._outbound[out.proc_id]
 
+    async def flush(self, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until every outbound session has had all
+        its messages acknowledged (loop thread)."""
+        with trio.move_on_after(timeout):
+            while any((o.queue or o.unacked) and o.failed is None for o in self._outbound.values()):
+                await trio.sleep(0.005)
+
     def reply_done(self, proc_id: str, port_id: int) -> None:
         """Forget that ``port_id`` waits on ``proc_id`` (any thread)."""
         s = self._pending.get(proc_id)
@@ -469,6 +476,14 @@ class Kernel:
             s.discard(port_id)
 
     # ------------------------------------------------------------------ failures
+    def _fail_pending(self, proc_id: str, exc: BaseException, ports: set[int]) -> None:
+        """Fail ``ports`` and every reply port still waiting on ``proc_id``, once each."""
+        pending = self._pending.pop(proc_id, None)
+        if pending:
+            ports |= pending
+        for port_id in ports:
+            self._fail_port(port_id, exc, proc_id)
+
     def _dead_error(self, proc_id: str) -> SupervisionError:
         return SupervisionError(self.dead.get(proc_id) or f"proc {proc_id} is gone")
 
@@ -483,12 +498,10 @@ class Kernel:
         if ev is not None:
             ev.set()
         out = self._outbound.get(proc_id)
-        if out is not None:
+        if out is not None and out.failed is None:
             out.fail(exc)
-        pending = self._pending.pop(proc_id, None)
-        if pending:
-            for port_id in list(pending):
-                self._fail_port(port_id, exc, proc_id)
+        else:
+            self._fail_pending(proc_id, exc, set())
         for cb in list(self.on_proc_failed):
             try:
                 cb(proc_id, reason)
@@ -550,9 +563,15 @@ class Kernel:
                 await stream.aclose()
 
     def route(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, sender: str) -> None:
-        """Deliver one message that arrived for this proc (any thread)."""
+        """Deliver one message that arrived for this proc (any thread).
+
+        A header of the wrong shape raises :class:`ProtocolError` (the
+        connection that carried it is dropped); nothing else is raised.
+        """
         h = W.decode_header(sender, header)
         if kind == W.K_ACTOR:
+            if len(h) != 9 or not isinstance(h[0], str) or not isinstance(h[1], str):
+                raise ProtocolError(f"peer {sender} sent a malformed actor message header")
             actor = self.actors.get(h[0])
             if actor is None:
                 if self.agent is not None:
@@ -560,12 +579,16 @@ class Kernel:
                 return
             actor.enqueue(h, payload, buffers)
         elif kind == W.K_PORT:
+            if len(h) != 3 or type(h[0]) is not int or type(h[1]) is not int or type(h[2]) is not int:
+                raise ProtocolError(f"peer {sender} sent a malformed port message header")
             port = self.ports.get(h[0])
             if port is None:
                 logger.debug("message for closed port %s from %s dropped", h[0], sender)
                 return
             port.deliver(h[1], h[2], payload, buffers)
         elif kind == W.K_CONTROL:
+            if not isinstance(h[0], str):
+                raise ProtocolError(f"peer {sender} sent a malformed control message header")
             if self.agent is None:
                 logger.warning("control message %r from %s but no proc agent", h[0], sender)
                 return

@@ -53,12 +53,100 @@ MAX_HANDSHAKE = 1 << 16
 MAX_BUFS = 1 << 14
 MAX_MESSAGE = int(os.environ.get("MONARCH_MAX_MESSAGE_BYTES", str(1 << 36)))
 _BIG = 1 << 16  # parts at least this large are read straight into their own buffer
+_EAGER = (64 << 20) + 4096  # parts up to this size are allocated before their bytes arrive
 _COALESCE = 1 << 16  # parts smaller than this are joined into one write
 
 
 def encode_handshake(info: dict[str, Any]) -> bytes:
     body = marshal.dumps(info)
     return _HS.pack(MAGIC, VERSION, len(body)) + body
+
+
+# marshal type codes a routing header or handshake may use, and how to skip them
+_M_FIXED = {ord("N"): 0, ord("T"): 0, ord("F"): 0, ord("i"): 4, ord("g"): 8}
+_M_SIZED1 = {ord("z"), ord("Z")}  # short ascii: 1-byte length
+_M_SIZED4 = {ord("a"), ord("A"), ord("u"), ord("s"), ord("t")}  # 4-byte length
+_M_SEQ1 = {ord(")")}  # small tuple: 1-byte count
+_M_SEQ4 = {ord("("), ord("["), ord("<"), ord(">")}  # tuple/list/sets: 4-byte count
+_M_DICT = ord("{")
+_M_NULL = ord("0")
+_M_REF = ord("r")
+_M_LONG = ord("l")
+
+
+def check_marshal(data: bytes, peer: str, what: str) -> None:
+    """Reject marshal data outside the small subset monarch uses, or whose
+    announced sizes exceed the bytes present, *before* ``marshal.loads`` can
+    allocate for them."""
+    n = len(data)
+    pos = 0
+    stack = [1]  # items still expected at each nesting level
+    nrefs = 0
+    while stack:
+        top = stack[-1]
+        if top == 0:
+            stack.pop()
+            continue
+        if top == -1:  # inside a dict: key/value pairs until the NULL code
+            if pos >= n:
+                raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
+            if data[pos] & 0x7F == _M_NULL:
+                pos += 1
+                stack.pop()
+            else:
+                stack.append(2)
+            continue
+        stack[-1] -= 1
+        if pos >= n:
+            raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
+        code = data[pos]
+        flag = code & 0x80
+        code &= 0x7F
+        pos += 1
+        if flag:
+            nrefs += 1
+        if code in _M_FIXED:
+            pos += _M_FIXED[code]
+        elif code in _M_SIZED1:
+            if pos >= n:
+                raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
+            pos += 1 + data[pos]
+        elif code in _M_SIZED4 or code == _M_LONG:
+            if pos + 4 > n:
+                raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
+            size = struct.unpack_from("<i", data, pos)[0]
+            width = 1
+            if code == _M_LONG:
+                size, width = abs(size), 2
+            if size < 0 or pos + 4 + size * width > n:
+                raise ProtocolError(f"peer {peer} sent a malformed {what} (bad length {size})")
+            pos += 4 + size * width
+        elif code in _M_SEQ1:
+            if pos >= n:
+                raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
+            stack.append(data[pos])
+            pos += 1
+        elif code in _M_SEQ4:
+            if pos + 4 > n:
+                raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
+            count = struct.unpack_from("<i", data, pos)[0]
+            if count < 0 or count > n - pos:
+                raise ProtocolError(f"peer {peer} sent a malformed {what} (sequence of {count} items)")
+            stack.append(count)
+            pos += 4
+        elif code == _M_DICT:
+            stack.append(-1)
+        elif code == _M_REF:
+            if pos + 4 > n:
+                raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
+            idx = struct.unpack_from("<i", data, pos)[0]
+            if idx < 0 or idx >= nrefs:
+                raise ProtocolError(f"peer {peer} sent a malformed {what} (bad reference)")
+            pos += 4
+        else:
+            raise ProtocolError(f"peer {peer} sent a malformed {what} (unsupported type code {code!r})")
+        if pos > n:
+            raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
 
 
 async def read_handshake(reader: "FrameReader") -> dict[str, Any]:
@@ -77,9 +165,10 @@ async def read_handshake(reader: "FrameReader") -> dict[str, Any]:
     if n > MAX_HANDSHAKE:
         raise ProtocolError(f"peer {reader.peer} sent a {n}-byte handshake (limit {MAX_HANDSHAKE})")
     body = await reader.read_exactly(n)
+    check_marshal(body, reader.peer, "handshake")
     try:
         info = marshal.loads(body)
-    except (ValueError, EOFError, TypeError) as e:
+    except (ValueError, EOFError, TypeError, MemoryError) as e:
         raise ProtocolError(f"peer {reader.peer} sent a malformed handshake: {e}") from None
     if not isinstance(info, dict):
         raise ProtocolError(f"peer {reader.peer} sent a malformed handshake (not a mapping)")
@@ -150,15 +239,21 @@ class FrameReader:
         return out
 
     async def _read_big(self, n: int) -> bytearray:
-        out = bytearray(n)
-        mv = memoryview(out)
+        # Allocate up front (so the bytes land in place, no copy) only up to
+        # _EAGER; beyond that grow as data actually arrives, so a peer cannot
+        # make us allocate gigabytes by announcing them.
+        size = n if n <= _EAGER else _EAGER
+        out = bytearray(size)
         have = min(n, len(self._buf) - self._pos)
         if have:
-            mv[:have] = self._buf[self._pos : self._pos + have]
+            out[:have] = self._buf[self._pos : self._pos + have]
             self._pos += have
         recv_into = self.stream.receive_into
         while have < n:
-            got = await recv_into(mv[have:])
+            if have == len(out):
+                out.extend(bytes(min(n - len(out), len(out))))
+            with memoryview(out) as mv:
+                got = await recv_into(mv[have:])
             if not got:
                 raise ConnectionClosed(f"connection from {self.peer} closed mid-message")
             have += got
@@ -197,9 +292,10 @@ class FrameReader:
 
 
 def decode_header(peer: str, header: bytes) -> tuple:
+    check_marshal(header, peer, "message header")
     try:
         h = marshal.loads(header)
-    except (ValueError, EOFError, TypeError) as e:
+    except (ValueError, EOFError, TypeError, MemoryError) as e:
         raise ProtocolError(f"peer {peer} sent a malformed message header: {e}") from None
     if not isinstance(h, tuple) or not h:
         raise ProtocolError(f"peer {peer} sent a malformed message header (not a tuple)")

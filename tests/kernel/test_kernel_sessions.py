@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import marshal
+import os
 import signal
 import struct
 import sys
@@ -179,10 +180,14 @@ def test_ten_thousand_messages_from_a_foreign_thread_arrive_in_order_exactly_onc
         rec = Recorder(expect=N_FIFO + 1)
         port = b.add_port(rec)
         big = bytes(range(256)) * 400  # 100 kB out-of-band buffer on some messages
-        for i in range(N_FIFO):
-            bufs = [big] if i % 1000 == 0 else []
-            a.send(b.proc_id, b.address, W.K_PORT, 0, marshal.dumps((port, 0, W.S_VALUE)), str(i).encode(), bufs)
-        a.send(b.proc_id, b.address, W.K_PORT, 0, marshal.dumps((port, 1, W.S_VALUE)), b"end", [])
+        try:
+            for i in range(N_FIFO):
+                bufs = [big] if i % 1000 == 0 else []
+                a.send(b.proc_id, b.address, W.K_PORT, 0, marshal.dumps((port, 0, W.S_VALUE)), str(i).encode(), bufs)
+            a.send(b.proc_id, b.address, W.K_PORT, 0, marshal.dumps((port, 1, W.S_VALUE)), b"end", [])
+        except RuntimeError as e:
+            dead = [k.name for k in (a, b) if k.join(0)]
+            raise AssertionError(f"kernel loop(s) {dead} died while sending ({e}); see 'monarch kernel loop crashed'")
         _wait_threaded(rec.got_all, a, b, timeout=60)
         values = list(rec.values)
     assert [v[2] for v in values] == [str(i).encode() for i in range(N_FIFO)] + [b"end"]
@@ -428,7 +433,7 @@ def _spawn_and_fail(argv: list[str], kill: bool) -> tuple[Recorder, int, str]:
             # the child never says where it listens: the message waits for its address
             a.send(child_id, None, *_port_msg(1, 0, b"call"), reply_port=a.add_port(r))
             if kill:
-                proc.send_signal(signal.SIGKILL)
+                os.kill(proc.pid, signal.SIGKILL)
             await r.trio_failed.wait()
             a.stop_loop()
         return r, proc.pid, child_id

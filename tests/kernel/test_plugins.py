@@ -339,12 +339,20 @@ def test_unknown_transport_names_list_the_installed_ones() -> None:
     assert isinstance(ei.value, PluginError) and isinstance(ei.value, ValueError)
 
 
-@pytest.mark.parametrize("name, package", [("rdma", "monarch-transport-rdma"), ("tls", "monarch-transport-tcp")])
-def test_unknown_transport_of_a_known_plugin_names_the_package(name: str, package: str) -> None:
+def test_unknown_transport_of_a_missing_plugin_names_the_package() -> None:
     with pytest.raises(UnknownTransportError) as ei:
-        PluginRegistry().transport(name)
+        PluginRegistry().transport("rdma")
     assert f"Installed transports: ['inproc', 'ipc']" in str(ei.value)
-    assert str(ei.value).endswith(f"{name!r} is provided by {package}: pip install {package}.")
+    assert str(ei.value).endswith("'rdma' is provided by monarch-transport-rdma: pip install monarch-transport-rdma.")
+
+
+def test_unknown_transport_of_an_installed_but_older_plugin_says_upgrade() -> None:
+    with pytest.raises(UnknownTransportError) as ei:
+        PluginRegistry().transport("tls")
+    assert str(ei.value).endswith(
+        "'tls' comes from monarch-transport-tcp, but the installed monarch-transport-tcp 0.1.0 does not provide it; "
+        "upgrade it: pip install --upgrade monarch-transport-tcp."
+    )
 
 
 def test_unknown_scheduler_names_list_the_installed_ones() -> None:
