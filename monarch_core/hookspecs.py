@@ -188,10 +188,7 @@ class TransportSpec:
 
     def load(self) -> Transport:
         """Import (if needed) and call the factory."""
-        factory = self.factory
-        if isinstance(factory, str):
-            factory = _import_object(factory)
-        return factory()
+        return _call_factory(self.factory)
 
 
 # --------------------------------------------------------------------------
@@ -263,10 +260,8 @@ class SchedulerSpec:
     description: str = ""
 
     def load(self) -> Scheduler:
-        factory = self.factory
-        if isinstance(factory, str):
-            factory = _import_object(factory)
-        return factory()
+        """Import (if needed) and call the factory."""
+        return _call_factory(self.factory)
 
 
 # --------------------------------------------------------------------------
@@ -300,6 +295,12 @@ class TelemetrySink(abc.ABC):
 
     def close(self) -> None:
         """Flush and release resources at shutdown."""
+
+
+def _call_factory(factory: Callable[[], Any] | str) -> Any:
+    if isinstance(factory, str):
+        factory = _import_object(factory)
+    return factory()
 
 
 def _import_object(spec: str) -> Any:

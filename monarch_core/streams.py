@@ -48,26 +48,25 @@ class SocketStream(Stream):
                 send = self._sock.send
                 while sent < total:
                     sent += await send(mv[sent:])
-        except _CLOSED as e:
-            raise ConnectionClosed(f"connection to {self.peer} closed: {e}") from None
-        except OSError as e:
-            raise ConnectionClosed(f"connection to {self.peer} broke: {e.strerror or e}") from None
+        except (*_CLOSED, OSError) as e:
+            raise self._closed_error(e) from None
 
     async def receive_some(self, max_bytes: int = 65536) -> bytes:
         try:
             return await self._sock.recv(max_bytes)
-        except _CLOSED as e:
-            raise ConnectionClosed(f"connection to {self.peer} closed: {e}") from None
-        except OSError as e:
-            raise ConnectionClosed(f"connection to {self.peer} broke: {e.strerror or e}") from None
+        except (*_CLOSED, OSError) as e:
+            raise self._closed_error(e) from None
 
     async def receive_into(self, buffer: memoryview) -> int:
         try:
             return await self._sock.recv_into(buffer)
-        except _CLOSED as e:
-            raise ConnectionClosed(f"connection to {self.peer} closed: {e}") from None
-        except OSError as e:
-            raise ConnectionClosed(f"connection to {self.peer} broke: {e.strerror or e}") from None
+        except (*_CLOSED, OSError) as e:
+            raise self._closed_error(e) from None
+
+    def _closed_error(self, e: BaseException) -> ConnectionClosed:
+        if isinstance(e, OSError):
+            return ConnectionClosed(f"connection to {self.peer} broke: {e.strerror or e}")
+        return ConnectionClosed(f"connection to {self.peer} closed: {e}")
 
     async def aclose(self) -> None:
         if not self._closed:

@@ -311,7 +311,6 @@ class ProcMesh(MeshTrait):
         self._init_cell = init_cell
         self._owner = owner
         self._stopped: Cell | None = None
-        self._actor_meshes: list[ActorMesh[Any]] = []
 
     @property
     def _region(self) -> Region:
