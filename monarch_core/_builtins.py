@@ -77,7 +77,7 @@ class InprocTransport(Transport):
         name = address[len("inproc://") :]
         lst = _inproc_listeners.get(name)
         if lst is None:
-            raise ConnectError(f"nothing listens on {address} in this process")
+            raise ConnectError(f"nothing listens on {address} in this process", refused=True)
         a, b = _stdsocket.socketpair(_stdsocket.AF_UNIX, _stdsocket.SOCK_STREAM)
         a.setblocking(False)
         b.setblocking(False)

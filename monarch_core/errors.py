@@ -70,7 +70,15 @@ class TransportError(MonarchError):
 
 
 class ConnectError(TransportError):
-    """The address could not be reached (refused, unreachable, timed out)."""
+    """The address could not be reached (refused, unreachable, timed out).
+
+    ``refused`` is True when the peer's machine answered that nothing listens
+    there (``ECONNREFUSED``, or a missing Unix socket): the kernel then knows the
+    proc is gone rather than temporarily unreachable."""
+
+    def __init__(self, message: str = "", *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 class ConnectionClosed(TransportError):

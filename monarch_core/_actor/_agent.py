@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import json
+import marshal
 import logging
 import os
 import threading
@@ -33,6 +34,40 @@ logger = logging.getLogger("monarch.proc")
 #: returned as undeliverable.
 HOLD_TIMEOUT = 30.0
 STOP_GRACE = float(os.environ.get("MONARCH_STOP_GRACE", "10"))
+#: Seconds between heartbeats a parent sends its child procs, and how long a
+#: child may go without answering before it is declared hung and killed.
+HEARTBEAT_INTERVAL = float(os.environ.get("MONARCH_HEARTBEAT_INTERVAL", "2"))
+HEARTBEAT_TIMEOUT = float(os.environ.get("MONARCH_HEARTBEAT_TIMEOUT", "30"))
+
+
+class Supervised:
+    """What an owner knows about an actor mesh it owns."""
+
+    __slots__ = ("key", "name", "class_name", "mesh", "owner_host", "health", "members")
+
+    def __init__(self, key: str, name: str, class_name: str, mesh: Any, owner_host: Any, health: dict, members: list) -> None:
+        self.key = key
+        self.name = name
+        self.class_name = class_name
+        self.mesh = mesh
+        self.owner_host = owner_host
+        self.health = health  # actor rank -> failure report (shared with the mesh and its slices)
+        self.members = members  # _ProcSlot per actor rank
+
+
+class UndeliverableMessage:
+    """What ``Actor._handle_undeliverable_message(self, message)`` receives:
+    ``error`` (an ``UndeliverableMessageError`` naming the destination and why).
+    Return True to swallow it; otherwise the sending actor fails."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __str__(self) -> str:
+        return str(self.error)
+
+    def __repr__(self) -> str:
+        return f"UndeliverableMessage({self.error!r})"
 
 
 class ProcAgent:
@@ -49,6 +84,11 @@ class ProcAgent:
         self.controller_waiters: dict[str, list] = {}
         self._sweeper_started = False
         self.stopping = False
+        self.supervised: dict[str, Supervised] = {}
+        self._return_port: tuple | None = None
+        self._heartbeat_started = False
+        self._last_pong: dict[str, float] = {}
+        kernel.on_proc_failed.append(self._on_proc_failed)
 
     # ---------------------------------------------------------------- dispatch (loop thread)
     def handle_control(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
@@ -66,7 +106,7 @@ class ProcAgent:
     def _op_spawn(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         from monarch_core._actor._host import ActorHost
 
-        _op, key, mesh_name, rank, labels, sizes, init_reply, class_name = h
+        _op, key, mesh_name, rank, labels, sizes, init_reply, class_name, owner = h
         if key in self.kernel.actors:
             logger.warning("duplicate spawn of actor %s from %s ignored", key, sender)
             return
@@ -81,6 +121,7 @@ class ProcAgent:
             payload,
             buffers,
             class_name,
+            tuple(owner) if owner else None,
         )
         self.kernel.actors[key] = host
         held = self.held.pop(key, None)
@@ -218,19 +259,171 @@ class ProcAgent:
                     del self.held[key]
 
     def _reply_error(self, h: tuple, exc: BaseException) -> None:
+        """Tell the sender of actor message ``h`` that it was not handled: its
+        reply port if it has one, else its undeliverable-return port."""
         reply = h[2]
         if reply:
             send_to_port(tuple(reply), h[3], W.S_ERROR, exc)
+        elif len(h) > 7 and h[7]:
+            err = exc if isinstance(exc, UndeliverableMessageError) else UndeliverableMessageError(str(exc))
+            send_to_port(tuple(h[7]), h[3], W.S_ERROR, err)
 
     def reply_gone(self, h: tuple, host: ActorHost) -> None:
         self._reply_error(h, SupervisionError(f"actor {host.display_name} is gone; {h[1]} was not run"))
 
-    # ---------------------------------------------------------------- lifecycle of actors
-    def actor_failed(self, host: ActorHost, why: str, err: BaseException) -> None:
-        """An actor died (any thread).  Later calls to it fail with the cause."""
-        from monarch_core._actor import _supervision
+    # ---------------------------------------------------------------- supervision
+    def actor_failed(self, host: ActorHost, cause: str, category: str, chain: list[dict]) -> None:
+        """An actor of this proc died (any thread): report it to its owner."""
+        from monarch_core._actor import _supervision as S
 
-        _supervision.actor_failed(self, host, why, err)
+        self.gone.setdefault(host.key, f"failed: {cause.strip().splitlines()[-1] if cause.strip() else cause}")
+        report = S.make_report(
+            mesh_key=host.key,
+            mesh_name=host.name,
+            class_name=host.class_name,
+            rank=host.rank.rank,
+            coords=str(host.rank),
+            actor=host.display_name,
+            proc=self.runtime.name if self.runtime is not None else self.kernel.proc_id,
+            cause=cause,
+            category=category,
+            chain=chain,
+        )
+        owner = host.owner
+        if owner is None or owner[0] == self.kernel.proc_id:
+            self.handle_report(report)
+            return
+        payload, bufs = _serial.dumps(report)
+        self.kernel.send(owner[0], owner[1], W.K_CONTROL, 0, marshal.dumps(("supervise",)), payload, bufs)
+
+    def _op_supervise(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        try:
+            report = _serial.loads(payload, buffers)
+        except Exception:
+            logger.exception("undecodable supervision report from %s", sender)
+            return
+        self.handle_report(report)
+
+    def register_supervised(self, rec: Supervised) -> None:
+        self.supervised[rec.key] = rec
+
+    def unregister_supervised(self, key: str) -> None:
+        self.supervised.pop(key, None)
+
+    def handle_report(self, report: dict) -> None:
+        """A mesh this process owns lost a rank (any thread): mark it, and hand
+        the failure to the owner (``__supervise__``, or the root's hook)."""
+        from monarch_core._actor import _supervision as S
+
+        rec = self.supervised.get(report["mesh_key"])
+        if rec is None:
+            logger.warning(
+                "failure of actor %s, whose mesh this process does not own (any more):\n%s",
+                report["actor"],
+                report["cause"],
+            )
+            return
+        rank = report["rank"]
+        if rank in rec.health:
+            return  # each failed rank is reported once
+        rec.health[rank] = report
+        mesh = rec.mesh._with_region(rec.mesh._region_) if rec.mesh is not None else None
+        failure = S.MeshFailure(mesh, report)
+        logger.info("supervision: %s", failure.report().splitlines()[0])
+        if rec.owner_host is not None:
+            rec.owner_host.supervise(failure)
+        elif self.runtime is not None and self.runtime.is_client:
+            S.deliver_to_root(failure)
+        else:
+            S.proc_level_unhandled(failure)
+
+    def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
+        """A proc died: every actor on it, of every mesh this process owns, failed."""
+        self._last_pong.pop(proc_id, None)
+        if stopped:
+            return
+        from monarch_core._actor import _supervision as S
+
+        for rec in list(self.supervised.values()):
+            for rank, slot in enumerate(rec.members):
+                if slot.proc_id != proc_id or rank in rec.health:
+                    continue
+                from monarch_core._mesh._shape import Point
+
+                coords = str(Point(rank, rec.mesh._region_.extent)) if rec.mesh is not None else "{}"
+                self.handle_report(
+                    S.make_report(
+                        mesh_key=rec.key,
+                        mesh_name=rec.name,
+                        class_name=rec.class_name,
+                        rank=rank,
+                        coords=coords,
+                        actor=f"{rec.name}{coords}",
+                        proc=proc_id,
+                        cause=f"its process died: {reason}",
+                        category=S.INFRASTRUCTURE,
+                    )
+                )
+
+    def return_ref(self) -> tuple:
+        """This process's port for undeliverable messages sent outside any actor."""
+        if self._return_port is None:
+            pid = self.kernel.add_port(_ProcReturnPort(self))
+            self._return_port = (self.kernel.proc_id, self.kernel.address, pid)
+        return self._return_port
+
+    def undeliverable(self, exc: BaseException) -> None:
+        """A message sent from outside any actor could not be delivered."""
+        from monarch_core._actor import _supervision as S
+
+        if self.runtime is not None and self.runtime.is_client:
+            report = S.make_report(
+                mesh_key="",
+                mesh_name="client",
+                class_name="client",
+                rank=0,
+                coords="{}",
+                actor="client",
+                proc=self.kernel.proc_id,
+                cause=f"a message the client sent could not be delivered: {exc}",
+                category=S.SYSTEM,
+            )
+            S.deliver_to_root(S.MeshFailure(None, report))
+        else:
+            logger.error("a message sent by this proc could not be delivered: %s", exc)
+
+    # ---------------------------------------------------------------- heartbeats
+    def watch_child(self, proc_id: str) -> None:
+        """Start heartbeating a child proc (loop thread)."""
+        self._last_pong[proc_id] = time.monotonic()
+        if not self._heartbeat_started and HEARTBEAT_INTERVAL > 0:
+            self._heartbeat_started = True
+            self.kernel.start_task(self._heartbeat)
+
+    async def _heartbeat(self) -> None:
+        kernel = self.kernel
+        pong = _Pong(self)
+        port_id = kernel.add_port(pong)
+        ref = (kernel.proc_id, kernel.address, port_id)
+        header = marshal.dumps(("ping", ref))
+        while True:
+            await trio.sleep(HEARTBEAT_INTERVAL)
+            now = time.monotonic()
+            for proc_id, last in list(self._last_pong.items()):
+                if proc_id in kernel.dead:
+                    self._last_pong.pop(proc_id, None)
+                    continue
+                if now - last > HEARTBEAT_TIMEOUT:
+                    self._last_pong.pop(proc_id, None)
+                    kernel.kill_hung(proc_id, HEARTBEAT_TIMEOUT)
+                    continue
+                kernel.send(proc_id, None, W.K_CONTROL, 0, header, b"", [], None)
+
+    def _op_ping(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        _op, reply = h
+        send_to_port(tuple(reply), -1, W.S_VALUE, self.kernel.proc_id)
+
+    # ---------------------------------------------------------------- lifecycle of actors
 
     def actor_stopped(self, host: ActorHost, reason: str) -> None:
         self.gone[host.key] = f"stopped: {reason}"
@@ -287,6 +480,39 @@ class ProcAgent:
         deadline = time.monotonic() + timeout
         for c in cells:
             c.wait(max(0.0, deadline - time.monotonic()))
+
+
+class _Pong:
+    def __init__(self, agent: ProcAgent) -> None:
+        self.agent = agent
+
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        try:
+            proc_id = _serial.loads(payload, buffers)
+        except Exception:
+            return
+        if proc_id in self.agent._last_pong:
+            self.agent._last_pong[proc_id] = time.monotonic()
+
+    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        return None
+
+
+class _ProcReturnPort:
+    """Undeliverable messages sent from outside any actor come back here."""
+
+    def __init__(self, agent: ProcAgent) -> None:
+        self.agent = agent
+
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        try:
+            exc = _serial.loads(payload, buffers)
+        except Exception as e:  # noqa: BLE001
+            exc = e
+        self.agent.undeliverable(exc)
+
+    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        self.agent.undeliverable(exc)
 
 
 class _LocalSignal:

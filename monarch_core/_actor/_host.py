@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("monarch.actor")
 
 _STOP = object()
+_SUPERVISE = object()
+_UNDELIVERABLE = object()
 CLEANUP_TIMEOUT = 10.0
 
 
@@ -47,8 +49,10 @@ class ActorHost:
         payload: Any,
         buffers: list,
         class_name: str = "",
+        owner: tuple | None = None,
     ) -> None:
         self.agent = agent
+        self.owner = owner  # (proc_id, address, owning actor key or "")
         self.key = key
         self.name = mesh_name
         self.mesh_extent = Extent(labels, sizes)
@@ -70,6 +74,7 @@ class ActorHost:
         self._stop_replies: list[tuple] = []
         self._stop_requested = False
         self._finished = False
+        self._return_ref: tuple | None = None
         self.loop = asyncio.new_event_loop()
         self._inbox: asyncio.Queue = asyncio.Queue()
         self._thread = threading.Thread(target=self._thread_main, name=f"monarch-actor-{self.display_name}", daemon=True)
@@ -142,7 +147,12 @@ class ActorHost:
             if h is _STOP:
                 await self._stop(item[1], item[2])
                 return
-            await self._handle(h, item[1], item[2])
+            if h is _SUPERVISE:
+                await self._on_supervise(item[1])
+            elif h is _UNDELIVERABLE:
+                await self._on_undeliverable(item[1])
+            else:
+                await self._handle(h, item[1], item[2])
 
     async def _construct(self) -> None:
         init_reply, payload, buffers = self._init
@@ -159,16 +169,14 @@ class ActorHost:
             instance = cls.__new__(cls)
             self.instance = instance
             instance.__init__(*args, **kwargs)
-        except Exception as e:
+        except BaseException as e:  # any failure of __init__: the actor is stopped, the owner told
             self.init_error = wrap_exception(e, f"{self.name}.__init__")
-            logger.error("actor %s failed in __init__: %s", self.display_name, e)
+            logger.error("actor %s failed in __init__: %r", self.display_name, e)
             if init_reply is not None:
                 send_to_port(init_reply, self.rank.rank, W.S_ERROR, self.init_error)
-            return
-        except BaseException as e:  # SystemExit/KeyboardInterrupt in __init__: the actor dies
-            self.init_error = wrap_exception(e, f"{self.name}.__init__")
-            if init_reply is not None:
-                send_to_port(init_reply, self.rank.rank, W.S_ERROR, self.init_error)
+            from monarch_core._actor import _supervision as S
+
+            self.agent.actor_failed(self, f"__init__ raised:\n{self.init_error.remote_traceback}", S.USER, [])
             return
         finally:
             _state.current_message_rank.reset(token)
@@ -182,9 +190,16 @@ class ActorHost:
             e = self._extents[k] = Extent(labels, sizes)
         return e
 
+    def _refuse_msg(self, h: tuple) -> None:
+        """Answer a message this actor will not handle (failed or stopped)."""
+        self.agent._reply_error(h, self._refusal(h[1]))
+
     def _refuse(self, reply: tuple | None, rank: int, method: str) -> None:
         if reply is None:
             return
+        send_to_port(tuple(reply), rank, W.S_ERROR, self._refusal(method))
+
+    def _refusal(self, method: str) -> BaseException:
         if self.init_error is not None:
             exc: BaseException = self.init_error
         elif self.failure is not None:
@@ -194,12 +209,12 @@ class ActorHost:
             )
         else:
             exc = SupervisionError(f"actor {self.display_name} was stopped; {method} was not run")
-        send_to_port(tuple(reply), rank, W.S_ERROR, exc)
+        return exc
 
     async def _handle(self, h: tuple, payload: Any, buffers: list) -> None:
         _key, method_name, reply, rank, labels, sizes, _sender, _ret, explicit_flag = h
         if self.init_error is not None or self.failure is not None or self.stopped:
-            self._refuse(reply, rank, method_name)
+            self._refuse_msg(h)
             return
         reply_ref = tuple(reply) if reply is not None else None
         where = f"{self.name}.{method_name}"
@@ -287,9 +302,18 @@ class ActorHost:
         self._concurrent.add(t)
         t.add_done_callback(self._concurrent.discard)
 
-    def _die(self, exc: BaseException, why: str, current: tuple | None = None) -> None:
-        """The actor fails: whoever waits on the message being handled is told,
-        later messages are refused with the cause, the owner is notified."""
+    def _die(
+        self,
+        exc: BaseException,
+        why: str,
+        current: tuple | None = None,
+        category: str = "user",
+        chain: list[dict] | None = None,
+    ) -> None:
+        """The actor fails (on its own thread): whoever waits on the message
+        being handled is told, later messages are refused with the cause, the
+        owner is told, then its concurrent tasks are cancelled, the meshes it
+        owns are stopped and ``__cleanup__(exc)`` runs."""
         if self.failure is not None:
             return
         err = wrap_exception(exc, self.name)
@@ -298,32 +322,114 @@ class ActorHost:
         if cur is not None and cur[0] is not None:
             self._refuse(cur[0], cur[1], cur[2])
         logger.error("actor %s (%s) failed: %s: %r", self.display_name, self.class_name, why, exc)
-        self.agent.actor_failed(self, why, err)
+        cause = f"{why}:\n{err.remote_traceback}" if err.remote_traceback else f"{why}: {exc!r}"
+        self.agent.actor_failed(self, cause, category, chain or [])
+        self.loop.create_task(self._after_death(err))
+
+    async def _after_death(self, err: BaseException) -> None:
+        await self._cancel_concurrent()
+        await self.agent.stop_owned_async(self)
+        await self._run_cleanup(err)
+
+    async def _run_cleanup(self, exc: BaseException | None) -> None:
+        cleanup = getattr(self.instance, "__cleanup__", None) if self.instance is not None else None
+        if cleanup is None:
+            return
+        token = _state.current_message_rank.set(self.rank)
+        try:
+            res = cleanup(exc)
+            if inspect.isawaitable(res):
+                await asyncio.wait_for(res, CLEANUP_TIMEOUT)
+        except asyncio.TimeoutError:
+            logger.warning("actor %s: __cleanup__ did not finish within %.0fs", self.display_name, CLEANUP_TIMEOUT)
+        except Exception:
+            logger.exception("actor %s: __cleanup__ raised", self.display_name)
+        finally:
+            _state.current_message_rank.reset(token)
+
+    # ---------------------------------------------------------------- supervision
+    def supervise(self, failure: Any) -> None:
+        """A mesh this actor owns failed (any thread): handled in order with
+        its messages, by ``__supervise__``."""
+        try:
+            self.loop.call_soon_threadsafe(self._inbox.put_nowait, (_SUPERVISE, failure, None))
+        except RuntimeError:  # this actor is gone; its own end was reported already
+            logger.warning("failure of %s arrived after its owner %s ended", failure.mesh_name, self.display_name)
+
+    async def _on_supervise(self, failure: Any) -> None:
+        if self.failure is not None or self.stopped or self.instance is None:
+            return
+        handler = getattr(self.instance, "__supervise__", None)
+        token = _state.current_message_rank.set(self.rank)
+        try:
+            handled = handler(failure) if handler is not None else None
+            if inspect.isawaitable(handled):
+                handled = await handled
+        except BaseException as e:
+            self._die(e, f"__supervise__ raised while handling the failure of its mesh {failure.mesh_name!r}",
+                      chain=failure.events)
+            return
+        finally:
+            _state.current_message_rank.reset(token)
+        if handled:
+            logger.info("actor %s handled the failure of its mesh %r", self.display_name, failure.mesh_name)
+            return
+        first = failure.events[0]
+        self._die(
+            SupervisionError(
+                f"its mesh {failure.mesh_name!r} failed ({first['actor']}: "
+                f"{first['cause'].strip().splitlines()[-1] if first['cause'].strip() else ''}) and "
+                f"{self.class_name}.__supervise__ did not handle it"
+            ),
+            f"unhandled failure of its mesh {failure.mesh_name!r}",
+            category=failure.category,
+            chain=failure.events,
+        )
+
+    def return_ref(self) -> tuple:
+        """The port where undeliverable messages this actor sent come back."""
+        ref = self._return_ref
+        if ref is None:
+            kernel = self.agent.kernel
+            ref = self._return_ref = (kernel.proc_id, kernel.address, kernel.add_port(_ReturnPort(self)))
+        return ref
+
+    def undeliverable(self, exc: BaseException) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._inbox.put_nowait, (_UNDELIVERABLE, exc, None))
+        except RuntimeError:
+            logger.warning("undeliverable message for ended actor %s: %s", self.display_name, exc)
+
+    async def _on_undeliverable(self, exc: BaseException) -> None:
+        if self.failure is not None or self.stopped or self.instance is None:
+            return
+        from monarch_core._actor._agent import UndeliverableMessage
+
+        handler = getattr(self.instance, "_handle_undeliverable_message", None)
+        if handler is not None:
+            try:
+                res = handler(UndeliverableMessage(exc))
+                if inspect.isawaitable(res):
+                    res = await res
+            except BaseException as e:
+                self._die(e, "_handle_undeliverable_message raised", category="system")
+                return
+            if res:
+                return
+        self._die(exc, "a message it sent could not be delivered", category="system")
 
     async def _stop(self, reason: str, reply: tuple | None) -> None:
         self.stopped = True
-        await self._cancel_concurrent()
-        await self.agent.stop_owned_async(self)
-        cleanup = getattr(self.instance, "__cleanup__", None) if self.instance is not None else None
-        if cleanup is not None:
-            token = _state.current_message_rank.set(self.rank)
-            try:
-                exc = None if self.failure is None else self.failure
-                res = cleanup(exc)
-                if inspect.isawaitable(res):
-                    await asyncio.wait_for(res, CLEANUP_TIMEOUT)
-            except asyncio.TimeoutError:
-                logger.warning("actor %s: __cleanup__ did not finish within %.0fs", self.display_name, CLEANUP_TIMEOUT)
-            except Exception:
-                logger.exception("actor %s: __cleanup__ raised", self.display_name)
-            finally:
-                _state.current_message_rank.reset(token)
+        if self.failure is None:  # a failed actor already cleaned up when it died
+            await self._cancel_concurrent()
+            await self.agent.stop_owned_async(self)
+            await self._run_cleanup(None)
         self.agent.actor_stopped(self, reason)
         # refuse whatever is still queued
         while not self._inbox.empty():
             h, _p, _b = self._inbox.get_nowait()
-            if h is not _STOP and isinstance(h, tuple):
-                self._refuse(h[2], h[3], h[1])
+            if isinstance(h, tuple):
+                self._refuse_msg(h)
         self._finish_stop()
 
     async def _cancel_concurrent(self) -> None:
@@ -335,6 +441,23 @@ class ActorHost:
 
     def __repr__(self) -> str:
         return f"<actor {self.display_name} ({self.class_name}) on {self.proc_id}>"
+
+
+class _ReturnPort:
+    """Undeliverable messages an actor sent come back here."""
+
+    def __init__(self, host: ActorHost) -> None:
+        self.host = host
+
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        try:
+            exc = _serial.loads(payload, buffers)
+        except Exception as e:  # noqa: BLE001
+            exc = e
+        self.host.undeliverable(exc)
+
+    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        self.host.undeliverable(exc)
 
 
 def _coords(p: Point) -> str:

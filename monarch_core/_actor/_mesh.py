@@ -107,10 +107,13 @@ class ActorMesh(MeshTrait, Generic[T]):
         proc_mesh: ProcMesh | None,
         init_cell: Cell,
         owner: bool,
+        health: dict | None = None,
     ) -> None:
         self._class = cls
         self._name = name
         self._key = key
+        # actor rank -> failure report; shared by the owner and its slices
+        self._health: dict[int, dict] = health if health is not None else {}
         self._members = members
         self._region_ = region
         self._proc_mesh = proc_mesh
@@ -125,7 +128,26 @@ class ActorMesh(MeshTrait, Generic[T]):
         return self._region_
 
     def _with_region(self, region: Region) -> ActorMesh[T]:
-        return ActorMesh(self._class, self._name, self._key, self._members, region, self._proc_mesh, self._init_cell, False)
+        return ActorMesh(
+            self._class, self._name, self._key, self._members, region, self._proc_mesh, self._init_cell, False,
+            self._health,
+        )
+
+    def _failed_error(self, ep: Endpoint[Any, Any]) -> SupervisionError | None:
+        """If a rank of this (sliced) mesh has failed, the error to fail fast with."""
+        health = self._health
+        if not health:
+            return None
+        for r in self._region_.root_ranks():
+            report = health.get(r)
+            if report is not None:
+                from monarch_core._actor._supervision import MeshFailure
+
+                return SupervisionError(
+                    f"cannot call {ep._describe()}: actor mesh {self._name!r} has failed ranks; "
+                    f"{MeshFailure(None, report).report()}"
+                )
+        return None
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__") or attr in ("_class", "_endpoints", "_name", "_region_"):
@@ -164,13 +186,17 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     # ------------------------------------------------------------- sending
     def _send(self, index: int, method: str, reply: tuple | None, rank_in_msg: int, region: Region,
-              explicit: bool, payload: Any, bufs: list, reply_port: int | None, kernel: Any, sender: str) -> str:
+              explicit: bool, payload: Any, bufs: list, reply_port: int | None, kernel: Any, sender: str,
+              ret: tuple | None = None) -> str:
         slot = self._members[region.root_rank(index)]
         header = marshal.dumps(
-            (self._key, method, reply, rank_in_msg, region.labels, region.sizes, sender, None, explicit)
+            (self._key, method, reply, rank_in_msg, region.labels, region.sizes, sender, ret, explicit)
         )
         addr = slot.address if slot.ready.is_set() else None
-        kernel.send(slot.proc_id, addr, W.K_ACTOR, 0, header, payload, bufs, reply_port)
+        if ret is not None:  # fire-and-forget: the return port hears only of undeliverable messages
+            kernel.send(slot.proc_id, addr, W.K_ACTOR, 0, header, payload, bufs, ret[2], track=False)
+        else:
+            kernel.send(slot.proc_id, addr, W.K_ACTOR, 0, header, payload, bufs, reply_port)
         return slot.proc_id
 
     def _pack(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> tuple[Any, list]:
@@ -180,6 +206,9 @@ class ActorMesh(MeshTrait, Generic[T]):
             raise TypeError(f"arguments of {ep._describe()} could not be pickled: {e}") from e
 
     def _call_one(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, index: int) -> Cell:
+        err = self._failed_error(ep)
+        if err is not None:
+            return _failed_cell(err)
         payload, bufs = self._pack(ep, args, kwargs)
         rt = _state.runtime()
         kernel = rt.kernel
@@ -190,6 +219,9 @@ class ActorMesh(MeshTrait, Generic[T]):
         return h.cell
 
     def _call_all(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> Cell:
+        err = self._failed_error(ep)
+        if err is not None:
+            return _failed_cell(err)
         payload, bufs = self._pack(ep, args, kwargs)
         rt = _state.runtime()
         kernel = rt.kernel
@@ -205,11 +237,15 @@ class ActorMesh(MeshTrait, Generic[T]):
         return h.cell
 
     def _call_stream(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> StreamIterator[Any]:
+        err = self._failed_error(ep)
         payload, bufs = self._pack(ep, args, kwargs)
         rt = _state.runtime()
         kernel = rt.kernel
         region = self._region_
         h = StreamReplies(kernel, region.nelements, "")
+        if err is not None:
+            h.fail(err)
+            return StreamIterator(h)
         reply = (rt.proc_id, kernel.address, h.port_id)
         sender = _sender_name()
         h.procs = [
@@ -220,15 +256,23 @@ class ActorMesh(MeshTrait, Generic[T]):
         return StreamIterator(h)
 
     def _cast(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, port: Any, only: int | None) -> None:
+        err = self._failed_error(ep)
+        if err is not None:
+            raise err
         payload, bufs = self._pack(ep, args, kwargs)
-        kernel = _state.runtime().kernel
+        rt = _state.runtime()
+        kernel = rt.kernel
         region = self._region_
         reply = port._ref if port is not None else None
-        sender = _sender_name()
+        host = _state.current_actor.get()
+        ret = None
+        if reply is None:
+            ret = host.return_ref() if host is not None else rt.agent.return_ref()
+        sender = host.display_name if host is not None else "client"
         indices = range(region.nelements) if only is None else (only,)
         for i in indices:
             self._send(i, ep._name, reply, i, region, ep._prop._explicit_response_port, payload, bufs, None, kernel,
-                       sender)
+                       sender, ret)
 
     # ------------------------------------------------------------- lifecycle
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:
@@ -255,7 +299,8 @@ class ActorMesh(MeshTrait, Generic[T]):
             kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0, header, b"", [],
                         h.port_id)
             h.procs.append(slot.proc_id)
-        _state.runtime().agent.unregister_owned(self)
+        rt.agent.unregister_owned(self)
+        rt.agent.unregister_supervised(self._key)
         return Future._of(_never_fails(h.cell))
 
     def __reduce__(self) -> Any:
@@ -268,6 +313,12 @@ class ActorMesh(MeshTrait, Generic[T]):
 
 
 _NONE_PAYLOAD = _serial.dumps(None)[0]
+
+
+def _failed_cell(exc: BaseException) -> Cell:
+    c = Cell()
+    c.set_exception(exc)
+    return c
 
 
 def _never_fails(cell: Cell) -> Cell:
@@ -359,13 +410,15 @@ class ProcMesh(MeshTrait):
         key = f"{name}-{uuid.uuid4().hex[:10]}"
         gather = GatherReplies(kernel, region.extent, "", lambda e, v: True)
         reply = (rt.proc_id, kernel.address, gather.port_id)
+        owner_host = _state.current_actor.get()
+        owner = (rt.proc_id, kernel.address, owner_host.key if owner_host is not None else "")
         procs = []
         members = []
         for i, root in enumerate(region.root_ranks()):
             slot = self._slots[root]
             members.append(slot)
             header = marshal.dumps(
-                ("spawn", key, name, i, region.labels, region.sizes, reply, Class.__qualname__)
+                ("spawn", key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner)
             )
             kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0, header,
                         payload, bufs, gather.port_id)
@@ -373,6 +426,11 @@ class ProcMesh(MeshTrait):
         gather.procs = procs
         mesh: ActorMesh[Any] = ActorMesh(
             Class, name, key, members, Extent(region.labels, region.sizes).region, self, gather.cell, True
+        )
+        from monarch_core._actor._agent import Supervised
+
+        rt.agent.register_supervised(
+            Supervised(key, name, Class.__qualname__, mesh, owner_host, mesh._health, members)
         )
         rt.agent.register_owned(mesh)
         return mesh  # type: ignore[return-value]
@@ -791,6 +849,7 @@ async def _spawn_local(rt: Any, name: str, specs: list, extent: Extent, status: 
             executable = cmd.program if cmd.arg0 is not None and argv[0] == cmd.arg0 else None
             proc = await kernel.spawn_process(slot.proc_id, argv, env, describe=describe, executable=executable)
             slot.pid = proc.pid
+            rt.agent.watch_child(slot.proc_id)
         except Exception as e:
             msg = f"could not start {describe} with {cmd.argv()!r}: {type(e).__name__}: {e}"
             logger.error("%s", msg)
@@ -921,5 +980,11 @@ def spawn_local_controller(agent: Any, name: str, payload: Any, buffers: list) -
             agent.controller_ready(name, None, exc)
 
     port_id = kernel.add_port(_Init())
-    h = ("spawn", key, name, 0, (), (), (kernel.proc_id, kernel.address, port_id), "controller")
+    owner = (kernel.proc_id, kernel.address, "")
+    h = ("spawn", key, name, 0, (), (), (kernel.proc_id, kernel.address, port_id), "controller", owner)
+    from monarch_core._actor._agent import Supervised
+
+    agent.register_supervised(
+        Supervised(key, name, "controller", None, None, {}, [_ProcSlot(kernel.proc_id, kernel.address)])
+    )
     agent._op_spawn(h, payload, buffers, kernel.proc_id)

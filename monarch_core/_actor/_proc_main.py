@@ -91,6 +91,7 @@ def main() -> None:
         kernel.send(status[0], status[1], W.K_PORT, 0, marshal.dumps((status[2], info["rank"], W.S_VALUE)),
                     payload, bufs)
         kernel.on_proc_failed.append(_exit_if_parent(parent[0]))
+        kernel.start_task(_watch_parent_pid, info["parent_pid"])
 
     try:
         trio.run(functools.partial(kernel.serve, after_start=hello))
@@ -101,8 +102,20 @@ def main() -> None:
     os._exit(0)
 
 
+async def _watch_parent_pid(parent_pid: int) -> None:
+    """Belt and braces for the parent-death signal: exit once re-parented."""
+    import trio
+
+    while True:
+        await trio.sleep(1.0)
+        if os.getppid() != parent_pid:
+            logging.getLogger("monarch.proc").error("parent process %d is gone; exiting", parent_pid)
+            sys.stdout.flush()
+            os._exit(1)
+
+
 def _exit_if_parent(parent_id: str):  # type: ignore[no-untyped-def]
-    def cb(proc_id: str, reason: str) -> None:
+    def cb(proc_id: str, reason: str, stopped: bool) -> None:
         if proc_id == parent_id:
             logging.getLogger("monarch.proc").error("owner %s is gone (%s); exiting", proc_id, reason)
             sys.stdout.flush()

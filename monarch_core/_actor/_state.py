@@ -124,11 +124,27 @@ def _start_client() -> None:
     logger.debug("client kernel listening on %s", kernel.address)
 
 
+_requested_exit_code = 0
+
+
+def request_exit_code(code: int) -> None:
+    """Make the interpreter exit with ``code`` (used by the default
+    unhandled-fault hook, which ends the client with exit code 1)."""
+    global _requested_exit_code
+    _requested_exit_code = code
+
+
 def _atexit_shutdown() -> None:
     try:
         shutdown(timeout=5.0)
     except Exception:  # pragma: no cover - best effort at exit
         logger.exception("error while shutting down the monarch context at exit")
+    if _requested_exit_code:
+        import sys as _sys
+
+        _sys.stdout.flush()
+        _sys.stderr.flush()
+        os._exit(_requested_exit_code)
 
 
 def shutdown(timeout: float = 10.0) -> None:

@@ -1,4 +1,23 @@
-"""Supervision types: ``MeshFailure`` and ``unhandled_fault_hook``."""
+"""Supervision: failure reports, ``MeshFailure`` and ``unhandled_fault_hook``.
+
+Every actor mesh has one owner: the actor that spawned it, or the process
+(the client, for meshes created outside any actor).  When an actor dies --
+``__init__`` raised, an endpoint raised a ``BaseException``, an exception had
+nobody to go to (``broadcast``, explicit response ports), a message it sent
+could not be delivered, or its process died -- a *report* travels to the
+owner's proc, where
+
+* the owning mesh marks the rank failed (calls to any slice containing it
+  then fail fast), and
+* the owner's ``__supervise__(failure)`` is called: truthy means handled,
+  falsy (or missing) means the owner fails too and the failure continues up,
+  an exception in ``__supervise__`` fails the owner with that exception chained.
+
+At the root (the client) an unhandled failure goes to
+``monarch_core.actor.unhandled_fault_hook``; its default logs the report and
+ends the client with exit code 1 (``KeyboardInterrupt`` in the main thread).
+Each failed rank is reported at most once.
+"""
 
 from __future__ import annotations
 
@@ -6,65 +25,153 @@ import logging
 import os
 import signal
 import threading
-import _thread
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from monarch_core._actor._agent import ProcAgent
-    from monarch_core._actor._host import ActorHost
+from typing import Any
 
 logger = logging.getLogger("monarch.supervision")
+
+#: categories of a failure's cause
+USER = "user"  # the user's code raised
+SYSTEM = "system"  # monarch itself (undeliverable messages, protocol)
+INFRASTRUCTURE = "infrastructure"  # a process was killed, a host was lost
+
+
+def make_report(
+    *,
+    mesh_key: str,
+    mesh_name: str,
+    class_name: str,
+    rank: int,
+    coords: str,
+    actor: str,
+    proc: str,
+    cause: str,
+    category: str,
+    chain: list[dict] | None = None,
+) -> dict:
+    """One failure event.  ``chain`` holds the events that caused it, the
+    first failure of the cascade first."""
+    return {
+        "mesh_key": mesh_key,
+        "mesh_name": mesh_name,
+        "class_name": class_name,
+        "rank": rank,
+        "coords": coords,
+        "actor": actor,
+        "proc": proc,
+        "cause": cause,
+        "category": category,
+        "chain": list(chain or []),
+    }
+
+
+def _describe(ev: dict) -> str:
+    where = f"actor {ev['mesh_name']}{ev['coords'] if ev['coords'] != '{}' else ''} ({ev['class_name']})"
+    return f"{where} on {ev['proc']} [{ev['category']} error]: {ev['cause'].strip()}"
 
 
 class MeshFailure:
     """A failure of (part of) an actor mesh, delivered to its owner.
 
-    ``mesh`` is the failed mesh (a reference), ``mesh_name`` its name;
-    ``report()`` is the full human-readable report.  ``str()`` names the
-    actor, the crashed ranks and the cause.
+    ``mesh`` is the failed mesh (a reference: slicing it works, stopping it
+    does not), ``mesh_name`` its name, ``ranks`` the failed ranks' coordinates,
+    ``category`` ``"user"``, ``"system"`` or ``"infrastructure"``.  ``report()``
+    (and ``str()``) gives the first failure of the cascade first, then how it
+    propagated.
     """
 
-    def __init__(self, mesh: Any, mesh_name: str, ranks: list[str], cause: str, category: str = "user") -> None:
+    def __init__(self, mesh: Any, report: dict) -> None:
         self.mesh = mesh
-        self.mesh_name = mesh_name
-        self.ranks = ranks
-        self.cause = cause
-        self.category = category
+        self.mesh_name: str = report["mesh_name"]
+        self._report = report
+        self.ranks: list[str] = [report["coords"]]
+        self.category: str = report["category"]
+
+    @property
+    def events(self) -> list[dict]:
+        """The cascade, first failure first (each a dict: mesh_name, coords,
+        class_name, proc, category, cause)."""
+        return [*self._report["chain"], {k: v for k, v in self._report.items() if k != "chain"}]
 
     def report(self) -> str:
-        ranks = ", ".join(self.ranks) if self.ranks else "(all ranks)"
-        return (
-            f"actor mesh {self.mesh_name!r} failed ({self.category} error) on rank(s) {ranks}:\n{self.cause}"
-        )
+        evs = self.events
+        first, rest = evs[0], evs[1:]
+        lines = [
+            f"actor mesh {self.mesh_name!r} failed on rank(s) {', '.join(self.ranks)} "
+            f"({self.category} error).",
+            f"First failure: {_describe(first)}",
+        ]
+        for ev in rest:
+            lines.append(f"  which failed {_describe(ev).split(' [', 1)[0]} (its owner did not handle it)")
+        return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.report()
 
     def __repr__(self) -> str:
-        return f"MeshFailure(mesh_name={self.mesh_name!r}, ranks={self.ranks!r})"
+        return f"MeshFailure(mesh_name={self.mesh_name!r}, ranks={self.ranks!r}, category={self.category!r})"
 
 
-def _default_unhandled_fault_hook(failure: MeshFailure) -> None:
-    """Log the failure and end the client with exit code 1 by delivering
-    ``KeyboardInterrupt`` to the main thread."""
-    logger.error("unhandled supervision failure; exiting with code 1:\n%s", failure.report())
-    global _exit_code
-    _exit_code = 1
-    _thread.interrupt_main()
+# ------------------------------------------------------------------ the root
 
 
 _exit_code = 0
 
 
 def unhandled_fault_hook(failure: MeshFailure) -> None:
-    """Called with a ``MeshFailure`` nobody handled, in the client.
+    """Called (on a helper thread of the client) with a failure nobody handled.
 
-    Assign ``monarch_core.actor.unhandled_fault_hook = my_hook`` to replace
-    it.  The default logs the report and ends the client with exit code 1 by
-    delivering ``KeyboardInterrupt`` to the main thread."""
-    _default_unhandled_fault_hook(failure)
+    Replace it by assigning ``monarch_core.actor.unhandled_fault_hook``.  A
+    normal return drops the fault; raising anything (including ``SystemExit``)
+    leaves it unhandled.  The default logs the report and leaves it unhandled,
+    which ends the client with exit code 1 by delivering ``KeyboardInterrupt``
+    to the main thread."""
+    raise SystemExit(1)
 
 
-def actor_failed(agent: ProcAgent, host: ActorHost, why: str, err: BaseException) -> None:
-    """An actor in this proc died: record it so later calls fail with the cause."""
-    agent.gone.setdefault(host.key, f"failed: {why}: {err}")
+def deliver_to_root(failure: MeshFailure) -> None:
+    """Run the (possibly user-assigned) hook on a helper thread."""
+    threading.Thread(target=_run_hook, args=(failure,), name="monarch-fault-hook", daemon=True).start()
+
+
+def _run_hook(failure: MeshFailure) -> None:
+    import monarch_core.actor as api
+
+    hook = getattr(api, "unhandled_fault_hook", unhandled_fault_hook)
+    try:
+        hook(failure)
+    except BaseException as e:  # noqa: BLE001 - any exception means "unhandled"
+        logger.error(
+            "unhandled supervision failure (%s); ending the client with exit code 1:\n%s",
+            type(e).__name__,
+            failure.report(),
+        )
+        _end_client()
+        return
+    logger.warning("supervision failure dropped by unhandled_fault_hook:\n%s", failure.report())
+
+
+def _end_client() -> None:
+    global _exit_code
+    _exit_code = 1
+    from monarch_core._actor import _state
+
+    _state.request_exit_code(1)
+    main = threading.main_thread()
+    try:
+        signal.pthread_kill(main.ident, signal.SIGINT)  # wakes sleeps and lock waits
+    except (ValueError, OSError, AttributeError):  # pragma: no cover
+        import _thread
+
+        _thread.interrupt_main()
+
+
+def exit_code() -> int:
+    return _exit_code
+
+
+def proc_level_unhandled(failure: MeshFailure) -> None:
+    """In a worker, a failure of a mesh owned by the proc itself (not by an
+    actor) has nobody above it on this proc: the proc fails, and its own
+    owner learns it from the process exit."""
+    logger.error("unhandled failure of a mesh owned by this proc; the proc exits:\n%s", failure.report())
+    os._exit(1)

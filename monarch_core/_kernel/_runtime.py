@@ -60,6 +60,8 @@ def _env_float(name: str, default: float) -> float:
 #: Seconds a message may stay unacknowledged (reconnecting included) before it
 #: is returned to its sender as undeliverable.
 DELIVERY_TIMEOUT = _env_float("MONARCH_DELIVERY_TIMEOUT", 30.0)
+#: Refused reconnects (after a broken connection) that declare a proc dead.
+REFUSALS_FOR_DEAD = 4
 #: Seconds to wait for a handshake from a new connection.
 HANDSHAKE_TIMEOUT = _env_float("MONARCH_HANDSHAKE_TIMEOUT", 10.0)
 
@@ -132,6 +134,8 @@ class _Outbound:
         with self.cancel:
             backoff = 0.005
             down_since: float | None = None
+            was_connected = False
+            refusals = 0
             while True:
                 address = await k._wait_address(self.proc_id)
                 if address is None:  # the proc died before it ever listened
@@ -142,6 +146,8 @@ class _Outbound:
                     stream = await k.transport_for(address).connect(address)
                     down_since = None
                     backoff = 0.005
+                    refusals = 0
+                    was_connected = True
                     await self._session(stream, address)
                     return
                 except (TransportError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
@@ -157,6 +163,17 @@ class _Outbound:
                 if self.proc_id in k.dead:
                     self.fail(k._dead_error(self.proc_id))
                     return
+                if isinstance(err, ConnectError) and err.refused:
+                    refusals += 1
+                    if was_connected and refusals >= REFUSALS_FOR_DEAD:
+                        # It was there, its connection broke, and now nothing
+                        # listens at its address: the proc is gone.
+                        k.proc_failed(
+                            self.proc_id,
+                            f"proc {self.proc_id} at {address} is gone: its connection closed and nothing "
+                            "listens at its address any more",
+                        )
+                        return
                 now = time.monotonic()
                 if down_since is None:
                     down_since = now
@@ -229,7 +246,7 @@ class Kernel:
         self._port_ids = itertools.count(1)
         self.agent: Any = None  # the proc agent: handle_control(op, args, payload, buffers, sender)
         self.dead: dict[str, str] = {}
-        self.on_proc_failed: list[Callable[[str, str], None]] = []
+        self.on_proc_failed: list[Callable[[str, str, bool], None]] = []
         self._outbound: dict[str, _Outbound] = {}
         self._addresses: dict[str, str] = {}
         self._addr_events: dict[str, trio.Event] = {}
@@ -398,18 +415,21 @@ class Kernel:
         payload: Any,
         buffers: list,
         reply_port: int | None = None,
+        track: bool = True,
     ) -> None:
         """Send one message to a proc (thread-safe, non-blocking, FIFO per
         calling thread and destination).
 
-        ``reply_port`` names a local port that expects a reply from that proc:
-        if the proc dies or the message is undeliverable, the port is failed
-        instead of waiting forever.
+        ``reply_port`` names a local port to fail if the message cannot be
+        delivered.  With ``track`` (the default) the port also expects a
+        reply from that proc, so it is failed if the proc dies before
+        replying; without it (undeliverable-message return ports) only this
+        message's fate matters.
         """
         if proc_id == self.proc_id:
             self.route(kind, flags, header, payload, buffers, self.proc_id)
             return
-        self._tx.append((proc_id, address, kind, flags, header, payload, buffers, reply_port))
+        self._tx.append((proc_id, address, kind, flags, header, payload, buffers, reply_port, track))
         if not self._tx_scheduled:
             self._tx_scheduled = True
             if self.thread_ident == threading.get_ident():
@@ -428,10 +448,9 @@ class Kernel:
         self._tx_scheduled = False
         tx = self._tx
         while tx:
-            proc_id, address, kind, flags, header, payload, buffers, reply_port = tx.popleft()
-            self._push(proc_id, address, kind, flags, header, payload, buffers, reply_port)
+            self._push(*tx.popleft())
 
-    def _push(self, proc_id, address, kind, flags, header, payload, buffers, reply_port) -> None:
+    def _push(self, proc_id, address, kind, flags, header, payload, buffers, reply_port, track=True) -> None:
         if proc_id in self.dead:
             if reply_port is not None:
                 self._fail_port(reply_port, self._dead_error(proc_id), proc_id)
@@ -448,7 +467,7 @@ class Kernel:
             self._outbound[proc_id] = out
             assert self._nursery is not None
             self._nursery.start_soon(self._run_outbound, out)
-        if reply_port is not None:
+        if reply_port is not None and track:
             s = self._pending.get(proc_id)
             if s is None:
                 s = self._pending[proc_id] = set()
@@ -487,9 +506,10 @@ class Kernel:
     def _dead_error(self, proc_id: str) -> SupervisionError:
         return SupervisionError(self.dead.get(proc_id) or f"proc {proc_id} is gone")
 
-    def proc_failed(self, proc_id: str, reason: str) -> None:
+    def proc_failed(self, proc_id: str, reason: str, stopped: bool = False) -> None:
         """Mark ``proc_id`` dead (loop thread): its pending calls fail with
-        ``reason``, later sends fail at once, listeners are told."""
+        ``reason``, later sends fail at once, listeners are told (``stopped``:
+        it was stopped on purpose, which is not a failure)."""
         if proc_id in self.dead:
             return
         self.dead[proc_id] = reason
@@ -504,7 +524,7 @@ class Kernel:
             self._fail_pending(proc_id, exc, set())
         for cb in list(self.on_proc_failed):
             try:
-                cb(proc_id, reason)
+                cb(proc_id, reason, stopped)
             except Exception:
                 logger.exception("proc-failure listener raised")
 
@@ -634,6 +654,15 @@ class Kernel:
         if e is not None:
             e["expected"] = True
 
+    def kill_hung(self, proc_id: str, silent_for: float) -> None:
+        """Kill a child proc that stopped answering heartbeats (loop thread)."""
+        e = self._children.get(proc_id)
+        if e is None or e["proc"].returncode is not None:
+            return
+        e["hung"] = silent_for
+        logger.error("%s answered no heartbeat for %.0fs; killing it", e["describe"], silent_for)
+        e["proc"].kill()
+
     def child(self, proc_id: str) -> Any:
         e = self._children.get(proc_id)
         return e["proc"] if e is not None else None
@@ -649,13 +678,18 @@ class Kernel:
             status = f"was killed by {sig}"
         else:
             status = f"exited with code {rc}"
-        if entry["expected"]:
+        if entry.get("hung"):
+            reason = (
+                f"{entry['describe']} (pid {proc.pid}) was hung: it answered no heartbeat for "
+                f"{entry['hung']:.0f}s and was killed (MONARCH_HEARTBEAT_TIMEOUT)"
+            )
+        elif entry["expected"]:
             reason = f"{entry['describe']} (pid {proc.pid}) was stopped"
         else:
             reason = f"{entry['describe']} (pid {proc.pid}) {status}"
             logger.warning("%s", reason)
         entry["status"] = status
-        self.proc_failed(proc_id, reason)
+        self.proc_failed(proc_id, reason, stopped=entry["expected"])
 
     def children(self) -> dict[str, Any]:
         return self._children

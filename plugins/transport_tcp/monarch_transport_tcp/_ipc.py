@@ -78,7 +78,8 @@ class IpcTransport(Transport):
             await sock.connect(target)
         except OSError as e:
             sock.close()
-            raise ConnectError(f"cannot connect to {address}: {e.strerror or e}") from None
+            refused = e.errno in (errno.ECONNREFUSED, errno.ENOENT)
+            raise ConnectError(f"cannot connect to {address}: {e.strerror or e}", refused=refused) from None
         return SocketStream(sock, peer=address)
 
 
