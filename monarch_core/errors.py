@@ -16,6 +16,7 @@ arguments, ``IndexError``/``TypeError`` for bad slicing, ``TimeoutError`` for
     │   ├── TransportError               a channel could not be opened / broke
     │   │   ├── ConnectError             could not reach an address
     │   │   ├── ConnectionClosed         the peer went away
+    │   │   │   └── AuthenticationError  the peer failed authentication (TLS)
     │   │   └── ProtocolError            malformed frame or handshake
     │   ├── UndeliverableMessageError    a message could not be delivered
     │   └── SupervisionError             an actor or proc this caller depends on failed
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 __all__ = [
     "ActorError",
+    "AuthenticationError",
     "ConfigError",
     "ConnectError",
     "ConnectionClosed",
@@ -83,6 +85,11 @@ class ConnectError(TransportError):
 
 class ConnectionClosed(TransportError):
     """The peer closed the connection, or it broke."""
+
+
+class AuthenticationError(ConnectionClosed):
+    """The peer failed authentication (e.g. its TLS certificate is missing,
+    expired, or not signed by the configured CA)."""
 
 
 class ProtocolError(TransportError):

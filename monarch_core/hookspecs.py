@@ -161,6 +161,12 @@ class Transport(abc.ABC):
         canonical form; raise ``ValueError`` naming the accepted forms."""
         return url
 
+    def child_bind_spec(self, parent_address: str) -> str:
+        """The bind spec for a proc spawned by a process that listens at
+        ``parent_address`` (default: :meth:`default_bind_spec`).  TCP uses it
+        so that child procs advertise the same routable host as their parent."""
+        return self.default_bind_spec()
+
     @abc.abstractmethod
     async def listen(self, bind_spec: str) -> Listener:
         """Bind ``bind_spec`` and return a listener (``TransportError`` on failure)."""

@@ -85,6 +85,9 @@ class ProcAgent:
         self._sweeper_started = False
         self.stopping = False
         self.supervised: dict[str, Supervised] = {}
+        self.is_host = False  # a worker loop: starts procs for clients
+        self.client_procs: dict[str, set[str]] = {}  # worker loop: client proc id -> procs started for it
+        self.proc_spawner: dict[str, tuple] = {}  # worker loop: proc id -> (client proc id, address)
         self._return_port: tuple | None = None
         self._heartbeat_started = False
         self._last_pong: dict[str, float] = {}
@@ -340,6 +343,8 @@ class ProcAgent:
     def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
         """A proc died: every actor on it, of every mesh this process owns, failed."""
         self._last_pong.pop(proc_id, None)
+        if self.is_host:
+            self._host_proc_gone(proc_id, reason, stopped)
         if stopped:
             return
         from monarch_core._actor import _supervision as S
@@ -391,6 +396,83 @@ class ProcAgent:
             S.deliver_to_root(S.MeshFailure(None, report))
         else:
             logger.error("a message sent by this proc could not be delivered: %s", exc)
+
+    # ---------------------------------------------------------------- worker loop (host) side
+    def _op_host_hello(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        import socket
+
+        _op, reply = h
+        send_to_port(
+            tuple(reply), -1, W.S_VALUE,
+            {"hostname": socket.gethostname(), "pid": os.getpid(), "address": self.kernel.address},
+        )
+
+    def _op_host_spawn(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        if not self.is_host:
+            logger.warning("host_spawn from %s, but this process is not a worker loop", sender)
+            return
+        specs = _serial.loads(payload, buffers)
+        self.kernel.start_task(self._host_spawn, specs, sender)
+
+    async def _host_spawn(self, specs: list, client: str) -> None:
+        from monarch_core._actor._procs import start_proc
+
+        kernel = self.kernel
+        for spec in specs:
+            spawner = tuple(spec["parent"])
+            self.proc_spawner[spec["proc_id"]] = spawner
+            self.client_procs.setdefault(client, set()).add(spec["proc_id"])
+            try:
+                await start_proc(kernel, spec, bind_spec=kernel.transport.child_bind_spec(kernel.address))
+                self.watch_child(spec["proc_id"])
+            except Exception as e:
+                msg = (
+                    f"could not start {spec['describe']} on {kernel.address} with "
+                    f"{[spec['program'], *spec['args']]!r}: {type(e).__name__}: {e}"
+                )
+                logger.error("%s", msg)
+                kernel.proc_failed(spec["proc_id"], msg)
+
+    def _host_proc_gone(self, proc_id: str, reason: str, stopped: bool) -> None:
+        spawner = self.proc_spawner.pop(proc_id, None)
+        if spawner is not None:  # one of our children: tell whoever asked for it
+            for procs in self.client_procs.values():
+                procs.discard(proc_id)
+            self.kernel.send(
+                spawner[0], spawner[1], W.K_CONTROL, 0, marshal.dumps(("proc_died", proc_id, reason, stopped)), b"", []
+            )
+            return
+        procs = self.client_procs.pop(proc_id, None)
+        if procs:  # a client went away: the work it started goes too
+            logger.warning("client %s is gone (%s); killing the %d procs it started", proc_id, reason, len(procs))
+            for p in procs:
+                child = self.kernel.child(p)
+                if child is not None:
+                    self.kernel.expect_exit(p)
+                    child.kill()
+
+    def _op_host_kill(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        _op, proc_ids, sig_name = h
+        for p in proc_ids:
+            child = self.kernel.child(p)
+            if child is not None and sig_name in ("terminate", "kill"):
+                getattr(child, sig_name)()
+
+    def _op_host_shutdown(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        logger.info("worker loop %s shut down by %s", self.kernel.address, sender)
+        self.kill_all_children()
+        self.kernel.stop_loop()
+
+    def kill_all_children(self) -> None:
+        for p, entry in list(self.kernel.children().items()):
+            if entry["proc"].returncode is None:
+                self.kernel.expect_exit(p)
+                entry["proc"].kill()
+
+    def _op_proc_died(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        """A worker loop reports that a proc it started for us ended."""
+        _op, proc_id, reason, stopped = h
+        self.kernel.proc_failed(proc_id, reason, bool(stopped))
 
     # ---------------------------------------------------------------- heartbeats
     def watch_child(self, proc_id: str) -> None:

@@ -49,11 +49,12 @@ _EMPTY_REGION = Extent([], []).region
 class _ProcSlot:
     """One proc: its id, its address once known, and whether it said hello."""
 
-    __slots__ = ("proc_id", "address", "ready", "pid", "failed")
+    __slots__ = ("proc_id", "address", "ready", "pid", "failed", "host")
 
     def __init__(self, proc_id: str, address: str | None = None) -> None:
         self.proc_id = proc_id
         self.address = address
+        self.host: str | None = None  # worker-loop address for procs on remote hosts
         self.ready = threading.Event()
         if address is not None:
             self.ready.set()
@@ -505,27 +506,34 @@ def _rebuild_proc_mesh(name: str, refs: list, region: Region) -> ProcMesh:
 
 async def _stop_procs(kernel: Any, slots: list[_ProcSlot], reason: str, cell: Cell, grace: float) -> None:
     """Ask procs to stop (they get ``grace`` seconds to run ``__cleanup__``),
-    escalate to SIGTERM then SIGKILL, resolve ``cell`` when all are gone."""
+    escalate to SIGTERM then SIGKILL (through their worker loop for procs on
+    remote hosts), resolve ``cell`` when all are gone."""
     header = marshal.dumps(("stop_proc", reason, max(0.5, grace - 0.5)))
     for s in slots:
         kernel.expect_exit(s.proc_id)
         if s.proc_id not in kernel.dead:
             kernel.send(s.proc_id, None, W.K_CONTROL, 0, header, b"", [], None)
-    procs = [kernel.child(s.proc_id) for s in slots]
+
+    async def all_gone() -> None:
+        for s in slots:
+            await kernel.wait_dead(s.proc_id)
+
     with trio.move_on_after(grace):
-        for p in procs:
-            if p is not None:
-                await p.wait()
+        await all_gone()
     for sig_name in ("terminate", "kill"):
-        alive = [p for p in procs if p is not None and p.returncode is None]
+        alive = [s for s in slots if s.proc_id not in kernel.dead]
         if not alive:
             break
-        for p in alive:
-            logger.warning("proc pid %s did not stop within the grace period; sending %s", p.pid, sig_name)
-            getattr(p, sig_name)()
+        for s in alive:
+            logger.warning("%s did not stop within the grace period; sending %s", s.proc_id, sig_name)
+            child = kernel.child(s.proc_id)
+            if child is not None:
+                getattr(child, sig_name)()
+            elif s.host is not None:
+                kernel.send(host_proc_id(s.host), s.host, W.K_CONTROL, 0,
+                            marshal.dumps(("host_kill", [s.proc_id], sig_name)), b"", [], None)
         with trio.move_on_after(1.0):
-            for p in alive:
-                await p.wait()
+            await all_gone()
     cell.set_result(None)
 
 
@@ -677,18 +685,21 @@ class HostMesh(MeshTrait):
         sizes = host_region.sizes + tuple(per_host.values())
         extent = Extent(labels, sizes)
         host_roots = host_region.root_ranks()
-        specs = []
-        slots = []
+        from monarch_core._actor._procs import make_spec
+
+        kernel = rt.kernel
+        level = os.environ.get("MONARCH_LOG_LEVEL") or logging.getLevelName(
+            logging.getLogger("monarch").getEffectiveLevel()
+        )
+        slots: list[_ProcSlot] = []
+        per_host_entries: list[tuple[HostHandle, list]] = []
         for hi, hroot in enumerate(host_roots):
             host = self._hosts[hroot]
-            if host.address is not None:
-                raise NotImplementedError(
-                    f"host {host.name} is a remote worker loop ({host.address}); spawning on remote hosts "
-                    "needs the worker-loop support of monarch-transport-tcp"
-                )
+            entries = []
             for j in range(nper):
                 rank = hi * nper + j
                 point = Point(rank, extent)
+                default = False
                 if callable(bootstrap_command) and not isinstance(bootstrap_command, BootstrapCommand):
                     cmd = bootstrap_command(point)
                     if not isinstance(cmd, BootstrapCommand):
@@ -697,14 +708,40 @@ class HostMesh(MeshTrait):
                     cmd = bootstrap_command
                 else:
                     cmd = default_bootstrap_cmd(self._python or rt.python_executable)
+                    default = self._python is None and host.address is not None
                 slot = _ProcSlot(f"{name}-{rank}-{uuid.uuid4().hex[:8]}")
+                slot.host = host.address
                 slots.append(slot)
-                specs.append((slot, rank, point, cmd, binds[j] if binds else None))
-        status = _ProcStatus(rt.kernel, slots, lambda r: f"{name}{Point(r, extent)}")
+                spec = make_spec(
+                    proc_id=slot.proc_id,
+                    name=name,
+                    rank=rank,
+                    labels=labels,
+                    sizes=sizes,
+                    describe=f"proc {name}{point if len(extent) else ''}",
+                    cmd=cmd,
+                    default_program=default,
+                    bind=binds[j] if binds else None,
+                    status=(rt.proc_id, kernel.address, 0),
+                    parent=(rt.proc_id, kernel.address),
+                    root=rt.root,
+                    transport=rt.transport,
+                    log_level=level,
+                )
+                entries.append((slot, spec))
+            per_host_entries.append((host, entries))
+        status = _ProcStatus(kernel, slots, lambda r: f"{name}{Point(r, extent)}")
+        for _host, entries in per_host_entries:
+            for _slot, spec in entries:
+                spec["status"][2] = status.port_id
         pm = ProcMesh(name, slots, extent.region, self, status.cell, True)
         self._shared["procs"].append(pm)
         rt.agent.register_owned(pm)
-        rt.kernel.call_soon(rt.kernel.start_task, _spawn_local, rt, name, specs, extent, status, boot_payload)
+        for host, entries in per_host_entries:
+            if host.address is None:
+                kernel.call_soon(kernel.start_task, _spawn_local, rt, entries, status, boot_payload)
+            else:
+                kernel.call_soon(_spawn_remote, rt, host, entries, status, boot_payload)
         return pm
 
     def stop(self) -> Future[None]:
@@ -724,16 +761,22 @@ class HostMesh(MeshTrait):
         fut = self._stop_procs()
         self._shared["shutdown"] = True
         alloc = self._allocation
-        if alloc is None:
+        remote = [h.address for h in self._hosts if h.address is not None]
+        if alloc is None and not remote:
             return fut
         rt = _state.runtime()
         out = Cell()
 
         async def release() -> None:
-            try:
-                await alloc.release()
-            except Exception as e:  # noqa: BLE001
-                logger.warning("releasing hosts of %r failed: %s", self._name, e)
+            kernel = rt.kernel
+            for a in remote:  # worker loops exit (and kill anything left)
+                kernel.send(host_proc_id(a), a, W.K_CONTROL, 0, marshal.dumps(("host_shutdown",)), b"", [], None)
+            await kernel.flush(2.0)
+            if alloc is not None:
+                try:
+                    await alloc.release()
+                except Exception as e:  # noqa: BLE001
+                    logger.warning("releasing hosts of %r failed: %s", self._name, e)
             out.set_result(None)
 
         def after() -> None:
@@ -803,62 +846,47 @@ def _check_per_host(per_host: Any, host_labels: tuple) -> dict[str, int]:
     return out
 
 
-async def _spawn_local(rt: Any, name: str, specs: list, extent: Extent, status: _ProcStatus, boot_payload: tuple) -> None:
-    """Start the OS processes of a new proc mesh (kernel loop)."""
-    from monarch_core._actor._agent import bootstrap_env_json
-    from monarch_core._plugins import registry
+async def _spawn_local(rt: Any, entries: list, status: _ProcStatus, boot_payload: tuple) -> None:
+    """Start the OS processes of procs on this host (kernel loop), then send
+    each its ``init``."""
+    from monarch_core._actor._procs import start_proc
 
     kernel = rt.kernel
-    hook = registry().pm.hook.monarch_proc_env
-    has_env_hooks = bool(hook.get_hookimpls())
-    init_payload, init_bufs = boot_payload
-    status_ref = [rt.proc_id, kernel.address, status.port_id]
-    level = os.environ.get("MONARCH_LOG_LEVEL") or logging.getLevelName(logging.getLogger("monarch").getEffectiveLevel())
-    for slot, rank, point, cmd, bind in specs:
-        coords = dict(point)
-        describe = f"proc {name}{point if len(extent) else ''}"
+    for slot, spec in entries:
         try:
-            env = cmd.build_env()
-            if has_env_hooks:
-                for overrides in hook(proc_name=name, rank=rank, coords=coords):
-                    for k, v in (overrides or {}).items():
-                        if v is None:
-                            env.pop(k, None)
-                        else:
-                            env[k] = str(v)
-            argv, cpus = apply_bind(cmd.argv(), bind)
-            env[BOOTSTRAP_ENV] = bootstrap_env_json(
-                {
-                    "proc_id": slot.proc_id,
-                    "name": name,
-                    "rank": rank,
-                    "labels": list(extent.labels),
-                    "sizes": list(extent.sizes),
-                    "transport": rt.transport,
-                    "parent": [rt.proc_id, kernel.address],
-                    "root": list(rt.root),
-                    "status": status_ref,
-                    "parent_pid": os.getpid(),
-                    "sys_path": [p for p in sys.path if p],
-                    "python": cmd.program,
-                    "cpus": cpus,
-                    "log_level": level,
-                    "describe": describe,
-                }
-            )
-            executable = cmd.program if cmd.arg0 is not None and argv[0] == cmd.arg0 else None
-            proc = await kernel.spawn_process(slot.proc_id, argv, env, describe=describe, executable=executable)
+            proc = await start_proc(kernel, spec, bind_spec=kernel.transport.child_bind_spec(kernel.address))
             slot.pid = proc.pid
             rt.agent.watch_child(slot.proc_id)
         except Exception as e:
-            msg = f"could not start {describe} with {cmd.argv()!r}: {type(e).__name__}: {e}"
+            msg = f"could not start {spec['describe']} with {[spec['program'], *spec['args']]!r}: {type(e).__name__}: {e}"
             logger.error("%s", msg)
             slot.failed = msg
             kernel.proc_failed(slot.proc_id, msg)
             status.fail(SupervisionError(msg), slot.proc_id)
             continue
-        header = marshal.dumps(("init", tuple(status_ref), rank))
-        kernel.send(slot.proc_id, None, W.K_CONTROL, 0, header, init_payload, init_bufs, status.port_id)
+        _send_init(kernel, slot, spec, boot_payload, status)
+
+
+def _send_init(kernel: Any, slot: _ProcSlot, spec: dict, boot_payload: tuple, status: _ProcStatus) -> None:
+    header = marshal.dumps(("init", tuple(spec["status"]), spec["rank"]))
+    kernel.send(slot.proc_id, None, W.K_CONTROL, 0, header, boot_payload[0], boot_payload[1], status.port_id)
+
+
+def _spawn_remote(rt: Any, host: HostHandle, entries: list, status: _ProcStatus, boot_payload: tuple) -> None:
+    """Ask the worker loop of ``host`` to start procs (kernel loop)."""
+    kernel = rt.kernel
+    host_id = host_proc_id(host.address)  # type: ignore[arg-type]
+    for slot, _spec in entries:
+        kernel.expect_proc(slot.proc_id)
+    payload, bufs = _serial.dumps([spec for _slot, spec in entries])
+    kernel.send(host_id, host.address, W.K_CONTROL, 0, marshal.dumps(("host_spawn",)), payload, bufs, status.port_id)
+    for slot, spec in entries:
+        _send_init(kernel, slot, spec, boot_payload, status)
+
+
+def host_proc_id(address: str) -> str:
+    """The session key of the worker loop at ``address``."""
+    return f"host@{address}"
 
 
 # ====================================================================== entry points
@@ -988,3 +1016,77 @@ def spawn_local_controller(agent: Any, name: str, payload: Any, buffers: list) -
         Supervised(key, name, "controller", None, None, {}, [_ProcSlot(kernel.proc_id, kernel.address)])
     )
     agent._op_spawn(h, payload, buffers, kernel.proc_id)
+
+
+# ====================================================================== worker loops
+
+ATTACH_TIMEOUT = float(os.environ.get("MONARCH_ATTACH_TIMEOUT", "10"))
+
+
+def attach(
+    workers: Any, *, ca: str | None, private_key: str | None, cert: str | None, timeout: float | None
+) -> HostMesh:
+    """See :func:`monarch_core.worker.attach_to_workers`."""
+    from monarch_core._actor import _transport
+    from monarch_core._actor._tls import apply_credentials
+    from monarch_core.errors import ConnectError
+
+    if isinstance(workers, str) or not workers:
+        raise TypeError(
+            "attach_to_workers(workers=[...]) takes a non-empty list of worker addresses such as "
+            "['tls://h1:29500', 'tls://h2:29500']"
+        )
+    addrs = list(workers)
+    schemes = set()
+    for a in addrs:
+        if not isinstance(a, str) or "://" not in a:
+            raise ValueError(f"attach_to_workers: {a!r} is not a worker address such as 'tls://h1:29500'")
+        schemes.add(a.split("://", 1)[0])
+    if len(schemes) != 1:
+        raise ValueError(f"attach_to_workers: all workers must use one transport, got {sorted(schemes)}")
+    scheme = schemes.pop()
+    apply_credentials(scheme, ca=ca, private_key=private_key, cert=cert)
+    from monarch_core._plugins import registry
+
+    transport = registry().transport(scheme)
+    for a in addrs:
+        transport.normalize(a)
+    if _state.current_runtime_or_none() is None and _transport.enabled_choice() is None:
+        _transport.enable_transport(scheme)
+    rt = _state.runtime()
+    if rt.transport != transport.name:
+        raise RuntimeError(
+            f"attach_to_workers: the workers speak {transport.name!r} but this process enabled {rt.transport!r}; "
+            f"call enable_transport('{transport.name}://<this host's address>:0') first"
+        )
+    kernel = rt.kernel
+    limit = ATTACH_TIMEOUT if timeout is None else float(timeout)
+    waits = []
+    for a in addrs:
+        h = OneReply(kernel, "")
+        hid = host_proc_id(a)
+        h.proc_id = hid
+        kernel.send(hid, a, W.K_CONTROL, 0, marshal.dumps(("host_hello", (rt.proc_id, kernel.address, h.port_id))),
+                    b"", [], h.port_id)
+        waits.append((a, hid, h))
+    deadline = time.monotonic() + limit
+    hosts = []
+    for a, hid, h in waits:
+        if not h.cell.wait(max(0.0, deadline - time.monotonic())):
+            last = kernel.last_error(hid)
+            raise ConnectError(
+                f"worker {a} did not answer within {limit:.0f}s"
+                + (f" (last error: {last})" if last is not None else "")
+                + ". Is `python -m monarch_core.worker --address "
+                + a
+                + "` running there, and reachable from this host? (MONARCH_ATTACH_TIMEOUT sets the wait)"
+            )
+        try:
+            info = h.cell.result()
+        except Exception as e:
+            raise ConnectError(f"worker {a} could not be reached: {e}") from None
+        hosts.append(HostHandle(name=str(info.get("hostname", a)), address=a))
+    region = Extent(["hosts"], [len(hosts)]).region
+    hm = HostMesh(hosts, region, owner=True, name="workers")
+    rt.agent.register_owned(_HostMeshOwnership(hm))
+    return hm

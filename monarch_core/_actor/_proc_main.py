@@ -62,7 +62,7 @@ def main() -> None:
 
     _transport.set_from_parent(info["transport"])
     transport = registry().transport(info["transport"])
-    kernel = Kernel(proc_id=info["proc_id"], name=info["name"], transport=transport)
+    kernel = Kernel(proc_id=info["proc_id"], name=info["name"], transport=transport, bind_spec=info.get("bind_spec"))
     agent = ProcAgent(kernel)
     kernel.agent = agent
     parent = tuple(info["parent"])

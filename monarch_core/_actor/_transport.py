@@ -146,6 +146,11 @@ def current_choice(*, mark_used: bool = True) -> TransportChoice:
         return _enabled
 
 
+def enabled_choice() -> TransportChoice | None:
+    """The enabled transport, or None if none was chosen yet."""
+    return _enabled
+
+
 def set_from_parent(name: str) -> None:
     """In a worker: adopt the transport its parent chose (before first use)."""
     global _enabled

@@ -36,6 +36,7 @@ import trio
 from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
 from monarch_core.errors import (
+    AuthenticationError,
     ConnectError,
     ProtocolError,
     SupervisionError,
@@ -91,6 +92,7 @@ class _Outbound:
         "failed",
         "cancel",
         "last_ack_time",
+        "last_error",
     )
 
     def __init__(self, kernel: Kernel, proc_id: str) -> None:
@@ -105,6 +107,7 @@ class _Outbound:
         self.failed: BaseException | None = None
         self.cancel = trio.CancelScope()
         self.last_ack_time = time.monotonic()
+        self.last_error: BaseException | None = None
 
     def push(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, port_id: int | None) -> None:
         self.seq += 1
@@ -163,6 +166,7 @@ class _Outbound:
                 if self.proc_id in k.dead:
                     self.fail(k._dead_error(self.proc_id))
                     return
+                self.last_error = err
                 if isinstance(err, ConnectError) and err.refused:
                     refusals += 1
                     if was_connected and refusals >= REFUSALS_FOR_DEAD:
@@ -179,13 +183,14 @@ class _Outbound:
                     down_since = now
                     logger.info("session to %s at %s broke (%s); reconnecting", self.proc_id, address, err)
                 if now - down_since > k.delivery_timeout:
-                    self.fail(
-                        UndeliverableMessageError(
-                            f"could not deliver to proc {self.proc_id!r} at {address}: no connection for "
-                            f"{k.delivery_timeout:.0f}s (last error: {err}). Set MONARCH_DELIVERY_TIMEOUT "
-                            "to wait longer."
-                        )
+                    why = (
+                        f"could not deliver to proc {self.proc_id!r} at {address}: no connection for "
+                        f"{k.delivery_timeout:.0f}s (last error: {err}). Set MONARCH_DELIVERY_TIMEOUT "
+                        "to wait longer."
                     )
+                    self.fail(UndeliverableMessageError(why))
+                    if was_connected:  # it was there and has been unreachable ever since
+                        k.proc_failed(self.proc_id, why)
                     return
                 await trio.sleep(backoff)
                 backoff = min(backoff * 2, 0.5)
@@ -263,6 +268,8 @@ class Kernel:
         self._closing = False
         self._thread: threading.Thread | None = None
         self._children: dict[str, Any] = {}
+        self._dead_events: dict[str, trio.Event] = {}
+        self._expected_exits: set[str] = set()
         self._shutdown = trio.Event() if False else None  # created on the loop
 
     # ------------------------------------------------------------------ startup
@@ -512,7 +519,11 @@ class Kernel:
         it was stopped on purpose, which is not a failure)."""
         if proc_id in self.dead:
             return
+        stopped = stopped or proc_id in self._expected_exits
         self.dead[proc_id] = reason
+        dev = self._dead_events.pop(proc_id, None)
+        if dev is not None:
+            dev.set()
         exc = SupervisionError(reason)
         ev = self._addr_events.pop(proc_id, None)
         if ev is not None:
@@ -574,7 +585,7 @@ class Kernel:
                     acked = last
         except trio.TooSlowError:
             logger.warning("connection from %s sent no handshake within %.0fs; dropped", peer, HANDSHAKE_TIMEOUT)
-        except ProtocolError as e:
+        except (ProtocolError, AuthenticationError) as e:
             logger.warning("dropping connection from %s: %s", peer, e)
         except (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             logger.debug("inbound connection from %s ended: %s", peer, e)
@@ -650,9 +661,25 @@ class Kernel:
         return proc
 
     def expect_exit(self, proc_id: str) -> None:
+        """``proc_id`` is being stopped on purpose: its end is not a failure."""
+        self._expected_exits.add(proc_id)
         e = self._children.get(proc_id)
         if e is not None:
             e["expected"] = True
+
+    async def wait_dead(self, proc_id: str) -> None:
+        """Wait until ``proc_id`` is known to be gone (loop thread)."""
+        if proc_id in self.dead:
+            return
+        ev = self._dead_events.get(proc_id)
+        if ev is None:
+            ev = self._dead_events[proc_id] = trio.Event()
+        await ev.wait()
+
+    def last_error(self, proc_id: str) -> BaseException | None:
+        """The last connection error of the session to ``proc_id``, if any."""
+        out = self._outbound.get(proc_id)
+        return out.last_error if out is not None else None
 
     def kill_hung(self, proc_id: str, silent_for: float) -> None:
         """Kill a child proc that stopped answering heartbeats (loop thread)."""
@@ -687,7 +714,7 @@ class Kernel:
             reason = f"{entry['describe']} (pid {proc.pid}) was stopped"
         else:
             reason = f"{entry['describe']} (pid {proc.pid}) {status}"
-            logger.warning("%s", reason)
+            logger.log(logging.INFO if rc == 0 else logging.WARNING, "%s", reason)
         entry["status"] = status
         self.proc_failed(proc_id, reason, stopped=entry["expected"])
 

@@ -18,4 +18,16 @@ def monarch_transports() -> list[TransportSpec]:
             factory="monarch_transport_tcp._ipc:IpcTransport",
             description="Unix-domain sockets (ipc:///path, ipc://@abstract-name); the default",
         ),
+        TransportSpec(
+            name="tcp",
+            schemes=("tcp",),
+            factory="monarch_transport_tcp._tcp:TcpTransport",
+            description="TCP (tcp://host:port, tcp://*:port, tcp://[::1]:port, tcp://PUBLIC:PORT@tcp://BIND:PORT)",
+        ),
+        TransportSpec(
+            name="tls",
+            schemes=("tls",),
+            factory="monarch_transport_tcp._tcp:TlsTransport",
+            description="TCP + TLS 1.3, mutual authentication (MONARCH_TLS_CERT/KEY/CA)",
+        ),
     ]

@@ -1,0 +1,409 @@
+"""The ``tcp`` and ``tls`` transports.
+
+Address forms (``tls://`` takes the same forms as ``tcp://``)::
+
+    tcp://host:port                 bind host:port, advertise it
+    tcp://*:port                    bind every interface, advertise this host's name
+    tcp://[::1]:port                IPv6 literal
+    tcp://PUBLIC:PORT@tcp://BIND:PORT   advertise the left, bind the right
+
+Port 0 binds a free port; the advertised address carries the port bound.
+The advertised host defaults to ``MONARCH_ADVERTISE_HOST`` or this machine's
+host name.  When that name resolves only to loopback (common on laptops and
+VMs), procs of this host still reach each other, one warning is logged, and a
+connection from another host fails with an error that names the fix.
+
+``tls`` is TCP plus TLS 1.3 with mutual authentication: both sides present a
+certificate signed by the configured CA and both verify the other's.
+Credentials come from ``MONARCH_TLS_CERT``, ``MONARCH_TLS_KEY`` and
+``MONARCH_TLS_CA`` (each a file path or inline PEM); the key file may also
+hold the certificate.  ``MONARCH_TLS_VERIFY_HOSTNAME=0`` skips the host-name
+check (the CA check stays).
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import os
+import re
+import socket as _stdsocket
+import ssl
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+
+from monarch_core.errors import AuthenticationError, ConnectError, ConnectionClosed, TransportError
+from monarch_core.hookspecs import Listener, Stream, Transport
+from monarch_core.streams import SocketStream
+
+logger = logging.getLogger("monarch.transport.tcp")
+
+FORMS = "{s}://host:port, {s}://*:port, {s}://[::1]:port, {s}://PUBLIC:PORT@{s}://BIND:PORT"
+CONNECT_TIMEOUT = float(os.environ.get("MONARCH_CONNECT_TIMEOUT", "5"))
+TLS_HANDSHAKE_TIMEOUT = float(os.environ.get("MONARCH_TLS_HANDSHAKE_TIMEOUT", "10"))
+_HOSTPORT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.%a-zA-Z]+)\]|(?P<host>[^\[\]:/@]*)):(?P<port>\d{1,5})$")
+_warned_loopback = False
+_warn_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class TcpSpec:
+    """A parsed tcp/tls address: where to bind and what to advertise."""
+
+    scheme: str
+    bind_host: str  # "" = every interface
+    bind_port: int
+    adv_host: str | None  # None = decide at bind time (this host's name)
+    adv_port: int | None  # None = the bound port
+
+
+def _split_hostport(scheme: str, text: str, url: str) -> tuple[str, int]:
+    m = _HOSTPORT.match(text)
+    if not m:
+        raise ValueError(f"malformed {scheme} address {url!r}; accepted forms: {FORMS.format(s=scheme)}")
+    host = m.group("v6") if m.group("v6") is not None else m.group("host")
+    port = int(m.group("port"))
+    if port > 65535:
+        raise ValueError(f"{scheme} address {url!r}: port {port} is out of range (0-65535)")
+    if m.group("v6") is not None:
+        try:
+            ipaddress.IPv6Address(host.split("%", 1)[0])
+        except ValueError:
+            raise ValueError(f"{scheme} address {url!r}: {host!r} is not an IPv6 address") from None
+    if host == "":
+        raise ValueError(f"{scheme} address {url!r} has no host; use '*' for every interface")
+    return host, port
+
+
+def parse(url: str, scheme: str) -> TcpSpec:
+    prefix = scheme + "://"
+    if not url.startswith(prefix):
+        raise ValueError(f"malformed {scheme} address {url!r}; accepted forms: {FORMS.format(s=scheme)}")
+    rest = url[len(prefix) :]
+    if "@" in rest:
+        public, _, bind = rest.partition("@")
+        if not bind.startswith(prefix):
+            raise ValueError(
+                f"malformed {scheme} alias address {url!r}: expected {scheme}://PUBLIC:PORT@{scheme}://BIND:PORT"
+            )
+        ph, pp = _split_hostport(scheme, public, url)
+        bh, bp = _split_hostport(scheme, bind[len(prefix) :], url)
+        if ph == "*":
+            raise ValueError(f"{scheme} alias address {url!r}: the advertised (left) host cannot be '*'")
+        return TcpSpec(scheme, "" if bh == "*" else bh, bp, ph, pp if pp else None)
+    host, port = _split_hostport(scheme, rest, url)
+    if host == "*":
+        return TcpSpec(scheme, "", port, None, None)
+    return TcpSpec(scheme, host, port, host, None)
+
+
+def _format(scheme: str, host: str, port: int) -> str:
+    if ":" in host:
+        return f"{scheme}://[{host}]:{port}"
+    return f"{scheme}://{host}:{port}"
+
+
+def advertised_host() -> str:
+    return os.environ.get("MONARCH_ADVERTISE_HOST") or _stdsocket.gethostname()
+
+
+def _resolves_only_to_loopback(host: str) -> bool:
+    try:
+        infos = _stdsocket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    addrs = {ipaddress.ip_address(i[4][0].split("%", 1)[0]) for i in infos}
+    return bool(addrs) and all(a.is_loopback for a in addrs)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.split("%", 1)[0])
+        return True
+    except ValueError:
+        return False
+
+
+class _TcpBase(Transport):
+    scheme = "tcp"
+
+    def default_bind_spec(self) -> str:
+        return f"{self.scheme}://*:0"
+
+    def normalize(self, url: str) -> str:
+        parse(url, self.scheme)
+        return url
+
+    def child_bind_spec(self, parent_address: str) -> str:
+        """Children bind every interface and advertise the parent's host."""
+        try:
+            spec = parse(parent_address, self.scheme)
+        except ValueError:
+            return self.default_bind_spec()
+        host = spec.adv_host or spec.bind_host
+        if not host or host == "*":
+            return self.default_bind_spec()
+        h = f"[{host}]" if ":" in host else host
+        wildcard = "[::]" if ":" in host else "*"
+        return f"{self.scheme}://{h}:0@{self.scheme}://{wildcard}:0"
+
+    async def listen(self, bind_spec: str) -> Listener:
+        spec = parse(bind_spec, self.scheme)
+        adv = spec.adv_host
+        if adv is None:
+            adv = advertised_host()
+            if _resolves_only_to_loopback(adv):
+                global _warned_loopback
+                with _warn_lock:
+                    if not _warned_loopback:
+                        _warned_loopback = True
+                        logger.warning(
+                            "this host's name %r resolves only to loopback: procs on this host can reach each "
+                            "other, but other hosts cannot reach %s. Use enable_transport('%s://<routable "
+                            "address>:0') or set MONARCH_ADVERTISE_HOST=<routable name or address>.",
+                            adv,
+                            self.scheme,
+                            self.scheme,
+                        )
+        bind_host = spec.bind_host
+        family = _stdsocket.AF_INET6 if ":" in bind_host else _stdsocket.AF_INET
+        sock = trio.socket.socket(family, _stdsocket.SOCK_STREAM)
+        try:
+            sock.setsockopt(_stdsocket.SOL_SOCKET, _stdsocket.SO_REUSEADDR, 1)
+            await sock.bind((bind_host or ("::" if family == _stdsocket.AF_INET6 else "0.0.0.0"), spec.bind_port))
+            sock.listen(1024)
+        except OSError as e:
+            sock.close()
+            hint = " (the port is in use; choose another, or 0 for any free port)" if e.errno == errno.EADDRINUSE else ""
+            if e.errno == errno.EADDRNOTAVAIL:
+                hint = f" ({bind_host!r} is not an address of this host)"
+            raise TransportError(f"cannot listen on {bind_spec}: {e.strerror or e}{hint}") from None
+        port = spec.adv_port or sock.getsockname()[1]
+        return self._make_listener(sock, _format(self.scheme, adv, port))
+
+    def _make_listener(self, sock: Any, address: str) -> Listener:
+        return _TcpListener(sock, address, self)
+
+    async def _connect_tcp(self, address: str) -> Any:
+        spec = parse(address, self.scheme)
+        host, port = spec.adv_host or spec.bind_host, spec.adv_port or spec.bind_port
+        if host in ("", "*") or port == 0:
+            raise ConnectError(f"cannot connect to {address}: it is a bind spec, not an address")
+        try:
+            with trio.fail_after(CONNECT_TIMEOUT):
+                infos = await trio.socket.getaddrinfo(host, port, type=_stdsocket.SOCK_STREAM)
+                last: OSError | None = None
+                for family, type_, proto, _c, sockaddr in infos:
+                    sock = trio.socket.socket(family, type_, proto)
+                    try:
+                        await sock.connect(sockaddr)
+                        return sock
+                    except OSError as e:
+                        sock.close()
+                        last = e
+                assert last is not None
+                raise last
+        except trio.TooSlowError:
+            raise ConnectError(
+                f"cannot connect to {address}: no answer within {CONNECT_TIMEOUT:.0f}s "
+                f"(MONARCH_CONNECT_TIMEOUT){self._hint(host)}"
+            ) from None
+        except OSError as e:
+            refused = e.errno == errno.ECONNREFUSED
+            if isinstance(e, _stdsocket.gaierror):
+                raise ConnectError(f"cannot connect to {address}: cannot resolve {host!r} ({e}){self._hint(host)}") from None
+            raise ConnectError(f"cannot connect to {address}: {e.strerror or e}{self._hint(host)}", refused=refused) from None
+
+    def _hint(self, host: str) -> str:
+        if _is_ip(host):
+            return ""
+        return (
+            f". If {host!r} resolves only to loopback on its own host, that proc advertised an address other "
+            f"hosts cannot use: start it with enable_transport('{self.scheme}://<routable address>:0') or "
+            "MONARCH_ADVERTISE_HOST=<routable name or address>"
+        )
+
+    async def connect(self, address: str) -> Stream:
+        sock = await self._connect_tcp(address)
+        return SocketStream(sock, peer=address)
+
+
+class _TcpListener(Listener):
+    def __init__(self, sock: Any, address: str, transport: _TcpBase) -> None:
+        from monarch_core.streams import SocketListener
+
+        self._inner = SocketListener(sock, address)
+        self.address = address
+        self._t = transport
+
+    async def accept(self) -> Stream:
+        return await self._t._wrap_accepted(await self._inner.accept())
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class TcpTransport(_TcpBase):
+    """Plain TCP: no authentication (use ``tls`` across machines you do not trust)."""
+
+    name = "tcp"
+    scheme = "tcp"
+
+    async def _wrap_accepted(self, stream: Stream) -> Stream:
+        return stream
+
+
+# ----------------------------------------------------------------- TLS
+
+
+def _pem_or_path(value: str, what: str) -> str:
+    """A file path for ``value`` (inline PEM is written to a private temp file)."""
+    if "-----BEGIN" in value:
+        fd, path = tempfile.mkstemp(prefix=f"monarch-{what}-", suffix=".pem")
+        with os.fdopen(fd, "w") as f:
+            f.write(value)
+        return path
+    if not os.path.exists(value):
+        raise TransportError(f"{what}: {value!r} is neither inline PEM nor an existing file")
+    return value
+
+
+class _Credentials:
+    """TLS contexts built from MONARCH_TLS_* (rebuilt when they change)."""
+
+    def __init__(self) -> None:
+        self._key: tuple | None = None
+        self.server: ssl.SSLContext | None = None
+        self.client: ssl.SSLContext | None = None
+        self.lock = threading.Lock()
+
+    def contexts(self) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+        env = os.environ
+        key = (env.get("MONARCH_TLS_CERT"), env.get("MONARCH_TLS_KEY"), env.get("MONARCH_TLS_CA"),
+               env.get("MONARCH_TLS_VERIFY_HOSTNAME", "1"))
+        with self.lock:
+            if key != self._key or self.server is None or self.client is None:
+                self.server, self.client = _build_contexts(*key)
+                self._key = key
+            return self.server, self.client
+
+
+def _build_contexts(cert: str | None, key: str | None, ca: str | None, verify_host: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    missing = [n for n, v in (("MONARCH_TLS_CA", ca), ("MONARCH_TLS_KEY", key or cert)) if not v]
+    if missing:
+        raise TransportError(
+            f"the tls transport needs {' and '.join(missing)} (a file path or inline PEM; MONARCH_TLS_CERT too "
+            "unless the key file holds the certificate), or ca=/private_key= arguments where the API takes them"
+        )
+    try:
+        ca_path = _pem_or_path(ca, "MONARCH_TLS_CA")  # type: ignore[arg-type]
+        key_path = _pem_or_path(key or cert, "MONARCH_TLS_KEY")  # type: ignore[arg-type]
+        cert_path = _pem_or_path(cert, "MONARCH_TLS_CERT") if cert else key_path
+        contexts = []
+        for purpose in (ssl.Purpose.CLIENT_AUTH, ssl.Purpose.SERVER_AUTH):
+            ctx = ssl.create_default_context(purpose, cafile=ca_path)
+            ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.load_cert_chain(cert_path, key_path)
+            if purpose is ssl.Purpose.SERVER_AUTH:
+                ctx.check_hostname = verify_host not in ("0", "false", "no")
+            contexts.append(ctx)
+    except (ssl.SSLError, OSError, ValueError) as e:
+        raise TransportError(f"cannot load TLS credentials (MONARCH_TLS_CERT/KEY/CA): {e}") from None
+    return contexts[0], contexts[1]
+
+
+_credentials = _Credentials()
+
+
+class _TlsStream(Stream):
+    """A trio SSLStream with errors mapped into monarch's."""
+
+    def __init__(self, ssl_stream: trio.SSLStream, peer: str, handshaken: bool = False) -> None:
+        self._s = ssl_stream
+        self.peer = peer
+        self._handshaken = handshaken
+
+    def _error(self, e: BaseException) -> ConnectionClosed:
+        if not self._handshaken:
+            return AuthenticationError(
+                f"TLS handshake with {self.peer} failed: {_ssl_reason(e)} (the peer must present a certificate "
+                "signed by this side's CA, over TLS 1.3)"
+            )
+        return ConnectionClosed(f"TLS connection with {self.peer} broke: {_ssl_reason(e)}")
+
+    async def send_all(self, data: Any) -> None:
+        try:
+            await self._s.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError) as e:
+            raise self._error(e) from None
+        self._handshaken = True
+
+    async def receive_some(self, max_bytes: int = 65536) -> bytes:
+        try:
+            data = await self._s.receive_some(max_bytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError) as e:
+            raise self._error(e) from None
+        self._handshaken = True
+        return data
+
+    async def aclose(self) -> None:
+        with trio.move_on_after(1) as scope:
+            scope.shield = True
+            try:
+                await self._s.aclose()
+            except Exception:  # noqa: BLE001 - closing a broken stream
+                pass
+
+
+def _ssl_reason(e: BaseException) -> str:
+    cause = e.__cause__ or e.__context__
+    for x in (e, cause):
+        if isinstance(x, ssl.SSLError):
+            return x.reason or str(x)
+    return str(e) or type(e).__name__
+
+
+class TlsTransport(_TcpBase):
+    """TCP + TLS 1.3, mutual authentication."""
+
+    name = "tls"
+    scheme = "tls"
+
+    async def listen(self, bind_spec: str) -> Listener:
+        _credentials.contexts()  # fail at listen time when credentials are missing
+        return await super().listen(bind_spec)
+
+    async def _wrap_accepted(self, stream: Stream) -> Stream:
+        server_ctx, _ = _credentials.contexts()
+        assert isinstance(stream, SocketStream)
+        raw = trio.SocketStream(stream._sock)
+        # The handshake happens on the first read, in the connection's own task:
+        # a slow or bad client never blocks accepting others.
+        return _TlsStream(trio.SSLStream(raw, server_ctx, server_side=True), peer=stream.peer)
+
+    async def connect(self, address: str) -> Stream:
+        _, client_ctx = _credentials.contexts()
+        spec = parse(address, self.scheme)
+        host = spec.adv_host or spec.bind_host
+        sock = await self._connect_tcp(address)
+        raw = trio.SocketStream(sock)
+        s = trio.SSLStream(raw, client_ctx, server_hostname=host.split("%", 1)[0])
+        try:
+            with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                await s.do_handshake()
+        except trio.TooSlowError:
+            sock.close()
+            raise ConnectError(f"TLS handshake with {address} timed out after {TLS_HANDSHAKE_TIMEOUT:.0f}s") from None
+        except (trio.BrokenResourceError, OSError, ssl.SSLError) as e:
+            sock.close()
+            raise ConnectError(
+                f"TLS handshake with {address} failed: {_ssl_reason(e)}. Both sides need certificates signed by "
+                "the same CA (MONARCH_TLS_CERT/KEY/CA)"
+            ) from None
+        return _TlsStream(s, peer=address, handshaken=True)
