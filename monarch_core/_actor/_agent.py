@@ -88,6 +88,7 @@ class ProcAgent:
         self.is_host = False  # a worker loop: starts procs for clients
         self.client_procs: dict[str, set[str]] = {}  # worker loop: client proc id -> procs started for it
         self.proc_spawner: dict[str, tuple] = {}  # worker loop: proc id -> (client proc id, address)
+        self.proc_owners: dict[str, set[tuple]] = {}  # child proc id -> other owners of meshes on it
         self._return_port: tuple | None = None
         self._heartbeat_started = False
         self._last_pong: dict[str, float] = {}
@@ -127,6 +128,12 @@ class ProcAgent:
             tuple(owner) if owner else None,
         )
         self.kernel.actors[key] = host
+        parent = self.runtime.parent if self.runtime is not None else None
+        if owner and parent and owner[0] not in (parent[0], self.kernel.proc_id):
+            # An owner other than our parent: the parent (which sees our exit
+            # status) tells it when this proc ends.
+            self.kernel.send(parent[0], parent[1], W.K_CONTROL, 0,
+                             marshal.dumps(("register_owner", self.kernel.proc_id, tuple(owner[:2]))), b"", [])
         held = self.held.pop(key, None)
         if held:
             for _t, hh, p, b in held:
@@ -182,6 +189,7 @@ class ProcAgent:
 
     def _stop_proc(self, reason: str, grace: float) -> None:
         try:
+            self.kernel.call_soon(self._announce_stopping)
             self.stop_everything(reason, grace)
             try:  # let replies already queued (stop acknowledgements) reach their ports
                 self.kernel.run(self.kernel.flush, 1.0)
@@ -189,6 +197,12 @@ class ProcAgent:
                 pass
         finally:
             self.kernel.stop_loop()
+
+    def _announce_stopping(self) -> None:
+        """Tell every proc that talks to us that our end will be a stop, not a crash."""
+        header = marshal.dumps(("proc_stopping", self.kernel.proc_id))
+        for peer, addr in list(self.kernel.peers().items()):
+            self.kernel.send(peer, addr, W.K_CONTROL, 0, header, b"", [])
 
     def _op_controller(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         _op, name, reply = h
@@ -340,9 +354,26 @@ class ProcAgent:
         else:
             S.proc_level_unhandled(failure)
 
+    def _op_register_owner(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        _op, proc_id, owner = h
+        self.proc_owners.setdefault(proc_id, set()).add(tuple(owner))
+        if proc_id in self.kernel.dead:  # already gone: tell it now
+            self._tell_owners(proc_id, self.kernel.dead[proc_id], proc_id in self.kernel._expected_exits)
+
+    def _tell_owners(self, proc_id: str, reason: str, stopped: bool) -> None:
+        for owner in self.proc_owners.pop(proc_id, ()):
+            self.kernel.send(owner[0], owner[1], W.K_CONTROL, 0,
+                             marshal.dumps(("proc_died", proc_id, reason, stopped)), b"", [])
+
+    def _op_proc_stopping(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        """A proc we talk to is stopping on purpose: its end is not a failure."""
+        self.kernel.expect_exit(h[1])
+
     def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
         """A proc died: every actor on it, of every mesh this process owns, failed."""
         self._last_pong.pop(proc_id, None)
+        if proc_id in self.proc_owners:
+            self._tell_owners(proc_id, reason, stopped)
         if self.is_host:
             self._host_proc_gone(proc_id, reason, stopped)
         if stopped:
@@ -364,7 +395,7 @@ class ProcAgent:
                         rank=rank,
                         coords=coords,
                         actor=f"{rec.name}{coords}",
-                        proc=proc_id,
+                        proc=slot.describe or proc_id,
                         cause=f"its process died: {reason}",
                         category=S.INFRASTRUCTURE,
                     )

@@ -75,6 +75,7 @@ class ActorHost:
         self._stop_requested = False
         self._finished = False
         self._return_ref: tuple | None = None
+        self._after_death_task: asyncio.Task | None = None
         self.loop = asyncio.new_event_loop()
         self._inbox: asyncio.Queue = asyncio.Queue()
         self._thread = threading.Thread(target=self._thread_main, name=f"monarch-actor-{self.display_name}", daemon=True)
@@ -324,7 +325,7 @@ class ActorHost:
         logger.error("actor %s (%s) failed: %s: %r", self.display_name, self.class_name, why, exc)
         cause = f"{why}:\n{err.remote_traceback}" if err.remote_traceback else f"{why}: {exc!r}"
         self.agent.actor_failed(self, cause, category, chain or [])
-        self.loop.create_task(self._after_death(err))
+        self._after_death_task = self.loop.create_task(self._after_death(err))
 
     async def _after_death(self, err: BaseException) -> None:
         await self._cancel_concurrent()
@@ -420,7 +421,9 @@ class ActorHost:
 
     async def _stop(self, reason: str, reply: tuple | None) -> None:
         self.stopped = True
-        if self.failure is None:  # a failed actor already cleaned up when it died
+        if self._after_death_task is not None:  # a failed actor cleans up as it dies: let it finish
+            await asyncio.shield(self._after_death_task)
+        else:
             await self._cancel_concurrent()
             await self.agent.stop_owned_async(self)
             await self._run_cleanup(None)

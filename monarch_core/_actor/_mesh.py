@@ -49,11 +49,12 @@ _EMPTY_REGION = Extent([], []).region
 class _ProcSlot:
     """One proc: its id, its address once known, and whether it said hello."""
 
-    __slots__ = ("proc_id", "address", "ready", "pid", "failed", "host")
+    __slots__ = ("proc_id", "address", "ready", "pid", "failed", "host", "describe")
 
     def __init__(self, proc_id: str, address: str | None = None) -> None:
         self.proc_id = proc_id
         self.address = address
+        self.describe: str | None = None  # "proc <name>{coords}", for reports
         self.host: str | None = None  # worker-loop address for procs on remote hosts
         self.ready = threading.Event()
         if address is not None:
@@ -711,6 +712,7 @@ class HostMesh(MeshTrait):
                     default = self._python is None and host.address is not None
                 slot = _ProcSlot(f"{name}-{rank}-{uuid.uuid4().hex[:8]}")
                 slot.host = host.address
+                slot.describe = f"proc {name}{point if len(extent) else ''}"
                 slots.append(slot)
                 spec = make_spec(
                     proc_id=slot.proc_id,
@@ -718,7 +720,7 @@ class HostMesh(MeshTrait):
                     rank=rank,
                     labels=labels,
                     sizes=sizes,
-                    describe=f"proc {name}{point if len(extent) else ''}",
+                    describe=slot.describe,
                     cmd=cmd,
                     default_program=default,
                     bind=binds[j] if binds else None,

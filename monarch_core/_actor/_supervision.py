@@ -95,13 +95,13 @@ class MeshFailure:
     def report(self) -> str:
         evs = self.events
         first, rest = evs[0], evs[1:]
+        ranks = ", ".join("its only rank" if r == "{}" else r for r in self.ranks)
         lines = [
-            f"actor mesh {self.mesh_name!r} failed on rank(s) {', '.join(self.ranks)} "
-            f"({self.category} error).",
+            f"actor mesh {self.mesh_name!r} failed on rank(s) {ranks} ({self.category} error).",
             f"First failure: {_describe(first)}",
         ]
         for ev in rest:
-            lines.append(f"  which failed {_describe(ev).split(' [', 1)[0]} (its owner did not handle it)")
+            lines.append(f"Which then failed {_describe(ev)}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -63,6 +63,8 @@ def _env_float(name: str, default: float) -> float:
 DELIVERY_TIMEOUT = _env_float("MONARCH_DELIVERY_TIMEOUT", 30.0)
 #: Refused reconnects (after a broken connection) that declare a proc dead.
 REFUSALS_FOR_DEAD = 4
+#: Seconds to wait, once a proc looks dead, for its parent's word on how it ended.
+DEAD_VERDICT_GRACE = 0.3
 #: Seconds to wait for a handshake from a new connection.
 HANDSHAKE_TIMEOUT = _env_float("MONARCH_HANDSHAKE_TIMEOUT", 10.0)
 
@@ -171,12 +173,17 @@ class _Outbound:
                     refusals += 1
                     if was_connected and refusals >= REFUSALS_FOR_DEAD:
                         # It was there, its connection broke, and now nothing
-                        # listens at its address: the proc is gone.
+                        # listens at its address: the proc is gone.  Give its
+                        # parent a moment to tell us how it ended (exit status,
+                        # or a stop) before we say it ourselves.
+                        with trio.move_on_after(DEAD_VERDICT_GRACE):
+                            await k.wait_dead(self.proc_id)
                         k.proc_failed(
                             self.proc_id,
-                            f"proc {self.proc_id} at {address} is gone: its connection closed and nothing "
-                            "listens at its address any more",
+                            f"proc {self.proc_id} is gone: its connection closed and nothing listens at "
+                            f"{address} any more (its exit status is known only to its parent)",
                         )
+                        self.fail(k._dead_error(self.proc_id))
                         return
                 now = time.monotonic()
                 if down_since is None:
@@ -270,6 +277,7 @@ class Kernel:
         self._children: dict[str, Any] = {}
         self._dead_events: dict[str, trio.Event] = {}
         self._expected_exits: set[str] = set()
+        self._peers: dict[str, str] = {}  # procs that opened sessions to us -> their addresses
         self._shutdown = trio.Event() if False else None  # created on the loop
 
     # ------------------------------------------------------------------ startup
@@ -562,8 +570,10 @@ class Kernel:
             if not isinstance(session, str) or not isinstance(sender, str):
                 raise ProtocolError(f"peer {peer} sent a handshake without session/proc")
             sender_addr = hello.get("address")
-            if isinstance(sender_addr, str) and sender_addr and sender not in self._addresses:
-                self.learn_address(sender, sender_addr)
+            if isinstance(sender_addr, str) and sender_addr:
+                self._peers[sender] = sender_addr
+                if sender not in self._addresses:
+                    self.learn_address(sender, sender_addr)
             last = self._inbound_last.get(session, 0)
             await stream.send_all(W.encode_handshake({"proc": self.proc_id, "last": last}))
             acked = last
@@ -666,6 +676,10 @@ class Kernel:
         e = self._children.get(proc_id)
         if e is not None:
             e["expected"] = True
+
+    def peers(self) -> dict[str, str]:
+        """Procs that have opened a session to this one, and their addresses."""
+        return dict(self._peers)
 
     async def wait_dead(self, proc_id: str) -> None:
         """Wait until ``proc_id`` is known to be gone (loop thread)."""

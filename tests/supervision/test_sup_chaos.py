@@ -131,7 +131,7 @@ def _check_value(op: dict, value: object) -> str | None:
     return None if (isinstance(value, tuple) and value[1] == x and 0 <= value[0] < n) else f"choose -> {value!r}"
 
 
-@pytest.mark.parametrize("seed", [20240611])
+@pytest.mark.parametrize("seed", [20240611, 7])
 def test_random_sigkills_during_calls(faults, seed) -> None:
     rng = random.Random(seed)
     pm = this_host().spawn_procs(per_host={"gpus": NPROCS})

@@ -138,3 +138,20 @@ def test_other_meshes_on_surviving_procs_keep_working(rank3_dead) -> None:
     survivors = rank3_dead["pm"].slice(gpus=slice(0, 3))
     fresh_mesh = survivors.spawn(fresh("health_new"), Other)
     assert fresh_mesh.hello.call().get(timeout=T).values() == ["other"] * 3
+
+
+def test_a_mesh_spawned_after_the_death_fails_only_on_the_dead_rank(rank3_dead) -> None:
+    late = rank3_dead["pm"].spawn(fresh("health_late"), Other)
+    exc = late.initialized.exception(timeout=T)
+    assert type(exc) is SupervisionError, f"got {type(exc).__name__}: {exc}"
+    assert "SIGKILL" in str(exc)
+    assert late.slice(gpus=slice(0, 3)).hello.call().get(timeout=T).values() == ["other"] * 3
+    exc = late.slice(gpus=3).hello.call_one().exception(timeout=T)
+    assert type(exc) is SupervisionError, f"got {type(exc).__name__}: {exc}"
+    assert "SIGKILL" in str(exc)
+
+
+def test_stopping_a_mesh_with_a_dead_rank_completes(rank3_dead) -> None:
+    rank3_dead["other"].stop().get(timeout=T)
+    exc = rank3_dead["other"].slice(gpus=0).hello.call_one().exception(timeout=T)
+    assert type(exc) is SupervisionError

@@ -44,6 +44,13 @@ fut = h.slice(gpus=1).hang.call_one()
 out = {}
 out["hook_called"] = ev.wait(20)
 out["hook"] = [str(f) for f in got]
+def gone(pid):
+    try:
+        st = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return st in ("Z", "X")
+out["hung_pid_gone"] = gone(pids[1])
 try:
     out["call"] = "value: %r" % (fut.get(timeout=20),)
 except Exception as e:
@@ -74,6 +81,7 @@ def test_hung_proc_is_killed_and_reported_as_hung(tmp_path) -> None:
         assert "heartbeat" in text
         assert res["call"].startswith("SupervisionError"), res["call"]
         assert "hung" in res["call"]
+        assert res["hung_pid_gone"], "the hung proc was reported but is still there"
         assert res["healthy"] == "fine"  # the other proc was not touched
         assert r.returncode == 0, r.stderr
     finally:

@@ -10,10 +10,10 @@ import signal
 
 import pytest
 
-from monarch_core.actor import Actor, ActorError, Channel, endpoint, hosts_from_config, this_proc
+from monarch_core.actor import Actor, ActorError, endpoint, hosts_from_config, this_proc
 from monarch_core.errors import SupervisionError
 
-from supervision_helpers import RECORDER, T, fresh
+from supervision_helpers import T, fresh
 
 
 class Fatal(BaseException):

@@ -6,6 +6,7 @@ sender."""
 from __future__ import annotations
 
 import os
+import signal
 import textwrap
 
 import pytest
@@ -117,9 +118,11 @@ def test_stopping_an_actor_mesh_stops_everything_it_owns(procs, faults) -> None:
 
     spawner.stop().get(timeout=60)
     try:
-        assert wait_pids_gone(grandchildren, 5.0) == []
+        # stop is deterministic: once it completed, the whole subtree is gone
+        still = [p for p in grandchildren if not pid_gone(p)]
+        assert still == [], f"grandchildren still running after stop() completed: {still}"
     finally:
-        kill_leftovers(grandchildren)
+        kill_leftovers(wait_pids_gone(grandchildren, 5.0))
     got = _drain(notes, 4)  # 2 remote leaves, 1 local leaf, the spawner
     kinds = sorted(k for k, _pid, _exc in got)
     assert kinds == ["leaf-cleanup", "leaf-cleanup", "leaf-cleanup", "spawner-cleanup"]
@@ -148,6 +151,46 @@ def test_a_failed_actor_stops_what_it_owns(procs, faults) -> None:
     assert "spawner crashed" in spawner_note[0][2]  # __cleanup__(exc) got the cause
 
 
+def test_stopping_an_actor_right_after_it_failed_still_cleans_up(procs, faults) -> None:
+    """The owner stops a mesh whose actor has just failed (while the actor is
+    still stopping what it owns): once stop() completes, the subtree is gone
+    and the actor's __cleanup__(exc) has run."""
+    notes_port, notes = Channel.open()
+    name = fresh("spawner_fail_stop")
+    spawner = procs.slice(gpus=1).spawn(name, Spawner, notes_port)
+    grandchildren = spawner.build.call_one("failstop").get(timeout=60)
+    spawner.crash.broadcast()
+    faults.wait_mesh(name)
+    spawner.stop().get(timeout=60)
+    try:
+        still = [p for p in grandchildren if not pid_gone(p)]
+        assert still == [], f"grandchildren still running after stop() completed: {still}"
+    finally:
+        kill_leftovers(wait_pids_gone(grandchildren, 5.0))
+    got = _drain(notes, 4)
+    spawner_note = [n for n in got if n[0] == "spawner-cleanup"]
+    assert len(spawner_note) == 1, got
+    assert "spawner crashed" in spawner_note[0][2]
+
+
+def test_an_actor_whose_proc_is_killed_leaves_no_grandchildren(faults) -> None:
+    notes_port, _notes = Channel.open()
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        name = fresh("spawner_killed")
+        spawner = pm.spawn(name, Spawner, notes_port)
+        grandchildren = spawner.build.call_one("killed").get(timeout=60)
+        os.kill(spawner.pid.call_one().get(timeout=T), signal.SIGKILL)
+        f = faults.wait_mesh(name)[0]
+        assert "SIGKILL" in str(f)
+        try:
+            assert wait_pids_gone(grandchildren, 5.0) == []
+        finally:
+            kill_leftovers(grandchildren)
+    finally:
+        pm.stop().get(timeout=30)
+
+
 def test_cleanup_runs_on_stop_with_none(procs, tmp_path, faults) -> None:
     name = fresh("cleaner")
     path = tmp_path / "cleanup"
@@ -165,7 +208,7 @@ def test_cleanup_runs_on_stop_with_none(procs, tmp_path, faults) -> None:
 
 
 def test_stop_is_idempotent(procs) -> None:
-    mesh = procs.spawn(fresh("twice"), Cleaner, "/dev/null/never")
+    mesh = procs.spawn(fresh("twice"), PidActor)
     mesh.stop().get(timeout=T)
     mesh.stop().get(timeout=T)
 
@@ -179,12 +222,17 @@ class PidActor(Actor):
         return os.getpid()
 
 
-def test_proc_mesh_stop_ends_the_procs_without_a_failure(faults) -> None:
+def test_proc_mesh_stop_ends_the_procs_without_a_failure(faults, tmp_path) -> None:
     pm = this_host().spawn_procs(per_host={"gpus": 2})
     name = fresh("on_stopped_procs")
     mesh = pm.spawn(name, PidActor)
+    cleaners = pm.spawn(fresh("cleaners_on_stopped_procs"), Cleaner, str(tmp_path / "pmstop"))
+    assert cleaners.ok.call().get(timeout=30).values() == [1, 1]
     pids = mesh.pid.call().get(timeout=30).values()
     pm.stop().get(timeout=30)
+    # __cleanup__ ran on every actor of the stopped procs
+    assert (tmp_path / "pmstop.0").read_text() == "None"
+    assert (tmp_path / "pmstop.1").read_text() == "None"
     try:
         assert wait_pids_gone(pids, 5.0) == []
     finally:
@@ -464,3 +512,10 @@ def test_undeliverable_handler_returning_false_fails_the_sender(procs, faults) -
     assert failure.category == "system"
     exc = b.ok.call_one().exception(timeout=T)
     assert type(exc) is SupervisionError
+
+
+def test_client_broadcast_to_a_stopped_mesh_comes_back_to_the_client(procs, faults) -> None:
+    target, tname = _stopped_target(procs)
+    target.poke.broadcast()
+    f = faults.wait_for(lambda f: tname in str(f) and "deliver" in str(f), what="the undeliverable broadcast")
+    assert f.category == "system"

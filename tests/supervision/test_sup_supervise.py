@@ -9,7 +9,7 @@ import signal
 import pytest
 
 import monarch_core.actor as mactor
-from monarch_core.actor import Actor, ActorError, Channel, MeshFailure, endpoint, this_host, this_proc
+from monarch_core.actor import Actor, Channel, MeshFailure, endpoint, this_host, this_proc
 from monarch_core.errors import SupervisionError
 
 from supervision_helpers import T, fresh, join_hook_threads, run_client, write_script
@@ -140,7 +140,7 @@ def test_truthy_supervise_handles_the_failure(procs, faults, mode) -> None:
     assert seen["mesh_name"] == cname
     assert "child boom (handled)" in seen["str"]
     assert "Child" in seen["str"]
-    assert seen["report"] == seen["str"]
+    assert "child boom (handled)" in seen["report"] and cname in seen["report"]
     # failure.mesh is a reference: only the owner (via the spawn result) may stop it
     assert seen["stop"].startswith("RuntimeError")
     assert "only the owner can" in seen["stop"].lower()
@@ -215,6 +215,87 @@ def test_failure_stops_at_the_first_owner_that_handles_it(procs, faults) -> None
         assert faults.for_mesh(n) == []
 
 
+class RemoteOwner(Actor):
+    """Owns an actor mesh on procs it was given (other processes than its own)."""
+
+    def __init__(self, notes) -> None:
+        self.notes = notes
+
+    @endpoint
+    async def adopt(self, pm, name: str) -> list:
+        self.child = pm.spawn(name, Child)
+        await self.child.ok.call()
+        return [1]
+
+    @endpoint
+    def ping(self) -> str:
+        return "owner-alive"
+
+    @endpoint
+    async def call_child(self) -> str:
+        try:
+            await self.child.ok.call()
+        except Exception as e:  # noqa: BLE001
+            return f"{type(e).__name__}: {e}"
+        return "child answered"
+
+    def __supervise__(self, failure) -> bool:
+        self.notes.send(_describe_failure(failure))
+        return True
+
+
+class StrictRemoteOwner(RemoteOwner):
+    """Does not handle failures of its child mesh."""
+
+    def __supervise__(self, failure) -> bool:
+        self.notes.send(_describe_failure(failure))
+        return False
+
+
+class PidOf(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_owner_on_another_proc_learns_the_signal_that_killed_its_child(procs, faults) -> None:
+    """The failure of a child whose process was SIGKILLed reaches an owner
+    that lives in another process, with the signal in the message."""
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        notes_port, notes = Channel.open()
+        oname, cname = fresh("remote_owner"), fresh("remote_child")
+        owner = procs.slice(gpus=0).spawn(oname, RemoteOwner, notes_port)
+        owner.adopt.call_one(pm, cname).get(timeout=T)
+        pid = pm.spawn(fresh("pidof"), PidOf).pid.call_one().get(timeout=T)
+        os.kill(pid, signal.SIGKILL)
+        seen = notes.recv().get(timeout=T)
+        assert seen["mesh_name"] == cname
+        assert "Child" in seen["str"]
+        assert "SIGKILL" in seen["str"], seen["str"]
+        assert owner.ping.call_one().get(timeout=T) == "owner-alive"
+    finally:
+        pm.stop().get(timeout=30)
+
+
+def test_stopping_procs_under_a_remotely_owned_mesh_is_not_a_failure(procs, faults) -> None:
+    """The client stops the procs of an actor mesh that an actor (in another
+    process) owns: those actors were stopped, which is not a failure -- the
+    owner must not fail, and nothing reaches the client's hook."""
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    notes_port, notes = Channel.open()
+    oname, cname = fresh("strict_owner"), fresh("stopped_child")
+    owner = procs.slice(gpus=1).spawn(oname, StrictRemoteOwner, notes_port)
+    owner.adopt.call_one(pm, cname).get(timeout=T)
+    pm.stop().get(timeout=30)
+    res = owner.call_child.call_one().get(timeout=T)  # the owner has now seen the procs go
+    assert res.startswith("SupervisionError"), res
+    ping = owner.ping.call_one().exception(timeout=T)
+    assert ping is None, f"the owner failed because procs under its mesh were stopped: {ping}"
+    join_hook_threads()
+    assert faults.for_mesh(oname) == [], [str(f) for f in faults.for_mesh(oname)]
+
+
 # ====================================================================== MeshFailure at the root
 
 
@@ -237,7 +318,7 @@ def test_mesh_failure_api_at_the_root(procs, faults) -> None:
     assert isinstance(failure, MeshFailure)
     assert failure.mesh_name == name
     text = str(failure)
-    assert text == failure.report()
+    assert "root boom" in failure.report() and name in failure.report()
     assert name in text
     assert "Crasher" in text  # the actor class
     assert "crash" in text  # the endpoint
@@ -351,11 +432,21 @@ class Crasher(Actor):
     def crash(self, msg):
         raise Fatal(msg)
 
+class Waiter(Actor):
+    @endpoint
+    def ok(self):
+        return 1
+
 MODE = sys.argv[1]
 if MODE == "raising_hook":
     def hook(failure):
         print("HOOK CALLED", failure.mesh_name, flush=True)
         raise RuntimeError("my hook refuses")
+    mactor.unhandled_fault_hook = hook
+elif MODE == "sys_exit_0_hook":
+    def hook(failure):
+        print("HOOK CALLED", failure.mesh_name, flush=True)
+        sys.exit(0)   # any exception, SystemExit(0) included, leaves the fault unhandled
     mactor.unhandled_fault_hook = hook
 elif MODE == "dropping_hook":
     dropped = threading.Event()
@@ -372,7 +463,12 @@ if MODE == "dropping_hook":
     print("CLIENT CONTINUES", flush=True)
     sys.exit(0)
 try:
-    threading.Event().wait(30)   # the unhandled fault interrupts this
+    if MODE == "blocked_recv":   # blocked without a timeout
+        from monarch_core.actor import Channel
+        _port, recv = Channel.open()
+        recv.recv().get()
+    else:
+        threading.Event().wait(30)   # the unhandled fault interrupts this
     print("NOT INTERRUPTED", flush=True)
 except KeyboardInterrupt:
     print("INTERRUPTED", flush=True)
@@ -380,7 +476,7 @@ except KeyboardInterrupt:
 """
 
 
-@pytest.mark.parametrize("mode", ["default", "raising_hook"])
+@pytest.mark.parametrize("mode", ["default", "raising_hook", "sys_exit_0_hook", "blocked_recv"])
 def test_unhandled_fault_ends_the_client_with_exit_code_1(tmp_path, mode) -> None:
     script = write_script(tmp_path, DEFAULT_HOOK_CLIENT)
     r = run_client(script, mode)
@@ -390,7 +486,7 @@ def test_unhandled_fault_ends_the_client_with_exit_code_1(tmp_path, mode) -> Non
     assert "crashy_mesh" in r.stderr
     assert "default hook cause 4242" in r.stderr
     assert "Crasher" in r.stderr
-    if mode == "raising_hook":
+    if mode in ("raising_hook", "sys_exit_0_hook"):
         assert "HOOK CALLED crashy_mesh" in r.stdout
 
 

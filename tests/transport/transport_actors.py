@@ -1,0 +1,99 @@
+"""Actors used by the transport tests' client processes.
+
+This module is importable in every process of a test (the clients, the worker
+loops and the procs they start get this directory on ``PYTHONPATH``), so actor
+classes travel by reference, as installed code does on real hosts.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from monarch_core.actor import Actor, endpoint
+
+
+def _my_address() -> str:
+    from monarch_core._actor import _state
+
+    return _state.runtime().kernel.address
+
+
+def _listen_port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def _hex_ip(text: str) -> str:
+    """An address of /proc/net/tcp{,6} (hex, host byte order words) as text."""
+    raw = bytes.fromhex(text)
+    if len(raw) == 4:
+        return socket.inet_ntop(socket.AF_INET, raw[::-1])
+    words = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+    v6 = socket.inet_ntop(socket.AF_INET6, words)
+    return v6[len("::ffff:") :] if v6.startswith("::ffff:") and "." in v6 else v6
+
+
+def inbound_peers(port: int) -> list[str]:
+    """Remote IPs of the ESTABLISHED TCP connections to local ``port`` in this
+    process's network namespace (``/proc/self/net`` is per namespace)."""
+    peers = set()
+    for name in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/self/net/{name}") as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, remote, state = fields[1], fields[2], fields[3]
+            if state != "01":  # ESTABLISHED
+                continue
+            lip, lport = local.split(":")
+            if int(lport, 16) != port:
+                continue
+            peers.add(_hex_ip(remote.split(":")[0]))
+    return sorted(peers)
+
+
+class Where(Actor):
+    """Reports where it runs; calls peers; streams to a port."""
+
+    @endpoint
+    def where(self) -> dict:
+        address = _my_address()
+        return {
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "address": address,
+            "netns": os.readlink("/proc/self/ns/net"),
+            "tls_cert": os.environ.get("MONARCH_TLS_CERT"),
+        }
+
+    @endpoint
+    def echo(self, x: object) -> object:
+        return x
+
+    @endpoint
+    def inbound(self) -> list[str]:
+        """Remote IPs connected to this proc's listening port."""
+        return inbound_peers(_listen_port(_my_address()))
+
+    @endpoint
+    def call_peers(self, peers: object) -> dict:
+        """Call ``where`` on every actor of the mesh ``peers`` from here."""
+        got = peers.where.call().get(timeout=60).values()  # type: ignore[attr-defined]
+        return {"me": _my_address(), "peers": [g["address"] for g in got]}
+
+    @endpoint
+    def stream(self, port: object, n: int, pace_every: int = 0, pace_s: float = 0.0) -> int:
+        """Send ``0..n-1`` then ``"end"`` to ``port``; every ``pace_every``
+        messages pause ``pace_s`` seconds (spreads the stream over time so that
+        a fault can hit it midway; not synchronisation)."""
+        send = port.send  # type: ignore[attr-defined]
+        for i in range(n):
+            send(i)
+            if pace_every and i % pace_every == pace_every - 1:
+                time.sleep(pace_s)
+        send("end")
+        return n
