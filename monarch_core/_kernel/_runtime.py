@@ -214,7 +214,9 @@ class _Outbound:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_acks, reader)
+                nursery.start_soon(self._watchdog, address)
                 if self.unacked:  # retransmit what the peer has not acknowledged
+                    self.last_ack_time = time.monotonic()
                     parts = [p for _s, ps, _p in self.unacked for p in ps]
                     await W.write_parts(stream, parts)
                 while True:
@@ -224,6 +226,8 @@ class _Outbound:
                         await self.wake.wait()
                     batch = self.queue
                     self.queue = collections.deque()
+                    if not self.unacked:
+                        self.last_ack_time = time.monotonic()
                     self.unacked.extend(batch)
                     if len(batch) == 1:
                         parts = batch[0][1]
@@ -233,12 +237,62 @@ class _Outbound:
         except BaseExceptionGroup as eg:
             raise first_leaf(eg, skip=(trio.Cancelled,)) from None
 
+    async def _watchdog(self, address: str) -> None:
+        """A connection that stays up but stops acknowledging (a cut link, a
+        hung peer) must not hold messages forever: after the delivery timeout
+        without progress they are returned as undeliverable."""
+        k = self.kernel
+        while True:
+            await trio.sleep(min(1.0, k.delivery_timeout / 4))
+            if self.unacked and time.monotonic() - self.last_ack_time > k.delivery_timeout:
+                why = (
+                    f"could not deliver to proc {self.proc_id!r} at {address}: nothing acknowledged for "
+                    f"{k.delivery_timeout:.0f}s (MONARCH_DELIVERY_TIMEOUT)"
+                )
+                self.fail(UndeliverableMessageError(why))
+                k.proc_failed(self.proc_id, why)
+                return
+
     async def _read_acks(self, reader: W.FrameReader) -> None:
         while True:
             kind, _f, seq, _h, _p, _b = await reader.read_message()
             if kind != W.K_ACK:
                 raise ProtocolError(f"peer {reader.peer} sent kind {kind} on an outbound session")
             self.trim(seq)
+
+
+class _Acker:
+    """Sends cumulative acknowledgements for one inbound session.
+
+    Acknowledgements are off the critical path: one goes out when the read
+    buffer drains and ``ACK_EVERY`` messages are unacknowledged, otherwise
+    after ``ACK_DELAY`` seconds, so a request/reply exchange costs no extra
+    write on either side."""
+
+    ACK_EVERY = 256
+    ACK_DELAY = 0.005
+
+    def __init__(self, stream: Stream, last: int) -> None:
+        self.stream = stream
+        self.acked = last
+        self.last = last
+        self.wake = trio.Event()
+
+    def delivered(self, seq: int, drained: bool) -> None:
+        self.last = seq
+        if drained or seq - self.acked >= self.ACK_EVERY:
+            self.wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self.wake.wait()
+            self.wake = trio.Event()
+            if self.last - self.acked < self.ACK_EVERY:
+                await trio.sleep(self.ACK_DELAY)
+            last = self.last
+            if last > self.acked:
+                await self.stream.send_all(W.FIXED.pack(W.K_ACK, 0, 0, 0, 0, last))
+                self.acked = last
 
 
 class Kernel:
@@ -576,23 +630,32 @@ class Kernel:
                     self.learn_address(sender, sender_addr)
             last = self._inbound_last.get(session, 0)
             await stream.send_all(W.encode_handshake({"proc": self.proc_id, "last": last}))
-            acked = last
-            route = self.route
-            while True:
-                kind, flags, seq, header, payload, buffers = await reader.read_message()
-                if kind == W.K_BYE:
-                    self._inbound_last.pop(session, None)
-                    return
-                if seq <= last:
-                    continue  # a retransmission we already delivered
-                if seq != last + 1:
-                    raise ProtocolError(f"peer {peer} skipped from seq {last} to {seq}")
-                last = seq
-                self._inbound_last[session] = seq
-                route(kind, flags, header, payload, buffers, sender)
-                if reader.buffered() < W.FIXED_SIZE and last > acked:
-                    await stream.send_all(W.FIXED.pack(W.K_ACK, 0, 0, 0, 0, last))
-                    acked = last
+            acker = _Acker(stream, last)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(acker.run)
+                route = self.route
+                while True:
+                    kind, flags, seq, header, payload, buffers = await reader.read_message()
+                    if kind == W.K_BYE:
+                        self._inbound_last.pop(session, None)
+                        nursery.cancel_scope.cancel()
+                        return
+                    if seq <= last:
+                        continue  # a retransmission we already delivered
+                    if seq != last + 1:
+                        raise ProtocolError(f"peer {peer} skipped from seq {last} to {seq}")
+                    last = seq
+                    self._inbound_last[session] = seq
+                    route(kind, flags, header, payload, buffers, sender)
+                    acker.delivered(last, reader.buffered() < W.FIXED_SIZE)
+        except BaseExceptionGroup as eg:
+            e = first_leaf(eg, skip=(trio.Cancelled,))
+            if isinstance(e, (ProtocolError, AuthenticationError)):
+                logger.warning("dropping connection from %s: %s", peer, e)
+            elif not isinstance(e, (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
+                raise
+            else:
+                logger.debug("inbound connection from %s ended: %s", peer, e)
         except trio.TooSlowError:
             logger.warning("connection from %s sent no handshake within %.0fs; dropped", peer, HANDSHAKE_TIMEOUT)
         except (ProtocolError, AuthenticationError) as e:
