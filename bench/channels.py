@@ -4,16 +4,18 @@
 Run from the repository root (the project and its transport plugin installed)::
 
     python bench/channels.py                        # full run, 3 repetitions
-    python bench/channels.py --out bench/channels.json
+    python bench/channels.py --out /tmp/channels.json   # + every figure as JSON
+    python bench/channels.py --pin split            # each process on its own CPU
     python bench/channels.py --quick                # smoke test, small counts
     python bench/channels.py --channels raw-unix,zmq-ipc --tests lat
 
 Every measurement runs between two fresh processes on this machine (a
 *server* that echoes or counts, a *client* that times), spawned by this
 script with ``subprocess``; the parent only orchestrates.  Repetitions are
-interleaved (rep 1 of every channel and test, then rep 2, ...), so slow
-phases of a noisy machine hit every channel alike; the table shows the
-median of the repetitions.
+interleaved (rep 1 of every test and channel, then rep 2, ...; within a
+repetition one test at a time across all channels, in an order rotated
+each repetition), so slow phases of a noisy machine hit every channel
+alike; the table shows the median of the repetitions.
 
 Tests (sizes are payload bytes; framing is each channel's own):
 
@@ -22,7 +24,9 @@ Tests (sizes are payload bytes; framing is each channel's own):
 ``tput``   one-way stream of ``--tput-msgs`` (200 000) 64-byte messages, one
            send call per message, then a 1-message acknowledgement back;
            messages/s = count / (first send .. acknowledgement received).
-           A warm-up stream of ``--tput-warmup`` (20 000) precedes it.
+           A warm-up stream of ``--tput-warmup`` (20 000) precedes it.  The
+           kernel's ``send`` only queues, so its sending task yields to the
+           loop every ``--kernel-yield-every`` (100) sends.
 ``big1m``  1 MiB payload echoed back, ``--big1m-iters`` (100) times.
 ``big64m`` 64 MiB payload echoed back, ``--big64m-iters`` (8) times.
            GB/s = 2 x payload / median round-trip time (each direction
@@ -48,6 +52,11 @@ Channels:
 ``actor``         reference row: a monarch actor endpoint in a worker proc
                   (call_one().get() round trips; broadcast for tput), i.e. the
                   whole framework per call, over the default ipc transport
+
+``--pin same`` puts both processes on CPU 0 (the round trip is then the CPU
+time both sides spend: no cross-CPU wake-ups), ``--pin split`` the server
+on CPU 0 and the client on CPU 1; without it the scheduler decides, and on
+a small machine the trio rows change by 2x with its choice.
 
 Without pyzmq the zmq rows are skipped (a line says so).  Each measurement is
 bounded: an alarm in each child, ``--timeout`` seconds in the parent, after
@@ -107,7 +116,7 @@ LABELS = {
 }
 
 
-def test_params(args: argparse.Namespace) -> dict:
+def make_params(args: argparse.Namespace) -> dict:
     return {
         "lat": {"warmup": args.lat_warmup, "iters": args.lat_iters, "size": SMALL},
         "tput": {"warmup": args.tput_warmup, "count": args.tput_msgs, "size": SMALL,
@@ -122,8 +131,11 @@ def test_params(args: argparse.Namespace) -> dict:
 # =====================================================================================
 
 
-def _child_setup(budget: float) -> None:
-    """Die with the parent, and by ourselves after ``budget`` seconds."""
+def _child_setup(budget: float, cpus: str | None) -> None:
+    """Die with the parent, and by ourselves after ``budget`` seconds; pin to
+    ``cpus`` (threads and processes started later inherit it)."""
+    if cpus:
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     try:
         import ctypes
 
@@ -488,8 +500,6 @@ async def _trio_serve_loop(ch, test: str, p: dict) -> None:
 
 
 async def _trio_client_loop(ch, test: str, p: dict) -> dict:
-    import trio  # noqa: F401
-
     clock = time.perf_counter_ns
     if test == "lat":
         msg = os.urandom(p["size"])
@@ -532,7 +542,7 @@ async def _trio_client_loop(ch, test: str, p: dict) -> dict:
     return res
 
 
-def _zmq_trio_socket(channel: str, budget: float, bind: bool, addr: str | None = None):
+def _zmq_trio_socket(channel: str, bind: bool, addr: str | None = None):
     import zmq
 
     ctx = zmq.Context()
@@ -553,7 +563,7 @@ def trio_server(channel: str, test: str, p: dict, budget: float) -> None:
             if channel.startswith("zmq-trio"):
                 import zmq
 
-                s = _zmq_trio_socket(channel, budget, bind=True)
+                s = _zmq_trio_socket(channel, bind=True)
                 _emit("READY", {"addr": s.getsockopt_string(zmq.LAST_ENDPOINT)})
                 ch = TrioZmq(s)
             else:
@@ -578,7 +588,7 @@ def trio_client(channel: str, test: str, p: dict, addr: str, budget: float) -> d
     async def main() -> dict:
         with trio.fail_after(budget):
             if channel.startswith("zmq-trio"):
-                ch = TrioZmq(_zmq_trio_socket(channel, budget, bind=False, addr=addr))
+                ch = TrioZmq(_zmq_trio_socket(channel, bind=False, addr=addr))
             else:
                 ch = AsyncFramed(await _monarch_transport(channel).connect(addr))
             try:
@@ -754,12 +764,18 @@ def kernel_client(channel: str, test: str, p: dict, addr: dict, budget: float) -
 # =====================================================================================
 
 
-def actor_client(channel: str, test: str, p: dict, addr, budget: float) -> dict:
+def actor_client(channel: str, test: str, p: dict, addr, budget: float, peer_cpus: str | None = None) -> dict:
     from monarch_core.actor import Actor, endpoint, this_host
 
     class Echo(Actor):
-        def __init__(self) -> None:
+        def __init__(self, cpus: str | None) -> None:
             self.n = 0
+            if cpus:  # every thread of the worker proc (an affinity is per thread)
+                for tid in os.listdir("/proc/self/task"):
+                    try:
+                        os.sched_setaffinity(int(tid), {int(c) for c in cpus.split(",")})
+                    except OSError:
+                        pass
 
         @endpoint
         def echo(self, x):
@@ -781,7 +797,7 @@ def actor_client(channel: str, test: str, p: dict, addr, budget: float) -> dict:
 
     procs = this_host().spawn_procs(per_host={"procs": 1})
     try:
-        a = procs.spawn("bench_echo", Echo).slice(procs=0)
+        a = procs.spawn("bench_echo", Echo, peer_cpus).slice(procs=0)
         clock = time.perf_counter_ns
         if test == "lat":
             msg = os.urandom(p["size"])
@@ -827,7 +843,7 @@ def actor_client(channel: str, test: str, p: dict, addr, budget: float) -> dict:
 
 def child_main(args: argparse.Namespace) -> int:
     budget = args.budget
-    _child_setup(budget + 2)
+    _child_setup(budget + 2, args.cpus)
     p = json.loads(args.params)
     ch, test = args.channel, args.test
     if args.role == "server":
@@ -844,7 +860,7 @@ def child_main(args: argparse.Namespace) -> int:
     elif ch.startswith("kernel"):
         res = kernel_client(ch, test, p, addr, budget)
     elif ch == "actor":
-        res = actor_client(ch, test, p, addr, budget)
+        res = actor_client(ch, test, p, addr, budget, args.peer_cpus)
     else:
         res = trio_client(ch, test, p, addr, budget)
     _emit("RESULT", res)
@@ -856,9 +872,22 @@ def child_main(args: argparse.Namespace) -> int:
 # =====================================================================================
 
 
-def _spawn(role: str, channel: str, test: str, params: dict, budget: float, addr=None, log=None):
+def _pin_for(role: str, pin: str) -> str | None:
+    if pin == "same":
+        return "0"
+    if pin == "split":
+        return "0" if role == "server" else "1"
+    return None
+
+
+def _spawn(role: str, channel: str, test: str, params: dict, budget: float, addr=None, log=None, pin="none"):
     argv = [sys.executable, os.path.abspath(__file__), "--role", role, "--channel", channel, "--test", test,
             "--params", json.dumps(params), "--budget", str(budget)]
+    cpus = _pin_for(role, pin)
+    if cpus is not None:
+        argv += ["--cpus", cpus]
+        if channel in SERVERLESS:  # the peer is a proc the client spawns: pin it as a server
+            argv += ["--peer-cpus", _pin_for("server", pin)]
     if addr is not None:
         argv += ["--addr", json.dumps(addr)]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
@@ -894,7 +923,7 @@ def _tail(f) -> str:
     return f.read()[-1500:].strip()
 
 
-def run_one(channel: str, test: str, params: dict, timeout: float) -> dict:
+def run_one(channel: str, test: str, params: dict, timeout: float, pin: str = "none") -> dict:
     """One measurement between two fresh processes, bounded by ``timeout``."""
     budget = max(5.0, timeout - 5)
     server = client = None
@@ -903,17 +932,19 @@ def run_one(channel: str, test: str, params: dict, timeout: float) -> dict:
         try:
             addr = None
             if channel not in SERVERLESS:
-                server = _spawn("server", channel, test, params, budget, log=slog)
+                server = _spawn("server", channel, test, params, budget, log=slog, pin=pin)
                 line = _readline(server, min(60.0, timeout))
                 if not line or not line.startswith("READY "):
                     return {"error": f"server not ready: {(line or '').strip()} {_tail(slog)}"}
                 addr = json.loads(line[6:])["addr"]
-            client = _spawn("client", channel, test, params, budget, addr=addr, log=clog)
+            client = _spawn("client", channel, test, params, budget, addr=addr, log=clog, pin=pin)
             try:
                 out, _ = client.communicate(timeout=max(1.0, timeout - (time.monotonic() - start)))
             except subprocess.TimeoutExpired:
                 return {"error": f"timeout after {timeout:.0f}s"}
             lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
+            if client.returncode == -signal.SIGALRM:
+                return {"error": f"timeout: the client's own {budget + 2:.0f}s alarm fired"}
             if client.returncode != 0 or not lines:
                 return {"error": f"client exit {client.returncode}: {_tail(clog)}"}
             if server is not None:
@@ -1026,6 +1057,7 @@ def _meta(args: argparse.Namespace, params: dict) -> dict:
         "cpus": os.cpu_count(),
         "cpu_model": None,
         "reps": args.reps,
+        "pin": args.pin,
         "loadavg_start": _loadavg(),
         "params": params,
     }
@@ -1066,17 +1098,22 @@ def parent_main(args: argparse.Namespace) -> int:
         if skipped:
             print(f"pyzmq is not importable: zmq rows skipped ({', '.join(skipped)})", flush=True)
         channels = [c for c in channels if c not in ZMQ_CHANNELS]
-    params = test_params(args)
+    params = make_params(args)
     meta = _meta(args, params)
     print(f"# {meta['date']}  python {meta['python']}  trio {meta.get('trio')}  pyzmq {meta.get('pyzmq', '-')} "
           f"(libzmq {meta.get('libzmq', '-')})  {meta['cpus']} CPUs {meta['cpu_model'] or ''}", flush=True)
     runs = []
     t_start = time.monotonic()
     for rep in range(args.reps):
-        for ch in channels:
-            for t in tests:
+        # test-major, channel order rotated each repetition: the figures compared
+        # with each other are taken minutes apart at most, and no channel always
+        # runs first or last
+        k = rep % len(channels)
+        order = channels[k:] + channels[:k]
+        for t in tests:
+            for ch in order:
                 t0 = time.monotonic()
-                res = run_one(ch, t, params[t], args.timeout)
+                res = run_one(ch, t, params[t], args.timeout, args.pin)
                 runs.append({"rep": rep, "channel": ch, "test": t, "result": res})
                 if args.verbose:
                     brief = res.get("error") or ", ".join(
@@ -1118,6 +1155,9 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--big64m-iters", type=int, default=8)
     ap.add_argument("--kernel-yield-every", type=int, default=100,
                     help="kernel/tput: the sending task yields to the loop after this many sends (default 100)")
+    ap.add_argument("--pin", choices=["none", "same", "split"], default="none",
+                    help="CPU affinity of the two processes: none (default), same (both on CPU 0: per-message "
+                         "CPU cost, no cross-CPU wake-ups), split (server CPU 0, client CPU 1)")
     ap.add_argument("-v", "--verbose", action="store_true", help="print every measurement as it ends")
     # internal: child processes
     ap.add_argument("--role", choices=["server", "client"], help=argparse.SUPPRESS)
@@ -1126,6 +1166,8 @@ def main(argv: list | None = None) -> int:
     ap.add_argument("--params", help=argparse.SUPPRESS)
     ap.add_argument("--addr", help=argparse.SUPPRESS)
     ap.add_argument("--budget", type=float, default=60.0, help=argparse.SUPPRESS)
+    ap.add_argument("--cpus", help=argparse.SUPPRESS)
+    ap.add_argument("--peer-cpus", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.role:
         return child_main(args)

@@ -104,6 +104,8 @@ class ProcAgent:
             return
         try:
             handler(h, payload, buffers, sender)
+        except (ValueError, TypeError, IndexError, KeyError, AttributeError) as e:
+            logger.warning("malformed control message %r from %s dropped: %s", op, sender, e)
         except Exception:
             logger.exception("control op %r from %s failed", op, sender)
 
@@ -277,7 +279,14 @@ class ProcAgent:
 
     def _reply_error(self, h: tuple, exc: BaseException) -> None:
         """Tell the sender of actor message ``h`` that it was not handled: its
-        reply port if it has one, else its undeliverable-return port."""
+        reply port if it has one, else its undeliverable-return port.  A
+        malformed reply address (from a broken or hostile peer) is dropped."""
+        try:
+            self._reply_error_to(h, exc)
+        except (ValueError, TypeError, IndexError) as e:
+            logger.warning("cannot answer message %r: malformed reply address (%s)", h[:2], e)
+
+    def _reply_error_to(self, h: tuple, exc: BaseException) -> None:
         reply = h[2]
         if reply:
             send_to_port(tuple(reply), h[3], W.S_ERROR, exc)

@@ -951,6 +951,8 @@ class _HostMeshOwnership:
     def _stop_owned(self, reason: str, grace: float | None = None) -> Future[None]:
         if self.hm._shared["shutdown"]:
             return Future._resolved(None)
+        if self.hm._allocation is None:  # attached worker loops outlive their clients
+            return self.hm._stop_procs(grace)
         return self.hm.shutdown()
 
 

@@ -42,6 +42,8 @@ def send_to_port(ref: tuple, rank: int | None, status: int, obj: Any) -> None:
 
 def send_raw_to_port(ref: tuple, rank: int | None, status: int, payload: Any, bufs: list) -> None:
     proc_id, address, port_id = ref
+    if not isinstance(proc_id, str) or not isinstance(port_id, int) or not (address is None or isinstance(address, str)):
+        raise ValueError(f"malformed port reference {ref!r}")
     header = marshal.dumps((port_id, -1 if rank is None else rank, status))
     _state.runtime().kernel.send(proc_id, address, W.K_PORT, 0, header, payload, bufs)
 

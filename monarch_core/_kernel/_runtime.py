@@ -148,7 +148,12 @@ class _Outbound:
                     return
                 stream = None
                 try:
-                    stream = await k.transport_for(address).connect(address)
+                    transport = k.transport_for(address)
+                except Exception as e:  # an address no transport can use: it will never work
+                    self.fail(UndeliverableMessageError(f"cannot deliver to proc {self.proc_id!r}: bad address {address!r} ({e})"))
+                    return
+                try:
+                    stream = await transport.connect(address)
                     down_since = None
                     backoff = 0.005
                     refusals = 0
@@ -157,6 +162,9 @@ class _Outbound:
                     return
                 except (TransportError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
                     err: BaseException = e
+                except (ValueError, TypeError, AttributeError) as e:  # a malformed address
+                    self.fail(UndeliverableMessageError(f"cannot deliver to proc {self.proc_id!r} at {address!r}: {e}"))
+                    return
                 except BaseExceptionGroup as eg:
                     err = first_leaf(eg, skip=(trio.Cancelled,))
                     if not isinstance(err, (TransportError, OSError, trio.BrokenResourceError)):
@@ -348,9 +356,9 @@ class Kernel:
         try:
             trio.run(self.serve)
         except BaseException as e:  # pragma: no cover - logged, the loop is gone
-            if not self._started.is_set():
+            if self._start_error is None and not self._started.is_set():
                 self._start_error = e
-            else:
+            elif self._start_error is None:
                 logger.exception("monarch kernel loop crashed")
         finally:
             self._started.set()
@@ -525,6 +533,10 @@ class Kernel:
                 self._fail_port(reply_port, self._dead_error(proc_id), proc_id)
             return
         if address is not None and proc_id not in self._addresses:
+            if not isinstance(address, str):
+                if reply_port is not None:
+                    self._fail_port(reply_port, UndeliverableMessageError(f"bad address {address!r}"), proc_id)
+                return
             self.learn_address(proc_id, address)
         out = self._outbound.get(proc_id)
         if out is None or out.failed is not None:

@@ -176,7 +176,119 @@ def test_implicit_ipc_at_first_use_then_enable_same_is_noop_and_different_raises
     assert "transport 'ipc' is already enabled and it is already in use by this process's kernel" in out["err"]
 
 
+# ---------------------------------------------------------------- every accepted form
+
+# id: (source of the value, transport it names, this process's bind spec: None = the transport's default)
+_ACCEPTED = {
+    "ipc": ('"ipc"', "ipc", None),
+    "unix": ('"unix"', "ipc", None),
+    "tcp": ('"tcp"', "tcp", None),
+    "tls": ('"tls"', "tls", None),
+    "ChannelTransport.Unix": ("ChannelTransport.Unix", "ipc", None),
+    "ChannelTransport.TcpWithHostname": ("ChannelTransport.TcpWithHostname", "tcp", None),
+    "ChannelTransport.TcpWithLocalhost": ("ChannelTransport.TcpWithLocalhost", "tcp", "tcp://127.0.0.1:0"),
+    "ChannelTransport.Tls": ("ChannelTransport.Tls", "tls", None),
+    "ipc-path": ('"ipc:///tmp/mc-et.sock"', "ipc", "ipc:///tmp/mc-et.sock"),
+    "ipc-abstract": ('"ipc://@mc-et-name"', "ipc", "ipc://@mc-et-name"),
+    "unix-path": ('"unix:///tmp/mc-et.sock"', "ipc", "ipc:///tmp/mc-et.sock"),
+    "tcp-ip-port": ('"tcp://10.1.2.3:29500"', "tcp", "tcp://10.1.2.3:29500"),
+    "tcp-name-port": ('"tcp://h1.example:0"', "tcp", "tcp://h1.example:0"),
+    "tcp-wildcard": ('"tcp://*:29500"', "tcp", "tcp://*:29500"),
+    "tcp-ipv6": ('"tcp://[::1]:29500"', "tcp", "tcp://[::1]:29500"),
+    "tcp-alias": ('"tcp://10.1.2.3:29500@tcp://*:0"', "tcp", "tcp://10.1.2.3:29500@tcp://*:0"),
+    "tcp-alias-v6": ('"tcp://[fe80::1]:0@tcp://[::]:0"', "tcp", "tcp://[fe80::1]:0@tcp://[::]:0"),
+    "tls-ip-port": ('"tls://10.1.2.3:29501"', "tls", "tls://10.1.2.3:29501"),
+    "tls-wildcard": ('"tls://*:0"', "tls", "tls://*:0"),
+    "tls-ipv6": ('"tls://[::1]:0"', "tls", "tls://[::1]:0"),
+    "tls-alias": ('"tls://h1.example:29501@tls://0.0.0.0:29501"', "tls", "tls://h1.example:29501@tls://0.0.0.0:29501"),
+}
+
+
+@pytest.fixture(scope="module")
+def accepted() -> dict:
+    """Every accepted value, each in a fresh choice (``_reset_for_tests``
+    between them; nothing is bound, so the addresses need not exist): the
+    choice, whether enabling it again is a no-op, and what enabling a
+    different transport then raises."""
+    cases = ",\n".join(f"    {k!r}: lambda: {v[0]}" for k, v in _ACCEPTED.items())
+    code = (
+        "import json\n"
+        "from monarch_core.actor import ChannelTransport, enable_transport\n"
+        "from monarch_core._actor import _transport as T\n"
+        f"cases = {{\n{cases}\n}}\n"
+        "out = {}\n"
+        "for key, make in cases.items():\n"
+        "    T._reset_for_tests()\n"
+        "    enable_transport(make())\n"
+        "    c = T.enabled_choice()\n"
+        "    enable_transport(make())\n"
+        "    same = T.enabled_choice() is c\n"
+        "    try:\n"
+        "        enable_transport('inproc')\n"
+        "        other = None\n"
+        "    except RuntimeError as e:\n"
+        "        other = str(e)\n"
+        "    out[key] = [c.name, c.bind_spec, repr(c), same, other]\n"
+        "print(json.dumps(out))\n"
+    )
+    return _py(code)
+
+
+@pytest.mark.parametrize("case", list(_ACCEPTED), ids=list(_ACCEPTED))
+def test_every_accepted_form_is_enabled_once_and_a_different_one_then_raises(accepted: dict, case: str) -> None:
+    src, name, bind = _ACCEPTED[case]
+    got_name, got_bind, label, same, other = accepted[case]
+    assert (got_name, got_bind) == (name, bind)
+    assert label == (src if src.startswith("ChannelTransport.") else repr(eval(src)))  # noqa: S307 - our literal
+    assert same is True, "enabling the same value again changed the choice"
+    assert other == (
+        f"enable_transport('inproc'): transport {label} is already enabled and it was enabled earlier; only one "
+        "transport can be enabled per process. Call enable_transport() once, before any other monarch API call, "
+        "in every process of the program."
+    )
+
+
+@pytest.mark.parametrize(
+    "first, second, same",
+    [
+        ('"tcp"', "ChannelTransport.TcpWithHostname", True),
+        ('"tls"', "ChannelTransport.Tls", True),
+        ('"unix"', '"ipc"', True),
+        ('"tcp://127.0.0.1:0"', "ChannelTransport.TcpWithLocalhost", True),
+        ('"unix:///tmp/mc-et.sock"', '"ipc:///tmp/mc-et.sock"', True),
+        ('"tcp"', "ChannelTransport.TcpWithLocalhost", False),
+        ('"tcp"', '"tls"', False),
+        ('"tcp://127.0.0.1:1"', '"tcp://127.0.0.1:2"', False),
+        ('"tcp://h1:0"', '"tcp://h1:0@tcp://*:0"', False),
+        ('"tls://h1:0"', '"tcp://h1:0"', False),
+        ('"ipc"', '"tcp"', False),
+    ],
+)
+def test_equivalent_spellings_are_one_choice_and_others_raise(first: str, second: str, same: bool) -> None:
+    out = _py(
+        f"""
+        import json
+        from monarch_core.actor import ChannelTransport, enable_transport
+        enable_transport({first})
+        try:
+            enable_transport({second})
+            out = None
+        except RuntimeError as e:
+            out = str(e)
+        print(json.dumps(out))
+        """
+    )
+    if same:
+        assert out is None
+    else:
+        assert out is not None and "is already enabled and it was enabled earlier" in out, out
+
+
 # ---------------------------------------------------------------- rejected values
+
+TCP_FORMS = "tcp://host:port, tcp://*:port, tcp://[::1]:port, tcp://PUBLIC:PORT@tcp://BIND:PORT"
+TLS_FORMS = "tls://host:port, tls://*:port, tls://[::1]:port, tls://PUBLIC:PORT@tls://BIND:PORT"
+INSTALLED = "Installed transports: ['inproc', 'ipc', 'tcp', 'tls'] (URL schemes: ['inproc', 'ipc', 'tcp', 'tls'])."
 
 _REJECTS = {
     # malformed URLs: ValueError naming the accepted forms
@@ -186,18 +298,27 @@ _REJECTS = {
     "empty-scheme": ('"://host:1"', "ValueError", ["malformed transport URL", "ipc:///path, ipc://@abstract-name, tcp://host:port"]),
     "bad-scheme-chars": ('"i p c://x"', "ValueError", ["malformed transport URL", "tcp://PUBLIC:PORT@tcp://BIND:PORT"]),
     "missing-slashes": ('"ipc:/tmp/x"', "ValueError", ["a URL needs a scheme", "ipc:///path"]),
+    "host-port-without-scheme": ('"127.0.0.1:29500"', "ValueError", ["a URL needs a scheme, e.g. 'tcp://host:port'"]),
     "empty-string": ('""', "ValueError", ["expected a name", "ipc://@abstract-name"]),
-    # unknown schemes / names: UnknownTransportError (a ValueError too) naming what is installed
-    "unknown-scheme": ('"quic://x:1"', "UnknownTransportError", ["transport 'quic'", "Installed transports: ['inproc', 'ipc']", "Check the spelling"]),
-    "unknown-name": ('"carrier-pigeon"', "UnknownTransportError", ["transport 'carrier-pigeon'", "Installed transports: ['inproc', 'ipc']"]),
-    # tcp/tls are promised by monarch-transport-tcp but not implemented yet
-    "tcp-name": ('"tcp"', "UnknownTransportError", ["monarch-transport-tcp"]),
-    "tcp-url": ('"tcp://127.0.0.1:0"', "UnknownTransportError", ["monarch-transport-tcp"]),
-    "tls-name": ('"tls"', "UnknownTransportError", ["monarch-transport-tcp"]),
-    "ChannelTransport.TcpWithHostname": ("ChannelTransport.TcpWithHostname", "UnknownTransportError", ["monarch-transport-tcp"]),
-    "ChannelTransport.TcpWithLocalhost": ("ChannelTransport.TcpWithLocalhost", "UnknownTransportError", ["monarch-transport-tcp"]),
-    "ChannelTransport.Tls": ("ChannelTransport.Tls", "UnknownTransportError", ["monarch-transport-tcp"]),
+    "tcp-no-port": ('"tcp://h1"', "ValueError", [f"malformed tcp address 'tcp://h1'; accepted forms: {TCP_FORMS}"]),
+    "tcp-no-host": ('"tcp://:29500"', "ValueError", ["tcp address 'tcp://:29500' has no host; use '*' for every interface"]),
+    "tcp-port-range": ('"tcp://h1:65536"', "ValueError", ["tcp address 'tcp://h1:65536': port 65536 is out of range (0-65535)"]),
+    "tcp-port-not-number": ('"tcp://h1:http"', "ValueError", [f"accepted forms: {TCP_FORMS}"]),
+    "tcp-bad-ipv6": ('"tcp://[::zz]:1"', "ValueError", ["tcp address 'tcp://[::zz]:1': '::zz' is not an IPv6 address"]),
+    "tcp-unbracketed-ipv6": ('"tcp://::1:29500"', "ValueError", [f"accepted forms: {TCP_FORMS}"]),
+    "tcp-path": ('"tcp://h1:29500/x"', "ValueError", [f"accepted forms: {TCP_FORMS}"]),
+    "tcp-alias-other-scheme": ('"tcp://h1:0@tls://*:0"', "ValueError", ["malformed tcp alias address", "expected tcp://PUBLIC:PORT@tcp://BIND:PORT"]),
+    "tcp-alias-wildcard-public": ('"tcp://*:0@tcp://*:0"', "ValueError", ["the advertised (left) host cannot be '*'"]),
+    "tls-no-port": ('"tls://h1"', "ValueError", [f"malformed tls address 'tls://h1'; accepted forms: {TLS_FORMS}"]),
+    "tls-alias-bind-no-port": ('"tls://h1:0@tls://*"', "ValueError", [f"accepted forms: {TLS_FORMS}"]),
+    # unknown schemes / names: UnknownTransportError (a ValueError too) naming what is installed and what to install
+    "unknown-scheme": ('"quic://x:1"', "UnknownTransportError", ["transport 'quic'", INSTALLED, "Check the spelling"]),
+    "unknown-name": ('"carrier-pigeon"', "UnknownTransportError", ["transport 'carrier-pigeon'", INSTALLED]),
+    "rdma-scheme": ('"rdma://h1:0"', "UnknownTransportError", ["transport 'rdma'", INSTALLED, "'rdma' is provided by monarch-transport-rdma: pip install monarch-transport-rdma."]),
+    "rdma-name": ('"rdma"', "UnknownTransportError", ["'rdma' is provided by monarch-transport-rdma: pip install monarch-transport-rdma."]),
     "ChannelTransport.MetaTlsWithIpV6": ("ChannelTransport.MetaTlsWithIpV6", "UnknownTransportError", ["Meta's internal TLS", "Use 'tls'"]),
+    "ChannelTransport.MetaTlsWithHostname": ("ChannelTransport.MetaTlsWithHostname", "UnknownTransportError", ["Meta's internal TLS", "Use 'tls'"]),
+    "metatls-url": ('"metatls://h1:0"', "UnknownTransportError", ["transport 'metatls'", INSTALLED]),
     # not a string or ChannelTransport: TypeError
     "int": ("5", "TypeError", ["takes a ChannelTransport, a name such as 'ipc' or 'tcp', or a URL", "got int"]),
     "none": ("None", "TypeError", ["got NoneType"]),

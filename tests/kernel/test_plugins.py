@@ -179,13 +179,14 @@ def test_builtins_are_registered_through_the_hooks() -> None:
     }
 
 
-def test_transport_tcp_entry_point_is_loaded_and_provides_ipc_with_alias_unix() -> None:
+def test_transport_tcp_entry_point_is_loaded_and_provides_ipc_tcp_and_tls() -> None:
     res = _py(
         """
         import json
         from monarch_core._plugins import registry
         from monarch_transport_tcp import plugin
         from monarch_transport_tcp._ipc import IpcTransport
+        from monarch_transport_tcp._tcp import TcpTransport, TlsTransport
         reg = registry()
         info = {i.name: [i.distribution, i.version, i.transports] for i in reg.describe()}
         ipc = reg.transport("ipc")
@@ -194,6 +195,10 @@ def test_transport_tcp_entry_point_is_loaded_and_provides_ipc_with_alias_unix() 
             "info": info["transport_tcp"],
             "ipc": isinstance(ipc, IpcTransport),
             "unix_same": reg.transport("unix") is ipc,
+            "tcp": isinstance(reg.transport("tcp"), TcpTransport),
+            "tls": isinstance(reg.transport("tls"), TlsTransport),
+            "tcp_once": reg.transport("tcp") is reg.transport("tcp"),
+            "names": [reg.transport(n).name for n in ("ipc", "unix", "tcp", "tls")],
             "failed": reg.failed,
             "order": [i.name for i in reg.infos],
         }))
@@ -201,16 +206,20 @@ def test_transport_tcp_entry_point_is_loaded_and_provides_ipc_with_alias_unix() 
     )
     assert _json(res) == {
         "plugin_module": True,
-        "info": ["monarch-transport-tcp", TCP_VERSION, ["ipc"]],
+        "info": ["monarch-transport-tcp", TCP_VERSION, ["ipc", "tcp", "tls"]],
         "ipc": True,
         "unix_same": True,
+        "tcp": True,
+        "tls": True,
+        "tcp_once": True,
+        "names": ["ipc", "ipc", "tcp", "tls"],
         "failed": {},
         "order": ["builtin", "transport_tcp"],
     }
 
 
 @pytest.mark.parametrize("value", ["transport_tcp", " transport_tcp ", "nothing,transport_tcp", "transport_tcp,,"])
-def test_disabled_transport_tcp_makes_ipc_unknown_naming_the_package_and_why(value: str) -> None:
+def test_disabled_transport_tcp_makes_its_transports_unknown_naming_the_package_and_why(value: str) -> None:
     res = _py(
         """
         import json
@@ -218,7 +227,7 @@ def test_disabled_transport_tcp_makes_ipc_unknown_naming_the_package_and_why(val
         from monarch_core.errors import UnknownTransportError
         reg = registry()
         out = {"plugins": [i.name for i in reg.infos], "blocked": sorted(reg.blocked)}
-        for name in ("ipc", "unix"):
+        for name in ("ipc", "unix", "tcp", "tls"):
             try:
                 reg.transport(name)
                 out[name] = None
@@ -233,7 +242,7 @@ def test_disabled_transport_tcp_makes_ipc_unknown_naming_the_package_and_why(val
     assert out["plugins"] == ["builtin"]
     assert "transport_tcp" in out["blocked"]
     assert out["inproc"] == "InprocTransport"
-    for name in ("ipc", "unix"):
+    for name in ("ipc", "unix", "tcp", "tls"):
         msg = out[name]
         assert msg is not None, f"{name} still resolves with transport_tcp disabled"
         assert f"no installed plugin provides the transport {name!r}" in msg
@@ -309,7 +318,7 @@ def test_broken_plugin_is_listed_as_failed_by_monarch_plugins_and_silenced_by_di
     assert listed.returncode == 0
     assert listed.stdout.splitlines() == [
         f"builtin (monarch-core=={CORE_VERSION})  transports: inproc; schedulers: local",
-        f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: ipc",
+        f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: ipc, tcp, tls",
         "broken  FAILED TO LOAD: ImportError: broken_mod needs libfoo.so.3, which is not installed",
     ]
     assert "monarch plugin 'broken'" in listed.stderr  # the warning reaches the user
@@ -333,8 +342,8 @@ def test_unknown_transport_names_list_the_installed_ones() -> None:
     with pytest.raises(UnknownTransportError) as ei:
         reg.transport("quic")
     assert str(ei.value) == (
-        "no installed plugin provides the transport 'quic'. Installed transports: ['inproc', 'ipc'] "
-        "(URL schemes: ['inproc', 'ipc']). Check the spelling, or install the plugin that provides it."
+        "no installed plugin provides the transport 'quic'. Installed transports: ['inproc', 'ipc', 'tcp', 'tls'] "
+        "(URL schemes: ['inproc', 'ipc', 'tcp', 'tls']). Check the spelling, or install the plugin that provides it."
     )
     assert isinstance(ei.value, PluginError) and isinstance(ei.value, ValueError)
 
@@ -342,17 +351,33 @@ def test_unknown_transport_names_list_the_installed_ones() -> None:
 def test_unknown_transport_of_a_missing_plugin_names_the_package() -> None:
     with pytest.raises(UnknownTransportError) as ei:
         PluginRegistry().transport("rdma")
-    assert f"Installed transports: ['inproc', 'ipc']" in str(ei.value)
+    assert "Installed transports: ['inproc', 'ipc', 'tcp', 'tls']" in str(ei.value)
     assert str(ei.value).endswith("'rdma' is provided by monarch-transport-rdma: pip install monarch-transport-rdma.")
 
 
-def test_unknown_transport_of_an_installed_but_older_plugin_says_upgrade() -> None:
+def test_unknown_transport_of_an_installed_but_older_plugin_says_upgrade(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every name monarch-transport-tcp promises is provided now, so promise one
+    # more: the message for a plugin that is installed but too old to have it.
+    from monarch_core import _plugins
+
+    monkeypatch.setitem(_plugins.KNOWN_TRANSPORT_PACKAGES, "quic", "monarch-transport-tcp")
     with pytest.raises(UnknownTransportError) as ei:
-        PluginRegistry().transport("tls")
-    assert str(ei.value).endswith(
-        "'tls' comes from monarch-transport-tcp, but the installed monarch-transport-tcp 0.1.0 does not provide it; "
-        "upgrade it: pip install --upgrade monarch-transport-tcp."
+        PluginRegistry().transport("quic")
+    assert str(ei.value) == (
+        "no installed plugin provides the transport 'quic'. Installed transports: ['inproc', 'ipc', 'tcp', 'tls'] "
+        "(URL schemes: ['inproc', 'ipc', 'tcp', 'tls']). "
+        f"'quic' comes from monarch-transport-tcp, but the installed monarch-transport-tcp {TCP_VERSION} does not "
+        "provide it; upgrade it: pip install --upgrade monarch-transport-tcp."
     )
+
+
+def test_every_name_monarch_transport_tcp_promises_is_provided() -> None:
+    from monarch_core._plugins import KNOWN_TRANSPORT_PACKAGES
+
+    reg = PluginRegistry()
+    promised = sorted(n for n, pkg in KNOWN_TRANSPORT_PACKAGES.items() if pkg == "monarch-transport-tcp")
+    assert promised == ["ipc", "tcp", "tls", "unix"]
+    assert [reg.transport(n).name for n in promised] == ["ipc", "tcp", "tls", "ipc"]
 
 
 def test_unknown_scheduler_names_list_the_installed_ones() -> None:
@@ -429,7 +454,7 @@ def test_third_party_plugin_is_listed_by_monarch_plugins(tmp_path: pathlib.Path)
     assert res.stdout.splitlines() == [
         f"builtin (monarch-core=={CORE_VERSION})  transports: inproc; schedulers: local",
         "dirt (monarch-transport-dir==0.3)  transports: dir; hooks: monarch_proc_env",
-        f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: ipc",
+        f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: ipc, tcp, tls",
     ]
 
 
@@ -438,7 +463,7 @@ def test_third_party_plugin_is_listed_by_monarch_plugins(tmp_path: pathlib.Path)
 
 EXPECTED_LISTING = [
     f"builtin (monarch-core=={CORE_VERSION})  transports: inproc; schedulers: local",
-    f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: ipc",
+    f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: ipc, tcp, tls",
 ]
 
 

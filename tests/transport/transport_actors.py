@@ -34,10 +34,10 @@ def _hex_ip(text: str) -> str:
     return v6[len("::ffff:") :] if v6.startswith("::ffff:") and "." in v6 else v6
 
 
-def inbound_peers(port: int) -> list[str]:
-    """Remote IPs of the ESTABLISHED TCP connections to local ``port`` in this
-    process's network namespace (``/proc/self/net`` is per namespace)."""
-    peers = set()
+def _sockets(port: int, state: str) -> list[tuple[str, str]]:
+    """(local IP, remote IP) of the TCP sockets on local ``port`` in ``state``
+    (hex, as in /proc/net/tcp) in this process's network namespace."""
+    out = []
     for name in ("tcp", "tcp6"):
         try:
             with open(f"/proc/self/net/{name}") as f:
@@ -46,14 +46,25 @@ def inbound_peers(port: int) -> list[str]:
             continue
         for line in lines:
             fields = line.split()
-            local, remote, state = fields[1], fields[2], fields[3]
-            if state != "01":  # ESTABLISHED
-                continue
-            lip, lport = local.split(":")
-            if int(lport, 16) != port:
-                continue
-            peers.add(_hex_ip(remote.split(":")[0]))
-    return sorted(peers)
+            local, remote = fields[1].split(":"), fields[2].split(":")
+            if fields[3] == state and int(local[1], 16) == port:
+                out.append((_hex_ip(local[0]), _hex_ip(remote[0])))
+    return out
+
+
+def inbound_peers(port: int) -> list[str]:
+    """Remote IPs of the established TCP connections to local ``port``."""
+    return sorted({remote for _local, remote in _sockets(port, "01")})
+
+
+def listening_on(port: int) -> list[str]:
+    """Local IPs of the listening sockets on ``port``."""
+    return sorted({local for local, _remote in _sockets(port, "0A")})
+
+
+def my_listening() -> list[str]:
+    """Where this process's kernel listens (its bind address, not the advertised one)."""
+    return listening_on(_listen_port(_my_address()))
 
 
 class Where(Actor):
@@ -78,6 +89,10 @@ class Where(Actor):
     def inbound(self) -> list[str]:
         """Remote IPs connected to this proc's listening port."""
         return inbound_peers(_listen_port(_my_address()))
+
+    @endpoint
+    def listening(self) -> list[str]:
+        return my_listening()
 
     @endpoint
     def call_peers(self, peers: object) -> dict:

@@ -164,8 +164,8 @@ class _TcpBase(Transport):
                         _warned_loopback = True
                         logger.warning(
                             "this host's name %r resolves only to loopback: procs on this host can reach each "
-                            "other, but other hosts cannot reach %s. Use enable_transport('%s://<routable "
-                            "address>:0') or set MONARCH_ADVERTISE_HOST=<routable name or address>.",
+                            "other over %s, but other hosts cannot reach them. Use enable_transport('%s://"
+                            "<routable address>:0') or set MONARCH_ADVERTISE_HOST=<routable name or address>.",
                             adv,
                             self.scheme,
                             self.scheme,
@@ -261,10 +261,12 @@ class TcpTransport(_TcpBase):
 # ----------------------------------------------------------------- TLS
 
 
-def _pem_or_path(value: str, what: str) -> str:
-    """A file path for ``value`` (inline PEM is written to a private temp file)."""
+def _pem_or_path(value: str, what: str, temps: list[str]) -> str:
+    """A file path for ``value`` (inline PEM goes to a private temp file,
+    recorded in ``temps`` for removal once loaded)."""
     if "-----BEGIN" in value:
         fd, path = tempfile.mkstemp(prefix=f"monarch-{what}-", suffix=".pem")
+        temps.append(path)
         with os.fdopen(fd, "w") as f:
             f.write(value)
         return path
@@ -300,10 +302,11 @@ def _build_contexts(cert: str | None, key: str | None, ca: str | None, verify_ho
             f"the tls transport needs {' and '.join(missing)} (a file path or inline PEM; MONARCH_TLS_CERT too "
             "unless the key file holds the certificate), or ca=/private_key= arguments where the API takes them"
         )
+    temps: list[str] = []
     try:
-        ca_path = _pem_or_path(ca, "MONARCH_TLS_CA")  # type: ignore[arg-type]
-        key_path = _pem_or_path(key or cert, "MONARCH_TLS_KEY")  # type: ignore[arg-type]
-        cert_path = _pem_or_path(cert, "MONARCH_TLS_CERT") if cert else key_path
+        ca_path = _pem_or_path(ca, "MONARCH_TLS_CA", temps)  # type: ignore[arg-type]
+        key_path = _pem_or_path(key or cert, "MONARCH_TLS_KEY", temps)  # type: ignore[arg-type]
+        cert_path = _pem_or_path(cert, "MONARCH_TLS_CERT", temps) if cert else key_path
         contexts = []
         for purpose in (ssl.Purpose.CLIENT_AUTH, ssl.Purpose.SERVER_AUTH):
             ctx = ssl.create_default_context(purpose, cafile=ca_path)
@@ -315,6 +318,12 @@ def _build_contexts(cert: str | None, key: str | None, ca: str | None, verify_ho
             contexts.append(ctx)
     except (ssl.SSLError, OSError, ValueError) as e:
         raise TransportError(f"cannot load TLS credentials (MONARCH_TLS_CERT/KEY/CA): {e}") from None
+    finally:
+        for path in temps:  # inline PEM was only needed while loading
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
     return contexts[0], contexts[1]
 
 
@@ -328,6 +337,21 @@ class _TlsStream(Stream):
         self._s = ssl_stream
         self.peer = peer
         self._handshaken = handshaken
+
+    async def _flush_alert(self) -> None:
+        """After a failed handshake, send the TLS alert the SSL object queued, so
+        the peer learns why (trio closes without sending it)."""
+        bio = getattr(self._s, "_outgoing", None)
+        transport = getattr(self._s, "transport_stream", None)
+        if bio is None or transport is None:
+            return
+        try:
+            pending = bio.read()
+            if pending:
+                with trio.move_on_after(1):
+                    await transport.send_all(pending)
+        except Exception:  # noqa: BLE001 - best effort
+            pass
 
     def _error(self, e: BaseException) -> ConnectionClosed:
         if not self._handshaken:
@@ -348,6 +372,8 @@ class _TlsStream(Stream):
         try:
             data = await self._s.receive_some(max_bytes)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError) as e:
+            if not self._handshaken:
+                await self._flush_alert()
             raise self._error(e) from None
         self._handshaken = True
         return data
