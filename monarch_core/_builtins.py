@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import socket as _stdsocket
-from typing import Any
 
 import trio
 

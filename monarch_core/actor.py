@@ -8,12 +8,8 @@ signatures) are importable from here too, and from ``monarch_core``.
 
 from __future__ import annotations
 
-import sys as _sys
-import types as _types
-from typing import Any as _Any
-
 from monarch_core._actor._actor import Actor
-from monarch_core._actor._bootstrap import BootstrapCommand, default_bootstrap_cmd
+from monarch_core._actor._bootstrap import BootstrapCommand, default_bootstrap_cmd  # noqa: F401 (importable, not in __all__)
 from monarch_core._actor._context import Context, context, current_actor_name, current_rank, current_size
 from monarch_core._actor._endpoint import (
     Accumulator,
@@ -35,7 +31,7 @@ from monarch_core._actor._mesh import (
 from monarch_core._actor._port import Channel, Port, PortReceiver
 from monarch_core._actor._supervision import MeshFailure
 from monarch_core._actor._supervision import unhandled_fault_hook as _default_unhandled_fault_hook
-from monarch_core._actor._transport import ChannelTransport, enable_transport
+from monarch_core._actor._transport import ChannelTransport, enable_transport  # noqa: F401 (importable, not in __all__)
 from monarch_core._mesh._shape import Extent, Point
 from monarch_core._mesh._value_mesh import ValueMesh
 from monarch_core._telemetry import traced

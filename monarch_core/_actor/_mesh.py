@@ -7,7 +7,6 @@ import logging
 import marshal
 import math
 import os
-import sys
 import threading
 import time
 import uuid
@@ -17,9 +16,7 @@ import trio
 
 from monarch_core._actor import _serial, _state
 from monarch_core._actor._bootstrap import (
-    BOOTSTRAP_ENV,
     BootstrapCommand,
-    apply_bind,
     default_bootstrap_cmd,
     validate_proc_bind,
 )
@@ -34,7 +31,7 @@ from monarch_core.errors import SupervisionError
 from monarch_core.hookspecs import Allocation, HostHandle
 
 if TYPE_CHECKING:
-    from monarch_core._actor._actor import Actor
+    pass
 
 logger = logging.getLogger("monarch.mesh")
 
