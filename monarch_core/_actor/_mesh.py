@@ -10,7 +10,7 @@ import os
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 import trio
 
@@ -29,9 +29,6 @@ from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
 from monarch_core._mesh._value_mesh import ValueMesh
 from monarch_core.errors import SupervisionError
 from monarch_core.hookspecs import Allocation, HostHandle
-
-if TYPE_CHECKING:
-    pass
 
 logger = logging.getLogger("monarch.mesh")
 
