@@ -65,6 +65,9 @@ DELIVERY_TIMEOUT = _env_float("MONARCH_DELIVERY_TIMEOUT", 30.0)
 REFUSALS_FOR_DEAD = 4
 #: Seconds to wait, once a proc looks dead, for its parent's word on how it ended.
 DEAD_VERDICT_GRACE = 0.3
+#: Largest message (bytes) a thread writes straight to a socket; larger ones
+#: go through the loop.
+DIRECT_MAX = 64 * 1024
 #: Seconds to wait for a handshake from a new connection.
 HANDSHAKE_TIMEOUT = _env_float("MONARCH_HANDSHAKE_TIMEOUT", 10.0)
 
@@ -95,6 +98,9 @@ class _Outbound:
         "cancel",
         "last_ack_time",
         "last_error",
+        "lock",
+        "sock",
+        "busy",
     )
 
     def __init__(self, kernel: Kernel, proc_id: str) -> None:
@@ -110,11 +116,53 @@ class _Outbound:
         self.cancel = trio.CancelScope()
         self.last_ack_time = time.monotonic()
         self.last_error: BaseException | None = None
+        # Direct writes: while the session is connected over a plain socket and
+        # idle, other threads write their frames straight to it (no hop onto
+        # the loop).  ``lock`` orders them with the loop's writer.
+        self.lock = threading.Lock()
+        self.sock: Any = None
+        self.busy = False
 
     def push(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, port_id: int | None) -> None:
-        self.seq += 1
-        self.queue.append((self.seq, W.encode_message(kind, flags, self.seq, header, payload, buffers), port_id))
+        with self.lock:
+            self.seq += 1
+            self.queue.append((self.seq, W.encode_message(kind, flags, self.seq, header, payload, buffers), port_id))
         self.wake.set()
+
+    def try_direct(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list,
+                   port_id: int | None) -> bool:
+        """Write one message straight to the socket from the calling thread, if
+        the session is connected, idle, and the whole frame fits in the socket
+        buffer.  False: nothing was written, use the queue."""
+        if self.sock is None or self.busy or self.queue or buffers:
+            return False
+        with self.lock:
+            sock = self.sock
+            if sock is None or self.busy or self.queue:
+                return False
+            seq = self.seq + 1
+            parts = W.encode_message(kind, flags, seq, header, payload, buffers)
+            data = b"".join(parts)
+            if len(data) > DIRECT_MAX:
+                return False
+            try:
+                n = sock.send(data)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                return False  # the loop's reader will see the broken connection
+            if n != len(data):
+                # a partial write: the rest must go next, ahead of anything else
+                self.seq = seq
+                self.unacked.append((seq, parts, port_id))
+                self.queue.appendleft((None, [memoryview(data)[n:]], None))
+                self.kernel.call_soon(self.wake.set)
+                return True
+            self.seq = seq
+            if not self.unacked:
+                self.last_ack_time = time.monotonic()
+            self.unacked.append((seq, parts, port_id))
+            return True
 
     def trim(self, acked: int) -> None:
         u = self.unacked
@@ -128,9 +176,11 @@ class _Outbound:
         replies)."""
         if self.failed is None:
             self.failed = exc
-        ports = {port_id for _s, _p, port_id in itertools.chain(self.unacked, self.queue) if port_id is not None}
-        self.unacked.clear()
-        self.queue.clear()
+        with self.lock:
+            self.sock = None
+            ports = {port_id for _s, _p, port_id in itertools.chain(self.unacked, self.queue) if port_id is not None}
+            self.unacked.clear()
+            self.queue.clear()
         self.cancel.cancel()
         self.kernel._fail_pending(self.proc_id, exc, ports)
 
@@ -223,20 +273,31 @@ class _Outbound:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_acks, reader)
                 nursery.start_soon(self._watchdog, address)
+                with self.lock:
+                    # partial direct writes of the broken connection are moot:
+                    # their messages are in ``unacked`` and go again below
+                    self.queue = collections.deque(i for i in self.queue if i[0] is not None)
                 if self.unacked:  # retransmit what the peer has not acknowledged
                     self.last_ack_time = time.monotonic()
-                    parts = [p for _s, ps, _p in self.unacked for p in ps]
+                    parts = [p for _s, ps, _p in list(self.unacked) for p in ps]
                     await W.write_parts(stream, parts)
+                direct = _raw_socket(stream)
                 while True:
+                    with self.lock:
+                        if not self.queue:
+                            self.busy = False
+                            self.sock = direct
                     while not self.queue:
                         if self.wake.is_set():
                             self.wake = trio.Event()
                         await self.wake.wait()
-                    batch = self.queue
-                    self.queue = collections.deque()
-                    if not self.unacked:
-                        self.last_ack_time = time.monotonic()
-                    self.unacked.extend(batch)
+                    with self.lock:
+                        self.busy = True
+                        batch = self.queue
+                        self.queue = collections.deque()
+                        if not self.unacked:
+                            self.last_ack_time = time.monotonic()
+                        self.unacked.extend(i for i in batch if i[0] is not None)
                     if len(batch) == 1:
                         parts = batch[0][1]
                     else:
@@ -244,6 +305,10 @@ class _Outbound:
                     await W.write_parts(stream, parts)
         except BaseExceptionGroup as eg:
             raise first_leaf(eg, skip=(trio.Cancelled,)) from None
+        finally:
+            with self.lock:
+                self.sock = None
+                self.busy = False
 
     async def _watchdog(self, address: str) -> None:
         """A connection that stays up but stops acknowledging (a cut link, a
@@ -267,6 +332,16 @@ class _Outbound:
             if kind != W.K_ACK:
                 raise ProtocolError(f"peer {reader.peer} sent kind {kind} on an outbound session")
             self.trim(seq)
+
+
+def _raw_socket(stream: Stream) -> Any:
+    """The non-blocking stdlib socket under a plain socket stream (None for
+    anything else, e.g. TLS, which must not be written from two threads)."""
+    from monarch_core.streams import SocketStream
+
+    if type(stream) is SocketStream:
+        return getattr(stream._sock, "_sock", None)
+    return None
 
 
 class _Acker:
@@ -506,6 +581,18 @@ class Kernel:
         if proc_id == self.proc_id:
             self.route(kind, flags, header, payload, buffers, self.proc_id)
             return
+        if not self._tx:
+            out = self._outbound.get(proc_id)
+            if out is not None and out.sock is not None and out.failed is None:
+                if reply_port is not None and track:
+                    pend = self._pending.get(proc_id)
+                    if pend is None:
+                        pend = self._pending.setdefault(proc_id, set())
+                    pend.add(reply_port)
+                if out.try_direct(kind, flags, header, payload, buffers, reply_port):
+                    if proc_id in self.dead and reply_port is not None:  # raced with its death
+                        self.call_soon(self._fail_port, reply_port, self._dead_error(proc_id), proc_id)
+                    return
         self._tx.append((proc_id, address, kind, flags, header, payload, buffers, reply_port, track))
         if not self._tx_scheduled:
             self._tx_scheduled = True
@@ -525,7 +612,11 @@ class Kernel:
         self._tx_scheduled = False
         tx = self._tx
         while tx:
-            self._push(*tx.popleft())
+            # Push before popping: while a message sits between the two,
+            # ``send`` must still see ``_tx`` non-empty, or a later message
+            # from the same thread could take the direct path and overtake it.
+            self._push(*tx[0])
+            tx.popleft()
 
     def _push(self, proc_id, address, kind, flags, header, payload, buffers, reply_port, track=True) -> None:
         if proc_id in self.dead:

@@ -28,6 +28,9 @@ class Hanger(Actor):
     @endpoint
     def hang(self):
         os.kill(os.getpid(), signal.SIGSTOP)   # the whole proc, trio loop included, stops
+        # The signal stops this thread at its next return to user space, which
+        # may come a moment after kill() returns: never reply in that window.
+        threading.Event().wait()
         return "resumed?!"
 
 class Fine(Actor):
