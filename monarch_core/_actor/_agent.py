@@ -17,7 +17,6 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-import trio
 
 from monarch_core._actor import _serial, _state
 from monarch_core._actor._port import send_to_port, wrap_exception
@@ -260,6 +259,8 @@ class ProcAgent:
             self.kernel.start_task(self._sweep)
 
     async def _sweep(self) -> None:
+        import trio
+
         while True:
             await trio.sleep(1.0)
             now = time.monotonic()
@@ -523,6 +524,8 @@ class ProcAgent:
             self.kernel.start_task(self._heartbeat)
 
     async def _heartbeat(self) -> None:
+        import trio
+
         kernel = self.kernel
         pong = _Pong(self)
         port_id = kernel.add_port(pong)

@@ -12,7 +12,6 @@ import time
 import uuid
 from typing import Any, Callable, Generic, TypeVar
 
-import trio
 
 from monarch_core._actor import _serial, _state
 from monarch_core._actor._bootstrap import (
@@ -24,7 +23,7 @@ from monarch_core._actor._endpoint import Endpoint, EndpointProperty, NotAnEndpo
 from monarch_core._actor._future import Cell, Future
 from monarch_core._actor._port import GatherReplies, OneReply, StreamIterator, StreamReplies
 from monarch_core._kernel import _wire as W
-from monarch_core._kernel._runtime import PortHandler
+from monarch_core._kernel._ports import PortHandler
 from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
 from monarch_core._mesh._value_mesh import ValueMesh
 from monarch_core.errors import SupervisionError
@@ -503,6 +502,7 @@ async def _stop_procs(kernel: Any, slots: list[_ProcSlot], reason: str, cell: Ce
     """Ask procs to stop (they get ``grace`` seconds to run ``__cleanup__``),
     escalate to SIGTERM then SIGKILL (through their worker loop for procs on
     remote hosts), resolve ``cell`` when all are gone."""
+    import trio
     header = marshal.dumps(("stop_proc", reason, max(0.5, grace - 0.5)))
     for s in slots:
         kernel.expect_exit(s.proc_id)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
 from monarch_core._actor import _serial, _state
 from monarch_core._actor._future import Cell, Future
 from monarch_core._kernel import _wire as W
-from monarch_core._kernel._runtime import PortHandler
+from monarch_core._kernel._ports import PortHandler
 from monarch_core.errors import ActorError
 
 if TYPE_CHECKING:

@@ -35,6 +35,7 @@ import trio
 
 from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
+from monarch_core._kernel._ports import PortHandler
 from monarch_core.errors import (
     AuthenticationError,
     ConnectError,
@@ -70,17 +71,6 @@ DEAD_VERDICT_GRACE = 0.3
 DIRECT_MAX = 64 * 1024
 #: Seconds to wait for a handshake from a new connection.
 HANDSHAKE_TIMEOUT = _env_float("MONARCH_HANDSHAKE_TIMEOUT", 10.0)
-
-
-class PortHandler:
-    """Receives messages addressed to one port id.  Methods may be called from
-    any thread (the kernel loop, or a sender in the same process)."""
-
-    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:  # pragma: no cover
-        raise NotImplementedError
-
-    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:  # pragma: no cover
-        raise NotImplementedError
 
 
 class _Outbound:
