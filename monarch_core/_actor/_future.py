@@ -7,10 +7,14 @@ first observer, so the kernel thread never runs user unpickling code.
 
 from __future__ import annotations
 
-import asyncio
+import inspect
+import sys
 import threading
 from collections.abc import Callable, Coroutine, Generator
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+if TYPE_CHECKING:
+    import asyncio
 
 R = TypeVar("R")
 
@@ -136,7 +140,7 @@ class Future(Generic[R]):
     __slots__ = ("_cell", "_coro", "_start_lock")
 
     def __init__(self, *, coro: Coroutine[Any, Any, R]) -> None:
-        if not asyncio.iscoroutine(coro):
+        if not inspect.iscoroutine(coro):
             raise TypeError(
                 f"Future(coro=...) needs a coroutine object, got {type(coro).__name__}. "
                 "Call the async function: Future(coro=my_async_fn(args)), not Future(coro=my_async_fn)."
@@ -216,10 +220,8 @@ class Future(Generic[R]):
         cell = self._ensure()
         if cell.done():
             return cell.result()
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
+        aio = sys.modules.get("asyncio")  # not imported: certainly not on an asyncio loop
+        loop = aio._get_running_loop() if aio is not None else None
         if loop is not None:
             await _wait_asyncio(cell, loop)
         else:
@@ -230,6 +232,8 @@ class Future(Generic[R]):
         """A standard ``asyncio.Future`` on the running loop that resolves with
         this future.  Raises ``RuntimeError`` off a loop (without consuming
         this future).  Each call returns a fresh loop-local future."""
+        import asyncio
+
         loop = asyncio.get_running_loop()  # RuntimeError when there is none
         cell = self._ensure()
         af: asyncio.Future[R] = loop.create_future()
@@ -307,6 +311,8 @@ class _HelperLoop:
     """A background asyncio loop that runs ``Future(coro=...)`` coroutines."""
 
     def __init__(self) -> None:
+        import asyncio
+
         self.loop = asyncio.new_event_loop()
         t = threading.Thread(target=self.loop.run_forever, name="monarch-futures", daemon=True)
         t.start()
@@ -317,6 +323,8 @@ class _HelperLoop:
                 cell.set_result(await coro)
             except BaseException as e:  # noqa: BLE001
                 cell.set_exception(e)
+
+        import asyncio
 
         asyncio.run_coroutine_threadsafe(runner(), self.loop)
 

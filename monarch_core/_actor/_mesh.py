@@ -10,7 +10,10 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
+
+if TYPE_CHECKING:
+    from monarch_core.hookspecs import Allocation, HostHandle
 
 
 from monarch_core._actor import _serial, _state
@@ -27,7 +30,6 @@ from monarch_core._kernel._ports import PortHandler
 from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
 from monarch_core._mesh._value_mesh import ValueMesh
 from monarch_core.errors import SupervisionError
-from monarch_core.hookspecs import Allocation, HostHandle
 
 logger = logging.getLogger("monarch.mesh")
 
@@ -904,6 +906,8 @@ def this_host() -> HostMesh:
     """The machine this code runs on, as a one-host ``HostMesh`` (no
     dimensions).  Procs spawned from it are children of this process."""
     _state.runtime()
+    from monarch_core.hookspecs import HostHandle
+
     return HostMesh([HostHandle("localhost")], _EMPTY_REGION, owner=True, name="this_host")
 
 
@@ -1083,6 +1087,8 @@ def attach(
             info = h.cell.result()
         except Exception as e:
             raise ConnectError(f"worker {a} could not be reached: {e}") from None
+        from monarch_core.hookspecs import HostHandle
+
         hosts.append(HostHandle(name=str(info.get("hostname", a)), address=a))
     region = Extent(["hosts"], [len(hosts)]).region
     hm = HostMesh(hosts, region, owner=True, name="workers")

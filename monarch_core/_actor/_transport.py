@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 import threading
 
-from monarch_core._plugins import registry
 from monarch_core.errors import UnknownTransportError
 
 
@@ -58,6 +57,8 @@ class TransportChoice:
 def parse_transport(transport: object) -> TransportChoice:
     """Turn any accepted form into a :class:`TransportChoice` (raises
     ``TypeError``/``ValueError``/``UnknownTransportError``)."""
+    from monarch_core._plugins import registry
+
     reg = registry()
     if isinstance(transport, ChannelTransport):
         key = transport.value
@@ -154,6 +155,8 @@ def enabled_choice() -> TransportChoice | None:
 def set_from_parent(name: str) -> None:
     """In a worker: adopt the transport its parent chose (before first use)."""
     global _enabled
+    from monarch_core._plugins import registry
+
     with _lock:
         if _enabled is None:
             t = registry().transport(name)

@@ -28,7 +28,10 @@ import struct
 from typing import Any
 
 from monarch_core.errors import ConnectionClosed, ProtocolError
-from monarch_core.hookspecs import Stream
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from monarch_core.hookspecs import Stream
 
 MAGIC = b"MONARCH\0"
 VERSION = 1
