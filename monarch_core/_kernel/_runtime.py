@@ -124,7 +124,7 @@ class _Outbound:
         """Write one message straight to the socket from the calling thread, if
         the session is connected, idle, and the whole frame fits in the socket
         buffer.  False: nothing was written, use the queue."""
-        if self.sock is None or self.busy or self.queue or buffers:
+        if self.sock is None or self.busy or self.queue or buffers or len(payload) + len(header) > DIRECT_MAX:
             return False
         with self.lock:
             sock = self.sock
@@ -133,8 +133,6 @@ class _Outbound:
             seq = self.seq + 1
             parts = W.encode_message(kind, flags, seq, header, payload, buffers)
             data = b"".join(parts)
-            if len(data) > DIRECT_MAX:
-                return False
             try:
                 n = sock.send(data)
             except (BlockingIOError, InterruptedError):
