@@ -5,6 +5,11 @@
 # system packages later suites need).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# System packages: iproute2 for the network-namespace hosts of tests/transport
+# (they skip without root or `ip`).
+if [ "$(id -u)" = 0 ] && ! command -v ip >/dev/null 2>&1; then
+  apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null
+fi
 PY="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
