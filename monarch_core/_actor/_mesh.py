@@ -409,11 +409,18 @@ class ProcMesh(MeshTrait):
         reply = (rt.proc_id, kernel.address, gather.port_id)
         owner_host = _state.current_actor.get()
         owner = (rt.proc_id, kernel.address, owner_host.key if owner_host is not None else "")
+        members = [self._slots[root] for root in region.root_ranks()]
+        mesh: ActorMesh[Any] = ActorMesh(
+            Class, name, key, members, Extent(region.labels, region.sizes).region, self, gather.cell, True
+        )
+        from monarch_core._actor._agent import Supervised
+
+        # Register before sending: a failing __init__ reports back at once.
+        rt.agent.register_supervised(
+            Supervised(key, name, Class.__qualname__, mesh, owner_host, mesh._health, members)
+        )
         procs = []
-        members = []
-        for i, root in enumerate(region.root_ranks()):
-            slot = self._slots[root]
-            members.append(slot)
+        for i, slot in enumerate(members):
             header = marshal.dumps(
                 ("spawn", key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner)
             )
@@ -421,14 +428,6 @@ class ProcMesh(MeshTrait):
                         payload, bufs, gather.port_id)
             procs.append(slot.proc_id)
         gather.procs = procs
-        mesh: ActorMesh[Any] = ActorMesh(
-            Class, name, key, members, Extent(region.labels, region.sizes).region, self, gather.cell, True
-        )
-        from monarch_core._actor._agent import Supervised
-
-        rt.agent.register_supervised(
-            Supervised(key, name, Class.__qualname__, mesh, owner_host, mesh._health, members)
-        )
         rt.agent.register_owned(mesh)
         return mesh  # type: ignore[return-value]
 
