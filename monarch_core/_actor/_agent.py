@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 
 from monarch_core._actor import _serial, _state
-from monarch_core._actor._port import send_to_port, wrap_exception
+from monarch_core._actor._port import ReturnPort, send_to_port, wrap_exception
 from monarch_core._kernel import _wire as W
 from monarch_core.errors import SupervisionError, UndeliverableMessageError
 
@@ -414,7 +414,7 @@ class ProcAgent:
     def return_ref(self) -> tuple:
         """This process's port for undeliverable messages sent outside any actor."""
         if self._return_port is None:
-            pid = self.kernel.add_port(_ProcReturnPort(self))
+            pid = self.kernel.add_port(ReturnPort(self))
             self._return_port = (self.kernel.proc_id, self.kernel.address, pid)
         return self._return_port
 
@@ -621,23 +621,6 @@ class _Pong:
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
         return None
-
-
-class _ProcReturnPort:
-    """Undeliverable messages sent from outside any actor come back here."""
-
-    def __init__(self, agent: ProcAgent) -> None:
-        self.agent = agent
-
-    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
-        try:
-            exc = _serial.loads(payload, buffers)
-        except Exception as e:  # noqa: BLE001
-            exc = e
-        self.agent.undeliverable(exc)
-
-    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
-        self.agent.undeliverable(exc)
 
 
 class _LocalSignal:

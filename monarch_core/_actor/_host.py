@@ -18,7 +18,14 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from monarch_core._actor import _serial, _state
-from monarch_core._actor._port import _DroppingPort, Port, send_raw_to_port, send_to_port, wrap_exception
+from monarch_core._actor._port import (
+    _DroppingPort,
+    Port,
+    ReturnPort,
+    send_raw_to_port,
+    send_to_port,
+    wrap_exception,
+)
 from monarch_core._kernel import _wire as W
 from monarch_core._mesh._shape import Extent, Point
 from monarch_core.errors import SupervisionError
@@ -392,7 +399,7 @@ class ActorHost:
         ref = self._return_ref
         if ref is None:
             kernel = self.agent.kernel
-            ref = self._return_ref = (kernel.proc_id, kernel.address, kernel.add_port(_ReturnPort(self)))
+            ref = self._return_ref = (kernel.proc_id, kernel.address, kernel.add_port(ReturnPort(self)))
         return ref
 
     def undeliverable(self, exc: BaseException) -> None:
@@ -444,23 +451,6 @@ class ActorHost:
 
     def __repr__(self) -> str:
         return f"<actor {self.display_name} ({self.class_name}) on {self.proc_id}>"
-
-
-class _ReturnPort:
-    """Undeliverable messages an actor sent come back here."""
-
-    def __init__(self, host: ActorHost) -> None:
-        self.host = host
-
-    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
-        try:
-            exc = _serial.loads(payload, buffers)
-        except Exception as e:  # noqa: BLE001
-            exc = e
-        self.host.undeliverable(exc)
-
-    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
-        self.host.undeliverable(exc)
 
 
 def _coords(p: Point) -> str:

@@ -359,6 +359,25 @@ def _annotate(exc: BaseException, describe: str) -> BaseException:
     return exc
 
 
+class ReturnPort(PortHandler):
+    """Where undeliverable messages come back: hands the error to
+    ``target.undeliverable(exc)`` (an actor, or the proc agent for messages
+    sent outside any actor)."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        try:
+            exc = _serial.loads(payload, buffers)
+        except Exception as e:  # noqa: BLE001 - an undecodable error is still an error
+            exc = e
+        self.target.undeliverable(exc)
+
+    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        self.target.undeliverable(exc)
+
+
 class StreamIterator(Generic[R]):
     """What ``Endpoint.stream`` returns: iterate for futures in arrival order
     (``for f in ep.stream(): f.get()``), or ``async for`` for values."""

@@ -114,8 +114,6 @@ class MeshFailure:
 # ------------------------------------------------------------------ the root
 
 
-_exit_code = 0
-
 
 def unhandled_fault_hook(failure: MeshFailure) -> None:
     """Called (on a helper thread of the client) with a failure nobody handled.
@@ -151,8 +149,6 @@ def _run_hook(failure: MeshFailure) -> None:
 
 
 def _end_client() -> None:
-    global _exit_code
-    _exit_code = 1
     from monarch_core._actor import _state
 
     _state.request_exit_code(1)
@@ -163,10 +159,6 @@ def _end_client() -> None:
         import _thread
 
         _thread.interrupt_main()
-
-
-def exit_code() -> int:
-    return _exit_code
 
 
 def proc_level_unhandled(failure: MeshFailure) -> None:
