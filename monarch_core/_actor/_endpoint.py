@@ -53,6 +53,10 @@ class EndpointProperty(Generic[P, R]):
         self._name = getattr(method, "__name__", "endpoint")
         self._owner_name = ""
         self._signature: inspect.Signature | None = None
+        # (fewest, most) positional arguments when the signature has only plain
+        # positional parameters: a call that passes such arguments alone needs
+        # no ``Signature.bind`` (the common case, checked on every call)
+        self._positional: tuple[int, int] | None = None
         functools.update_wrapper(self, method)  # type: ignore[arg-type]
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -75,12 +79,16 @@ class EndpointProperty(Generic[P, R]):
 
     def _check_args(self, args: tuple, kwargs: dict) -> None:
         """Raise ``TypeError`` at the call site if the arguments do not fit."""
+        pos = self._positional
+        if pos is not None and not kwargs and pos[0] <= len(args) <= pos[1]:
+            return
         sig = self._signature
         if sig is None:
             try:
                 sig = self._signature = inspect.signature(self._method)
             except (TypeError, ValueError):  # builtins without signatures: accept anything
                 return
+            self._positional = _positional_range(sig, 2 if self._explicit_response_port else 1)
         try:
             if self._explicit_response_port:
                 sig.bind(None, None, *args, **kwargs)
@@ -92,6 +100,18 @@ class EndpointProperty(Generic[P, R]):
             raise TypeError(
                 f"bad arguments for endpoint {self._qualname()}{shown}: {e}. Nothing was sent."
             ) from None
+
+
+def _positional_range(sig: inspect.Signature, skip: int) -> tuple[int, int] | None:
+    params = list(sig.parameters.values())
+    if len(params) < skip:
+        return None
+    params = params[skip:]
+    plain = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if any(p.kind not in plain for p in params):
+        return None
+    required = sum(1 for p in params if p.default is inspect.Parameter.empty)
+    return required, len(params)
 
 
 @overload

@@ -10,6 +10,7 @@ from __future__ import annotations
 import inspect
 import sys
 import threading
+from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
@@ -24,11 +25,11 @@ _PENDING = object()
 class Cell:
     """A one-shot, thread-safe result holder with callbacks."""
 
-    __slots__ = ("_lock", "_event", "_value", "_exc", "_decode", "_callbacks", "_done")
+    __slots__ = ("_lock", "_waiters", "_value", "_exc", "_decode", "_callbacks", "_done")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._event = threading.Event()
+        self._lock = _allocate_lock()
+        self._waiters: list | None = None  # locks of blocked ``wait`` calls (made only when one blocks)
         self._value: Any = _PENDING
         self._exc: BaseException | None = None
         self._decode: Callable[[], Any] | None = None
@@ -54,7 +55,11 @@ class Cell:
             self._done = True
             cbs = self._callbacks
             self._callbacks = None
-        self._event.set()
+            waiters = self._waiters
+            self._waiters = None
+        if waiters:
+            for w in waiters:
+                w.release()
         if cbs:
             for cb in cbs:
                 try:
@@ -72,7 +77,21 @@ class Cell:
     def wait(self, timeout: float | None) -> bool:
         if self._done:
             return True
-        return self._event.wait(timeout)
+        with self._lock:
+            if self._done:
+                return True
+            w = _allocate_lock()
+            w.acquire()
+            if self._waiters is None:
+                self._waiters = [w]
+            else:
+                self._waiters.append(w)
+        if w.acquire(True, -1 if timeout is None else max(0.0, timeout)):
+            return True
+        with self._lock:
+            if self._waiters is not None and w in self._waiters:
+                self._waiters.remove(w)
+        return self._done
 
     def add_callback(self, cb: Callable[[], None]) -> bool:
         """Register ``cb``; False (and not registered) if already resolved."""

@@ -10,6 +10,8 @@ Messages are handled one at a time, in arrival order, except bodies of
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextvars
 import inspect
 import logging
 import marshal
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("monarch.actor")
 
 _STOP = object()
+_AWAIT = object()
 _SUPERVISE = object()
 _UNDELIVERABLE = object()
 CLEANUP_TIMEOUT = 10.0
@@ -84,7 +87,14 @@ class ActorHost:
         self._return_ref: tuple | None = None
         self._after_death_task: asyncio.Task | None = None
         self.loop = asyncio.new_event_loop()
-        self._inbox: asyncio.Queue = asyncio.Queue()
+        # The mailbox: items arrive through ``_put`` on the actor's loop.  While
+        # the actor is idle a message is handled right there, in the callback
+        # that brought it (one loop pass per message instead of three).
+        self._pending: collections.deque = collections.deque()
+        self._waiter: asyncio.Future | None = None
+        self._idle = False
+        self._ctx = contextvars.Context()
+        self._ctx.run(_state.current_actor.set, self)
         self._thread = threading.Thread(target=self._thread_main, name=f"monarch-actor-{self.display_name}", daemon=True)
         self._thread.start()
 
@@ -98,7 +108,7 @@ class ActorHost:
     def enqueue(self, h: tuple, payload: Any, buffers: list) -> None:
         """Queue a message (any thread)."""
         try:
-            self.loop.call_soon_threadsafe(self._inbox.put_nowait, (h, payload, buffers))
+            self.loop.call_soon_threadsafe(self._put, (h, payload, buffers), context=self._ctx)
         except RuntimeError:  # loop closed: the actor is gone
             self.agent.reply_gone(h, self)
 
@@ -117,7 +127,7 @@ class ActorHost:
                 return
             self._stop_requested = True
         try:
-            self.loop.call_soon_threadsafe(self._inbox.put_nowait, (_STOP, reason, None))
+            self.loop.call_soon_threadsafe(self._put, (_STOP, reason, None), context=self._ctx)
         except RuntimeError:  # the loop is closed: the actor thread is gone
             self._finish_stop()
 
@@ -145,22 +155,47 @@ class ActorHost:
             finally:
                 self.loop.close()
 
+    def _put(self, item: tuple) -> None:
+        """A mailbox item arrived (on the actor's loop)."""
+        pending = self._pending
+        if self._idle and not pending and type(item[0]) is tuple:
+            rest = self._run_message(item[0], item[1], item[2])
+            if rest is None:
+                return
+            item = (_AWAIT, rest, None)  # the handler awaits: the main task finishes it, in order
+        pending.append(item)
+        self._idle = False
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
     async def _main(self) -> None:
         _state.current_actor.set(self)
         await self._construct()
-        inbox = self._inbox
+        pending = self._pending
+        loop = self.loop
         while True:
-            item = await inbox.get()
+            if not pending:
+                self._waiter = loop.create_future()
+                self._idle = True
+                await self._waiter
+                self._idle = False
+                continue
+            item = pending.popleft()
             h = item[0]
             if h is _STOP:
                 await self._stop(item[1], item[2])
                 return
-            if h is _SUPERVISE:
+            if h is _AWAIT:
+                await item[1]
+            elif h is _SUPERVISE:
                 await self._on_supervise(item[1])
             elif h is _UNDELIVERABLE:
                 await self._on_undeliverable(item[1])
             else:
-                await self._handle(h, item[1], item[2])
+                rest = self._run_message(h, item[1], item[2])
+                if rest is not None:
+                    await rest
 
     async def _construct(self) -> None:
         init_reply, payload, buffers = self._init
@@ -219,16 +254,21 @@ class ActorHost:
             exc = SupervisionError(f"actor {self.display_name} was stopped; {method} was not run")
         return exc
 
-    async def _handle(self, h: tuple, payload: Any, buffers: list) -> None:
+    def _run_message(self, h: tuple, payload: Any, buffers: list) -> Any:
+        """Handle one endpoint message as far as it goes without awaiting
+        (on the actor's loop).  Returns None when done, else an awaitable the
+        caller must await before the next message."""
         _key, method_name, reply, rank, labels, sizes, _sender, _ret, explicit_flag = h
         if self.init_error is not None or self.failure is not None or self.stopped:
             self._refuse_msg(h)
-            return
+            return None
         reply_ref = tuple(reply) if reply is not None else None
         where = f"{self.name}.{method_name}"
-        token = _state.current_message_rank.set(Point(rank, self._extent(labels, sizes)))
+        point = Point(rank, self._extent(labels, sizes))
+        token = _state.current_message_rank.set(point)
         explicit = bool(explicit_flag)
         self._current_reply = (reply_ref, rank, method_name)
+        rest: Any = None
         try:
             args, kwargs = _serial.loads(payload, buffers)
             prop, func = self._lookup(method_name)
@@ -239,25 +279,47 @@ class ActorHost:
                 args = (port, *args)
             if prop is not None and prop._concurrent:
                 self._start_concurrent(func, args, kwargs, where, None if explicit else reply_ref, rank)
-                await asyncio.sleep(0)  # let the body start before the next message
-                return
+                rest = asyncio.sleep(0)  # let the body start before the next message
+                return rest
             result = func(self.instance, *args, **kwargs)
             if inspect.isawaitable(result):
-                result = await result
+                rest = self._finish(result, point, reply_ref, rank, where, explicit)
+                return rest
             if reply_ref is not None and not explicit:
                 self._reply_value(reply_ref, rank, result, where)
         except Exception as e:
+            self._raised(e, reply_ref, rank, where, explicit)
+        except BaseException as e:
+            self._die(e, f"{where} raised {type(e).__name__}")
+        finally:
+            if rest is None:
+                self._current_reply = None
+            _state.current_message_rank.reset(token)
+        return None
+
+    async def _finish(self, result: Any, point: Point, reply_ref: tuple | None, rank: int, where: str,
+                      explicit: bool) -> None:
+        """The awaiting half of :meth:`_run_message`."""
+        token = _state.current_message_rank.set(point)
+        try:
+            result = await result
             if reply_ref is not None and not explicit:
-                logger.debug("endpoint %s raised %r", where, e)
-                send_to_port(reply_ref, rank, W.S_ERROR, wrap_exception(e, where))
-            else:
-                why = "explicit-response-port endpoint" if explicit else "broadcast (no caller to report to)"
-                self._die(e, f"{where} raised in a {why}")
+                self._reply_value(reply_ref, rank, result, where)
+        except Exception as e:
+            self._raised(e, reply_ref, rank, where, explicit)
         except BaseException as e:
             self._die(e, f"{where} raised {type(e).__name__}")
         finally:
             self._current_reply = None
             _state.current_message_rank.reset(token)
+
+    def _raised(self, e: Exception, reply_ref: tuple | None, rank: int, where: str, explicit: bool) -> None:
+        if reply_ref is not None and not explicit:
+            logger.debug("endpoint %s raised %r", where, e)
+            send_to_port(reply_ref, rank, W.S_ERROR, wrap_exception(e, where))
+        else:
+            why = "explicit-response-port endpoint" if explicit else "broadcast (no caller to report to)"
+            self._die(e, f"{where} raised in a {why}")
 
     def _reply_value(self, reply_ref: tuple, rank: int, result: Any, where: str) -> None:
         try:
@@ -360,7 +422,7 @@ class ActorHost:
         """A mesh this actor owns failed (any thread): handled in order with
         its messages, by ``__supervise__``."""
         try:
-            self.loop.call_soon_threadsafe(self._inbox.put_nowait, (_SUPERVISE, failure, None))
+            self.loop.call_soon_threadsafe(self._put, (_SUPERVISE, failure, None), context=self._ctx)
         except RuntimeError:  # this actor is gone; its own end was reported already
             logger.warning("failure of %s arrived after its owner %s ended", failure.mesh_name, self.display_name)
 
@@ -404,7 +466,7 @@ class ActorHost:
 
     def undeliverable(self, exc: BaseException) -> None:
         try:
-            self.loop.call_soon_threadsafe(self._inbox.put_nowait, (_UNDELIVERABLE, exc, None))
+            self.loop.call_soon_threadsafe(self._put, (_UNDELIVERABLE, exc, None), context=self._ctx)
         except RuntimeError:
             logger.warning("undeliverable message for ended actor %s: %s", self.display_name, exc)
 
@@ -436,8 +498,8 @@ class ActorHost:
             await self._run_cleanup(None)
         self.agent.actor_stopped(self, reason)
         # refuse whatever is still queued
-        while not self._inbox.empty():
-            h, _p, _b = self._inbox.get_nowait()
+        while self._pending:
+            h, _p, _b = self._pending.popleft()
             if isinstance(h, tuple):
                 self._refuse_msg(h)
         self._finish_stop()

@@ -35,6 +35,7 @@ import trio
 
 from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
+from monarch_core._kernel._inbound import InboundThread
 from monarch_core._kernel._ports import PortHandler
 from monarch_core.errors import (
     AuthenticationError,
@@ -69,6 +70,9 @@ DEAD_VERDICT_GRACE = 0.3
 #: Largest message (bytes) a thread writes straight to a socket; larger ones
 #: go through the loop.
 DIRECT_MAX = 64 * 1024
+#: Read inbound sessions over plain sockets on a thread of their own
+#: (``MONARCH_THREADED_INBOUND=0``: on the trio loop, as TLS sessions are).
+THREADED_INBOUND = os.environ.get("MONARCH_THREADED_INBOUND", "1") != "0"
 #: Seconds to wait for a handshake from a new connection.
 HANDSHAKE_TIMEOUT = _env_float("MONARCH_HANDSHAKE_TIMEOUT", 10.0)
 
@@ -721,6 +725,10 @@ class Kernel:
                     self.learn_address(sender, sender_addr)
             last = self._inbound_last.get(session, 0)
             await stream.send_all(W.encode_handshake({"proc": self.proc_id, "last": last}))
+            sock = _raw_socket(stream) if THREADED_INBOUND else None
+            if sock is not None:
+                await self._serve_inbound_thread(sock, reader, session, sender, last)
+                return
             acker = _Acker(stream, last)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(acker.run)
@@ -756,6 +764,23 @@ class Kernel:
         finally:
             with trio.CancelScope(shield=True):
                 await stream.aclose()
+
+    async def _serve_inbound_thread(self, sock: Any, reader: W.FrameReader, session: str, sender: str,
+                                    last: int) -> None:
+        """Hand a plain-socket inbound session to a reader thread and wait for
+        it to end (see :mod:`._inbound`)."""
+        done = trio.Event()
+        t = InboundThread(self, sock, reader, session, sender, last, done)
+        t.start()
+        try:
+            await done.wait()
+        finally:
+            if not done.is_set():  # cancelled: end the thread before the socket is closed
+                t.stop()
+                with trio.CancelScope(shield=True):
+                    await done.wait()
+        if t.error is not None:
+            raise t.error
 
     def route(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, sender: str) -> None:
         """Deliver one message that arrived for this proc (any thread).
