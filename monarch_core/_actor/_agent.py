@@ -76,6 +76,11 @@ class ProcAgent:
         self.proc_ready = threading.Event()
         self.init_error: BaseException | None = None
         self.held: dict[str, collections.deque] = {}
+        # Actor messages are routed off the loop (the kernel's reader threads),
+        # spawns on it: this lock makes "register the actor and hand it what
+        # was held" one step, so a message never overtakes an earlier one
+        # that was held because it arrived before the spawn.
+        self.hold_lock = threading.Lock()
         self.gone: dict[str, str] = {}  # actor key -> why it is gone
         self.owned: list[Any] = []  # ProcMesh/ActorMesh objects created outside any actor
         self.owned_lock = threading.Lock()
@@ -128,17 +133,18 @@ class ProcAgent:
             class_name,
             tuple(owner) if owner else None,
         )
-        self.kernel.actors[key] = host
+        with self.hold_lock:  # what was held goes first; then the actor is visible to the readers
+            held = self.held.pop(key, None)
+            if held:
+                for _t, hh, p, b in held:
+                    host.enqueue(hh, p, b)
+            self.kernel.actors[key] = host
         parent = self.runtime.parent if self.runtime is not None else None
         if owner and parent and owner[0] not in (parent[0], self.kernel.proc_id):
             # An owner other than our parent: the parent (which sees our exit
             # status) tells it when this proc ends.
             self.kernel.send(parent[0], parent[1], W.K_CONTROL, 0,
                              marshal.dumps(("register_owner", self.kernel.proc_id, tuple(owner[:2]))), b"", [])
-        held = self.held.pop(key, None)
-        if held:
-            for _t, hh, p, b in held:
-                host.enqueue(hh, p, b)
 
     def _op_stop_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         _op, key, reply, reason = h
@@ -240,18 +246,21 @@ class ProcAgent:
         if why is not None:
             self._reply_error(h, SupervisionError(f"actor {h[0]!r} is gone ({why}); {h[1]} was not run"))
             return
-        if not self.kernel.in_loop():
-            self.kernel.call_soon(self.no_such_actor, h, payload, buffers, sender)
-            return
-        host = self.kernel.actors.get(key)
-        if host is not None:  # spawned while this hopped onto the loop
+        with self.hold_lock:
+            host = self.kernel.actors.get(key)
+            if host is None:
+                q = self.held.get(key)
+                if q is None:
+                    q = self.held[key] = collections.deque()
+                q.append((time.monotonic(), h, payload, buffers))
+        if host is not None:  # spawned meanwhile: what was held went first
             host.enqueue(h, payload, buffers)
             return
-        q = self.held.get(key)
-        if q is None:
-            q = self.held[key] = collections.deque()
-        q.append((time.monotonic(), h, payload, buffers))
-        self._ensure_sweeper()
+        if not self._sweeper_started:
+            if self.kernel.in_loop():
+                self._ensure_sweeper()
+            else:
+                self.kernel.call_soon(self._ensure_sweeper)
 
     def _ensure_sweeper(self) -> None:
         if not self._sweeper_started:
@@ -264,19 +273,22 @@ class ProcAgent:
         while True:
             await trio.sleep(1.0)
             now = time.monotonic()
-            for key in list(self.held):
-                q = self.held[key]
-                while q and now - q[0][0] > HOLD_TIMEOUT:
-                    _t, h, _p, _b = q.popleft()
-                    self._reply_error(
-                        h,
-                        UndeliverableMessageError(
-                            f"no actor {key!r} on proc {self.kernel.proc_id} after {HOLD_TIMEOUT:.0f}s; "
-                            f"{h[1]} was not delivered"
-                        ),
-                    )
-                if not q:
-                    del self.held[key]
+            expired = []
+            with self.hold_lock:
+                for key in list(self.held):
+                    q = self.held[key]
+                    while q and now - q[0][0] > HOLD_TIMEOUT:
+                        expired.append((key, q.popleft()[1]))
+                    if not q:
+                        del self.held[key]
+            for key, h in expired:
+                self._reply_error(
+                    h,
+                    UndeliverableMessageError(
+                        f"no actor {key!r} on proc {self.kernel.proc_id} after {HOLD_TIMEOUT:.0f}s; "
+                        f"{h[1]} was not delivered"
+                    ),
+                )
 
     def _reply_error(self, h: tuple, exc: BaseException) -> None:
         """Tell the sender of actor message ``h`` that it was not handled: its

@@ -93,6 +93,9 @@ class ActorHost:
         self._pending: collections.deque = collections.deque()
         self._waiter: asyncio.Future | None = None
         self._idle = False
+        self._incoming: collections.deque = collections.deque()  # from other threads
+        self._wake_scheduled = False
+        self._closed = False
         self._ctx = contextvars.Context()
         self._ctx.run(_state.current_actor.set, self)
         self._thread = threading.Thread(target=self._thread_main, name=f"monarch-actor-{self.display_name}", daemon=True)
@@ -107,10 +110,46 @@ class ActorHost:
 
     def enqueue(self, h: tuple, payload: Any, buffers: list) -> None:
         """Queue a message (any thread)."""
-        try:
-            self.loop.call_soon_threadsafe(self._put, (h, payload, buffers), context=self._ctx)
-        except RuntimeError:  # loop closed: the actor is gone
-            self.agent.reply_gone(h, self)
+        self._post((h, payload, buffers))
+
+    def _post(self, item: tuple) -> None:
+        """Hand ``item`` to the actor's thread (any thread).  Items travel
+        through one FIFO; the actor's loop is woken once per batch, not once
+        per item (each wake-up is a syscall, and an interrupt on another CPU)."""
+        self._incoming.append(item)
+        if self._closed:
+            self._orphan_incoming()
+            return
+        if not self._wake_scheduled:
+            self._wake_scheduled = True
+            try:
+                self.loop.call_soon_threadsafe(self._drain_incoming, context=self._ctx)
+            except RuntimeError:  # the loop is closed: the actor thread is gone
+                self._orphan_incoming()
+
+    def _drain_incoming(self) -> None:
+        self._wake_scheduled = False
+        incoming = self._incoming
+        put = self._put
+        while incoming:
+            put(incoming.popleft())
+
+    def _orphan_incoming(self) -> None:
+        """Answer items that reached an actor whose thread has ended."""
+        while True:
+            try:
+                item = self._incoming.popleft()
+            except IndexError:
+                return
+            h = item[0]
+            if h is _STOP:
+                self._finish_stop()
+            elif type(h) is tuple:
+                self.agent.reply_gone(h, self)
+            elif h is _SUPERVISE:
+                logger.warning("failure of %s arrived after its owner %s ended", item[1].mesh_name, self.display_name)
+            elif h is _UNDELIVERABLE:
+                logger.warning("undeliverable message for ended actor %s: %s", self.display_name, item[1])
 
     def request_stop(self, reason: str, reply: tuple | None) -> None:
         """Ask the actor to stop after the messages already queued (any
@@ -126,10 +165,7 @@ class ActorHost:
             if self._stop_requested:
                 return
             self._stop_requested = True
-        try:
-            self.loop.call_soon_threadsafe(self._put, (_STOP, reason, None), context=self._ctx)
-        except RuntimeError:  # the loop is closed: the actor thread is gone
-            self._finish_stop()
+        self._post((_STOP, reason, None))
 
     def _finish_stop(self) -> None:
         with self._stop_lock:
@@ -154,6 +190,8 @@ class ActorHost:
                     self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             finally:
                 self.loop.close()
+                self._closed = True
+                self._orphan_incoming()
 
     def _put(self, item: tuple) -> None:
         """A mailbox item arrived (on the actor's loop)."""
@@ -421,10 +459,7 @@ class ActorHost:
     def supervise(self, failure: Any) -> None:
         """A mesh this actor owns failed (any thread): handled in order with
         its messages, by ``__supervise__``."""
-        try:
-            self.loop.call_soon_threadsafe(self._put, (_SUPERVISE, failure, None), context=self._ctx)
-        except RuntimeError:  # this actor is gone; its own end was reported already
-            logger.warning("failure of %s arrived after its owner %s ended", failure.mesh_name, self.display_name)
+        self._post((_SUPERVISE, failure, None))
 
     async def _on_supervise(self, failure: Any) -> None:
         if self.failure is not None or self.stopped or self.instance is None:
@@ -465,10 +500,7 @@ class ActorHost:
         return ref
 
     def undeliverable(self, exc: BaseException) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self._put, (_UNDELIVERABLE, exc, None), context=self._ctx)
-        except RuntimeError:
-            logger.warning("undeliverable message for ended actor %s: %s", self.display_name, exc)
+        self._post((_UNDELIVERABLE, exc, None))
 
     async def _on_undeliverable(self, exc: BaseException) -> None:
         if self.failure is not None or self.stopped or self.instance is None:
@@ -498,6 +530,7 @@ class ActorHost:
             await self._run_cleanup(None)
         self.agent.actor_stopped(self, reason)
         # refuse whatever is still queued
+        self._pending.extend(self._incoming.popleft() for _ in range(len(self._incoming)))
         while self._pending:
             h, _p, _b = self._pending.popleft()
             if isinstance(h, tuple):

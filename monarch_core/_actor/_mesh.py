@@ -186,14 +186,13 @@ class ActorMesh(MeshTrait, Generic[T]):
               explicit: bool, payload: Any, bufs: list, reply_port: int | None, kernel: Any, sender: str,
               ret: tuple | None = None) -> str:
         slot = self._members[region.root_rank(index)]
-        header = marshal.dumps(
-            (self._key, method, reply, rank_in_msg, region.labels, region.sizes, sender, ret, explicit)
-        )
+        header = W.actor_header(self._key, method, reply, rank_in_msg, region.labels, region.sizes, sender, ret,
+                                explicit)
         addr = slot.address if slot.ready.is_set() else None
         if ret is not None:  # fire-and-forget: the return port hears only of undeliverable messages
-            kernel.send(slot.proc_id, addr, W.K_ACTOR, 0, header, payload, bufs, ret[2], track=False)
+            kernel.send(slot.proc_id, addr, W.K_ACTOR, W.F_PACKED, header, payload, bufs, ret[2], track=False)
         else:
-            kernel.send(slot.proc_id, addr, W.K_ACTOR, 0, header, payload, bufs, reply_port)
+            kernel.send(slot.proc_id, addr, W.K_ACTOR, W.F_PACKED, header, payload, bufs, reply_port)
         return slot.proc_id
 
     def _pack(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> tuple[Any, list]:

@@ -10,7 +10,6 @@ port handlers too.
 from __future__ import annotations
 
 import collections
-import marshal
 import threading
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
@@ -44,8 +43,8 @@ def send_raw_to_port(ref: tuple, rank: int | None, status: int, payload: Any, bu
     proc_id, address, port_id = ref
     if not isinstance(proc_id, str) or not isinstance(port_id, int) or not (address is None or isinstance(address, str)):
         raise ValueError(f"malformed port reference {ref!r}")
-    header = marshal.dumps((port_id, -1 if rank is None else rank, status))
-    _state.runtime().kernel.send(proc_id, address, W.K_PORT, 0, header, payload, bufs)
+    header = W.port_header(port_id, -1 if rank is None else rank, status)
+    _state.runtime().kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, header, payload, bufs)
 
 
 def wrap_exception(e: BaseException, where: str = "") -> ActorError:

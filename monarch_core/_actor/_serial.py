@@ -19,6 +19,9 @@ from typing import Any
 import cloudpickle
 
 OOB_MIN = 16 * 1024
+#: ``bytes`` at least this large travel out of band (plain payloads only).
+BYTES_OOB_MIN = 256 * 1024
+_BYTES_MARK = b"B"  # first byte of a payload pickled by _dumps_bytes_oob (a pickle starts with 0x80)
 
 
 def _rebuild_tensor(buf: Any, dtype: Any, shape: tuple) -> Any:
@@ -71,39 +74,46 @@ _ATOMS = frozenset({type(None), bool, int, float, str, bytes, complex})
 _PLAIN_MAX = 64  # containers checked item by item up to this many items in all
 
 
-def _plain(obj: Any) -> bool:
-    """True if ``obj`` is built only from builtin scalars, strings, bytes and
-    exact tuples/lists/dicts of them (small): the C pickler then writes
-    exactly what cloudpickle would, several times faster."""
+def _plain(obj: Any) -> int:
+    """Nonzero if ``obj`` is built only from builtin scalars, strings, bytes
+    and exact tuples/lists/dicts of them (small): the C pickler then writes
+    exactly what cloudpickle would, several times faster.  2: it holds a
+    ``bytes`` of at least ``BYTES_OOB_MIN``."""
     budget = _PLAIN_MAX
     stack = [obj]
     atoms = _ATOMS
+    big = 1
     while stack:
         o = stack.pop()
         t = type(o)
         if t in atoms:
+            if t is bytes and len(o) >= BYTES_OOB_MIN:
+                big = 2
             continue
         budget -= 1
         if budget < 0:
             return False
         if t is tuple or t is list:
             if len(o) > budget:
-                return False
+                return 0
             stack.extend(o)
         elif t is dict:
             if len(o) > budget:
-                return False
+                return 0
             stack.extend(o.keys())
             stack.extend(o.values())
         else:
-            return False
-    return True
+            return 0
+    return big
 
 
 def dumps(obj: Any) -> tuple[bytes, list]:
     """Pickle ``obj``; return ``(payload, out_of_band_buffers)``."""
-    if _plain(obj):
+    plain = _plain(obj)
+    if plain == 1:
         return pickle.dumps(obj, 5), []
+    if plain == 2:
+        return _dumps_bytes_oob(obj)
     bufs: list = []
 
     def cb(pb: pickle.PickleBuffer) -> bool | None:
@@ -121,6 +131,46 @@ def dumps(obj: Any) -> tuple[bytes, list]:
     return f.getvalue(), bufs
 
 
+class _BytesPickler(pickle.Pickler):
+    """Writes large ``bytes`` as references to out-of-band buffers."""
+
+    def __init__(self, f: Any, bufs: list) -> None:
+        super().__init__(f, protocol=5)
+        self.bufs = bufs
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is bytes and len(obj) >= BYTES_OOB_MIN:
+            self.bufs.append(obj)
+            return len(self.bufs) - 1
+        return None
+
+
+class _BytesUnpickler(pickle.Unpickler):
+    def __init__(self, f: Any, buffers: list) -> None:
+        super().__init__(f, buffers=[b for b in buffers if type(b) is not bytes])
+        self.all = buffers
+
+    def persistent_load(self, pid: Any) -> Any:
+        if type(pid) is not int or not 0 <= pid < len(self.all) or type(self.all[pid]) is not bytes:
+            raise pickle.UnpicklingError(f"bad out-of-band bytes reference {pid!r}")
+        return self.all[pid]
+
+
+def _dumps_bytes_oob(obj: Any) -> tuple[bytes, list]:
+    """Pickle a plain ``obj`` whose large ``bytes`` travel out of band: they
+    are written to the socket from their own memory and received straight
+    into new ``bytes`` objects, never copied into or out of the pickle."""
+    bufs: list = []
+    f = io.BytesIO()
+    f.write(_BYTES_MARK)
+    _BytesPickler(f, bufs).dump(obj)
+    return f.getvalue(), bufs
+
+
 def loads(payload: Any, buffers: list) -> Any:
     """Inverse of :func:`dumps`."""
+    if payload[:1] == _BYTES_MARK:
+        f = io.BytesIO(payload)
+        f.read(1)
+        return _BytesUnpickler(f, buffers).load()
     return pickle.loads(payload, buffers=buffers)

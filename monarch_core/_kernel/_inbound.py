@@ -1,4 +1,4 @@
-"""Inbound sessions read by a dedicated thread (plain sockets only).
+"""Inbound sessions over plain sockets, read off the trio loop.
 
 The trio loop is a fine place to *manage* connections but a costly place to
 *read* them: every message it reads costs a pass through trio's scheduler
@@ -6,25 +6,30 @@ before the loop thread gives the GIL back, and the thread that consumes the
 message (an actor's thread, a caller blocked in ``Future.get``) waits for it.
 On a two-core machine that was ~80 µs per hop, twice per call.
 
-So once an inbound session over a plain socket has shaken hands, a thread of
-its own reads it: it blocks in ``poll`` (GIL released), reads whatever is
-there, routes every complete message, and sends the session's cumulative
-acknowledgements itself (the socket's only writer).  The frame parsing is the
-same :class:`~monarch_core._kernel._wire.FrameReader` code, driven
-synchronously over a blocking source, so every limit it enforces still holds.
-TLS and third-party streams keep the trio path.
+So once an inbound session over a plain socket has shaken hands, the kernel's
+*poller* thread reads it: one ``epoll`` over every such session (a reply from
+each of 64 procs wakes one thread, not 64), small messages parsed straight
+from the receive buffer and routed, cumulative acknowledgements sent from
+here too (the socket's only writer).  A message with large or out-of-band
+parts is read by a short-lived thread of its own with the blocking
+:class:`~monarch_core._kernel._wire.FrameReader` path, in place, while the
+poller serves the other sessions; then the session returns to the poller.
+Every limit of the wire format is enforced by the same code either way.  TLS
+and third-party streams keep the trio path.
 
-The trio task that owns the connection waits for the thread; when it is
-cancelled (kernel shutdown) it shuts the socket down, which ends the thread,
-and only then lets the connection be closed (no descriptor reuse race).
+The trio task that owns a connection waits until the session ends; when it
+is cancelled (kernel shutdown) it shuts the socket down, which ends the
+session, and only then lets the connection be closed (no descriptor reuse).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import select
 import socket
 import threading
+import time
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +47,7 @@ ACK_EVERY = 256
 ACK_DELAY = 0.005
 
 _POLLIN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
+_EPOLLIN = select.EPOLLIN | select.EPOLLRDHUP
 
 
 def drive(coro: Coroutine[Any, Any, Any]) -> Any:
@@ -102,6 +108,9 @@ class _BlockingSource:
         self.acked = last
 
     async def receive_some(self, max_bytes: int = 65536) -> bytes:
+        return self.recv(max_bytes)
+
+    def recv(self, max_bytes: int) -> bytes:
         sock = self.sock
         while True:
             try:
@@ -124,8 +133,8 @@ class _BlockingSource:
                 raise self._closed(e) from None
 
 
-class InboundThread:
-    """Reads one inbound session to its end (see the module docstring)."""
+class InboundSession:
+    """One inbound plain-socket session, served by the kernel's :class:`Poller`."""
 
     def __init__(
         self,
@@ -139,63 +148,254 @@ class InboundThread:
     ) -> None:
         self.kernel = kernel
         self.sock = sock
+        self.fd = sock.fileno()
         self.reader = reader
         self.session = session
         self.sender = sender
         self.source = _BlockingSource(sock, reader.peer, last)
+        reader.stream = self.source  # type: ignore[assignment]
         self.error: BaseException | None = None
         self.bye = False
-        self._done = done  # a trio.Event, set on the loop when the thread ends
-        self._thread = threading.Thread(target=self._main, name=f"monarch-in-{sender}", daemon=True)
+        self.ack_due = 0.0  # monotonic deadline of a delayed acknowledgement (0: none)
+        self._done = done  # a trio.Event, set on the loop when the session ends
+        self._ended = False
 
     def start(self) -> None:
-        self._thread.start()
+        """Deliver what arrived with the handshake, then join the poller."""
+        if self.reader.buffered():
+            self._resume()
+        else:
+            self.kernel.inbound_poller().add(self)
+
+    def _resume(self) -> None:
+        """Deliver the messages already buffered, acknowledge them, and return
+        to the poller (which only sees bytes still in the socket)."""
+        if not self._deliver_buffered(None):
+            return
+        src = self.source
+        if src.last > src.acked:  # the poller only times acknowledgements of what it read itself
+            try:
+                src.send_ack()
+            except ConnectionClosed:
+                pass  # the next read sees it
+        self.kernel.inbound_poller().add(self)
 
     def stop(self) -> None:
-        """End the thread soon (any thread): its next read fails."""
+        """End the session soon (any thread): its next read fails."""
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
 
-    def _main(self) -> None:
+    def end(self, error: BaseException | None) -> None:
+        """The session is over (its reader's thread): tell the loop."""
+        if self._ended:
+            return
+        self._ended = True
+        self.error = error
         try:
-            self._read_loop()
-        except (ProtocolError, AuthenticationError, ConnectionClosed) as e:
-            self.error = e
-        except BaseException as e:  # a bug in routing: drop this connection, say so
-            logger.exception("inbound session from %s failed", self.sender)
-            self.error = e
-        finally:
+            self.kernel.call_soon(self._done.set)
+        except RuntimeError:  # the loop is gone: nobody waits any more
+            pass
+
+    # ------------------------------------------------------------ reading
+    def on_readable(self, poller: Poller) -> bool:
+        """Read what is there and deliver every complete message (poller
+        thread).  False: the session left the poller (ended, or handed to a
+        thread for a large message)."""
+        try:
+            chunk = self.sock.recv(262144)
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError as e:
+            poller.remove(self)
+            self.end(self.source._closed(e))
+            return False
+        if not chunk:
+            poller.remove(self)
+            self.end(ConnectionClosed(f"connection from {self.reader.peer} closed"))
+            return False
+        reader = self.reader
+        if reader._pos and reader._pos == len(reader._buf):
+            reader._buf = bytearray(chunk)
+            reader._pos = 0
+        else:
+            reader._buf += chunk
+        return self._deliver_buffered(poller)
+
+    def _deliver_buffered(self, poller: Poller | None) -> bool:
+        """Deliver the complete small messages in the buffer; hand the session
+        to a thread at the first large one.  ``poller`` is None when called
+        from such a thread (the session is not registered then)."""
+        reader = self.reader
+        source = self.source
+        buf = reader._buf
+        pos = reader._pos
+        fixed = W.FIXED_SIZE
+        unpack_fixed = W.FIXED.unpack_from
+        big, max_header, k_bye = W._BIG, W.MAX_HEADER, W.K_BYE
+        try:
+            while len(buf) - pos >= fixed:
+                kind, flags, nbufs, hlen, plen, seq = unpack_fixed(buf, pos)
+                if not (nbufs == 0 and plen < big and hlen <= max_header and 1 <= kind <= k_bye):
+                    reader._pos = pos
+                    if poller is not None:
+                        poller.remove(self)
+                    threading.Thread(target=self._read_large, name=f"monarch-in-{self.sender}",
+                                     daemon=True).start()
+                    return False
+                end = pos + fixed + hlen + plen
+                if len(buf) < end:
+                    break
+                mid = pos + fixed + hlen
+                header = bytes(buf[pos + fixed : mid])
+                payload = bytes(buf[mid:end])
+                pos = end
+                reader._pos = pos
+                if self._deliver(kind, flags, seq, header, payload, []):
+                    if poller is not None:
+                        poller.remove(self)
+                    self.end(None)
+                    return False
+        except BaseException as e:
+            if poller is not None:
+                poller.remove(self)
+            self._failed(e)
+            return False
+        if pos:
+            del buf[:pos]
+            reader._pos = 0
+        if source.last > source.acked:
+            if source.last - source.acked >= ACK_EVERY:
+                try:
+                    source.send_ack()
+                except ConnectionClosed:
+                    pass  # the next read sees it
+            elif poller is not None and not self.ack_due:
+                self.ack_due = time.monotonic() + ACK_DELAY
+                poller.ack_later(self)
+        return True
+
+    def _deliver(self, kind: int, flags: int, seq: int, header: bytes, payload: Any, buffers: list) -> bool:
+        """Route one message; True at the end of the session (BYE)."""
+        source = self.source
+        if kind == W.K_BYE:
+            self.kernel._inbound_last.pop(self.session, None)
+            self.bye = True
+            return True
+        last = source.last
+        if seq <= last:
+            return False  # a retransmission we already delivered
+        if seq != last + 1:
+            raise ProtocolError(f"peer {self.reader.peer} skipped from seq {last} to {seq}")
+        self.kernel._inbound_last[self.session] = seq
+        source.last = seq
+        self.kernel.route(kind, flags, header, payload, buffers, self.sender)
+        return False
+
+    def _failed(self, e: BaseException) -> None:
+        if not isinstance(e, (ProtocolError, AuthenticationError, ConnectionClosed)):
+            logger.error("inbound session from %s failed", self.sender, exc_info=e)
+        self.end(e)
+
+    def _read_large(self) -> None:
+        """Read one large message in place (blocking, this thread only), then
+        the small ones buffered behind it, then return to the poller."""
+        try:
+            kind, flags, seq, header, payload, buffers = drive(self.reader.read_message())
+            if self._deliver(kind, flags, seq, header, payload, buffers):
+                self.end(None)
+                return
+        except BaseException as e:
+            self._failed(e)
+            return
+        self._resume()
+
+
+class Poller:
+    """The thread that reads every plain-socket inbound session of a kernel."""
+
+    def __init__(self) -> None:
+        self._ep = select.epoll()
+        self._sessions: dict[int, InboundSession] = {}
+        self._acks: list[InboundSession] = []
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._ep.register(self._wake_r, select.EPOLLIN)
+        self._closed = False
+        self._thread = threading.Thread(target=self._main, name="monarch-inbound", daemon=True)
+        self._thread.start()
+
+    def add(self, s: InboundSession) -> None:
+        """Serve ``s`` (any thread)."""
+        self._sessions[s.fd] = s
+        try:
+            self._ep.register(s.fd, _EPOLLIN)
+        except (OSError, ValueError) as e:  # the socket is already gone
+            self._sessions.pop(s.fd, None)
+            s.end(ConnectionClosed(f"connection from {s.reader.peer} broke: {e}"))
+
+    def remove(self, s: InboundSession) -> None:
+        """Stop serving ``s`` (poller thread, or the thread that owns it)."""
+        if self._sessions.get(s.fd) is s:
+            del self._sessions[s.fd]
             try:
-                self.kernel.call_soon(self._done.set)
-            except RuntimeError:  # the loop is gone: nobody waits any more
+                self._ep.unregister(s.fd)
+            except (OSError, ValueError):
                 pass
 
-    def _read_loop(self) -> None:
-        k = self.kernel
-        reader = self.reader
-        reader.stream = self.source  # type: ignore[assignment]
-        source = self.source
-        route = k.route
-        inbound_last = k._inbound_last
-        session, sender = self.session, self.sender
-        last = source.last
-        read_message = reader.read_message
-        fixed = W.FIXED_SIZE
-        while True:
-            kind, flags, seq, header, payload, buffers = drive(read_message())
-            if kind == W.K_BYE:
-                inbound_last.pop(session, None)
-                self.bye = True
-                return
-            if seq <= last:
-                continue  # a retransmission we already delivered
-            if seq != last + 1:
-                raise ProtocolError(f"peer {reader.peer} skipped from seq {last} to {seq}")
-            last = seq
-            inbound_last[session] = seq
-            source.last = seq
-            route(kind, flags, header, payload, buffers, sender)
-            if seq - source.acked >= ACK_EVERY and reader.buffered() < fixed:
-                source.send_ack()
+    def ack_later(self, s: InboundSession) -> None:
+        self._acks.append(s)
+
+    def close(self) -> None:
+        """End the thread (any thread); sessions still registered end too."""
+        self._closed = True
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    def _main(self) -> None:
+        ep = self._ep
+        sessions = self._sessions
+        wake = self._wake_r
+        try:
+            while not self._closed:
+                timeout = -1.0
+                if self._acks:
+                    timeout = max(0.0, min(s.ack_due for s in self._acks) - time.monotonic())
+                try:
+                    events = ep.poll(timeout)
+                except InterruptedError:  # pragma: no cover
+                    continue
+                for fd, _ev in events:
+                    if fd == wake:
+                        continue
+                    s = sessions.get(fd)
+                    if s is not None:
+                        s.on_readable(self)
+                if self._acks:
+                    self._send_due_acks()
+        finally:
+            for s in list(sessions.values()):
+                self.remove(s)
+                s.end(ConnectionClosed("the kernel is shutting down"))
+            ep.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _send_due_acks(self) -> None:
+        now = time.monotonic()
+        keep = []
+        for s in self._acks:
+            if s.ack_due > now:
+                keep.append(s)
+                continue
+            s.ack_due = 0.0
+            src = s.source
+            if src.last > src.acked and self._sessions.get(s.fd) is s:
+                try:
+                    src.send_ack()
+                except ConnectionClosed:
+                    pass  # the next read sees it
+        self._acks = keep

@@ -24,6 +24,7 @@ import itertools
 import logging
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -35,7 +36,7 @@ import trio
 
 from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
-from monarch_core._kernel._inbound import InboundThread
+from monarch_core._kernel._inbound import InboundSession, Poller
 from monarch_core._kernel._ports import PortHandler
 from monarch_core.errors import (
     AuthenticationError,
@@ -73,6 +74,11 @@ DIRECT_MAX = 64 * 1024
 #: Read inbound sessions over plain sockets on a thread of their own
 #: (``MONARCH_THREADED_INBOUND=0``: on the trio loop, as TLS sessions are).
 THREADED_INBOUND = os.environ.get("MONARCH_THREADED_INBOUND", "1") != "0"
+#: Seconds since the last direct write under which a session counts as busy
+#: (a burst): its messages then go through the loop, which writes them in
+#: batches (MONARCH_DIRECT_GAP_US).
+DIRECT_GAP = _env_float("MONARCH_DIRECT_GAP_US", 100.0) / 1e6
+_monotonic = time.perf_counter
 #: Seconds to wait for a handshake from a new connection.
 HANDSHAKE_TIMEOUT = _env_float("MONARCH_HANDSHAKE_TIMEOUT", 10.0)
 
@@ -95,6 +101,7 @@ class _Outbound:
         "lock",
         "sock",
         "busy",
+        "last_direct",
     )
 
     def __init__(self, kernel: Kernel, proc_id: str) -> None:
@@ -116,6 +123,7 @@ class _Outbound:
         self.lock = threading.Lock()
         self.sock: Any = None
         self.busy = False
+        self.last_direct = 0.0
 
     def push(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, port_id: int | None) -> None:
         with self.lock:
@@ -130,6 +138,13 @@ class _Outbound:
         buffer.  False: nothing was written, use the queue."""
         if self.sock is None or self.busy or self.queue or buffers or len(payload) + len(header) > DIRECT_MAX:
             return False
+        now = _monotonic()
+        if now - self.last_direct < DIRECT_GAP:
+            # A burst: each write would wake the peer once per message (on a VM
+            # an inter-processor interrupt costs tens of µs).  Let the loop
+            # write the burst in batches instead.
+            return False
+        self.last_direct = now
         with self.lock:
             sock = self.sock
             if sock is None or self.busy or self.queue:
@@ -274,6 +289,8 @@ class _Outbound:
                     parts = [p for _s, ps, _p in list(self.unacked) for p in ps]
                     await W.write_parts(stream, parts)
                 direct = _raw_socket(stream)
+                if direct is not None:
+                    _grow_buffer(direct, socket.SO_SNDBUF)
                 while True:
                     with self.lock:
                         if not self.queue:
@@ -334,6 +351,20 @@ def _raw_socket(stream: Stream) -> Any:
     if type(stream) is SocketStream:
         return getattr(stream._sock, "_sock", None)
     return None
+
+
+#: Socket buffer size asked for on plain-socket sessions (the kernel caps it
+#: at net.core.wmem_max / rmem_max): a 64 MiB message then crosses in a few
+#: rounds of wake-ups instead of hundreds.
+SOCKET_BUFFER = 4 << 20
+
+
+def _grow_buffer(sock: Any, opt: int) -> None:
+    try:
+        if sock.getsockopt(socket.SOL_SOCKET, opt) < SOCKET_BUFFER:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCKET_BUFFER)
+    except OSError:  # pragma: no cover - not a socket option this family has
+        pass
 
 
 class _Acker:
@@ -408,6 +439,8 @@ class Kernel:
         self._expected_exits: set[str] = set()
         self._peers: dict[str, str] = {}  # procs that opened sessions to us -> their addresses
         self._shutdown = trio.Event() if False else None  # created on the loop
+        self._poller: Poller | None = None
+        self._poller_lock = threading.Lock()
 
     # ------------------------------------------------------------------ startup
     def start_thread(self, *, name: str = "monarch-kernel") -> None:
@@ -456,6 +489,19 @@ class Kernel:
             nursery.cancel_scope.cancel()
         with trio.CancelScope(shield=True):
             await self._listener.aclose()
+        if self._poller is not None:
+            self._poller.close()
+
+    def inbound_poller(self) -> Poller:
+        """The thread that reads plain-socket inbound sessions (started on
+        first use)."""
+        p = self._poller
+        if p is None:
+            with self._poller_lock:
+                p = self._poller
+                if p is None:
+                    p = self._poller = Poller()
+        return p
 
     def stop_loop(self) -> None:
         """Ask the loop to exit (thread-safe).  Sessions are dropped."""
@@ -727,6 +773,7 @@ class Kernel:
             await stream.send_all(W.encode_handshake({"proc": self.proc_id, "last": last}))
             sock = _raw_socket(stream) if THREADED_INBOUND else None
             if sock is not None:
+                _grow_buffer(sock, socket.SO_RCVBUF)
                 await self._serve_inbound_thread(sock, reader, session, sender, last)
                 return
             acker = _Acker(stream, last)
@@ -767,10 +814,10 @@ class Kernel:
 
     async def _serve_inbound_thread(self, sock: Any, reader: W.FrameReader, session: str, sender: str,
                                     last: int) -> None:
-        """Hand a plain-socket inbound session to a reader thread and wait for
-        it to end (see :mod:`._inbound`)."""
+        """Hand a plain-socket inbound session to the poller thread and wait
+        for it to end (see :mod:`._inbound`)."""
         done = trio.Event()
-        t = InboundThread(self, sock, reader, session, sender, last, done)
+        t = InboundSession(self, sock, reader, session, sender, last, done)
         t.start()
         try:
             await done.wait()
@@ -788,7 +835,7 @@ class Kernel:
         A header of the wrong shape raises :class:`ProtocolError` (the
         connection that carried it is dropped); nothing else is raised.
         """
-        h = W.decode_header(sender, header)
+        h = W.decode_packed(sender, kind, header) if flags & W.F_PACKED else W.decode_header(sender, header)
         if kind == W.K_ACTOR:
             if len(h) != 9 or not isinstance(h[0], str) or not isinstance(h[1], str):
                 raise ProtocolError(f"peer {sender} sent a malformed actor message header")
@@ -829,18 +876,21 @@ class Kernel:
         describe: str,
         cwd: str | None = None,
         executable: str | None = None,
+        child: Any = None,
     ) -> Any:
         """Start a child OS process for ``proc_id`` and watch it (loop thread).
 
         When it exits without :meth:`expect_exit` having been called,
-        :meth:`proc_failed` is called with its exit status.
+        :meth:`proc_failed` is called with its exit status.  ``child``: a
+        process already started elsewhere (a proc forked by the fork server),
+        with the interface of :class:`_Child`, to watch instead of starting one.
         """
         self.expect_proc(proc_id)
         # Fork on *this* thread, which lives as long as the kernel: the child's
         # parent-death signal fires when the forking thread exits, so a
         # short-lived helper thread (trio.lowlevel.open_process uses one) would
         # kill the proc when that thread retires.
-        proc = _Child(
+        proc = child if child is not None else _Child(
             subprocess.Popen(argv, env=env, cwd=cwd, start_new_session=True, executable=executable)
         )
         await trio.lowlevel.checkpoint()
@@ -898,6 +948,8 @@ class Kernel:
             status = f"was killed by {sig}"
         else:
             status = f"exited with code {rc}"
+        if getattr(proc, "exit_note", None):  # e.g. its fork server died
+            status = f"{status} ({proc.exit_note})"
         if entry.get("hung"):
             reason = (
                 f"{entry['describe']} (pid {proc.pid}) was hung: it answered no heartbeat for "

@@ -7,7 +7,7 @@ A connection starts with a handshake in each direction::
 then carries messages.  A message is one fixed header followed by its parts::
 
     u8 kind | u8 flags | u16 nbufs | u32 hlen | u32 plen | u64 seq     (20 bytes)
-    u64 buffer length * nbufs
+    u64 buffer length * nbufs   (top bit set: the buffer is an immutable ``bytes``)
     header  (hlen bytes, ``marshal`` of a tuple of primitives: routing only)
     payload (plen bytes, cloudpickle protocol 5 of the user's objects)
     buffer 0, buffer 1, ...   (pickle-5 out-of-band buffers, never copied
@@ -46,6 +46,9 @@ K_CONTROL = 3  # to the proc's agent: (op, *args)
 K_ACK = 4  # cumulative acknowledgement: seq field = last delivered seq
 K_BYE = 5  # orderly end of a session: receiver forgets it
 
+# frame flags
+F_PACKED = 1  # the routing header is packed (see ``port_header``/``actor_header``), not plain marshal
+
 # port message status
 S_VALUE = 0
 S_ERROR = 1  # payload: an exception to raise at the receiver (ActorError ...)
@@ -58,6 +61,34 @@ MAX_MESSAGE = int(os.environ.get("MONARCH_MAX_MESSAGE_BYTES", str(1 << 36)))
 _BIG = 1 << 16  # parts at least this large are read straight into their own buffer
 _EAGER = (64 << 20) + 4096  # parts up to this size are allocated before their bytes arrive
 _COALESCE = 1 << 16  # parts smaller than this are joined into one write
+BYTES_BIT = 1 << 63  # in a buffer length: deliver this buffer as ``bytes`` (not a bytearray)
+
+
+def _new_bytes_writable(n: int) -> tuple[bytes, memoryview] | None:
+    """A fresh, uninitialised ``bytes`` of length ``n`` and a writable view of
+    its storage, to receive into before anyone else sees the object (saves
+    the copy a bytearray-to-bytes conversion would cost).  None where this
+    CPython detail is unavailable."""
+    if _PyBytes_New is None:
+        return None
+    b = _PyBytes_New(None, n)
+    arr = (ctypes.c_char * n).from_address(id(b) + _BYTES_DATA_OFFSET)
+    return b, memoryview(arr).cast("B")
+
+
+try:
+    import ctypes
+    import sys as _sys
+
+    if _sys.implementation.name != "cpython":  # pragma: no cover
+        raise ImportError
+    _PyBytes_New = ctypes.pythonapi.PyBytes_FromStringAndSize
+    _PyBytes_New.restype = ctypes.py_object
+    _PyBytes_New.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+    _BYTES_DATA_OFFSET = bytes.__basicsize__ - 1  # PyBytesObject.ob_sval
+except (ImportError, AttributeError):  # pragma: no cover
+    _PyBytes_New = None
+    _BYTES_DATA_OFFSET = 0
 
 
 def encode_handshake(info: dict[str, Any]) -> bytes:
@@ -185,7 +216,8 @@ def encode_message(
     nb = len(buffers)
     fixed = FIXED.pack(kind, flags, nb, len(header), len(payload), seq)
     if nb:
-        lens = struct.pack(f"<{nb}Q", *[memoryview(b).nbytes for b in buffers])
+        lens = struct.pack(f"<{nb}Q", *[len(b) | BYTES_BIT if type(b) is bytes else memoryview(b).nbytes
+                                        for b in buffers])
         return [fixed, lens, header, payload, *buffers]
     return [fixed, header, payload]
 
@@ -262,6 +294,30 @@ class FrameReader:
             have += got
         return out
 
+    async def _read_bytes(self, n: int) -> bytes:
+        """Read ``n`` bytes into a new ``bytes`` object (in place when small
+        enough to allocate up front)."""
+        if n < _BIG or n > _EAGER:
+            if n < _BIG:
+                return await self.read_exactly(n)
+            return bytes(await self._read_big(n))
+        made = _new_bytes_writable(n)
+        if made is None:  # pragma: no cover
+            return bytes(await self._read_big(n))
+        out, mv = made
+        with mv:
+            have = min(n, len(self._buf) - self._pos)
+            if have:
+                mv[:have] = self._buf[self._pos : self._pos + have]
+                self._pos += have
+            recv_into = self.stream.receive_into
+            while have < n:
+                got = await recv_into(mv[have:])
+                if not got:
+                    raise ConnectionClosed(f"connection from {self.peer} closed mid-message")
+                have += got
+        return out
+
     async def read_message(self) -> tuple[int, int, int, bytes, Any, list]:
         """Return ``(kind, flags, seq, header, payload, buffers)``."""
         await self._fill(FIXED_SIZE)
@@ -278,6 +334,8 @@ class FrameReader:
         if nbufs:
             raw = await self.read_exactly(8 * nbufs)
             lens = struct.unpack(f"<{nbufs}Q", raw)
+            kinds = [n & BYTES_BIT for n in lens]
+            lens = tuple(n & ~BYTES_BIT for n in lens)
             if sum(lens) + plen > MAX_MESSAGE:
                 raise ProtocolError(
                     f"peer {self.peer} announced a {sum(lens) + plen}-byte message (limit {MAX_MESSAGE}); "
@@ -289,9 +347,70 @@ class FrameReader:
         else:
             payload = await self.read_exactly(plen) if plen else b""
         bufs = []
-        for n in lens:
-            bufs.append(await self._read_big(n) if n >= _BIG else bytearray(await self.read_exactly(n)))
+        for i, n in enumerate(lens):
+            if kinds[i]:
+                bufs.append(await self._read_bytes(n))
+            else:
+                bufs.append(await self._read_big(n) if n >= _BIG else bytearray(await self.read_exactly(n)))
         return kind, flags, seq, header, payload, bufs
+
+
+_PORT_H = struct.Struct("<qqB")  # port id, rank, status
+_ACTOR_P = struct.Struct("<qqq")  # reply port id (-1: none), rank, return port id (-1: none)
+_ACTOR_CACHE: dict[bytes, tuple] = {}
+_ACTOR_CACHE_MAX = 4096
+
+
+def port_header(port_id: int, rank: int, status: int) -> bytes:
+    """Packed header of a port message (send with ``flags=F_PACKED``)."""
+    return _PORT_H.pack(port_id, rank, status)
+
+
+def actor_header(key: str, method: str, reply: tuple | None, rank: int, labels: tuple, sizes: tuple,
+                 sender: str, ret: tuple | None, explicit: bool) -> bytes:
+    """Packed header of an actor message (send with ``flags=F_PACKED``).
+
+    The fields that change from call to call (port ids, rank) are a fixed
+    struct; the rest is marshal, identical across calls from one sender to one
+    endpoint, so the receiver validates and decodes it once and then reuses it.
+    """
+    rest = marshal.dumps((
+        key, method, reply[0] if reply else None, reply[1] if reply else None, labels, sizes, sender,
+        ret[0] if ret else None, ret[1] if ret else None, bool(explicit),
+    ))
+    return _ACTOR_P.pack(reply[2] if reply else -1, rank, ret[2] if ret else -1) + rest
+
+
+def decode_packed(peer: str, kind: int, header: bytes) -> tuple:
+    """Decode a packed header into the same tuple ``decode_header`` gives for
+    the marshal form.  Malformed input raises :class:`ProtocolError`."""
+    if kind == K_PORT:
+        if len(header) != _PORT_H.size:
+            raise ProtocolError(f"peer {peer} sent a malformed port message header ({len(header)} bytes)")
+        return _PORT_H.unpack(header)
+    if kind != K_ACTOR or len(header) < _ACTOR_P.size:
+        raise ProtocolError(f"peer {peer} sent a malformed packed header (kind {kind}, {len(header)} bytes)")
+    reply_port, rank, ret_port = _ACTOR_P.unpack_from(header)
+    rest = header[_ACTOR_P.size:]
+    f = _ACTOR_CACHE.get(rest)
+    if f is None:
+        f = decode_header(peer, rest)
+        if (
+            len(f) != 10
+            or not isinstance(f[0], str)
+            or not isinstance(f[1], str)
+            or not all(isinstance(x, str) or x is None for x in (f[2], f[3], f[6], f[7], f[8]))
+            or not isinstance(f[4], tuple)
+            or not isinstance(f[5], tuple)
+        ):
+            raise ProtocolError(f"peer {peer} sent a malformed actor message header")
+        if len(_ACTOR_CACHE) >= _ACTOR_CACHE_MAX:
+            _ACTOR_CACHE.clear()
+        _ACTOR_CACHE[rest] = f
+    key, method, rproc, raddr, labels, sizes, sender, tproc, taddr, explicit = f
+    reply = (rproc, raddr, reply_port) if reply_port >= 0 and rproc is not None else None
+    ret = (tproc, taddr, ret_port) if ret_port >= 0 and tproc is not None else None
+    return (key, method, reply, rank, labels, sizes, sender, ret, explicit)
 
 
 def decode_header(peer: str, header: bytes) -> tuple:

@@ -167,6 +167,18 @@ def test_one_message_at_a_time_on_every_rank(procs) -> None:
     assert c.value.call().get().values() == [10, 10, 10, 10]
 
 
+def test_messages_sent_right_after_spawn_keep_their_order(procs) -> None:
+    """Actor messages are read off the kernel loop while spawns run on it;
+    messages that reach a proc before its spawn is processed are held, and
+    must still run before the ones that arrive after (a race seen as one
+    rank running call #2 after call #8)."""
+    for _ in range(30):
+        c = procs.spawn(fresh("counter"), Counter)
+        futs = [c.racy_incr.call() for _ in range(10)]
+        assert [f.get().values() for f in futs] == [[i] * 4 for i in range(1, 11)]
+        c.stop().get()
+
+
 def test_endpoint_on_class_is_not_directly_callable_on_mesh(procs) -> None:
     c = procs.spawn(fresh("counter"), Counter)
     with pytest.raises(Exception):

@@ -112,9 +112,29 @@ def test_message_with_out_of_band_buffers_round_trips_exactly(bufs: list, payloa
     assert h == header
     assert _as_bytes(p) == payload
     assert [_as_bytes(x) for x in b] == [bytes(x) for x in bufs]
-    # received buffers are writable (pickle-5 consumers rely on it: numpy arrays
-    # rebuilt on them must not be read-only)
-    assert all(isinstance(x, bytearray) for x in b)
+    # buffers sent as ``bytes`` arrive as ``bytes`` (large ones received in
+    # place); every other buffer arrives writable (pickle-5 consumers rely on
+    # it: numpy arrays rebuilt on them must not be read-only)
+    assert [type(x) for x in b] == [bytes if type(o) is bytes else bytearray for o in bufs]
+
+
+@pytest.mark.parametrize("size", [0, 10, W._BIG - 1, W._BIG, 3 << 20])
+def test_bytes_buffers_arrive_as_bytes_and_others_as_bytearrays(size: int) -> None:
+    data = os.urandom(size)
+    bufs = [data, bytearray(data), memoryview(data)]
+    (got,) = _run(_roundtrip, [(W.K_PORT, 0, 1, marshal.dumps((1, 0, 0)), b"p", bufs)])
+    b = got[5]
+    assert [type(x) for x in b] == [bytes, bytearray, bytearray]
+    assert all(bytes(x) == data for x in b)
+    if size:
+        assert hash(b[0]) == hash(data)  # a proper bytes object: hashable, equal, its hash not stale
+
+
+def test_bytes_flag_does_not_lift_the_message_size_limit() -> None:
+    data = W.FIXED.pack(W.K_PORT, 0, 1, 0, 0, 1) + struct.pack("<Q", (1 << 40) | W.BYTES_BIT)
+    e, peak = _measure(lambda: _run(_frame_error, data, timeout=5))
+    assert f"announced a {1 << 40}-byte message (limit {W.MAX_MESSAGE})" in str(e)
+    assert peak < 1 << 20
 
 
 def test_buffers_given_as_typed_and_multidimensional_memoryviews_round_trip_as_raw_bytes() -> None:
