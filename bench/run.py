@@ -1,0 +1,521 @@
+"""monarch-core, Monarch and Ray side by side: one command, one table.
+
+    python bench/run.py                      # 2 interleaved runs of each, then scaling.py
+    python bench/run.py --quick --runs 1     # smoke test of the plumbing (small counts)
+
+The measurement definitions are the shared anchor scripts (``--anchors``, default
+``$BENCH_ANCHORS`` or ``<repo>/../shared/bench-anchors``):
+
+* monarch-core: ``<--core-py> <anchors>/monarch_bench.py`` with ``BENCH_IMPL=monarch_core``
+  (exactly how the shared bench measures the project);
+* Monarch: ``<--monarch-py> <anchors>/monarch_bench.py`` (``$MONARCH_PY``, default
+  ``/tmp/anchors/monarch/bin/python``);
+* Ray: ``<--ray-py> <anchors>/ray_bench.py`` (``$RAY_PY``, default ``/tmp/anchors/ray/bin/python``);
+  ray_bench.py keeps Ray on loopback itself, so Ray is never started any other way.
+
+Runs are interleaved (run i runs every implementation once, the order rotated by one each
+run) so that a noisy phase of a shared machine hits all of them.  Each run's JSON and log
+land in ``--out`` as ``<impl>_run<i>.json|.log`` (the shared ``summarize.py`` reads the
+folder too).  The table holds, per metric, the median over the runs of each run's figure
+(itself a median of repeats), and the ratio monarch-core ÷ Monarch of those medians.
+
+Without the anchors folder, monarch-core alone is measured with the project's own copy of
+the definitions, ``bench/actor_bench.py``.  Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import _table as T
+
+DEFAULT_MONARCH_PY = "/tmp/anchors/monarch/bin/python"
+DEFAULT_RAY_PY = "/tmp/anchors/ray/bin/python"
+# From ../shared/notes/performance.md; the venv is the one the python path points into.
+INSTALL = {
+    "monarch": "python3 -m venv {venv} && {venv}/bin/pip install torch==2.13.0 torchmonarch==0.7.0",
+    "ray": "python3 -m venv {venv} && {venv}/bin/pip install torch==2.13.0 ray==2.60.0",
+}
+
+
+# ------------------------------------------------------------------ implementations
+@dataclass
+class Impl:
+    key: str  # file prefix: monarch_core / monarch / ray (what summarize.py globs)
+    title: str  # column title before the version is known
+    python: str
+    script: str
+    env: dict[str, str] = field(default_factory=dict)
+    runs: dict[int, dict[str, Any]] = field(default_factory=dict)  # run number -> result JSON
+    failures: list[str] = field(default_factory=list)
+
+    def version(self) -> str | None:
+        for r in self.runs.values():
+            if r.get("version"):
+                return str(r["version"])
+        return None
+
+
+# ------------------------------------------------------------------ the table's rows
+Getter = Callable[[dict[str, Any]], Any]
+
+
+def path(*keys: str) -> Getter:
+    def get(r: dict[str, Any]) -> Any:
+        cur: Any = r
+        for k in keys:
+            cur = cur.get(k) if isinstance(cur, dict) else None
+        return cur
+
+    return get
+
+
+def payload(case_prefix: str, field_name: str) -> Getter:
+    def get(r: dict[str, Any]) -> Any:
+        for p in r.get("payload") or []:
+            if isinstance(p, dict) and str(p.get("case", "")).startswith(case_prefix):
+                return p.get(field_name)
+        return None
+
+    return get
+
+
+def leftover(r: dict[str, Any]) -> Any:
+    # monarch_bench.py stops its procs, ray_bench.py shuts Ray down: different key.
+    for key in ("leftover_processes_after_stop", "leftover_processes_after_shutdown"):
+        if isinstance(r.get(key), list):
+            return len(r[key])
+    return None
+
+
+@dataclass
+class Row:
+    label: str
+    get: Getter
+    spec: str
+    target: tuple[str, float] | None = None  # ("<=", 0.2): core ÷ Monarch must be at most 0.2
+    main: bool = True  # shown in the per-run table
+
+    def value(self, r: dict[str, Any] | None) -> float | None:
+        if not r:
+            return None
+        try:
+            v = self.get(r)
+        except Exception:  # noqa: BLE001 - an odd JSON must not lose the whole table
+            return None
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+ROWS = [
+    Row("call_one p50, µs", path("latency", "p50_us"), "{:.0f}", ("<=", 0.2)),
+    Row("call_one p99, µs", path("latency", "p99_us"), "{:.0f}", ("<=", 0.25)),
+    Row("await call_one p50, µs", path("latency_async", "p50_us"), "{:.0f}"),
+    Row("pipelined call_one, calls/s", path("throughput", "calls_per_s_median"), "{:,.0f}", (">=", 7)),
+    Row("call() on 4 actors p50, ms", path("broadcast_4", "p50_ms"), "{:.2f}"),
+    Row("call() on 16 actors p50, ms", path("broadcast_16", "p50_ms"), "{:.2f}", ("<=", 0.25)),
+    Row("cold spawn 4 procs + first reply, s", path("spawn_cold", "total_s_median"), "{:.3f}", ("<=", 0.5)),
+    Row("warm spawn 4 procs + first reply, s", path("spawn_warm", "median_s"), "{:.3f}"),
+    Row("1 MiB bytes echo, MiB/s", payload("bytes 1 MiB", "echo_mib_s"), "{:,.0f}", (">=", 2)),
+    Row("64 MiB bytes send, MiB/s", payload("bytes 64 MiB", "send_mib_s"), "{:,.0f}", (">=", 3)),
+    Row("64 MiB bytes echo, MiB/s", payload("bytes 64 MiB", "echo_mib_s"), "{:,.0f}"),
+    Row("64 MiB torch tensor send, MiB/s", payload("torch tensor 64 MiB", "send_mib_s"), "{:,.0f}", (">=", 5)),
+    Row("64 MiB torch tensor echo, MiB/s", payload("torch tensor 64 MiB", "echo_mib_s"), "{:,.0f}"),
+    Row("idle worker PSS, MiB", path("memory", "worker_pss_mib_median"), "{:.1f}", ("<=", 0.5)),
+    Row("idle worker RSS, MiB", path("memory", "worker_rss_mib_median"), "{:.1f}"),
+    Row("runtime's other processes, PSS sum, MiB", path("memory", "other_processes_pss_mib_sum"), "{:.1f}",
+        main=False),
+    Row("import of the actor module, ms", path("import", "wall_ms_median"), "{:.0f}", ("<=", 1)),
+    Row("processes left after stop", leftover, "{:.0f}", main=False),
+]
+
+
+def ratio(core: float | None, monarch: float | None) -> float | None:
+    if core is None or monarch is None or monarch == 0:
+        return None
+    return core / monarch
+
+
+def target_text(target: tuple[str, float] | None) -> str:
+    if target is None:
+        return T.DASH
+    op, x = target
+    if op == "<=":
+        return f"≤ {x:g}× (lower is better)"
+    return f"≥ {x:g}× (higher is better)"
+
+
+def met(target: tuple[str, float] | None, r: float | None) -> str:
+    if target is None or r is None:
+        return T.DASH
+    op, x = target
+    ok = r <= x if op == "<=" else r >= x
+    return "yes" if ok else "**no**"
+
+
+# ------------------------------------------------------------------ running one child
+def run_child(impl: Impl, i: int, out_dir: str, quick: bool, timeout: float, verbose: bool) -> None:
+    """Run one benchmark process; its JSON (even a partial one) goes to ``impl.runs[i]``."""
+    json_path = os.path.join(out_dir, f"{impl.key}_run{i}.json")
+    log_path = os.path.join(out_dir, f"{impl.key}_run{i}.log")
+    for p in (json_path, log_path):
+        if os.path.exists(p):
+            os.remove(p)
+    argv = [impl.python, impl.script, "--out", json_path] + (["--quick"] if quick else [])
+    env = dict(os.environ)
+    env.update(impl.env)
+    t0 = time.monotonic()
+    # A session of its own: a timeout or ^C ends the benchmark and everything it started.
+    with open(log_path, "w") as log:
+        log.write(f"$ {' '.join(f'{k}={v}' for k, v in impl.env.items())} {' '.join(argv)}\n")
+        log.flush()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=out_dir,
+                                text=True, errors="replace", start_new_session=True)
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                log.write(line)
+                log.flush()
+                if verbose or " FAILED" in line:
+                    print(f"      {line.rstrip()}", flush=True)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        timed_out = False
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _kill_group(proc)
+            rc = proc.returncode
+        except KeyboardInterrupt:
+            _kill_group(proc)
+            raise
+        stragglers = _group_members(proc.pid)
+        if stragglers:  # they would disturb the next run
+            _kill_group(proc)
+        reader.join(timeout=10)
+    dt = time.monotonic() - t0
+    if stragglers:
+        msg = f"run {i}: {len(stragglers)} process(es) of its group outlived it and were killed: " + "; ".join(
+            stragglers[:3])
+        impl.failures.append(msg)
+        print(f"  {msg}", flush=True)
+    result = None
+    if os.path.exists(json_path):
+        try:
+            with open(json_path) as f:
+                result = json.load(f)
+        except (OSError, ValueError) as e:
+            impl.failures.append(f"run {i}: {json_path} unreadable: {e}")
+    if result is not None:
+        impl.runs[i] = result
+    errors = sorted((result or {}).get("errors") or {})
+    if rc == 0 and result is not None and not errors:
+        status = "LEAKED" if stragglers else "ok"
+        print(f"  run {i}  {impl.title:<13} {status:<8} {dt:6.1f} s  -> {os.path.basename(json_path)}", flush=True)
+        return
+    why = f"timed out after {timeout:.0f} s" if timed_out else f"exit status {rc}"
+    if rc == 0 and result is None:
+        why = "no JSON written"
+    if rc == 0 and errors:
+        why = "sections failed: " + ", ".join(errors)
+    elif errors:
+        why += "; sections failed: " + ", ".join(errors)
+    impl.failures.append(f"run {i}: {why} (log: {log_path})")
+    print(f"  run {i}  {impl.title:<13} FAILED   {dt:6.1f} s  {why}", flush=True)
+    if result is None or rc != 0:
+        print(f"    last lines of {log_path}:", flush=True)
+        for line in _tail(log_path, 25):
+            print(f"    | {line}", flush=True)
+    for name in errors:
+        tb = str(result["errors"][name]).strip().splitlines()
+        print(f"    [{name}] {tb[-1] if tb else '?'}", flush=True)
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the child's process group, then SIGKILL whatever is left of it."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+        end = time.monotonic() + 5
+        while _group_members(proc.pid) and time.monotonic() < end:
+            time.sleep(0.1)
+        if not _group_members(proc.pid):
+            return
+
+
+def _group_members(pgid: int) -> list[str]:
+    """``pid command`` of every live process in process group ``pgid`` (Linux /proc)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            if fields[0] != "Z" and int(fields[2]) == pgid:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+                found.append(f"{entry} {cmd[:100]}")
+        except (OSError, IndexError, ValueError):
+            continue
+    return found
+
+
+def _tail(path_: str, n: int) -> list[str]:
+    try:
+        with open(path_, errors="replace") as f:
+            return [line.rstrip("\n") for line in f.readlines()[-n:]]
+    except OSError as e:
+        return [f"(cannot read the log: {e})"]
+
+
+# ------------------------------------------------------------------ the report
+def column_titles(impls: dict[str, Impl | None]) -> dict[str, str]:
+    titles = {}
+    for key, default in (("monarch_core", "monarch-core"), ("monarch", "Monarch 0.7.0"), ("ray", "Ray 2.60")):
+        impl = impls.get(key)
+        v = impl.version() if impl else None
+        if key == "monarch_core" or not v:
+            titles[key] = default
+        else:
+            titles[key] = f"{default.split()[0]} {v}"
+    return titles
+
+
+def medians(impl: Impl | None) -> dict[str, float | None]:
+    if impl is None:
+        return {row.label: None for row in ROWS}
+    return {row.label: T.median(row.value(r) for r in impl.runs.values()) for row in ROWS}
+
+
+def main_table(impls: dict[str, Impl | None]) -> tuple[str, dict[str, Any]]:
+    titles = column_titles(impls)
+    med = {k: medians(impls.get(k)) for k in ("monarch_core", "monarch", "ray")}
+    rows, data = [], {}
+    for row in ROWS:
+        c, m, r = (med[k][row.label] for k in ("monarch_core", "monarch", "ray"))
+        q = ratio(c, m)
+        rows.append([row.label, T.fmt(c, row.spec), T.fmt(m, row.spec), T.fmt(r, row.spec),
+                     T.fmt(q, "{:.2f}×"), target_text(row.target), met(row.target, q)])
+        data[row.label] = {"monarch_core": c, "monarch": m, "ray": r, "core_over_monarch": q,
+                           "target": list(row.target) if row.target else None,
+                           "met": None if row.target is None or q is None else met(row.target, q) == "yes"}
+    headers = ["metric", titles["monarch_core"], titles["monarch"], titles["ray"], "core ÷ Monarch", "target",
+               "met?"]
+    return T.markdown(headers, rows, [False, True, True, True, True, False, False]), data
+
+
+def per_run_table(impls: dict[str, Impl | None], runs: int) -> str:
+    titles = column_titles(impls)
+    keys = [k for k in ("monarch_core", "monarch", "ray") if impls.get(k) is not None]
+
+    def cells(impl: Impl, row: Row) -> list[float | None]:
+        return [row.value(impl.runs.get(i)) for i in range(1, runs + 1)]
+
+    rows = []
+    for row in ROWS:
+        if not row.main:
+            continue
+        line = [row.label]
+        for k in keys:
+            line.append(" ‖ ".join(T.fmt(v, row.spec) for v in cells(impls[k], row)))
+        if impls.get("monarch_core") and impls.get("monarch"):
+            pairs = zip(cells(impls["monarch_core"], row), cells(impls["monarch"], row), strict=True)
+            line.append(" ‖ ".join(T.fmt(ratio(c, m), "{:.2f}×") for c, m in pairs))
+        rows.append(line)
+    headers = ["metric"] + [f"{titles[k]} (run 1 ‖ 2 …)" for k in keys]
+    if impls.get("monarch_core") and impls.get("monarch"):
+        headers.append("core ÷ Monarch, per run")
+    return T.markdown(headers, rows, [False] + [True] * (len(headers) - 1))
+
+
+# ------------------------------------------------------------------ main
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description="Run monarch-core, Monarch and Ray through the same benchmark definitions, "
+                    "interleaved, and print one markdown table (also written to DIR/summary.md).")
+    ap.add_argument("--runs", type=int, default=2, help="interleaved runs of each implementation (default 2)")
+    ap.add_argument("--quick", action="store_true", help="small counts (a smoke test); passed to every script")
+    ap.add_argument("--out", metavar="DIR", help="results folder (default bench/results/<UTC timestamp>)")
+    ap.add_argument("--anchors", metavar="DIR",
+                    help="the shared benchmark definitions (default $BENCH_ANCHORS, else <repo>/../shared/bench-anchors)")
+    ap.add_argument("--core-py", metavar="PATH", default=sys.executable,
+                    help="Python of the monarch-core venv (default: the Python running this script)")
+    ap.add_argument("--monarch-py", metavar="PATH", default=os.environ.get("MONARCH_PY", DEFAULT_MONARCH_PY),
+                    help=f"Python of the Monarch venv (default $MONARCH_PY, else {DEFAULT_MONARCH_PY})")
+    ap.add_argument("--ray-py", metavar="PATH", default=os.environ.get("RAY_PY", DEFAULT_RAY_PY),
+                    help=f"Python of the Ray venv (default $RAY_PY, else {DEFAULT_RAY_PY})")
+    ap.add_argument("--no-anchors", action="store_true",
+                    help="measure monarch-core only: skip the Monarch and Ray runs")
+    ap.add_argument("--no-scaling", action="store_true", help="do not run bench/scaling.py afterwards")
+    ap.add_argument("--timeout", type=float, default=1800.0,
+                    help="seconds one benchmark process may run before it is killed (default 1800)")
+    ap.add_argument("-v", "--verbose", action="store_true", help="echo every progress line of the children")
+    args = ap.parse_args(argv)
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    out_dir = os.path.abspath(args.out or os.path.join(HERE, "results", stamp))
+    os.makedirs(out_dir, exist_ok=True)
+    anchors = os.path.abspath(args.anchors or os.environ.get("BENCH_ANCHORS")
+                              or os.path.join(REPO, "..", "shared", "bench-anchors"))
+    notes: list[str] = []
+
+    # monarch-core: always, with the shared definitions when they exist.
+    shared_bench = os.path.join(anchors, "monarch_bench.py")
+    if os.path.isfile(shared_bench):
+        definitions = f"the shared anchor scripts in {anchors}"
+        core = Impl("monarch_core", "monarch-core", args.core_py, shared_bench, {"BENCH_IMPL": "monarch_core"})
+    else:
+        definitions = (f"the project's own copy, bench/actor_bench.py ({anchors} not found: "
+                       "monarch-core only, Monarch and Ray need the shared anchor scripts)")
+        core = Impl("monarch_core", "monarch-core", args.core_py, os.path.join(HERE, "actor_bench.py"))
+        notes.append(f"anchors folder {anchors} has no monarch_bench.py: measuring monarch-core alone with "
+                     "bench/actor_bench.py (set BENCH_ANCHORS or --anchors to compare with Monarch and Ray)")
+    impls: dict[str, Impl | None] = {"monarch_core": core, "monarch": None, "ray": None}
+    chk = subprocess.run([args.core_py, "-c", "import monarch_core.actor"], capture_output=True, text=True,
+                         check=False)
+    if chk.returncode != 0:
+        impls["monarch_core"] = None
+        last = (chk.stderr.strip().splitlines() or ["?"])[-1]
+        notes.append(f"monarch-core skipped: {args.core_py} cannot import monarch_core.actor ({last}); run this "
+                     "script with the project venv's python or pass --core-py")
+
+    if args.no_anchors:
+        notes.append("Monarch and Ray skipped (--no-anchors)")
+    elif os.path.isfile(shared_bench):
+        for key, title, py, script in (("monarch", "Monarch", args.monarch_py, "monarch_bench.py"),
+                                       ("ray", "Ray", args.ray_py, "ray_bench.py")):
+            script_path = os.path.join(anchors, script)
+            venv = os.path.dirname(os.path.dirname(os.path.abspath(py)))
+            if not os.path.isfile(script_path):
+                notes.append(f"{title} skipped: {script_path} not found")
+            elif not os.access(py, os.X_OK):
+                notes.append(f"{title} skipped: no venv at {py}; create it with: "
+                             + INSTALL[key].format(venv=venv))
+            else:
+                impls[key] = Impl(key, title, py, script_path,
+                                  {"BENCH_IMPL": "monarch"} if key == "monarch" else {})
+
+    active = [impl for impl in impls.values() if impl is not None]
+    print(f"results: {out_dir}", flush=True)
+    print(f"definitions: {definitions}", flush=True)
+    for n in notes:
+        print(f"note: {n}", flush=True)
+    if args.quick:
+        print("--quick: small counts; the figures check the plumbing and are not comparable to the targets",
+              flush=True)
+    load_start = os.getloadavg()
+    t_all = time.monotonic()
+    for i in range(1, args.runs + 1):
+        shift = (i - 1) % len(active) if active else 0
+        order = active[shift:] + active[:shift]
+        print(f"run {i}/{args.runs}: " + ", ".join(impl.title for impl in order), flush=True)
+        for impl in order:
+            run_child(impl, i, out_dir, args.quick, args.timeout, args.verbose)
+    load_end = os.getloadavg()
+
+    table, data = main_table(impls)
+    quick_note = " — **--quick: smoke-test counts, not comparable to the targets**" if args.quick else ""
+    header = [
+        f"# monarch-core vs Monarch vs Ray ({stamp})",
+        "",
+        f"- definitions: {definitions}",
+        (f"- runs: {args.runs}, interleaved (the order rotates by one each run); each figure is the median over the "
+         f"runs of each run's own median of repeats{quick_note}"),
+        ("- `core ÷ Monarch` = monarch-core's median ÷ Monarch's median (same session); `target` is the bound "
+         "on that ratio: `≤` rows are times or memory (lower is better), `≥` rows are rates (higher is better)"),
+        (f"- machine: {os.cpu_count()} CPUs, load average {load_start[0]:.2f} at start, {load_end[0]:.2f} at "
+         f"end; the runs took {(time.monotonic() - t_all) / 60:.1f} min"),
+    ]
+    header += [f"- note: {n}" for n in notes]
+    for impl in active:
+        header += [f"- {impl.title} FAILED {f}" for f in impl.failures]
+    parts = ["\n".join(header), table,
+             "### Per run (so the noise is visible)\n\n" + per_run_table(impls, args.runs)]
+
+    scaling_ok = True
+    if not args.no_scaling and impls["monarch_core"] is not None:
+        print("scaling.py (monarch-core only) ...", flush=True)
+        scaling, scaling_ok = run_scaling(args, out_dir)
+        parts.append(scaling)
+    summary = "\n\n".join(parts) + "\n"
+    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+        f.write(summary)
+    with open(os.path.join(out_dir, "summary.json"), "w") as f:
+        json.dump({"definitions": definitions, "runs": args.runs, "quick": args.quick, "notes": notes,
+                   "rows": data,
+                   "per_run": {impl.key: {row.label: [row.value(impl.runs.get(i)) for i in range(1, args.runs + 1)]
+                                          for row in ROWS} for impl in active},
+                   "failures": {impl.key: impl.failures for impl in active}}, f, indent=2)
+        f.write("\n")
+    print()
+    print(summary)
+    print(f"written: {os.path.join(out_dir, 'summary.md')}")
+    failed = any(impl.failures for impl in active) or not active or not scaling_ok
+    return 1 if failed else 0
+
+
+def run_scaling(args: argparse.Namespace, out_dir: str) -> tuple[str, bool]:
+    """Run scaling.py in a child; its markdown, and whether it succeeded."""
+    md = os.path.join(out_dir, "scaling.md")
+    log_path = os.path.join(out_dir, "scaling.log")
+    argv = [args.core_py, os.path.join(HERE, "scaling.py"), "--out", os.path.join(out_dir, "scaling.json"),
+            "--md", md] + (["--quick"] if args.quick else [])
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=out_dir, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=args.timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            rc = None
+        except KeyboardInterrupt:
+            _kill_group(proc)
+            raise
+        if _group_members(proc.pid):
+            _kill_group(proc)
+    dt = time.monotonic() - t0
+    text = ""
+    if os.path.exists(md):
+        with open(md) as f:
+            text = f.read().strip()
+    if rc == 0 and text:
+        print(f"  scaling ok       {dt:6.1f} s", flush=True)
+        return text, True
+    why = "timed out" if rc is None else f"exit status {rc}"
+    print(f"  scaling FAILED ({why}); last lines of {log_path}:", flush=True)
+    tail = _tail(log_path, 25)
+    for line in tail:
+        print(f"    | {line}", flush=True)
+    return (text + "\n\n" if text else "## Scaling\n\n") + f"scaling.py FAILED ({why}); see {log_path}", False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
