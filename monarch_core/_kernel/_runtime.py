@@ -68,9 +68,9 @@ DELIVERY_TIMEOUT = _env_float("MONARCH_DELIVERY_TIMEOUT", 30.0)
 REFUSALS_FOR_DEAD = 4
 #: Seconds to wait, once a proc looks dead, for its parent's word on how it ended.
 DEAD_VERDICT_GRACE = 0.3
-#: Largest message (bytes) a thread writes straight to a socket; larger ones
-#: go through the loop.
-DIRECT_MAX = 64 * 1024
+#: Messages below this size (and without out-of-band buffers) are joined into
+#: one ``send`` when written directly; larger ones go out with ``sendmsg``.
+DIRECT_JOIN_MAX = 64 * 1024
 #: Read inbound sessions over plain sockets on a thread of their own
 #: (``MONARCH_THREADED_INBOUND=0``: on the trio loop, as TLS sessions are).
 THREADED_INBOUND = os.environ.get("MONARCH_THREADED_INBOUND", "1") != "0"
@@ -134,9 +134,11 @@ class _Outbound:
     def try_direct(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list,
                    port_id: int | None) -> bool:
         """Write one message straight to the socket from the calling thread, if
-        the session is connected, idle, and the whole frame fits in the socket
-        buffer.  False: nothing was written, use the queue."""
-        if self.sock is None or self.busy or self.queue or buffers or len(payload) + len(header) > DIRECT_MAX:
+        the session is connected and idle: as much of it as the socket buffer
+        takes now (one ``sendmsg``, no copy), the rest goes next through the
+        loop, ahead of anything else.  False: nothing was written, use the
+        queue."""
+        if self.sock is None or self.busy or self.queue or len(buffers) > 512:
             return False
         now = _monotonic()
         if now - self.last_direct < DIRECT_GAP:
@@ -151,24 +153,27 @@ class _Outbound:
                 return False
             seq = self.seq + 1
             parts = W.encode_message(kind, flags, seq, header, payload, buffers)
-            data = b"".join(parts)
+            small = not buffers and len(payload) < DIRECT_JOIN_MAX
+            if small:  # one contiguous write is cheapest for small frames
+                data = b"".join(parts)
+                total = len(data)
+            else:
+                total = sum(len(p) if type(p) is bytes else memoryview(p).nbytes for p in parts)
             try:
-                n = sock.send(data)
+                n = sock.send(data) if small else sock.sendmsg(parts)
             except (BlockingIOError, InterruptedError):
                 return False
             except OSError:
                 return False  # the loop's reader will see the broken connection
-            if n != len(data):
-                # a partial write: the rest must go next, ahead of anything else
-                self.seq = seq
-                self.unacked.append((seq, parts, port_id))
-                self.queue.appendleft((None, [memoryview(data)[n:]], None))
-                self.kernel.call_soon(self.wake.set)
-                return True
             self.seq = seq
             if not self.unacked:
                 self.last_ack_time = time.monotonic()
             self.unacked.append((seq, parts, port_id))
+            if n != total:
+                # a partial write: the rest must go next, ahead of anything else
+                rest = [memoryview(data)[n:]] if small else W.skip_bytes(parts, n)
+                self.queue.appendleft((None, rest, None))
+                self.kernel.call_soon(self.wake.set)
             return True
 
     def trim(self, acked: int) -> None:

@@ -73,6 +73,7 @@ def _new_bytes_writable(n: int) -> tuple[bytes, memoryview] | None:
         return None
     b = _PyBytes_New(None, n)
     arr = (ctypes.c_char * n).from_address(id(b) + _BYTES_DATA_OFFSET)
+    arr.owner = b  # the view keeps the memory alive
     return b, memoryview(arr).cast("B")
 
 
@@ -222,6 +223,22 @@ def encode_message(
     return [fixed, header, payload]
 
 
+def skip_bytes(parts: list, n: int) -> list:
+    """``parts`` without their first ``n`` bytes (views, no copies)."""
+    out: list = []
+    for p in parts:
+        m = memoryview(p)
+        if m.ndim != 1 or m.itemsize != 1:
+            m = m.cast("B")
+        size = m.nbytes
+        if n >= size:
+            n -= size
+            continue
+        out.append(m[n:] if n else m)
+        n = 0
+    return out
+
+
 def coalesce(parts: list) -> list:
     """Join runs of small parts so that a batch costs few ``send`` calls."""
     out: list = []
@@ -273,10 +290,27 @@ class FrameReader:
         self._pos = p + n
         return out
 
-    async def _read_big(self, n: int) -> bytearray:
+    async def _read_big(self, n: int) -> Any:
         # Allocate up front (so the bytes land in place, no copy) only up to
         # _EAGER; beyond that grow as data actually arrives, so a peer cannot
-        # make us allocate gigabytes by announcing them.
+        # make us allocate gigabytes by announcing them.  Up front, the memory
+        # is not zero-filled first (a writable view of a fresh ``bytes``): the
+        # received data is its first write.
+        if n <= _EAGER:
+            made = _new_bytes_writable(n)
+            if made is not None:
+                mv = made[1]
+                have = min(n, len(self._buf) - self._pos)
+                if have:
+                    mv[:have] = self._buf[self._pos : self._pos + have]
+                    self._pos += have
+                recv_into = self.stream.receive_into
+                while have < n:
+                    got = await recv_into(mv[have:])
+                    if not got:
+                        raise ConnectionClosed(f"connection from {self.peer} closed mid-message")
+                    have += got
+                return mv
         size = n if n <= _EAGER else _EAGER
         out = bytearray(size)
         have = min(n, len(self._buf) - self._pos)
