@@ -902,8 +902,20 @@ def this_proc() -> ProcMesh:
 
 def this_host() -> HostMesh:
     """The machine this code runs on, as a one-host ``HostMesh`` (no
-    dimensions).  Procs spawned from it are children of this process."""
-    _state.runtime()
+    dimensions).  Procs spawned from it are started by this process: forked
+    from its fork server (``_zygote``), or exec'd as its children, and they
+    die with it."""
+    from monarch_core._actor import _zygote
+
+    # The fork server's imports overlap with the runtime's start and the
+    # caller's work before its first spawn.
+    _zygote.start_early()
+    try:
+        rt = _state.runtime()
+    except BaseException:
+        _zygote.discard_early()
+        raise
+    _zygote.prestart(rt.kernel)
     from monarch_core.hookspecs import HostHandle
 
     return HostMesh([HostHandle("localhost")], _EMPTY_REGION, owner=True, name="this_host")

@@ -4,6 +4,11 @@ The spawning process passes the proc's identity in ``MONARCH_PROC_BOOTSTRAP``
 (JSON).  The proc sets a parent-death signal (so it never outlives the process
 that started it), starts its kernel on its own address, tells its parent it is
 listening, and serves until told to stop.
+
+:func:`main` is also how a proc forked by the fork server starts (see
+``_zygote``): the forked child sets up the environment, directory and
+``sys.path`` an exec'd proc would have, then calls it; its parent (for the
+death signal and the re-parenting checks) is then the fork server.
 """
 
 from __future__ import annotations

@@ -5,7 +5,9 @@ describing one proc to start: its identity, the ``BootstrapCommand`` fields,
 its CPU/NUMA binding, and where to report (``status`` port, ``parent``
 spawner, ``root`` client).  :func:`start_proc` turns it into an OS process on
 the host that runs it: the environment is that host's, plus the command's
-overrides, plus ``monarch_proc_env`` hook results.
+overrides, plus ``monarch_proc_env`` hook results.  A proc that runs the
+default command is forked from the spawning process's fork server (see
+``_zygote``); any other is exec'd.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ import os
 import sys
 from typing import Any
 
-from monarch_core._actor._bootstrap import BOOTSTRAP_ENV, BootstrapCommand, apply_bind
+from monarch_core._actor._bootstrap import (
+    BOOTSTRAP_ENV,
+    PROC_MODULE,
+    BootstrapCommand,
+    apply_bind,
+)
 
 logger = logging.getLogger("monarch.proc")
 
@@ -96,9 +103,42 @@ async def start_proc(kernel: Any, spec: dict, *, bind_spec: str | None) -> Any:
         "log_level": spec["log_level"],
         "describe": spec["describe"],
     }
+    zygote = _fork_server(kernel, cmd, argv, env)
+    if zygote is not None:
+        from monarch_core._actor._zygote import ForkServerUnavailable
+
+        info["parent_pid"] = zygote.pid
+        env[BOOTSTRAP_ENV] = bootstrap_env_json(info)
+        kernel.expect_proc(spec["proc_id"])
+        try:
+            child = await zygote.fork(env, os.getcwd())
+        except ForkServerUnavailable as e:
+            logger.info("starting %s with exec: %s", spec["describe"], e)
+        else:
+            logger.debug("%s forked from fork server pid %d as pid %d", spec["describe"], zygote.pid, child.pid)
+            return await kernel.spawn_process(spec["proc_id"], argv, env, describe=spec["describe"], child=child)
+        info["parent_pid"] = os.getpid()
     env[BOOTSTRAP_ENV] = bootstrap_env_json(info)
     executable = cmd.program if cmd.arg0 is not None and argv[0] == cmd.arg0 else None
     return await kernel.spawn_process(spec["proc_id"], argv, env, describe=spec["describe"], executable=executable)
+
+
+def _fork_server(kernel: Any, cmd: BootstrapCommand, argv: list[str], env: dict[str, str]) -> Any:
+    """The zygote to fork this proc from, or ``None`` to exec it: only the
+    default command (this Python, ``-m`` the proc module, no wrapper) with no
+    change to start-up variables is forked (see ``_zygote``).  Worker loops
+    exec their procs (they are the procs' parent, which their clients and
+    tests rely on)."""
+    from monarch_core._actor import _zygote
+
+    if (
+        argv != [sys.executable, "-m", PROC_MODULE]
+        or cmd.arg0 is not None
+        or getattr(kernel.agent, "is_host", False)
+        or not _zygote.enabled()
+    ):
+        return None
+    return _zygote.server_of(kernel).for_env(env)
 
 
 def _coords(rank: int, sizes: list) -> list[int]:
