@@ -97,6 +97,10 @@ def _start_client() -> None:
     from monarch_core._kernel._runtime import Kernel
     from monarch_core._plugins import registry
 
+    if "MONARCH_MALLOC_REUSE_MB" in os.environ:  # procs tune malloc by default; a client only when asked
+        from monarch_core._actor._proc_main import tune_malloc
+
+        tune_malloc()
     choice = _transport.current_choice()
     transport = registry().transport(choice.name)
     proc_id = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"

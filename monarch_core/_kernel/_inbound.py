@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import select
 import socket
 import threading
@@ -241,8 +242,7 @@ class InboundSession:
                     reader._pos = pos
                     if poller is not None:
                         poller.remove(self)
-                    threading.Thread(target=self._read_large, name=f"monarch-in-{self.sender}",
-                                     daemon=True).start()
+                    self.kernel.inbound_poller().run_large(self._read_large)
                     return False
                 end = pos + fixed + hlen + plen
                 if len(buf) < end:
@@ -323,8 +323,30 @@ class Poller:
         os.set_blocking(self._wake_w, False)
         self._ep.register(self._wake_r, select.EPOLLIN)
         self._closed = False
+        # threads that read large messages, kept for the next one (starting a
+        # thread costs more than a 1 MiB message takes to arrive)
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle_readers = 0
+        self._pool_lock = threading.Lock()
         self._thread = threading.Thread(target=self._main, name="monarch-inbound", daemon=True)
         self._thread.start()
+
+    def run_large(self, fn: Any) -> None:
+        """Run ``fn`` (reading one session's large message) on a reader thread
+        of the pool, starting one if none is idle (any thread)."""
+        with self._pool_lock:
+            if self._idle_readers:
+                self._idle_readers -= 1
+                self._jobs.put(fn)
+                return
+        threading.Thread(target=self._reader, args=(fn,), name="monarch-in-large", daemon=True).start()
+
+    def _reader(self, fn: Any) -> None:
+        while fn is not None:
+            fn()
+            with self._pool_lock:
+                self._idle_readers += 1
+            fn = self._jobs.get()
 
     def add(self, s: InboundSession) -> None:
         """Serve ``s`` (any thread)."""
@@ -350,6 +372,10 @@ class Poller:
     def close(self) -> None:
         """End the thread (any thread); sessions still registered end too."""
         self._closed = True
+        with self._pool_lock:
+            idle, self._idle_readers = self._idle_readers, 0
+        for _ in range(idle):
+            self._jobs.put(None)
         try:
             os.write(self._wake_w, b"x")
         except OSError:

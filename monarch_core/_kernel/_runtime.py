@@ -23,6 +23,7 @@ import collections
 import itertools
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -41,6 +42,7 @@ from monarch_core._kernel._ports import PortHandler
 from monarch_core.errors import (
     AuthenticationError,
     ConnectError,
+    ConnectionClosed,
     ProtocolError,
     SupervisionError,
     TransportError,
@@ -79,6 +81,9 @@ THREADED_INBOUND = os.environ.get("MONARCH_THREADED_INBOUND", "1") != "0"
 #: batches (MONARCH_DIRECT_GAP_US).
 DIRECT_GAP = _env_float("MONARCH_DIRECT_GAP_US", 100.0) / 1e6
 _monotonic = time.perf_counter
+#: Queued writes of at least this many bytes on a plain socket are done by a
+#: worker thread.
+THREAD_WRITE_MIN = 1 << 20
 #: Seconds to wait for a handshake from a new connection.
 HANDSHAKE_TIMEOUT = _env_float("MONARCH_HANDSHAKE_TIMEOUT", 10.0)
 
@@ -316,13 +321,37 @@ class _Outbound:
                         parts = batch[0][1]
                     else:
                         parts = [p for _s, ps, _p in batch for p in ps]
-                    await W.write_parts(stream, parts)
+                    if direct is not None and W.total_size(parts) >= THREAD_WRITE_MIN:
+                        # A large write: from a thread, blocking, rather than
+                        # one pass of the trio scheduler per socket buffer
+                        # the peer drains (hundreds for 64 MiB).
+                        await trio.to_thread.run_sync(self._write_blocking, direct, parts)
+                    else:
+                        await W.write_parts(stream, parts)
         except BaseExceptionGroup as eg:
             raise first_leaf(eg, skip=(trio.Cancelled,)) from None
         finally:
             with self.lock:
                 self.sock = None
                 self.busy = False
+
+    def _write_blocking(self, sock: Any, parts: list) -> None:
+        """Write ``parts`` to the non-blocking ``sock`` (a worker thread); give
+        up, as a broken connection, once the session has failed or the kernel
+        is closing (checked every 0.1 s while the peer does not read)."""
+        poller = select.poll()
+        poller.register(sock.fileno(), select.POLLOUT)
+        while parts:
+            try:
+                n = sock.sendmsg(parts[:512])
+            except (BlockingIOError, InterruptedError):
+                if self.failed is not None or self.kernel._closing:
+                    raise ConnectionClosed(f"session to {self.proc_id} ended during a write") from None
+                poller.poll(100)
+                continue
+            except OSError as e:
+                raise ConnectionClosed(f"connection to {self.proc_id} broke: {e.strerror or e}") from None
+            parts = W.skip_bytes(parts, n)
 
     async def _watchdog(self, address: str) -> None:
         """A connection that stays up but stops acknowledging (a cut link, a
