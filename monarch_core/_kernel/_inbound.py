@@ -10,12 +10,14 @@ So once an inbound session over a plain socket has shaken hands, the kernel's
 *poller* thread reads it: one ``epoll`` over every such session (a reply from
 each of 64 procs wakes one thread, not 64), small messages parsed straight
 from the receive buffer and routed, cumulative acknowledgements sent from
-here too (the socket's only writer).  A message with large or out-of-band
-parts is read by a short-lived thread of its own with the blocking
-:class:`~monarch_core._kernel._wire.FrameReader` path, in place, while the
-poller serves the other sessions; then the session returns to the poller.
-Every limit of the wire format is enforced by the same code either way.  TLS
-and third-party streams keep the trio path.
+here too (the socket's only writer, never blocking).  A message with large
+or out-of-band parts is read in place, straight into its destination
+buffers, by the same :class:`~monarch_core._kernel._wire.FrameReader`
+coroutine the trio path uses, driven by the poller: when the socket has no
+more bytes the coroutine is suspended, and the next readable event resumes
+it, while the poller serves the other sessions.  Every limit of the wire
+format is enforced by the same code either way.  TLS and third-party streams
+keep the trio path.
 
 The trio task that owns a connection waits until the session ends; when it
 is cancelled (kernel shutdown) it shuts the socket down, which ends the
@@ -26,12 +28,10 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import select
 import socket
 import threading
 import time
-from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from monarch_core._kernel import _wire as W
@@ -47,89 +47,84 @@ logger = logging.getLogger("monarch.kernel")
 ACK_EVERY = 256
 ACK_DELAY = 0.005
 
-_POLLIN = select.POLLIN | select.POLLPRI | select.POLLERR | select.POLLHUP
 _EPOLLIN = select.EPOLLIN | select.EPOLLRDHUP
 
 
-def drive(coro: Coroutine[Any, Any, Any]) -> Any:
-    """Run a coroutine that never suspends (its awaits all block instead)."""
-    try:
-        coro.send(None)
-    except StopIteration as e:
-        return e.value
-    coro.close()
-    raise RuntimeError("a blocking reader suspended")  # pragma: no cover - a bug
+class _Acks:
+    """Acknowledgement state of one inbound session, and its ack writes."""
 
-
-class _BlockingSource:
-    """The ``receive_some``/``receive_into`` half of a stream, blocking on a
-    non-blocking socket with ``poll``; sends delayed acknowledgements while
-    it would otherwise sit idle."""
-
-    __slots__ = ("sock", "peer", "poller", "last", "acked", "_ack_ms")
+    __slots__ = ("sock", "peer", "last", "acked", "_partial")
 
     def __init__(self, sock: socket.socket, peer: str, last: int) -> None:
         self.sock = sock
         self.peer = peer
-        self.poller = select.poll()
-        self.poller.register(sock.fileno(), _POLLIN)
-        self.last = last
-        self.acked = last
-        self._ack_ms = max(1, int(ACK_DELAY * 1000))
-
-    def _closed(self, e: BaseException | None = None) -> ConnectionClosed:
-        if e is None:
-            return ConnectionClosed(f"connection from {self.peer} closed")
-        return ConnectionClosed(f"connection from {self.peer} broke: {getattr(e, 'strerror', None) or e}")
-
-    def wait_readable(self) -> None:
-        poll = self.poller.poll
-        while True:
-            if self.last > self.acked:
-                if poll(self._ack_ms):
-                    return
-                self.send_ack()
-            else:
-                poll()
-                return
+        self.last = last  # last sequence number delivered
+        self.acked = last  # last one acknowledged to the sender
+        self._partial: memoryview | None = None  # the unsent tail of an ack frame
 
     def send_ack(self) -> None:
-        last = self.last
-        data = memoryview(W.FIXED.pack(W.K_ACK, 0, 0, 0, 0, last))
+        """Acknowledge everything delivered, if the socket takes it now (the
+        poller's only write, never blocking it: a full socket means the peer
+        is not reading, and a later ack covers this one)."""
         sock = self.sock
-        while data:
-            try:
-                n = sock.send(data)
-            except (BlockingIOError, InterruptedError):
-                select.select([], [sock], [], 1.0)
-                continue
-            except OSError as e:
-                raise self._closed(e) from None
-            data = data[n:]
+        try:
+            if self._partial is not None:  # a frame must be finished before another starts
+                n = sock.send(self._partial)
+                self._partial = self._partial[n:] if n < len(self._partial) else None
+                if self._partial is not None:
+                    return
+            last = self.last
+            data = W.FIXED.pack(W.K_ACK, 0, 0, 0, 0, last)
+            n = sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as e:
+            raise ConnectionClosed(f"connection from {self.peer} broke: {e.strerror or e}") from None
+        if n < len(data):
+            self._partial = memoryview(data)[n:]
         self.acked = last
 
-    async def receive_some(self, max_bytes: int = 65536) -> bytes:
-        return self.recv(max_bytes)
 
-    def recv(self, max_bytes: int) -> bytes:
-        sock = self.sock
+class _Suspend:
+    """Awaited by a reader coroutine that has to wait for more bytes: the
+    coroutine yields to whoever drives it (the poller), which resumes it when
+    the socket is readable again."""
+
+    def __await__(self) -> Any:
+        yield
+
+
+_SUSPEND = _Suspend()
+
+
+class _NonBlockingSource:
+    """``receive_some``/``receive_into`` that suspend the calling coroutine
+    instead of blocking."""
+
+    __slots__ = ("sock", "peer")
+
+    def __init__(self, sock: socket.socket, peer: str) -> None:
+        self.sock = sock
+        self.peer = peer
+
+    def _closed(self, e: BaseException) -> ConnectionClosed:
+        return ConnectionClosed(f"connection from {self.peer} broke: {getattr(e, 'strerror', None) or e}")
+
+    async def receive_some(self, max_bytes: int = 65536) -> bytes:
         while True:
             try:
-                data = sock.recv(max_bytes)
+                return self.sock.recv(max_bytes)
             except (BlockingIOError, InterruptedError):
-                self.wait_readable()
-                continue
+                await _SUSPEND
             except OSError as e:
                 raise self._closed(e) from None
-            return data
 
     async def receive_into(self, buffer: memoryview) -> int:
-        sock = self.sock
         while True:
             try:
-                return sock.recv_into(buffer)
+                return self.sock.recv_into(buffer)
             except (BlockingIOError, InterruptedError):
-                self.wait_readable()
+                await _SUSPEND
             except OSError as e:
                 raise self._closed(e) from None
 
@@ -153,8 +148,9 @@ class InboundSession:
         self.reader = reader
         self.session = session
         self.sender = sender
-        self.source = _BlockingSource(sock, reader.peer, last)
-        reader.stream = self.source  # type: ignore[assignment]
+        self.source = _Acks(sock, reader.peer, last)
+        reader.stream = _NonBlockingSource(sock, reader.peer)  # type: ignore[assignment]
+        self._large: Any = None  # the suspended read of a large message, if one is under way
         self.error: BaseException | None = None
         self.bye = False
         self.ack_due = 0.0  # monotonic deadline of a delayed acknowledgement (0: none)
@@ -162,23 +158,17 @@ class InboundSession:
         self._ended = False
 
     def start(self) -> None:
-        """Deliver what arrived with the handshake, then join the poller."""
+        """Deliver what arrived with the handshake (the poller only sees bytes
+        still in the socket), acknowledge it, then join the poller."""
         if self.reader.buffered():
-            self._resume()
-        else:
-            self.kernel.inbound_poller().add(self)
-
-    def _resume(self) -> None:
-        """Deliver the messages already buffered, acknowledge them, and return
-        to the poller (which only sees bytes still in the socket)."""
-        if not self._deliver_buffered(None):
-            return
-        src = self.source
-        if src.last > src.acked:  # the poller only times acknowledgements of what it read itself
-            try:
-                src.send_ack()
-            except ConnectionClosed:
-                pass  # the next read sees it
+            if not self._deliver_buffered(None):
+                return
+            src = self.source
+            if src.last > src.acked:  # the poller times only acknowledgements of what it read
+                try:
+                    src.send_ack()
+                except ConnectionClosed:
+                    pass  # the next read sees it
         self.kernel.inbound_poller().add(self)
 
     def stop(self) -> None:
@@ -202,15 +192,16 @@ class InboundSession:
     # ------------------------------------------------------------ reading
     def on_readable(self, poller: Poller) -> bool:
         """Read what is there and deliver every complete message (poller
-        thread).  False: the session left the poller (ended, or handed to a
-        thread for a large message)."""
+        thread).  False: the session ended (and left the poller)."""
+        if self._large is not None:
+            return self._step_large(poller)
         try:
             chunk = self.sock.recv(262144)
         except (BlockingIOError, InterruptedError):
             return True
         except OSError as e:
             poller.remove(self)
-            self.end(self.source._closed(e))
+            self.end(ConnectionClosed(f"connection from {self.reader.peer} broke: {e.strerror or e}"))
             return False
         if not chunk:
             poller.remove(self)
@@ -225,9 +216,11 @@ class InboundSession:
         return self._deliver_buffered(poller)
 
     def _deliver_buffered(self, poller: Poller | None) -> bool:
-        """Deliver the complete small messages in the buffer; hand the session
-        to a thread at the first large one.  ``poller`` is None when called
-        from such a thread (the session is not registered then)."""
+        """Deliver the complete messages in the buffer.  A large one (or one
+        with out-of-band parts) is read in place, as far as the socket has
+        its bytes, by a suspended :class:`FrameReader` coroutine that later
+        readable events resume.  ``poller`` is None before the session joins
+        the poller."""
         reader = self.reader
         source = self.source
         buf = reader._buf
@@ -240,10 +233,8 @@ class InboundSession:
                 kind, flags, nbufs, hlen, plen, seq = unpack_fixed(buf, pos)
                 if not (nbufs == 0 and plen < big and hlen <= max_header and 1 <= kind <= k_bye):
                     reader._pos = pos
-                    if poller is not None:
-                        poller.remove(self)
-                    self.kernel.inbound_poller().run_large(self._read_large)
-                    return False
+                    self._large = reader.read_message()
+                    return self._step_large(poller)
                 end = pos + fixed + hlen + plen
                 if len(buf) < end:
                     break
@@ -271,7 +262,7 @@ class InboundSession:
                     source.send_ack()
                 except ConnectionClosed:
                     pass  # the next read sees it
-            elif poller is not None and not self.ack_due:
+            if source.last > source.acked and poller is not None and not self.ack_due:
                 self.ack_due = time.monotonic() + ACK_DELAY
                 poller.ack_later(self)
         return True
@@ -298,18 +289,34 @@ class InboundSession:
             logger.error("inbound session from %s failed", self.sender, exc_info=e)
         self.end(e)
 
-    def _read_large(self) -> None:
-        """Read one large message in place (blocking, this thread only), then
-        the small ones buffered behind it, then return to the poller."""
+    def _step_large(self, poller: Poller | None) -> bool:
+        """Resume the read of a large message; deliver it once complete and
+        go on with what is buffered behind it."""
         try:
-            kind, flags, seq, header, payload, buffers = drive(self.reader.read_message())
-            if self._deliver(kind, flags, seq, header, payload, buffers):
+            self._large.send(None)
+        except StopIteration as done:
+            self._large = None
+            kind, flags, seq, header, payload, buffers = done.value
+            try:
+                bye = self._deliver(kind, flags, seq, header, payload, buffers)
+            except BaseException as e:
+                if poller is not None:
+                    poller.remove(self)
+                self._failed(e)
+                return False
+            if bye:
+                if poller is not None:
+                    poller.remove(self)
                 self.end(None)
-                return
+                return False
+            return self._deliver_buffered(poller)
         except BaseException as e:
+            self._large = None
+            if poller is not None:
+                poller.remove(self)
             self._failed(e)
-            return
-        self._resume()
+            return False
+        return True  # waiting for more bytes
 
 
 class Poller:
@@ -323,30 +330,9 @@ class Poller:
         os.set_blocking(self._wake_w, False)
         self._ep.register(self._wake_r, select.EPOLLIN)
         self._closed = False
-        # threads that read large messages, kept for the next one (starting a
-        # thread costs more than a 1 MiB message takes to arrive)
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._idle_readers = 0
-        self._pool_lock = threading.Lock()
         self._thread = threading.Thread(target=self._main, name="monarch-inbound", daemon=True)
         self._thread.start()
 
-    def run_large(self, fn: Any) -> None:
-        """Run ``fn`` (reading one session's large message) on a reader thread
-        of the pool, starting one if none is idle (any thread)."""
-        with self._pool_lock:
-            if self._idle_readers:
-                self._idle_readers -= 1
-                self._jobs.put(fn)
-                return
-        threading.Thread(target=self._reader, args=(fn,), name="monarch-in-large", daemon=True).start()
-
-    def _reader(self, fn: Any) -> None:
-        while fn is not None:
-            fn()
-            with self._pool_lock:
-                self._idle_readers += 1
-            fn = self._jobs.get()
 
     def add(self, s: InboundSession) -> None:
         """Serve ``s`` (any thread)."""
@@ -372,10 +358,6 @@ class Poller:
     def close(self) -> None:
         """End the thread (any thread); sessions still registered end too."""
         self._closed = True
-        with self._pool_lock:
-            idle, self._idle_readers = self._idle_readers, 0
-        for _ in range(idle):
-            self._jobs.put(None)
         try:
             os.write(self._wake_w, b"x")
         except OSError:
@@ -423,5 +405,8 @@ class Poller:
                 try:
                     src.send_ack()
                 except ConnectionClosed:
-                    pass  # the next read sees it
+                    continue  # the next read sees it
+                if src.last > src.acked:  # the socket was full: try again later
+                    s.ack_due = now + ACK_DELAY
+                    keep.append(s)
         self._acks = keep
