@@ -100,3 +100,21 @@ class _Faults(Actor):
             out.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
             del b
         return out
+
+
+def test_common_payload_shortcuts_round_trip_and_never_compare_user_objects() -> None:
+    from monarch_core._actor import _serial
+
+    class Touchy:
+        def __eq__(self, other: object) -> bool:
+            raise AssertionError("dumps must not compare user objects")
+
+        __hash__ = object.__hash__
+
+    for obj in (None, ((), {}), ((1,), {}), ((), {"a": 1}), (Touchy(), {}), ([], {})):
+        payload, bufs = _serial.dumps(obj)
+        back = _serial.loads(payload, bufs)
+        if isinstance(obj, tuple) and isinstance(obj[0], Touchy):
+            assert type(back[0]).__name__ == "Touchy" and back[1] == {}
+        else:
+            assert back == obj and type(back) is type(obj)
