@@ -66,3 +66,24 @@ def test_a_tensor_dropped_by_the_sender_right_after_the_call_still_arrives_intac
     for i, f in enumerate(futs):  # the tensors above have no other reference
         y = f.get(timeout=60)
         assert y.shape == (1 << 20,) and int(y.min()) == i == int(y.max())
+
+
+def test_received_tensors_kept_alive_never_share_a_pooled_buffer(echo) -> None:
+    """Large received parts land in pooled buffers that are reused once their
+    consumer drops them: tensors still held must keep their contents while
+    later messages of the same size arrive (on both sides of the echo)."""
+    torch = pytest.importorskip("torch")
+    kept = [echo.echo.call_one(torch.full((2 << 20,), i, dtype=torch.int32)).get(timeout=60) for i in range(6)]
+    for _ in range(3):  # dropped at once: their buffers are reused by the next ones
+        echo.echo.call_one(torch.zeros(2 << 20, dtype=torch.int32)).get(timeout=60)
+    for i, y in enumerate(kept):
+        assert int(y.min()) == i == int(y.max())
+    assert len({y.data_ptr() for y in kept}) == len(kept)
+
+
+def test_large_bytes_arrive_as_bytes_in_both_directions(echo) -> None:
+    data = os.urandom(3 << 20)
+    for _ in range(3):
+        out = echo.echo.call_one((data, [data[:10]], {"k": data})).get(timeout=60)
+        assert type(out[0]) is bytes and out[0] == data
+        assert out[1] == [data[:10]] and type(out[2]["k"]) is bytes and out[2]["k"] == data
