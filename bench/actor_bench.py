@@ -328,18 +328,26 @@ def latency_result(what, repeats):
             "p99_us": med(r["p99_us"] for r in repeats), "repeats": repeats}
 
 
-def sec_latency(one, n, reps, warm):
+def timed_repeats(fn, n, reps, warm):
+    """``warm`` untimed calls of ``fn``, then ``reps`` x ``n`` timed ones;
+    the summary of each repeat, and the last result."""
     for _ in range(warm):
-        one.noop.call_one().get()
+        fn()
     clock = time.perf_counter_ns
     repeats = []
+    out = None
     for _ in range(reps):
         samples = []
         for _ in range(n):
             t = clock()
-            one.noop.call_one().get()
+            out = fn()
             samples.append(clock() - t)
         repeats.append(stats_us(samples))
+    return repeats, out
+
+
+def sec_latency(one, n, reps, warm):
+    repeats, _ = timed_repeats(lambda: one.noop.call_one().get(), n, reps, warm)
     return latency_result(f"sequential one.noop.call_one().get(), {n} calls x {reps}", repeats)
 
 
@@ -380,18 +388,8 @@ def sec_throughput(one, n, reps):
 
 
 def sec_broadcast(mesh, size, iters, reps, warm):
-    for _ in range(warm):
-        mesh.noop.call().get()
-    clock = time.perf_counter_ns
-    repeats = []
-    for _ in range(reps):
-        samples = []
-        for _ in range(iters):
-            t = clock()
-            vm = mesh.noop.call().get()
-            samples.append(clock() - t)
-        assert len(values(vm)) == size
-        repeats.append(stats_us(samples))
+    repeats, vm = timed_repeats(lambda: mesh.noop.call().get(), iters, reps, warm)
+    assert len(values(vm)) == size
     return {"size": size, "p50_ms": round(med(r["p50_us"] for r in repeats) / 1e3, 3),
             "p99_ms": round(med(r["p99_us"] for r in repeats) / 1e3, 3), "repeats": repeats}
 

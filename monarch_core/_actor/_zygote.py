@@ -85,15 +85,6 @@ def enabled() -> bool:
     )
 
 
-def _set_parent_death_signal() -> None:
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except Exception:  # noqa: BLE001, S110 - non-Linux
-        pass
-
-
 # ====================================================================== the zygote process
 
 
@@ -165,6 +156,8 @@ def _send(sock: socket.socket, msg: tuple, fds: list[int] | None = None) -> None
 
 def serve(fd: int, parent_pid: int) -> None:
     """Main loop of the zygote process (never returns)."""
+    from monarch_core._actor._proc_main import _set_parent_death_signal
+
     _set_parent_death_signal()
     if os.getppid() != parent_pid:
         os._exit(1)  # the spawner died before we set the death signal

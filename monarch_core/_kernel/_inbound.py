@@ -148,7 +148,7 @@ class InboundSession:
         self.reader = reader
         self.session = session
         self.sender = sender
-        self.source = _Acks(sock, reader.peer, last)
+        self.acks = _Acks(sock, reader.peer, last)
         reader.stream = _NonBlockingSource(sock, reader.peer)  # type: ignore[assignment]
         self._large: Any = None  # the suspended read of a large message, if one is under way
         self.error: BaseException | None = None
@@ -163,7 +163,7 @@ class InboundSession:
         if self.reader.buffered():
             if not self._deliver_buffered(None):
                 return
-            src = self.source
+            src = self.acks
             if src.last > src.acked:  # the poller times only acknowledgements of what it read
                 try:
                     src.send_ack()
@@ -222,7 +222,7 @@ class InboundSession:
         readable events resume.  ``poller`` is None before the session joins
         the poller."""
         reader = self.reader
-        source = self.source
+        acks = self.acks
         buf = reader._buf
         pos = reader._pos
         fixed = W.FIXED_SIZE
@@ -256,31 +256,31 @@ class InboundSession:
         if pos:
             del buf[:pos]
             reader._pos = 0
-        if source.last > source.acked:
-            if source.last - source.acked >= ACK_EVERY:
+        if acks.last > acks.acked:
+            if acks.last - acks.acked >= ACK_EVERY:
                 try:
-                    source.send_ack()
+                    acks.send_ack()
                 except ConnectionClosed:
                     pass  # the next read sees it
-            if source.last > source.acked and poller is not None and not self.ack_due:
+            if acks.last > acks.acked and poller is not None and not self.ack_due:
                 self.ack_due = time.monotonic() + ACK_DELAY
                 poller.ack_later(self)
         return True
 
     def _deliver(self, kind: int, flags: int, seq: int, header: bytes, payload: Any, buffers: list) -> bool:
         """Route one message; True at the end of the session (BYE)."""
-        source = self.source
+        acks = self.acks
         if kind == W.K_BYE:
             self.kernel._inbound_last.pop(self.session, None)
             self.bye = True
             return True
-        last = source.last
+        last = acks.last
         if seq <= last:
             return False  # a retransmission we already delivered
         if seq != last + 1:
             raise ProtocolError(f"peer {self.reader.peer} skipped from seq {last} to {seq}")
         self.kernel._inbound_last[self.session] = seq
-        source.last = seq
+        acks.last = seq
         self.kernel.route(kind, flags, header, payload, buffers, self.sender)
         return False
 
@@ -400,7 +400,7 @@ class Poller:
                 keep.append(s)
                 continue
             s.ack_due = 0.0
-            src = s.source
+            src = s.acks
             if src.last > src.acked and self._sessions.get(s.fd) is s:
                 try:
                     src.send_ack()

@@ -37,7 +37,7 @@ import trio
 
 from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
-from monarch_core._kernel._inbound import InboundSession, Poller
+from monarch_core._kernel._inbound import ACK_DELAY, ACK_EVERY, InboundSession, Poller
 from monarch_core._kernel._ports import PortHandler
 from monarch_core.errors import (
     AuthenticationError,
@@ -163,7 +163,7 @@ class _Outbound:
                 data = b"".join(parts)
                 total = len(data)
             else:
-                total = sum(len(p) if type(p) is bytes else memoryview(p).nbytes for p in parts)
+                total = W.total_size(parts)
             try:
                 n = sock.send(data) if small else sock.sendmsg(parts)
             except (BlockingIOError, InterruptedError):
@@ -409,8 +409,8 @@ class _Acker:
     after ``ACK_DELAY`` seconds, so a request/reply exchange costs no extra
     write on either side."""
 
-    ACK_EVERY = 256
-    ACK_DELAY = 0.005
+    ACK_EVERY = ACK_EVERY
+    ACK_DELAY = ACK_DELAY
 
     def __init__(self, stream: Stream, last: int) -> None:
         self.stream = stream

@@ -354,32 +354,13 @@ class FrameReader:
         # received data is its first write.
         if _POOL is not None and POOL_MIN <= n <= _EAGER:
             mv = _POOL.take(n)
-            have = min(n, len(self._buf) - self._pos)
-            if have:
-                mv[:have] = self._buf[self._pos : self._pos + have]
-                self._pos += have
-            recv_into = self.stream.receive_into
-            while have < n:
-                got = await recv_into(mv[have:])
-                if not got:
-                    raise ConnectionClosed(f"connection from {self.peer} closed mid-message")
-                have += got
+            await self._read_into(mv)
             return mv
         if n <= _EAGER:
             made = _new_bytes_writable(n)
             if made is not None:
-                mv = made[1]
-                have = min(n, len(self._buf) - self._pos)
-                if have:
-                    mv[:have] = self._buf[self._pos : self._pos + have]
-                    self._pos += have
-                recv_into = self.stream.receive_into
-                while have < n:
-                    got = await recv_into(mv[have:])
-                    if not got:
-                        raise ConnectionClosed(f"connection from {self.peer} closed mid-message")
-                    have += got
-                return mv
+                await self._read_into(made[1])
+                return made[1]
         size = n if n <= _EAGER else _EAGER
         out = bytearray(size)
         have = min(n, len(self._buf) - self._pos)
@@ -409,17 +390,23 @@ class FrameReader:
             return bytes(await self._read_big(n))
         out, mv = made
         with mv:
-            have = min(n, len(self._buf) - self._pos)
-            if have:
-                mv[:have] = self._buf[self._pos : self._pos + have]
-                self._pos += have
-            recv_into = self.stream.receive_into
-            while have < n:
-                got = await recv_into(mv[have:])
-                if not got:
-                    raise ConnectionClosed(f"connection from {self.peer} closed mid-message")
-                have += got
+            await self._read_into(mv)
         return out
+
+    async def _read_into(self, mv: memoryview) -> None:
+        """Fill ``mv`` (allocated up front): first from the read buffer, then
+        straight from the stream."""
+        n = len(mv)
+        have = min(n, len(self._buf) - self._pos)
+        if have:
+            mv[:have] = self._buf[self._pos : self._pos + have]
+            self._pos += have
+        recv_into = self.stream.receive_into
+        while have < n:
+            got = await recv_into(mv[have:])
+            if not got:
+                raise ConnectionClosed(f"connection from {self.peer} closed mid-message")
+            have += got
 
     async def read_message(self) -> tuple[int, int, int, bytes, Any, list]:
         """Return ``(kind, flags, seq, header, payload, buffers)``."""
