@@ -566,3 +566,32 @@ def test_fuzz_frame_reader_plus_header_decoding_only_raises_protocol_error_or_co
     assert out["violations"] == [], (
         f"{len(out['violations'])} inputs raised something else ({kinds}); first: {out['violations'][:3]}"
     )
+
+
+@pytest.mark.parametrize(
+    ("kind", "header", "match"),
+    [
+        (W.K_PORT, b"\x00" * 16, "malformed port message header"),
+        (W.K_PORT, b"\x00" * 18, "malformed port message header"),
+        (W.K_ACTOR, b"\x00" * 10, "malformed packed header"),
+        (W.K_CONTROL, W.port_header(1, 0, 0), "malformed packed header"),
+        (W.K_ACTOR, W._ACTOR_P.pack(1, 0, -1) + b"\xff\xfe", "malformed message header"),
+        (W.K_ACTOR, W._ACTOR_P.pack(1, 0, -1) + marshal.dumps(("k", "ep")), "malformed actor message header"),
+        (W.K_ACTOR, W._ACTOR_P.pack(1, 0, -1) + marshal.dumps((1, "ep", None, None, (), (), "s", None, None, 0)),
+         "malformed actor message header"),
+        (W.K_ACTOR, W._ACTOR_P.pack(1, 0, -1) + b"(\xff\xff\xff\x7f", "malformed message header"),
+    ],
+)
+def test_malformed_packed_headers_are_protocol_errors(kind: int, header: bytes, match: str) -> None:
+    with pytest.raises(ProtocolError, match=match):
+        W.decode_packed("peer-x", kind, header)
+
+
+def test_packed_headers_round_trip() -> None:
+    assert W.decode_packed("p", W.K_PORT, W.port_header(7, -1, W.S_ERROR)) == (7, -1, W.S_ERROR)
+    h = W.actor_header("key", "ep", ("client", "ipc://x", 9), 3, ("gpus",), (4,), "client", None, True)
+    assert W.decode_packed("p", W.K_ACTOR, h) == (
+        "key", "ep", ("client", "ipc://x", 9), 3, ("gpus",), (4,), "client", None, True
+    )
+    h = W.actor_header("key", "ep", None, 0, (), (), "a", ("p", None, 5), False)
+    assert W.decode_packed("p", W.K_ACTOR, h) == ("key", "ep", None, 0, (), (), "a", ("p", None, 5), False)
