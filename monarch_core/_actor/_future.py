@@ -14,6 +14,8 @@ from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from monarch_core._kernel._inbound import Poller as _Poller
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -75,8 +77,18 @@ class Cell:
         return self._done
 
     def wait(self, timeout: float | None) -> bool:
+        """Block until resolved or ``timeout`` seconds pass; the state.
+
+        In a process whose kernel reads its sockets with a poller, the
+        waiting thread reads them itself meanwhile (it *leads* the poller),
+        so the reply it waits for wakes it directly."""
         if self._done:
             return True
+        p = _Poller.current
+        if p is not None:
+            led = p.lead(self, timeout)
+            if led is not None:
+                return led
         with self._lock:
             if self._done:
                 return True

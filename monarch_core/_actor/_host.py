@@ -17,6 +17,7 @@ import logging
 import marshal
 import threading
 import time
+from _thread import get_ident as _get_ident
 from typing import TYPE_CHECKING, Any
 
 from monarch_core._actor import _serial, _state
@@ -29,6 +30,7 @@ from monarch_core._actor._port import (
     wrap_exception,
 )
 from monarch_core._kernel import _wire as W
+from monarch_core._kernel._runtime import THREADED_INBOUND
 from monarch_core._mesh._shape import Extent, Point
 from monarch_core.errors import SupervisionError
 
@@ -86,7 +88,21 @@ class ActorHost:
         self._finished = False
         self._return_ref: tuple | None = None
         self._after_death_task: asyncio.Task | None = None
-        self.loop = asyncio.new_event_loop()
+        # The proc's first actor reads the proc's sockets itself while idle
+        # (see ``Poller.attach``): a request wakes this thread directly.
+        self._poller: Any = None
+        self._ident = 0
+        sel = None
+        kernel = agent.kernel
+        if THREADED_INBOUND and getattr(kernel, "inbound_poller", None) is not None:
+            poller = kernel.inbound_poller()
+            sel = poller.attach()
+        if sel is not None:
+            self.loop = asyncio.SelectorEventLoop(sel)
+            self.loop.add_reader(poller.fileno(), self._serve_sockets)
+            self._poller = poller
+        else:
+            self.loop = asyncio.new_event_loop()
         # The mailbox: items arrive through ``_put`` on the actor's loop.  While
         # the actor is idle a message is handled right there, in the callback
         # that brought it (one loop pass per message instead of three).
@@ -95,6 +111,7 @@ class ActorHost:
         self._idle = False
         self._incoming: collections.deque = collections.deque()  # from other threads
         self._wake_scheduled = False
+        self._serving = False  # this actor's loop is reading the proc's sockets
         self._closed = False
         self._ctx = contextvars.Context()
         self._ctx.run(_state.current_actor.set, self)
@@ -117,15 +134,31 @@ class ActorHost:
         through one FIFO; the actor's loop is woken once per batch, not once
         per item (each wake-up is a syscall, and an interrupt on another CPU)."""
         self._incoming.append(item)
+        if self._serving:  # read by this actor's own loop: handled when the read is done
+            return
         if self._closed:
             self._orphan_incoming()
             return
         if not self._wake_scheduled:
             self._wake_scheduled = True
             try:
-                self.loop.call_soon_threadsafe(self._drain_incoming, context=self._ctx)
+                if _get_ident() == self._ident:  # read by this actor's own loop: no wake-up needed
+                    self.loop.call_soon(self._drain_incoming, context=self._ctx)
+                else:
+                    self.loop.call_soon_threadsafe(self._drain_incoming, context=self._ctx)
             except RuntimeError:  # the loop is closed: the actor thread is gone
                 self._orphan_incoming()
+
+    def _serve_sockets(self) -> None:
+        """The proc's sockets are readable (this actor's loop reads them while
+        idle): read, then handle what came for this actor right here."""
+        self._serving = True
+        try:
+            self._poller.serve_attached()
+        finally:
+            self._serving = False
+        if self._incoming:
+            self._ctx.run(self._drain_incoming)
 
     def _drain_incoming(self) -> None:
         self._wake_scheduled = False
@@ -176,6 +209,7 @@ class ActorHost:
 
     # ---------------------------------------------------------------- thread
     def _thread_main(self) -> None:
+        self._ident = _get_ident()
         asyncio.set_event_loop(self.loop)
         try:
             self.loop.run_until_complete(self._main())
@@ -189,6 +223,8 @@ class ActorHost:
                 if pending:
                     self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             finally:
+                if self._poller is not None:
+                    self._poller.detach(self.loop)
                 self.loop.close()
                 self._closed = True
                 self._orphan_incoming()
