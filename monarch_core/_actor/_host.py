@@ -80,6 +80,7 @@ class ActorHost:
         self.owned: list[Any] = []  # meshes spawned by this actor (stopped with it)
         self._init = (init_reply, payload, buffers)
         self._extents: dict[tuple, Extent] = {(labels, sizes): self.mesh_extent}
+        self._methods: dict[str, tuple] = {}  # endpoint name -> (class, property or None, function)
         self._concurrent: set[asyncio.Task] = set()
         self._current_reply: tuple | None = None
         self._stop_lock = threading.Lock()
@@ -337,8 +338,9 @@ class ActorHost:
             self._refuse_msg(h)
             return None
         reply_ref = tuple(reply) if reply is not None else None
-        where = f"{self.name}.{method_name}"
-        point = Point(rank, self._extent(labels, sizes))
+        where = method_name  # "mesh.method" is spelled out only when something goes wrong
+        extent = self._extent(labels, sizes)
+        point = Point._make(rank, extent) if type(rank) is int and 0 <= rank < extent.nelements else Point(rank, extent)
         token = _state.current_message_rank.set(point)
         explicit = bool(explicit_flag)
         self._current_reply = (reply_ref, rank, method_name)
@@ -352,19 +354,21 @@ class ActorHost:
                 port: Port[Any] = Port(reply_ref, None, rank) if reply_ref is not None else _DroppingPort()
                 args = (port, *args)
             if prop is not None and prop._concurrent:
+                where = f"{self.name}.{method_name}"
                 self._start_concurrent(func, args, kwargs, where, None if explicit else reply_ref, rank)
                 rest = asyncio.sleep(0)  # let the body start before the next message
                 return rest
             result = func(self.instance, *args, **kwargs)
-            if inspect.isawaitable(result):
+            if result is not None and inspect.isawaitable(result):
+                where = f"{self.name}.{method_name}"
                 rest = self._finish(result, point, reply_ref, rank, where, explicit)
                 return rest
             if reply_ref is not None and not explicit:
                 self._reply_value(reply_ref, rank, result, where)
         except Exception as e:
-            self._raised(e, reply_ref, rank, where, explicit)
+            self._raised(e, reply_ref, rank, f"{self.name}.{method_name}", explicit)
         except BaseException as e:
-            self._die(e, f"{where} raised {type(e).__name__}")
+            self._die(e, f"{self.name}.{method_name} raised {type(e).__name__}")
         finally:
             if rest is None:
                 self._current_reply = None
@@ -399,10 +403,15 @@ class ActorHost:
         try:
             rp, rb = _serial.dumps(result)
         except Exception as e:
+            if "." not in where:
+                where = f"{self.name}.{where}"
             raise TypeError(f"the result of {where} ({type(result).__name__}) could not be pickled: {e}") from e
         send_raw_to_port(reply_ref, rank, W.S_VALUE, rp, rb)
 
     def _lookup(self, name: str) -> tuple[Any, Any]:
+        found = self._methods.get(name)
+        if found is not None and found[0] is type(self.instance):
+            return found[1], found[2]
         from monarch_core._actor._endpoint import EndpointProperty
 
         cls = type(self.instance)
@@ -411,8 +420,10 @@ class ActorHost:
             if attr is None:
                 continue
             if isinstance(attr, EndpointProperty):
+                self._methods[name] = (cls, attr, attr._method)
                 return attr, attr._method
             if callable(attr):
+                self._methods[name] = (cls, None, attr)
                 return None, attr
             break
         raise AttributeError(f"{cls.__qualname__} has no endpoint {name!r}")

@@ -151,6 +151,8 @@ def _run_hook(failure: MeshFailure) -> None:
 def _end_client() -> None:
     from monarch_core._actor import _state
 
+    if _state._requested_exit_code:
+        return  # already ending: a second interrupt would cut short the shutdown at exit
     _state.request_exit_code(1)
     main = threading.main_thread()
     try:

@@ -624,6 +624,9 @@ class Poller:
             os.close(self._wake_w)
 
     def _send_due_acks(self) -> None:
+        due = self._ack_due
+        if not due or time.monotonic() < due:
+            return
         if not self._ack_lock.acquire(False):
             return  # another reader is at it
         try:
