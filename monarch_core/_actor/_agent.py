@@ -470,11 +470,11 @@ class ProcAgent:
     async def _host_spawn(self, specs: list, client: str) -> None:
         from monarch_core._actor._procs import start_proc
 
+        import trio
+
         kernel = self.kernel
-        for spec in specs:
-            spawner = tuple(spec["parent"])
-            self.proc_spawner[spec["proc_id"]] = spawner
-            self.client_procs.setdefault(client, set()).add(spec["proc_id"])
+
+        async def start(spec: dict) -> None:
             try:
                 await start_proc(kernel, spec, bind_spec=kernel.transport.child_bind_spec(kernel.address))
                 self.watch_child(spec["proc_id"])
@@ -485,6 +485,13 @@ class ProcAgent:
                 )
                 logger.error("%s", msg)
                 kernel.proc_failed(spec["proc_id"], msg)
+
+        for spec in specs:
+            self.proc_spawner[spec["proc_id"]] = tuple(spec["parent"])
+            self.client_procs.setdefault(client, set()).add(spec["proc_id"])
+        async with trio.open_nursery() as nursery:  # all at once, as on the client's own host
+            for spec in specs:
+                nursery.start_soon(start, spec)
 
     def _host_proc_gone(self, proc_id: str, reason: str, stopped: bool) -> None:
         spawner = self.proc_spawner.pop(proc_id, None)

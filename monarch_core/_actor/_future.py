@@ -89,6 +89,14 @@ class Cell:
             led = p.lead(self, timeout)
             if led is not None:
                 return led
+            p.follow(1)
+            try:
+                return self._wait_lock(timeout)
+            finally:
+                p.follow(-1)
+        return self._wait_lock(timeout)
+
+    def _wait_lock(self, timeout: float | None) -> bool:
         with self._lock:
             if self._done:
                 return True
@@ -308,10 +316,15 @@ async def _wait_asyncio(cell: Cell, loop: asyncio.AbstractEventLoop) -> None:
 
     if not cell.add_callback(cb):
         return
+    p = _Poller.current
+    if p is not None:
+        p.follow(1)
     try:
         await waiter
     finally:
         cell.remove_callback(cb)
+        if p is not None:
+            p.follow(-1)
 
 
 async def _wait_trio(cell: Cell) -> None:
@@ -335,7 +348,14 @@ async def _wait_trio(cell: Cell) -> None:
             return trio.lowlevel.Abort.SUCCEEDED
         return trio.lowlevel.Abort.FAILED  # the reschedule is already on its way
 
-    await trio.lowlevel.wait_task_rescheduled(abort)
+    p = _Poller.current
+    if p is not None:
+        p.follow(1)
+    try:
+        await trio.lowlevel.wait_task_rescheduled(abort)
+    finally:
+        if p is not None:
+            p.follow(-1)
 
 
 class _HelperLoop:

@@ -845,10 +845,13 @@ def _check_per_host(per_host: Any, host_labels: tuple) -> dict[str, int]:
 async def _spawn_local(rt: Any, entries: list, status: _ProcStatus, boot_payload: tuple) -> None:
     """Start the OS processes of procs on this host (kernel loop), then send
     each its ``init``."""
+    import trio
+
     from monarch_core._actor._procs import start_proc
 
     kernel = rt.kernel
-    for slot, spec in entries:
+
+    async def start(slot: _ProcSlot, spec: dict) -> None:
         try:
             proc = await start_proc(kernel, spec, bind_spec=kernel.transport.child_bind_spec(kernel.address))
             slot.pid = proc.pid
@@ -859,8 +862,14 @@ async def _spawn_local(rt: Any, entries: list, status: _ProcStatus, boot_payload
             slot.failed = msg
             kernel.proc_failed(slot.proc_id, msg)
             status.fail(SupervisionError(msg), slot.proc_id)
-            continue
+            return
         _send_init(kernel, slot, spec, boot_payload, status)
+
+    # All at once: the fork server gets every request in one go (no round
+    # trip between two forks), and exec'd procs start their imports together.
+    async with trio.open_nursery() as nursery:
+        for slot, spec in entries:
+            nursery.start_soon(start, slot, spec)
 
 
 def _send_init(kernel: Any, slot: _ProcSlot, spec: dict, boot_payload: tuple, status: _ProcStatus) -> None:

@@ -46,21 +46,26 @@ if TYPE_CHECKING:
 logger = logging.getLogger("monarch.kernel")
 
 #: Acknowledge at once when this many delivered messages are unacknowledged
-#: and the read buffer is drained, or when a large message (one with parts
-#: read in place) was delivered; otherwise after ``ACK_DELAY`` seconds.  An
+#: and the read buffer is drained, or when large messages (those with parts
+#: read in place) add up to ``ACK_BYTES``; otherwise after ``ACK_DELAY``.  An
 #: acknowledgement wakes the sender's loop thread, which then competes for the
 #: GIL with the thread doing the work: a request/reply exchange should not pay
 #: for one every few calls, and small unacknowledged messages cost the sender
 #: little memory.
 ACK_EVERY = 256
-ACK_DELAY = 0.05
+ACK_DELAY = 0.2
+#: Acknowledge at once once large messages delivered since the last
+#: acknowledgement add up to this many bytes (the sender keeps a reference
+#: to each until it is acknowledged).
+ACK_BYTES = 8 << 20
 
 _EPOLLIN = select.EPOLLIN | select.EPOLLRDHUP
 _ONESHOT = _EPOLLIN | select.EPOLLONESHOT
 
 #: Seconds the poller's thread keeps standing by after a leader last waited
-#: (a client between two ``get`` calls, an actor between two messages).
-LINGER = 0.02
+#: (a client between two ``get`` calls, an actor between two messages), while
+#: nothing else waits for a message (see :meth:`Poller.follow`).
+LINGER = 0.05
 #: Seconds the poller's thread sleeps between checks while a leader waits.
 STANDBY = 0.1
 #: Longest single wait of a leader before it looks at its future again.
@@ -77,13 +82,14 @@ _default_int_handler = _signal.default_int_handler
 class _Acks:
     """Acknowledgement state of one inbound session, and its ack writes."""
 
-    __slots__ = ("sock", "peer", "last", "acked", "_partial")
+    __slots__ = ("sock", "peer", "last", "acked", "nbytes", "_partial")
 
     def __init__(self, sock: socket.socket, peer: str, last: int) -> None:
         self.sock = sock
         self.peer = peer
         self.last = last  # last sequence number delivered
         self.acked = last  # last one acknowledged to the sender
+        self.nbytes = 0  # bytes of large messages delivered since the last acknowledgement
         self._partial: memoryview | None = None  # the unsent tail of an ack frame
 
     def send_ack(self) -> None:
@@ -107,6 +113,7 @@ class _Acks:
         if n < len(data):
             self._partial = memoryview(data)[n:]
         self.acked = last
+        self.nbytes = 0
 
 
 class _Suspend:
@@ -335,7 +342,8 @@ class InboundSession:
                 self.end(None)
                 return False
             acks = self.acks
-            if acks.last > acks.acked:  # free the sender's copy of a large message soon
+            acks.nbytes += len(payload) + sum(memoryview(b).nbytes for b in buffers)
+            if acks.nbytes >= ACK_BYTES and acks.last > acks.acked:  # free the sender's copies soon
                 with poller._ack_lock if poller is not None else _NO_LOCK:
                     try:
                         acks.send_ack()
@@ -385,6 +393,8 @@ class Poller:
         self._standby = threading.Lock()
         self._standby.acquire()  # released only by close(): an interruptible sleep
         self._waiting: set[int] = set()  # leaders blocked in a wait right now
+        self._followers = 0  # waits that do not read (asyncio/trio awaits, plain waits)
+        self._followers_lock = threading.Lock()
         self._left = 0.0  # monotonic time a leader last stopped waiting
         self._attached: Any = None  # the actor loop that reads while idle
         self._ep_lock = threading.Lock()
@@ -428,13 +438,27 @@ class Poller:
         self._closed = True
         if Poller.current is self:
             Poller.current = None
-        try:
-            self._standby.release()
-        except RuntimeError:  # pragma: no cover - already released
-            pass
+        self._wake_standby()
         try:
             os.write(self._wake_w, b"x")
         except OSError:
+            pass
+
+    def follow(self, delta: int) -> None:
+        """A wait that does not read starts (+1) or ends (-1), any thread.
+        While one is under way and no leader waits, the poller's thread reads
+        at once instead of lingering: a client that leaves ``get()`` for an
+        ``await`` is not left unread."""
+        with self._followers_lock:
+            self._followers += delta
+            wake = delta > 0 and not self._waiting
+        if wake:
+            self._wake_standby()
+
+    def _wake_standby(self) -> None:
+        try:
+            self._standby.release()
+        except RuntimeError:  # already released: the thread is awake
             pass
 
     # ------------------------------------------------------------ reading
@@ -547,6 +571,8 @@ class Poller:
             with cell._lock:
                 if cell._waiters is not None and st in cell._waiters:
                     cell._waiters.remove(st)
+            if self._followers and not self._waiting:
+                self._wake_standby()  # someone else waits for a message: read for them now
 
     # ------------------------------------------------------------ attached actor loop
     def attach(self) -> Any:
@@ -590,7 +616,7 @@ class Poller:
         try:
             while not self._closed:
                 now = time.monotonic()
-                if self._waiting or now - self._left < LINGER:
+                if self._waiting or (now - self._left < LINGER and not self._followers):
                     # A leader reads: stand by.  While one waits, check back
                     # rarely (an idle actor may wait for hours); otherwise as
                     # soon as the last one has been gone ``LINGER`` seconds.
