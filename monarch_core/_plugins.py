@@ -12,13 +12,15 @@ import os
 import threading
 import warnings
 from dataclasses import dataclass, field
-from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from monarch_core import hookspecs
 from monarch_core.errors import UnknownSchedulerError, UnknownTransportError
+
+if TYPE_CHECKING:
+    from importlib import metadata
 
 logger = logging.getLogger("monarch.plugins")
 
@@ -55,7 +57,10 @@ class PluginInfo:
 class PluginRegistry:
     """A pluggy manager plus the name tables resolved from it (once)."""
 
-    def __init__(self, *, load_entry_points: bool = True) -> None:
+    def __init__(self, *, load_entry_points: bool = True, resolved: list | None = None) -> None:
+        """``resolved``: what :meth:`resolved` returned in a process with the
+        same environment (a fork server's spawner): those plugins are loaded
+        without scanning the installed distributions."""
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self.infos: list[PluginInfo] = []
@@ -66,11 +71,28 @@ class PluginRegistry:
         self._transports: dict[str, hookspecs.Transport] = {}
         blocked = {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
         self.blocked = blocked
+        self._resolved: list[tuple[str, str, str, str]] = []  # (name, entry point value, dist, version)
         from monarch_core import _builtins
 
+        if resolved is not None:
+            core_version, eps = resolved
+            self._register("builtin", _builtins, "monarch-core", core_version)
+            for name, value, dist_name, dist_version in eps:
+                self._add_loaded(name, value, dist_name, dist_version, _load_value(value))
+            return
         self._register("builtin", _builtins, "monarch-core", _core_version())
         if load_entry_points:
             self._load_entry_points()
+
+    def resolved(self) -> tuple[str, list[tuple[str, str, str, str]]]:
+        """The core's version and the plugins loaded from entry points, for
+        ``PluginRegistry(resolved=...)`` in a process with the same environment."""
+        return self.infos[0].version if self.infos else "0+unknown", list(self._resolved)
+
+    def _add_loaded(self, name: str, value: str, dist_name: str, dist_version: str, module: Any) -> None:
+        self.pm.register(module, name=name)
+        self.infos.append(PluginInfo(name, dist_name, dist_version, module))
+        self._resolved.append((name, value, dist_name, dist_version))
 
     # -- loading ---------------------------------------------------------
     def _register(self, name: str, module: Any, dist: str, version: str) -> None:
@@ -81,6 +103,8 @@ class PluginRegistry:
         self.infos.append(PluginInfo(name, dist, version, module))
 
     def _load_entry_points(self) -> None:
+        from importlib import metadata
+
         eps = sorted(metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name)
         for ep in eps:
             if ep.name in self.blocked:
@@ -91,7 +115,7 @@ class PluginRegistry:
             dist_version = dist.version if dist is not None else "?"
             try:
                 module = ep.load()
-                self.pm.register(module, name=ep.name)
+                self._add_loaded(ep.name, ep.value, dist_name, dist_version, module)
             except Exception as e:  # a broken plugin must not break the others
                 msg = (
                     f"monarch plugin {ep.name!r} (from {dist_name} {dist_version}, entry point "
@@ -102,7 +126,6 @@ class PluginRegistry:
                 warnings.warn(msg, RuntimeWarning, stacklevel=2)
                 logger.warning("%s", msg)
                 continue
-            self.infos.append(PluginInfo(ep.name, dist_name, dist_version, module))
 
     # -- transports ------------------------------------------------------
     def transport_specs(self) -> dict[str, hookspecs.TransportSpec]:
@@ -208,7 +231,20 @@ class PluginRegistry:
         return self.infos
 
 
+def _load_value(value: str) -> Any:
+    """What the entry point ``value`` (``"pkg.mod"`` or ``"pkg.mod:obj.attr"``) names."""
+    import importlib
+
+    mod_name, _, attrs = value.partition(":")
+    obj = importlib.import_module(mod_name.strip())
+    for a in filter(None, attrs.strip().split(".")):
+        obj = getattr(obj, a)
+    return obj
+
+
 def _blocked_dists(reg: PluginRegistry) -> set[str]:
+    from importlib import metadata
+
     out = set()
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         if ep.name in reg.blocked and getattr(ep, "dist", None) is not None:
@@ -217,6 +253,8 @@ def _blocked_dists(reg: PluginRegistry) -> set[str]:
 
 
 def _dist_version(name: str) -> str | None:
+    from importlib import metadata
+
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
@@ -224,6 +262,8 @@ def _dist_version(name: str) -> str | None:
 
 
 def _core_version() -> str:
+    from importlib import metadata
+
     try:
         return metadata.version("monarch-core")
     except metadata.PackageNotFoundError:
@@ -244,6 +284,23 @@ def registry() -> PluginRegistry:
                 _registry = PluginRegistry()
             reg = _registry
     return reg
+
+
+def adopt_registry(resolved: tuple) -> bool:
+    """Build the process-wide registry from a spawner's :meth:`PluginRegistry.resolved`
+    (a fork server does this, so that the procs it forks do not scan the
+    installed distributions).  False, and nothing adopted, if one exists
+    already or a listed plugin fails to load (the normal scan then runs)."""
+    global _registry
+    with _registry_lock:
+        if _registry is not None:
+            return False
+        try:
+            _registry = PluginRegistry(resolved=resolved)
+        except Exception as e:  # noqa: BLE001 - fall back to the scan
+            logger.debug("could not adopt the spawner's plugins (%s); scanning", e)
+            return False
+        return True
 
 
 def reset_registry() -> None:

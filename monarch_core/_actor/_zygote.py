@@ -88,8 +88,11 @@ def enabled() -> bool:
 # ====================================================================== the zygote process
 
 
-def _preload(transport: str | None) -> None:
-    """Import what a proc imports before its first actor message."""
+def _preload(transport: str | None, sock: socket.socket | None = None) -> None:
+    """Import what a proc imports before its first actor message.  The
+    plugins come from the spawner's list (its ``plugins`` message, sent once
+    its own registry exists) when that has arrived by then, which spares
+    every forked proc the scan of the installed distributions."""
     import asyncio  # noqa: F401 - actors run asyncio loops
     import concurrent.futures  # noqa: F401
     import random  # noqa: F401
@@ -109,8 +112,18 @@ def _preload(transport: str | None) -> None:
     )
     from monarch_core._kernel import _runtime, _wire  # noqa: F401
     from monarch_core._mesh import _shape  # noqa: F401
-    from monarch_core._plugins import registry
+    from monarch_core._plugins import adopt_registry, registry
 
+    if sock is not None:
+        sock.setblocking(False)
+        try:
+            msg, _fds = _recv(sock)
+        except BlockingIOError:
+            msg = None
+        finally:
+            sock.setblocking(True)
+        if msg is not None and msg[0] == "plugins":
+            adopt_registry(msg[1])
     reg = registry()
     if transport:
         try:
@@ -174,7 +187,7 @@ def serve(fd: int, parent_pid: int) -> None:
             if p not in sys.path:
                 sys.path.insert(0, p)
         try:
-            _preload(transport)
+            _preload(transport, sock)
             problem = _unsafe_to_fork()
         except BaseException as e:  # noqa: BLE001 - reported to the spawner
             problem = f"its imports failed: {type(e).__name__}: {e}"
@@ -205,6 +218,8 @@ def _loop(sock: socket.socket, base_env: dict, base_path: list) -> None:
                         except OSError:
                             pass
                     return
+                if msg[0] == "plugins":  # came after the imports: the zygote scanned itself
+                    continue
                 if msg[0] == "fork":
                     _fork(sock, sel, kids, msg, fds, base_env, base_path)
                 elif msg[0] == "info":
@@ -408,6 +423,12 @@ class _Zygote:
         self.kernel = kernel
         self.ready = trio.Event()
         kernel.start_task(self._read)
+        try:  # the plugins this process resolved: the zygote need not scan for them
+            from monarch_core._plugins import registry
+
+            _send(self.sock, ("plugins", registry().resolved()))
+        except (OSError, ValueError) as e:  # gone, or not marshallable: it scans itself
+            logger.debug("could not send the plugin list to fork server pid %d: %s", self.pid, e)
 
     def discard(self) -> None:
         """Drop a zygote that was never attached (any thread)."""

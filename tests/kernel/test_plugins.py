@@ -496,3 +496,44 @@ def test_monarch_without_a_command_prints_help_and_exits_2() -> None:
     res = subprocess.run([MONARCH_CLI], capture_output=True, text=True, timeout=60, env=_env())
     assert res.returncode == 2
     assert "plugins" in res.stdout and "usage: monarch" in res.stdout
+
+
+# ---------------------------------------------------------------- handing the plugin list to a fork server
+
+
+def test_registry_from_a_resolved_list_matches_the_scanned_one() -> None:
+    scanned = PluginRegistry()
+    handed = PluginRegistry(resolved=scanned.resolved())
+    assert [(i.name, i.distribution, i.version) for i in handed.infos] == [
+        (i.name, i.distribution, i.version) for i in scanned.infos
+    ]
+    assert sorted(handed.transport_specs()) == sorted(scanned.transport_specs())
+    assert sorted(handed.scheduler_specs()) == sorted(scanned.scheduler_specs())
+    assert handed.transport("ipc").name == scanned.transport("ipc").name
+    core_version, eps = scanned.resolved()
+    assert core_version == CORE_VERSION
+    assert ("transport_tcp", "monarch_transport_tcp.plugin", "monarch-transport-tcp", TCP_VERSION) in eps
+
+
+def test_adopting_a_list_is_refused_when_a_registry_exists_and_falls_back_on_a_broken_entry() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        from monarch_core import _plugins
+        good = _plugins.PluginRegistry().resolved()
+        # a fresh process: the list is adopted, and importlib.metadata is not needed for it
+        assert _plugins.adopt_registry(good) is True
+        assert _plugins.adopt_registry(good) is False          # one exists already
+        assert _plugins.registry().transport("ipc").name
+        _plugins.reset_registry()
+        core, eps = good
+        broken = (core, [*eps, ("ghost", "no_such_module_xyz:plugin", "ghost-dist", "1.0")])
+        assert _plugins.adopt_registry(broken) is False       # a listed plugin cannot load
+        reg = _plugins.registry()                               # ... so the normal scan runs
+        assert "ghost" not in {i.name for i in reg.infos}
+        assert reg.transport("ipc").name
+        print("OK")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr
