@@ -71,7 +71,10 @@ class UndeliverableMessage:
 
 class ProcAgent:
     def __init__(self, kernel: Kernel) -> None:
+        from monarch_core._actor import _tree
+
         self.kernel = kernel
+        kernel.tree_handler = _tree.forward  # this proc forwards cast-tree messages it is on the way of
         self.runtime: Any = None
         self.proc_ready = threading.Event()
         self.init_error: BaseException | None = None

@@ -20,7 +20,7 @@ import time
 from _thread import get_ident as _get_ident
 from typing import TYPE_CHECKING, Any
 
-from monarch_core._actor import _serial, _state
+from monarch_core._actor import _serial, _state, _tree
 from monarch_core._actor._port import (
     _DroppingPort,
     Port,
@@ -334,6 +334,9 @@ class ActorHost:
         (on the actor's loop).  Returns None when done, else an awaitable the
         caller must await before the next message."""
         _key, method_name, reply, rank, labels, sizes, _sender, _ret, explicit_flag = h
+        if method_name == _tree.STOP_METHOD:  # a stop that came through a cast tree, in order
+            self.request_stop(str(_serial.loads(payload, buffers)), tuple(reply) if reply is not None else None)
+            return None
         if self.init_error is not None or self.failure is not None or self.stopped:
             self._refuse_msg(h)
             return None

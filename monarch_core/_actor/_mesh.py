@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from monarch_core.hookspecs import Allocation, HostHandle
 
 
-from monarch_core._actor import _serial, _state
+from monarch_core._actor import _serial, _state, _tree
 from monarch_core._actor._bootstrap import (
     BootstrapCommand,
     default_bootstrap_cmd,
@@ -118,6 +118,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._owner = owner
         self._stopped = False
         self._endpoints: dict[str, Any] = {}
+        self._whole_view: bool | None = None
 
     # MeshTrait hooks
     @property
@@ -195,6 +196,60 @@ class ActorMesh(MeshTrait, Generic[T]):
             kernel.send(slot.proc_id, addr, W.K_ACTOR, W.F_PACKED, header, payload, bufs, reply_port)
         return slot.proc_id
 
+    def _send_many(self, indices: Any, method: str, reply: tuple | None, region: Region, explicit: bool,
+                   payload: Any, bufs: list, reply_port: int | None, kernel: Any, sender: str,
+                   ret: tuple | None = None) -> list[str]:
+        """Send to the region indices ``indices`` (None: all of them), through
+        the cast tree for a mesh of ``_tree.TREE_MIN`` actors or more; the procs
+        a reply to ``reply_port`` now waits on."""
+        if len(self._members) < _tree.TREE_MIN:
+            idx = range(region.nelements) if indices is None else indices
+            return [self._send(i, method, reply, i, region, explicit, payload, bufs, reply_port, kernel, sender, ret)
+                    for i in idx]
+        members = self._members
+        n = len(members)
+        fanout = _tree.FANOUT
+        if indices is None and self._whole():
+            targets = None  # every member: each forwarder works out its children
+        else:
+            idx = range(region.nelements) if indices is None else indices
+            targets = [(region.root_rank(i), i) for i in idx]
+        dead_procs = kernel.dead
+        _here, _rank, groups = _tree.plan(-1, n, fanout, targets, lambda m: members[m].proc_id in dead_procs)
+        procs: list[str] = []
+        for hop, sub in groups.items():
+            nodes = _tree.touched(hop, sub, n, fanout)
+            # The addresses every forwarder below needs (waits for procs still starting); a member
+            # known to be dead goes without one, so that forwarders route around it too.
+            table = {}
+            for m in nodes:
+                slot = members[m]
+                table[m] = (slot.proc_id, _tree.DEAD) if slot.proc_id in dead_procs else slot.ref()
+            header = _tree.encode(self._key, method, reply, region.labels, region.sizes, sender, ret, explicit, n,
+                                  fanout, hop, sub, table)
+            proc_id, address = table[hop]
+            if ret is not None:
+                kernel.send(proc_id, address, W.K_ACTOR, W.F_TREE, header, payload, bufs, ret[2], track=False)
+            else:
+                kernel.send(proc_id, address, W.K_ACTOR, W.F_TREE, header, payload, bufs, reply_port)
+            if reply_port is not None:
+                # The loss of any proc on the way fails the call (the message may be lost with it).
+                for m in nodes:
+                    p, a = table[m]
+                    if a != _tree.DEAD:
+                        kernel.expect_reply(p, reply_port)
+                        procs.append(p)
+        return procs
+
+    def _whole(self) -> bool:
+        """This view is the whole mesh, rank i being member i."""
+        w = self._whole_view
+        if w is None:
+            region = self._region_
+            n = len(self._members)
+            w = self._whole_view = region.nelements == n and all(region.root_rank(i) == i for i in range(n))
+        return w
+
     def _pack(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> tuple[Any, list]:
         try:
             return _serial.dumps((args, kwargs))
@@ -210,8 +265,13 @@ class ActorMesh(MeshTrait, Generic[T]):
         kernel = rt.kernel
         h = OneReply(kernel, "")
         reply = (rt.proc_id, kernel.address, h.port_id)
-        h.proc_id = self._send(index, ep._name, reply, index, self._region_, ep._prop._explicit_response_port, payload, bufs, h.port_id, kernel,
-                               _sender_name())
+        if len(self._members) < _tree.TREE_MIN:
+            h.proc_id = self._send(index, ep._name, reply, index, self._region_, ep._prop._explicit_response_port,
+                                   payload, bufs, h.port_id, kernel, _sender_name())
+        else:
+            h.proc_id = tuple(self._send_many((index,), ep._name, reply, self._region_,
+                                              ep._prop._explicit_response_port, payload, bufs, h.port_id, kernel,
+                                              _sender_name()))
         return h.cell
 
     def _call_all(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> Cell:
@@ -224,12 +284,8 @@ class ActorMesh(MeshTrait, Generic[T]):
         region = self._region_
         h = GatherReplies(kernel, region.extent, "", ValueMesh)
         reply = (rt.proc_id, kernel.address, h.port_id)
-        sender = _sender_name()
-        procs = []
-        for i in range(region.nelements):
-            procs.append(self._send(i, ep._name, reply, i, region, ep._prop._explicit_response_port, payload, bufs,
-                                    h.port_id, kernel, sender))
-        h.procs = procs
+        h.procs = self._send_many(None, ep._name, reply, region, ep._prop._explicit_response_port, payload, bufs,
+                                  h.port_id, kernel, _sender_name())
         return h.cell
 
     def _call_stream(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> StreamIterator[Any]:
@@ -243,12 +299,8 @@ class ActorMesh(MeshTrait, Generic[T]):
             h.fail(err)
             return StreamIterator(h)
         reply = (rt.proc_id, kernel.address, h.port_id)
-        sender = _sender_name()
-        h.procs = [
-            self._send(i, ep._name, reply, i, region, ep._prop._explicit_response_port, payload, bufs, h.port_id,
-                       kernel, sender)
-            for i in range(region.nelements)
-        ]
+        h.procs = self._send_many(None, ep._name, reply, region, ep._prop._explicit_response_port, payload, bufs,
+                                  h.port_id, kernel, _sender_name())
         return StreamIterator(h)
 
     def _cast(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, port: Any, only: int | None) -> None:
@@ -265,10 +317,8 @@ class ActorMesh(MeshTrait, Generic[T]):
         if reply is None:
             ret = host.return_ref() if host is not None else rt.agent.return_ref()
         sender = host.display_name if host is not None else "client"
-        indices = range(region.nelements) if only is None else (only,)
-        for i in indices:
-            self._send(i, ep._name, reply, i, region, ep._prop._explicit_response_port, payload, bufs, None, kernel,
-                       sender, ret)
+        self._send_many(None if only is None else (only,), ep._name, reply, region,
+                        ep._prop._explicit_response_port, payload, bufs, None, kernel, sender, ret)
 
     # ------------------------------------------------------------- lifecycle
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:
@@ -286,6 +336,22 @@ class ActorMesh(MeshTrait, Generic[T]):
         region = self._region_
         h = GatherReplies(kernel, region.extent, "", lambda e, v: None)
         reply = (rt.proc_id, kernel.address, h.port_id)
+        if len(self._members) >= _tree.TREE_MIN:
+            # Through the tree, like every message to this mesh: the stop reaches
+            # each actor after what was cast to it before.
+            live = []
+            for i in range(region.nelements):
+                if self._members[region.root_rank(i)].proc_id in kernel.dead:
+                    h.deliver(i, W.S_VALUE, _NONE_PAYLOAD, [])
+                else:
+                    live.append(i)
+            if live:
+                payload, bufs = _serial.dumps(reason)
+                h.procs = self._send_many(live, _tree.STOP_METHOD, reply, region, False, payload, bufs, h.port_id,
+                                          kernel, _sender_name())
+            rt.agent.unregister_owned(self)
+            rt.agent.unregister_supervised(self._key)
+            return Future._of(_never_fails(h.cell))
         for i in range(region.nelements):
             slot = self._members[region.root_rank(i)]
             if slot.proc_id in kernel.dead:

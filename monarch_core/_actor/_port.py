@@ -259,11 +259,21 @@ class OneReply(PortHandler):
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         self.kernel.remove_port(self.port_id)
-        self.kernel.reply_done(self.proc_id, self.port_id)
+        self._forget()
         self.cell.set_lazy(lambda: _decode_value(status, payload, buffers))
+
+    def _forget(self) -> None:
+        pid = self.proc_id
+        if type(pid) is str:
+            self.kernel.reply_done(pid, self.port_id)
+        else:  # a call through a cast tree waits on every proc on the way
+            for p in pid:
+                self.kernel.reply_done(p, self.port_id)
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
         self.kernel.remove_port(self.port_id)
+        if type(self.proc_id) is not str:
+            self._forget()
         self.cell.set_exception(_annotate(exc, self.describe))
 
 

@@ -457,6 +457,9 @@ class Kernel:
         self._addresses: dict[str, str] = {}
         self._addr_events: dict[str, trio.Event] = {}
         self._pending: dict[str, set[int]] = {}
+        #: Forwards cast-tree messages (set by the proc agent; see ``_actor._tree``).
+        self.tree_handler: Callable[..., None] | None = None
+        self.tree_forwarded = 0  # cast-tree messages this proc sent on (tests and benchmarks read it)
         self._inbound_last: dict[str, int] = {}
         self._transports: dict[str, Transport] = {}
         self._tx: collections.deque = collections.deque()
@@ -869,16 +872,17 @@ class Kernel:
         A header of the wrong shape raises :class:`ProtocolError` (the
         connection that carried it is dropped); nothing else is raised.
         """
+        if flags & W.F_TREE:
+            handler = self.tree_handler
+            if kind != W.K_ACTOR or handler is None:
+                raise ProtocolError(f"peer {sender} sent a cast-tree message this proc cannot forward")
+            handler(self, header, payload, buffers, sender)
+            return
         h = W.decode_packed(sender, kind, header) if flags & W.F_PACKED else W.decode_header(sender, header)
         if kind == W.K_ACTOR:
             if len(h) != 9 or not isinstance(h[0], str) or not isinstance(h[1], str):
                 raise ProtocolError(f"peer {sender} sent a malformed actor message header")
-            actor = self.actors.get(h[0])
-            if actor is None:
-                if self.agent is not None:
-                    self.agent.no_such_actor(h, payload, buffers, sender)
-                return
-            actor.enqueue(h, payload, buffers)
+            self.route_actor(h, payload, buffers, sender)
         elif kind == W.K_PORT:
             if len(h) != 3 or type(h[0]) is not int or type(h[1]) is not int or type(h[2]) is not int:
                 raise ProtocolError(f"peer {sender} sent a malformed port message header")
@@ -899,6 +903,29 @@ class Kernel:
                 self.call_soon(self.agent.handle_control, h, payload, buffers, sender)
         else:
             raise ProtocolError(f"peer {sender} sent unexpected message kind {kind}")
+
+    def route_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        """Hand an actor message (its decoded 9-field header) to its actor, or
+        to the agent when the actor is not (yet) here."""
+        actor = self.actors.get(h[0])
+        if actor is None:
+            if self.agent is not None:
+                self.agent.no_such_actor(h, payload, buffers, sender)
+            return
+        actor.enqueue(h, payload, buffers)
+
+    def expect_reply(self, proc_id: str, port_id: int) -> None:
+        """``port_id`` also waits on ``proc_id`` (a proc a cast-tree message
+        reaches or passes through): it fails if that proc dies first (any
+        thread)."""
+        if proc_id == self.proc_id:
+            return
+        s = self._pending.get(proc_id)
+        if s is None:
+            s = self._pending.setdefault(proc_id, set())
+        s.add(port_id)
+        if proc_id in self.dead:
+            self.call_soon(self._fail_port, port_id, self._dead_error(proc_id), proc_id)
 
     # ------------------------------------------------------------------ child processes
     async def spawn_process(

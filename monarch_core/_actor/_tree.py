@@ -1,0 +1,217 @@
+"""Cast trees: how a message reaches the members of a large actor mesh.
+
+A sender does not write to every member of a mesh of ``TREE_MIN`` or more
+actors.  The members (indices ``0..n-1`` of the sender's view of the mesh)
+form a fixed ``FANOUT``-ary tree in heap order: the sender writes to the
+roots ``0..fanout-1``; member ``r`` forwards to ``fanout*(r+1) .. fanout*(r+1)+fanout-1``.
+A cast to the whole mesh is therefore ``fanout`` messages from the sender,
+and at most ``fanout`` from any member, whatever the mesh's size.
+
+*Every* endpoint message from a sender to such a mesh, a ``call_one`` to a
+single member included, travels the member's fixed path from its root.  The
+order of messages from one sender to one actor is what the transport gives
+one connection, hop by hop, so it holds through the tree with no sequence
+numbers: two messages to the same actor never take different routes.  The
+price is a hop per tree level for point-to-point calls into large meshes.
+
+The forwarding is done by the proc that hosts a member, on the thread that
+read the message (no actor code, no extra wake-up); the message carries the
+(proc, address) of every member it still has to reach below that point, so
+a member needs no table of its own.  A member known to be dead is skipped:
+its children are reached from its parent.  The sender waits for a reply from
+every proc a message touches, so the loss of a forwarder fails the call that
+went through it (as the loss of a member fails a flat call).
+
+Replies go straight back to the sender's port (no in-network reduction).
+"""
+
+from __future__ import annotations
+
+import logging
+import marshal
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from monarch_core._kernel import _wire as W
+from monarch_core.errors import ProtocolError
+
+logger = logging.getLogger("monarch.actor")
+
+#: Children per node of a cast tree (``MONARCH_CAST_FANOUT``).
+FANOUT = max(2, int(os.environ.get("MONARCH_CAST_FANOUT", "16")))
+#: Meshes of at least this many actors are reached through the tree
+#: (``MONARCH_CAST_TREE_MIN``); smaller ones get one message per member.
+TREE_MIN = max(2, int(os.environ.get("MONARCH_CAST_TREE_MIN", "128")))
+
+_ALL = None  # "every member of the subtree", in place of an explicit target list
+#: The address a message's table gives a member its sender knows to be dead.
+DEAD = ""
+#: The "endpoint" of a stop sent through the tree (its payload: the reason).
+STOP_METHOD = "__monarch_stop__"
+
+
+# ---------------------------------------------------------------- the layout
+def children(r: int, n: int, fanout: int) -> range:
+    """Members that member ``r`` forwards to (``-1``: the sender)."""
+    start = fanout * (r + 1)
+    return range(min(start, n), min(start + fanout, n))
+
+
+def path(x: int, fanout: int) -> list[int]:
+    """Members a message to ``x`` passes through, root first, ``x`` last."""
+    chain = [x]
+    while x >= fanout:
+        x = x // fanout - 1
+        chain.append(x)
+    chain.reverse()
+    return chain
+
+
+def subtree(r: int, n: int, fanout: int) -> list[int]:
+    """``r`` and every member below it, in index order."""
+    out = []
+    level = range(r, r + 1)
+    while level:
+        out.extend(level)
+        lo, hi = fanout * (level.start + 1), fanout * (level.stop - 1 + 1) + fanout
+        level = range(min(lo, n), min(hi, n))
+    return out
+
+
+def split(members: Sequence[Any], fanout: int) -> list[tuple[Any, list[Any]]]:
+    """One level of a cast to ``members`` (a whole subtree in index order, as
+    :func:`subtree` lists it below its top): ``(head, rest)`` pairs, at most
+    ``fanout``; the sender writes to each head, which forwards to ``rest``
+    the same way.  (``bench/scaling.py`` models the tree with this.)"""
+    n = len(members)
+    out = []
+    for head in range(min(fanout, n)):
+        below = subtree(head, n, fanout)[1:]
+        out.append((members[head], [members[i] for i in below]))
+    return out
+
+
+def next_hop(x: int, at: int, fanout: int, dead: Callable[[int], bool]) -> int:
+    """Where a message at ``at`` (``-1``: the sender) goes next on its way to
+    ``x``: the first member on ``x``'s path below ``at`` that is not known to
+    be dead (``x`` itself at the latest)."""
+    chain = path(x, fanout)
+    i = 0 if at < 0 else chain.index(at) + 1
+    while i < len(chain) - 1 and dead(chain[i]):
+        i += 1
+    return chain[i]
+
+
+def live_children(r: int, n: int, fanout: int, dead: Callable[[int], bool]) -> list[int]:
+    """The first members not known to be dead below ``r`` (``-1``: the
+    sender), looking through dead ones to their children."""
+    out: list[int] = []
+    stack = list(reversed(children(r, n, fanout) if r >= 0 else range(min(fanout, n))))
+    while stack:
+        c = stack.pop()
+        if dead(c):
+            stack.extend(reversed(children(c, n, fanout)))
+        else:
+            out.append(c)
+    return out
+
+
+# ---------------------------------------------------------------- planning (the sender, and every forwarder)
+def plan(
+    at: int,
+    n: int,
+    fanout: int,
+    targets: list | None,
+    dead: Callable[[int], bool],
+) -> tuple[bool, int | None, dict[int, list | None]]:
+    """What a message at ``at`` does: ``(deliver_here, rank_in_msg, {hop: targets})``.
+    ``targets``: ``[(member, rank_in_msg), ...]`` below (or at) ``at``, or
+    None for ``at``'s whole subtree (rank in message = member index)."""
+    if targets is _ALL:
+        here = at >= 0
+        return here, (at if here else None), {c: _ALL for c in live_children(at, n, fanout, dead)}
+    here = False
+    rank_here = None
+    groups: dict[int, list | None] = {}
+    for member, rank_in_msg in targets:
+        if member == at:
+            here, rank_here = True, rank_in_msg
+            continue
+        hop = next_hop(member, at, fanout, dead)
+        g = groups.get(hop)
+        if g is None:
+            groups[hop] = [(member, rank_in_msg)]
+        else:
+            g.append((member, rank_in_msg))  # type: ignore[union-attr]
+    return here, rank_here, groups
+
+
+def touched(hop: int, targets: list | None, n: int, fanout: int) -> list[int]:
+    """Members a message sent to ``hop`` (for ``targets``) reaches or passes."""
+    if targets is _ALL:
+        return subtree(hop, n, fanout)
+    seen = {hop}
+    for member, _rank in targets:
+        chain = path(member, fanout)
+        seen.update(chain[chain.index(hop):] if hop in chain else (member,))
+    return sorted(seen)
+
+
+# ---------------------------------------------------------------- the wire form
+def encode(
+    key: str, method: str, reply: tuple | None, labels: tuple, sizes: tuple, sender: str, ret: tuple | None,
+    explicit: bool, n: int, fanout: int, at: int, targets: list | None, table: dict,
+) -> bytes:
+    return marshal.dumps(
+        (key, method, reply, labels, sizes, sender, ret, bool(explicit), n, fanout, at,
+         None if targets is None else [tuple(t) for t in targets], table)
+    )
+
+
+def decode(peer: str, header: bytes) -> tuple:
+    h = W.decode_header(peer, header)
+    try:
+        key, method, reply, labels, sizes, _sender, ret, _explicit, n, fanout, at, targets, table = h
+        ok = (
+            isinstance(key, str) and isinstance(method, str) and isinstance(labels, tuple)
+            and isinstance(sizes, tuple) and type(n) is int and type(fanout) is int and type(at) is int
+            and 0 <= at < n and fanout >= 2 and isinstance(table, dict)
+            and (reply is None or (isinstance(reply, tuple) and len(reply) == 3))
+            and (ret is None or (isinstance(ret, tuple) and len(ret) == 3))
+            and (targets is None or (isinstance(targets, list) and all(
+                isinstance(t, tuple) and len(t) == 2 and type(t[0]) is int and type(t[1]) is int
+                and 0 <= t[0] < n for t in targets)))
+            and all(type(k) is int and isinstance(v, tuple) and len(v) == 2 for k, v in table.items())
+        )
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ProtocolError(f"peer {peer} sent a malformed cast-tree message header")
+    return h
+
+
+# ---------------------------------------------------------------- a member's proc
+def forward(kernel: Any, header: bytes, payload: Any, buffers: list, sender_proc: str) -> None:
+    """A tree message arrived at this proc (the thread that read it): deliver
+    it to the local member if it is a target, and send it on below."""
+    h = decode(sender_proc, header)
+    key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, at, targets, table = h
+    dead_procs = kernel.dead
+
+    def dead(member: int) -> bool:
+        entry = table.get(member)
+        return entry is not None and (entry[1] == DEAD or entry[0] in dead_procs)
+
+    here, rank_here, groups = plan(at, n, fanout, targets, dead)
+    for hop, sub in groups.items():
+        entry = table.get(hop)
+        if entry is None:
+            raise ProtocolError(f"peer {sender_proc} sent a cast-tree message without the address of member {hop}")
+        sub_table = {m: table[m] for m in touched(hop, sub, n, fanout) if m in table}
+        out = encode(key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, hop, sub, sub_table)
+        kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers)
+        kernel.tree_forwarded += 1
+    if here:
+        kernel.route_actor((key, method, reply, rank_here, labels, sizes, sender, ret, int(explicit)), payload,
+                           buffers, sender_proc)

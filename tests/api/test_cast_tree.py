@@ -1,0 +1,197 @@
+"""Cast trees (``monarch_core._actor._tree``): a large mesh is reached
+through its members, each forwarding to at most ``FANOUT`` others.
+
+The live tests lower the thresholds in this (sending) process only: a mesh
+of 9 procs with fanout 2 is a tree of depth 3 (members 0 and 1 at the top,
+0 forwards to 2 and 3, 2 to 6 and 7 ...).  Forwarders read the layout from
+each message, so nothing has to be configured in the procs.
+"""
+
+from __future__ import annotations
+
+import itertools
+import marshal
+import os
+import signal
+import time
+from collections import Counter
+
+import pytest
+
+from monarch_core._actor import _state, _tree
+from monarch_core._kernel import _wire as W
+from monarch_core.actor import Actor, current_rank, endpoint, this_host
+from monarch_core.errors import ProtocolError, SupervisionError
+
+_names = itertools.count()
+
+
+# ---------------------------------------------------------------- the layout
+@pytest.mark.parametrize("n,fanout", [(1, 2), (9, 2), (100, 3), (1000, 16), (4097, 16)])
+def test_split_reaches_every_member_once_and_no_node_sends_more_than_fanout(n: int, fanout: int) -> None:
+    members = list(range(n))
+    reached: Counter = Counter()
+    stack = [members]
+    while stack:
+        group = stack.pop()
+        plan = _tree.split(group, fanout)
+        assert len(plan) <= fanout
+        for head, rest in plan:
+            reached[head] += 1
+            # the positional layout of a subtree is the global one: head's rest are its descendants
+            assert rest == _tree.subtree(head, n, fanout)[1:]
+            if rest:
+                stack.append(rest)
+    assert reached == Counter(members)
+
+
+def test_paths_children_and_dead_members_are_skipped() -> None:
+    assert _tree.path(6, 2) == [0, 2, 6]
+    assert _tree.path(1, 2) == [1]
+    assert list(_tree.children(0, 9, 2)) == [2, 3]
+    assert list(_tree.children(3, 9, 2)) == [8]
+    assert _tree.subtree(0, 9, 2) == [0, 2, 3, 6, 7, 8]
+    alive = lambda m: False  # noqa: E731
+    assert _tree.next_hop(6, -1, 2, alive) == 0
+    assert _tree.next_hop(6, 0, 2, alive) == 2
+    dead = {0, 2}.__contains__
+    assert _tree.next_hop(6, -1, 2, dead) == 6  # both forwarders on the way are gone
+    assert sorted(_tree.live_children(-1, 9, 2, dead)) == [1, 3, 6, 7]
+    here, rank, groups = _tree.plan(-1, 9, 2, [(6, 0), (1, 1)], alive)
+    assert not here and groups == {0: [(6, 0)], 1: [(1, 1)]}
+    here, rank, groups = _tree.plan(0, 9, 2, None, alive)
+    assert here and rank == 0 and groups == {2: None, 3: None}
+    assert _tree.touched(0, [(6, 0)], 9, 2) == [0, 2, 6]
+
+
+def test_malformed_tree_headers_are_protocol_errors() -> None:
+    good = _tree.encode("k", "m", None, ("procs",), (9,), "client", None, False, 9, 2, 0, None,
+                        {0: ("p0", "ipc://@a")})
+    assert _tree.decode("peer", good)[10] == 0
+    bad = [
+        marshal.dumps(("k",)),
+        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 9, None, {})),  # at out of range
+        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 1, 0, None, {})),  # fanout 1
+        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, [(99, 0)], {})),  # bad target
+        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, None, {0: "x"})),  # bad table
+        b"not marshal",
+    ]
+    for h in bad:
+        with pytest.raises(ProtocolError):
+            _tree.decode("peer", h)
+
+
+# ---------------------------------------------------------------- live
+class Node(Actor):
+    def __init__(self) -> None:
+        self.log: list = []
+
+    @endpoint
+    def who(self) -> tuple:
+        return (current_rank().rank, os.getpid())
+
+    @endpoint
+    def record(self, item: object) -> None:
+        self.log.append(item)
+
+    @endpoint
+    def get_log(self) -> list:
+        return list(self.log)
+
+    @endpoint
+    def forwarded(self) -> int:
+        return _state.runtime().kernel.tree_forwarded
+
+    @endpoint
+    def append_to(self, folder: str, item: int) -> None:
+        with open(os.path.join(folder, f"{current_rank().rank}.txt"), "a") as f:
+            f.write(f"{item}\n")
+
+
+@pytest.fixture
+def small_tree(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(_tree, "TREE_MIN", 4)
+    monkeypatch.setattr(_tree, "FANOUT", 2)
+    pm = this_host().spawn_procs(per_host={"procs": 9})
+    try:
+        yield pm
+    finally:
+        pm.stop().get()
+
+
+def test_every_adverb_reaches_the_right_members_through_the_tree(small_tree) -> None:
+    m = small_tree.spawn(f"node{next(_names)}", Node)
+    everyone = m.who.call().get(timeout=30)
+    ranks = [r for r, _pid in everyone.values()]
+    pids = [pid for _r, pid in everyone.values()]
+    assert ranks == list(range(9)) and len(set(pids)) == 9
+    for i in range(9):
+        assert m.slice(procs=i).who.call_one().get(timeout=30) == (0, pids[i])
+    part = m.slice(procs=slice(3, 8)).who.call().get(timeout=30)
+    assert [pid for _r, pid in part.values()] == pids[3:8]
+    assert [r for r, _pid in part.values()] == list(range(5))
+    assert sorted(pid for _r, pid in (f.get(timeout=30) for f in m.who.stream())) == sorted(pids)
+    assert m.who.choose().get(timeout=30)[1] in pids
+    # members 0..3 have children (0: 2, 3; 1: 4, 5; 2: 6, 7; 3: 8); the others forward nothing
+    fwd = list(m.forwarded.call().get(timeout=30).values())
+    assert all(f > 0 for f in fwd[:4]) and all(f == 0 for f in fwd[4:]), fwd
+
+
+def test_order_from_one_sender_holds_across_broadcasts_calls_and_slices(small_tree) -> None:
+    m = small_tree.spawn(f"node{next(_names)}", Node)
+    rounds = 40
+    for i in range(rounds):
+        m.record.broadcast(("all", i))
+        m.slice(procs=i % 9).record.call_one(("one", i)).get(timeout=30)
+        m.slice(procs=slice(2, 6)).record.broadcast(("some", i))
+        if i % 7 == 0:
+            m.record.call(("call", i)).get(timeout=30)
+    logs = list(m.get_log.call().get(timeout=30).values())
+    for member, log in enumerate(logs):
+        expected = []
+        for i in range(rounds):
+            expected.append(("all", i))
+            if i % 9 == member:
+                expected.append(("one", i))
+            if 2 <= member < 6:
+                expected.append(("some", i))
+            if i % 7 == 0:
+                expected.append(("call", i))
+        assert log == expected, f"member {member}"
+
+
+def test_a_dead_forwarder_fails_the_calls_that_need_it_and_is_routed_around(small_tree) -> None:
+    m = small_tree.spawn(f"node{next(_names)}", Node)
+    pids = [pid for _r, pid in m.who.call().get(timeout=30).values()]
+    os.kill(pids[0], signal.SIGKILL)  # member 0 forwards to 2 and 3 (and they to 6, 7, 8)
+    kernel = _state.runtime().kernel
+    deadline = time.monotonic() + 30
+    while not any(p for p in kernel.dead if p == small_tree._slots[0].proc_id) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with pytest.raises(SupervisionError):
+        m.who.call().get(timeout=30)
+    # members below the dead forwarder are still reachable, in order
+    for i in (2, 3, 6, 7, 8):
+        assert m.slice(procs=i).who.call_one().get(timeout=30) == (0, pids[i])
+    survivors = m.slice(procs=slice(1, 9))
+    assert [pid for _r, pid in survivors.who.call().get(timeout=30).values()] == pids[1:]
+
+
+def test_tree_messages_are_refused_by_a_proc_without_a_forwarder() -> None:
+    from monarch_core._kernel._runtime import Kernel
+
+    k = Kernel.__new__(Kernel)
+    k.tree_handler = None
+    with pytest.raises(ProtocolError):
+        Kernel.route(k, W.K_ACTOR, W.F_TREE, b"", b"", [], "peer")
+
+
+def test_stop_reaches_each_actor_after_what_was_cast_to_it_before(small_tree, tmp_path) -> None:
+    m = small_tree.spawn(f"node{next(_names)}", Node)
+    m.who.call().get(timeout=30)
+    for i in range(25):
+        m.append_to.broadcast(str(tmp_path), i)
+    m.stop().get(timeout=60)
+    for member in range(9):
+        lines = (tmp_path / f"{member}.txt").read_text().split()
+        assert lines == [str(i) for i in range(25)], f"member {member}"
