@@ -200,7 +200,11 @@ class ProcAgent:
     def _stop_proc(self, reason: str, grace: float) -> None:
         try:
             self.kernel.call_soon(self._announce_stopping)
+            # Everything delivered here was handled (or will be, before the actors stop):
+            # say so now, or the senders would count what is unacknowledged as lost.
+            self.kernel.call_soon(self.kernel.ack_everything)
             self.stop_everything(reason, grace)
+            self.kernel.call_soon(self.kernel.ack_everything)
             try:  # let replies already queued (stop acknowledgements) reach their ports
                 self.kernel.run(self.kernel.flush, 1.0)
             except Exception:  # pragma: no cover - the loop is already gone
@@ -391,8 +395,10 @@ class ProcAgent:
                              marshal.dumps(("proc_died", proc_id, reason, stopped)), b"", [])
 
     def _op_proc_stopping(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        """A proc we talk to is stopping on purpose: its end is not a failure."""
+        """A proc we talk to is stopping on purpose: its end is not a failure,
+        and it waits for what it sends to be acknowledged before it goes."""
         self.kernel.expect_exit(h[1])
+        self.kernel.ack_eagerly(h[1])
 
     def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
         """A proc died: every actor on it, of every mesh this process owns, failed."""

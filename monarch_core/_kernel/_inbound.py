@@ -185,6 +185,7 @@ class InboundSession:
         self.error: BaseException | None = None
         self.bye = False
         self.ack_due = 0.0  # monotonic deadline of a delayed acknowledgement (0: none)
+        self.eager = kernel._eager_ack_all or sender in kernel._eager_ack  # acknowledge at once
         self._done = done  # a trio.Event, set on the loop when the session ends
         self._ended = False
 
@@ -288,7 +289,7 @@ class InboundSession:
             del buf[:pos]
             reader._pos = 0
         if acks.last > acks.acked:
-            if acks.last - acks.acked >= ACK_EVERY:
+            if acks.last - acks.acked >= ACK_EVERY or self.eager:
                 lock = poller._ack_lock if poller is not None else _NO_LOCK
                 with lock:  # a delayed ack may be under way from another reader
                     try:
@@ -454,6 +455,21 @@ class Poller:
             wake = delta > 0 and not self._waiting
         if wake:
             self._wake_standby()
+
+    def ack_sender_now(self, sender: str | None) -> None:
+        """Acknowledge what the sessions from ``sender`` (None: every session)
+        delivered, now and from now on as soon as it is delivered (any thread)."""
+        for s in list(self._sessions.values()):
+            if sender is not None and s.sender != sender:
+                continue
+            s.eager = True
+            src = s.acks
+            if src.last > src.acked:
+                with self._ack_lock:
+                    try:
+                        src.send_ack()
+                    except ConnectionClosed:
+                        pass
 
     def _wake_standby(self) -> None:
         try:

@@ -412,10 +412,12 @@ class _Acker:
     ACK_EVERY = ACK_EVERY
     ACK_DELAY = ACK_DELAY
 
-    def __init__(self, stream: Stream, last: int) -> None:
+    def __init__(self, stream: Stream, last: int, sender: str = "") -> None:
         self.stream = stream
+        self.sender = sender
         self.acked = last
         self.last = last
+        self.eager = False  # acknowledge at once (the sender is stopping, or this proc is)
         self.wake = trio.Event()
 
     def delivered(self, seq: int, drained: bool) -> None:
@@ -423,11 +425,16 @@ class _Acker:
         if drained or seq - self.acked >= self.ACK_EVERY:
             self.wake.set()
 
+    def now(self) -> None:
+        """Acknowledge what was delivered without waiting (loop thread)."""
+        self.eager = True
+        self.wake.set()
+
     async def run(self) -> None:
         while True:
             await self.wake.wait()
             self.wake = trio.Event()
-            if self.last - self.acked < self.ACK_EVERY:
+            if self.last - self.acked < self.ACK_EVERY and not self.eager:
                 await trio.sleep(self.ACK_DELAY)
             last = self.last
             if last > self.acked:
@@ -457,6 +464,9 @@ class Kernel:
         self._addresses: dict[str, str] = {}
         self._addr_events: dict[str, trio.Event] = {}
         self._pending: dict[str, set[int]] = {}
+        self._ackers: set[_Acker] = set()  # inbound sessions read on the loop (TLS, third-party streams)
+        self._eager_ack: set[str] = set()  # senders whose messages are acknowledged at once
+        self._eager_ack_all = False
         #: Forwards cast-tree messages (set by the proc agent; see ``_actor._tree``).
         self.tree_handler: Callable[..., None] | None = None
         self.tree_forwarded = 0  # cast-tree messages this proc sent on (tests and benchmarks read it)
@@ -793,6 +803,7 @@ class Kernel:
 
     async def _serve_inbound(self, stream: Stream) -> None:
         peer = getattr(stream, "peer", "?")
+        acker: _Acker | None = None
         try:
             reader = W.FrameReader(stream)
             with trio.fail_after(HANDSHAKE_TIMEOUT):
@@ -813,7 +824,10 @@ class Kernel:
                 _grow_buffer(sock, socket.SO_RCVBUF)
                 await self._serve_inbound_thread(sock, reader, session, sender, last)
                 return
-            acker = _Acker(stream, last)
+            acker = _Acker(stream, last, sender)
+            if self._eager_ack_all or sender in self._eager_ack:
+                acker.eager = True
+            self._ackers.add(acker)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(acker.run)
                 route = self.route
@@ -846,6 +860,8 @@ class Kernel:
         except (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             logger.debug("inbound connection from %s ended: %s", peer, e)
         finally:
+            if acker is not None:
+                self._ackers.discard(acker)
             with trio.CancelScope(shield=True):
                 await stream.aclose()
 
@@ -959,6 +975,27 @@ class Kernel:
         self._children[proc_id] = entry
         self._nursery.start_soon(self._watch_child, proc_id, entry)  # type: ignore[union-attr]
         return proc
+
+    def ack_eagerly(self, proc_id: str) -> None:
+        """From now on acknowledge what ``proc_id`` sends as soon as it is
+        delivered (it is stopping, and waits for its messages to be
+        acknowledged before it goes; loop thread)."""
+        self._eager_ack.add(proc_id)
+        if self._poller is not None:
+            self._poller.ack_sender_now(proc_id)
+        for a in list(self._ackers):
+            if a.sender == proc_id:
+                a.now()
+
+    def ack_everything(self) -> None:
+        """Acknowledge every delivered message of every inbound session now
+        and from now on (this proc is stopping: a sender must not take a
+        message it handled for one it lost; loop thread)."""
+        self._eager_ack_all = True
+        if self._poller is not None:
+            self._poller.ack_sender_now(None)
+        for a in list(self._ackers):
+            a.now()
 
     def expect_exit(self, proc_id: str) -> None:
         """``proc_id`` is being stopped on purpose: its end is not a failure."""
