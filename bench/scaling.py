@@ -70,7 +70,20 @@ def wait_gone(pids: Sequence[int], timeout: float = 15.0) -> list[int]:
 
 
 # ------------------------------------------------------------------ live meshes
-def live(n: int, warm: int, iters: int, k: int, reps: int) -> dict[str, Any]:
+def live(n: int, warm: int, iters: int, k: int, reps: int, tree: bool = False) -> dict[str, Any]:
+    """One live row; ``tree``: route through the cast tree whatever the mesh's
+    size (this process lowers ``_tree.TREE_MIN`` to ``n`` for the row)."""
+    if tree:
+        from monarch_core._actor import _tree
+
+        saved = _tree.TREE_MIN
+        _tree.TREE_MIN = min(saved, n)
+        try:
+            r = live(n, warm, iters, k, reps)
+        finally:
+            _tree.TREE_MIN = saved
+        r["mode"] = f"tree, fanout {_tree.FANOUT}"
+        return r
     t0 = time.perf_counter()
     procs = this_host().spawn_procs(per_host={"procs": n})
     mesh = procs.spawn("scale", Pinger)
@@ -108,8 +121,11 @@ def live(n: int, warm: int, iters: int, k: int, reps: int) -> dict[str, Any]:
         left = wait_gone(pids)
     us = [s / 1e3 for s in samples]
     cpu_b = T.median(b["cpu_us"] for b in bcast)
+    from monarch_core._actor import _tree
+
     return {
         "procs": n,
+        "mode": f"tree, fanout {_tree.FANOUT}" if n >= _tree.TREE_MIN else "direct",
         "spawn_s": round(spawn_s, 3),
         "call_iters": iters,
         "call_p50_ms": round(T.median(us) / 1e3, 3),
@@ -128,15 +144,16 @@ def live(n: int, warm: int, iters: int, k: int, reps: int) -> dict[str, Any]:
 
 
 def live_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["procs", "spawn, s", "call() p50, ms", "call() p99, ms", "client CPU per call(), µs",
+    headers = ["procs", "cast", "spawn, s", "call() p50, ms", "call() p99, ms", "client CPU per call(), µs",
                "client CPU per broadcast(), µs", "… per member, µs", "broadcast issue, µs", "broadcast wall, µs",
                "left after stop"]
     body = []
     for r in rows:
         if "error" in r:
-            body.append([str(r["procs"]), f"FAILED: {r['error']}"] + [T.DASH] * (len(headers) - 2))
+            body.append([str(r["procs"]), r.get("mode", T.DASH), f"FAILED: {r['error']}"]
+                        + [T.DASH] * (len(headers) - 3))
             continue
-        body.append([str(r["procs"]), T.fmt(r["spawn_s"], "{:.2f}"), T.fmt(r["call_p50_ms"], "{:.2f}"),
+        body.append([str(r["procs"]), r["mode"], T.fmt(r["spawn_s"], "{:.2f}"), T.fmt(r["call_p50_ms"], "{:.2f}"),
                      T.fmt(r["call_p99_ms"], "{:.2f}"), T.fmt(r["call_cpu_us"], "{:,.0f}"),
                      T.fmt(r["broadcast_cpu_us"], "{:,.0f}"), T.fmt(r["broadcast_cpu_per_member_us"], "{:.1f}"),
                      T.fmt(r["broadcast_issue_us"], "{:,.0f}"), T.fmt(r["broadcast_wall_us"], "{:,.0f}"),
@@ -230,6 +247,8 @@ def ints(text: str) -> list[int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description="monarch-core cast scaling: live meshes and a simulated large mesh")
     ap.add_argument("--sizes", type=ints, default=[4, 16, 64], help="live mesh sizes (default 4,16,64)")
+    ap.add_argument("--tree-sizes", type=ints, default=[64],
+                    help="live mesh sizes also measured through the cast tree (default 64; '' for none)")
     ap.add_argument("--sim-sizes", type=ints, default=[64, 1024, 4096, 16384],
                     help="simulated member counts (default 64,1024,4096,16384)")
     ap.add_argument("--fanout", type=int, help="model this fanout instead of _tree.FANOUT")
@@ -247,20 +266,24 @@ def main() -> int:
     failed = False
     md = ["## Scaling (monarch-core only)"]
     if not args.no_live:
-        for n in args.sizes:
-            log(f"{n} procs ...")
+        for n, tree in [(n, False) for n in args.sizes] + [(n, True) for n in args.tree_sizes]:
+            log(f"{n} procs{' through the tree' if tree else ''} ...")
             t0 = time.monotonic()
             try:
-                r = live(n, warm, iters, k, reps)
+                r = live(n, warm, iters, k, reps, tree)
             except Exception as e:  # noqa: BLE001 - report the size as failed, go on with the next
                 import traceback
 
                 failed = True
-                r = {"procs": n, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+                r = {"procs": n, "mode": "tree" if tree else "", "error": f"{type(e).__name__}: {e}",
+                     "traceback": traceback.format_exc()}
                 log(r["traceback"])
             out["live"].append(r)
             log(f"{n} procs done in {time.monotonic() - t0:.1f} s")
-        intro = (f"One actor per proc; {iters} sequential `mesh.noop.call().get()` after {warm} warm-up calls "
+        intro = ("*cast*: how the client reaches the members, *direct* (one message per member) or through the "
+                 "cast tree (at most fanout messages from any proc; below `MONARCH_CAST_TREE_MIN` members a mesh is "
+                 "reached directly, so tree rows lower that threshold in this process).  "
+                 f"One actor per proc; {iters} sequential `mesh.noop.call().get()` after {warm} warm-up calls "
                  "(p50/p99 over them); client CPU = `time.process_time()` of this whole process (all threads) "
                  f"over that loop ÷ calls.  Broadcast: {k} `mesh.noop.broadcast()` then one `call().get()` so the "
                  f"work is done, CPU ÷ {k} with nothing subtracted, median of {reps} repetition(s); *issue* = wall "

@@ -581,6 +581,9 @@ class ProcAgent:
     def actor_stopped(self, host: ActorHost, reason: str) -> None:
         self.gone[host.key] = f"stopped: {reason}"
         self.kernel.actors.pop(host.key, None)
+        tables = self.kernel.tree_tables
+        for k in [k for k in tables if k[0] == host.key]:  # cast-tree addresses of its mesh
+            tables.pop(k, None)
 
     async def stop_owned_async(self, host: ActorHost) -> None:
         """Stop the meshes an actor owns (from the actor's loop)."""

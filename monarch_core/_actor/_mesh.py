@@ -119,6 +119,8 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._stopped = False
         self._endpoints: dict[str, Any] = {}
         self._whole_view: bool | None = None
+        self._tree_view_id: str | None = None
+        self._tree_sent: tuple | None = None  # (kernel, deaths known) when the member table last went out
 
     # MeshTrait hooks
     @property
@@ -216,9 +218,14 @@ class ActorMesh(MeshTrait, Generic[T]):
             targets = [(region.root_rank(i), i) for i in idx]
         dead_procs = kernel.dead
         _here, _rank, groups = _tree.plan(-1, n, fanout, targets, lambda m: members[m].proc_id in dead_procs)
+        view = self._tree_view()
+        # A cast to every member carries the member table only the first time (and after
+        # a death): the forwarders keep it, so the next ones cost this process fanout
+        # small messages whatever the size of the mesh.
+        carry = targets is not None or self._tree_sent != (kernel, len(dead_procs))
         procs: list[str] = []
         for hop, sub in groups.items():
-            nodes = _tree.touched(hop, sub, n, fanout)
+            nodes = _tree.touched(hop, sub, n, fanout) if carry or reply_port is not None else (hop,)
             # The addresses every forwarder below needs (waits for procs still starting); a member
             # known to be dead goes without one, so that forwarders route around it too.
             table = {}
@@ -226,7 +233,7 @@ class ActorMesh(MeshTrait, Generic[T]):
                 slot = members[m]
                 table[m] = (slot.proc_id, _tree.DEAD) if slot.proc_id in dead_procs else slot.ref()
             header = _tree.encode(self._key, method, reply, region.labels, region.sizes, sender, ret, explicit, n,
-                                  fanout, hop, sub, table)
+                                  fanout, hop, sub, table if carry else None, view)
             proc_id, address = table[hop]
             if ret is not None:
                 kernel.send(proc_id, address, W.K_ACTOR, W.F_TREE, header, payload, bufs, ret[2], track=False)
@@ -239,7 +246,19 @@ class ActorMesh(MeshTrait, Generic[T]):
                     if a != _tree.DEAD:
                         kernel.expect_reply(p, reply_port)
                         procs.append(p)
+        if targets is None:
+            self._tree_sent = (kernel, len(dead_procs))
         return procs
+
+    def _tree_view(self) -> str:
+        """An id of this view's member list (forwarders key the member tables they keep by it)."""
+        v = self._tree_view_id
+        if v is None:
+            import hashlib
+
+            ids = "\0".join(slot.proc_id for slot in self._members).encode()
+            v = self._tree_view_id = hashlib.blake2b(ids, digest_size=12).hexdigest()
+        return v
 
     def _whole(self) -> bool:
         """This view is the whole mesh, rank i being member i."""

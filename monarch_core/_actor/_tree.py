@@ -161,28 +161,33 @@ def touched(hop: int, targets: list | None, n: int, fanout: int) -> list[int]:
 # ---------------------------------------------------------------- the wire form
 def encode(
     key: str, method: str, reply: tuple | None, labels: tuple, sizes: tuple, sender: str, ret: tuple | None,
-    explicit: bool, n: int, fanout: int, at: int, targets: list | None, table: dict,
+    explicit: bool, n: int, fanout: int, at: int, targets: list | None, table: dict | None, view: str,
 ) -> bytes:
+    """``table``: member -> (proc_id, address) for every member the message
+    reaches or passes below ``at``, or None: the receiving procs kept it from
+    an earlier message of the same sender for the same ``view`` (an id of the
+    sender's list of members)."""
     return marshal.dumps(
         (key, method, reply, labels, sizes, sender, ret, bool(explicit), n, fanout, at,
-         None if targets is None else [tuple(t) for t in targets], table)
+         None if targets is None else [tuple(t) for t in targets], table, view)
     )
 
 
 def decode(peer: str, header: bytes) -> tuple:
     h = W.decode_header(peer, header)
     try:
-        key, method, reply, labels, sizes, _sender, ret, _explicit, n, fanout, at, targets, table = h
+        key, method, reply, labels, sizes, _sender, ret, _explicit, n, fanout, at, targets, table, view = h
         ok = (
             isinstance(key, str) and isinstance(method, str) and isinstance(labels, tuple)
             and isinstance(sizes, tuple) and type(n) is int and type(fanout) is int and type(at) is int
-            and 0 <= at < n and fanout >= 2 and isinstance(table, dict)
+            and 0 <= at < n and fanout >= 2 and (table is None or isinstance(table, dict)) and isinstance(view, str)
             and (reply is None or (isinstance(reply, tuple) and len(reply) == 3))
             and (ret is None or (isinstance(ret, tuple) and len(ret) == 3))
             and (targets is None or (isinstance(targets, list) and all(
                 isinstance(t, tuple) and len(t) == 2 and type(t[0]) is int and type(t[1]) is int
                 and 0 <= t[0] < n for t in targets)))
-            and all(type(k) is int and isinstance(v, tuple) and len(v) == 2 for k, v in table.items())
+            and (table is None or all(type(k) is int and isinstance(v, tuple) and len(v) == 2
+                                      for k, v in table.items()))
         )
     except (TypeError, ValueError):
         ok = False
@@ -196,8 +201,23 @@ def forward(kernel: Any, header: bytes, payload: Any, buffers: list, sender_proc
     """A tree message arrived at this proc (the thread that read it): deliver
     it to the local member if it is a target, and send it on below."""
     h = decode(sender_proc, header)
-    key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, at, targets, table = h
+    key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, at, targets, table, view = h
     dead_procs = kernel.dead
+    cache_key = (key, view)
+    carried = table is not None
+    if carried:
+        known = kernel.tree_tables.get(cache_key)
+        if known is None:
+            kernel.tree_tables[cache_key] = dict(table)
+        else:
+            known.update(table)
+    else:
+        table = kernel.tree_tables.get(cache_key)
+        if table is None:  # never sent, or forgotten: the sender must not wait for nothing
+            logger.error("cast-tree message from %s for %s.%s without a member table this proc knows; "
+                         "its targets are answered with an error", sender_proc, key, method)
+            _fail_targets(kernel, at, n, fanout, targets, reply, method)
+            return
 
     def dead(member: int) -> bool:
         entry = table.get(member)
@@ -208,10 +228,31 @@ def forward(kernel: Any, header: bytes, payload: Any, buffers: list, sender_proc
         entry = table.get(hop)
         if entry is None:
             raise ProtocolError(f"peer {sender_proc} sent a cast-tree message without the address of member {hop}")
-        sub_table = {m: table[m] for m in touched(hop, sub, n, fanout) if m in table}
-        out = encode(key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, hop, sub, sub_table)
+        sub_table = {m: table[m] for m in touched(hop, sub, n, fanout) if m in table} if carried else None
+        out = encode(key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, hop, sub, sub_table, view)
         kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers)
         kernel.tree_forwarded += 1
     if here:
         kernel.route_actor((key, method, reply, rank_here, labels, sizes, sender, ret, int(explicit)), payload,
                            buffers, sender_proc)
+
+
+def _fail_targets(kernel: Any, at: int, n: int, fanout: int, targets: list | None, reply: tuple | None,
+                  method: str) -> None:
+    """Answer every target below ``at`` with an error (a message this proc
+    cannot route)."""
+    if reply is None:
+        return
+    from monarch_core._actor._port import send_to_port
+    from monarch_core.errors import SupervisionError
+
+    err = SupervisionError(
+        f"{method} could not be routed through the cast tree at proc {kernel.proc_id}: it has no member table "
+        "for this mesh (send the call again; a new table goes with the next cast)"
+    )
+    ranks = [m for m in subtree(at, n, fanout)] if targets is _ALL else [r for _m, r in targets]
+    for r in ranks:
+        try:
+            send_to_port(tuple(reply), r, W.S_ERROR, err)
+        except Exception:  # noqa: BLE001 - best effort: the sender may be gone
+            logger.debug("could not report an unroutable cast to %s", reply, exc_info=True)

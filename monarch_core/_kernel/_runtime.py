@@ -470,6 +470,9 @@ class Kernel:
         #: Forwards cast-tree messages (set by the proc agent; see ``_actor._tree``).
         self.tree_handler: Callable[..., None] | None = None
         self.tree_forwarded = 0  # cast-tree messages this proc sent on (tests and benchmarks read it)
+        #: (actor mesh key, sender's view id) -> member -> (proc_id, address): the addresses a
+        #: forwarder needs, kept from the first message of a sender (``_actor._tree``).
+        self.tree_tables: dict[tuple[str, str], dict[int, tuple]] = {}
         self._inbound_last: dict[str, int] = {}
         self._transports: dict[str, Transport] = {}
         self._tx: collections.deque = collections.deque()

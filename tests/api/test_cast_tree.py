@@ -66,14 +66,15 @@ def test_paths_children_and_dead_members_are_skipped() -> None:
 
 def test_malformed_tree_headers_are_protocol_errors() -> None:
     good = _tree.encode("k", "m", None, ("procs",), (9,), "client", None, False, 9, 2, 0, None,
-                        {0: ("p0", "ipc://@a")})
+                        {0: ("p0", "ipc://@a")}, "view")
     assert _tree.decode("peer", good)[10] == 0
     bad = [
         marshal.dumps(("k",)),
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 9, None, {})),  # at out of range
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 1, 0, None, {})),  # fanout 1
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, [(99, 0)], {})),  # bad target
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, None, {0: "x"})),  # bad table
+        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 9, None, {}, "v")),  # at out of range
+        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 1, 0, None, {}, "v")),  # fanout 1
+        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, [(99, 0)], {}, "v")),  # target
+        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, None, {0: "x"}, "v")),  # table
+        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, None, {}, 7)),  # view
         b"not marshal",
     ]
     for h in bad:
@@ -195,3 +196,19 @@ def test_stop_reaches_each_actor_after_what_was_cast_to_it_before(small_tree, tm
     for member in range(9):
         lines = (tmp_path / f"{member}.txt").read_text().split()
         assert lines == [str(i) for i in range(25)], f"member {member}"
+
+
+def test_a_forwarder_without_the_member_table_answers_every_target_with_an_error() -> None:
+    from monarch_core.actor import Channel
+
+    port, recv = Channel.open()
+    kernel = _state.runtime().kernel
+    header = _tree.encode("no-such-mesh", "who", port._ref, ("procs",), (9,), "client", None, False, 9, 2, 0,
+                          None, None, "unknown-view")
+    _tree.forward(kernel, header, b"", [], "peer")
+    errors = []
+    for _ in range(6):  # member 0's subtree: 0, 2, 3, 6, 7, 8
+        with pytest.raises(SupervisionError) as e:
+            recv.recv().get(timeout=30)
+        errors.append(str(e.value))
+    assert all("no member table" in m for m in errors)
