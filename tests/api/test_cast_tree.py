@@ -212,3 +212,15 @@ def test_a_forwarder_without_the_member_table_answers_every_target_with_an_error
             recv.recv().get(timeout=30)
         errors.append(str(e.value))
     assert all("no member table" in m for m in errors)
+
+
+@pytest.mark.parametrize("name,value", [("MONARCH_CAST_FANOUT", "1"), ("MONARCH_CAST_TREE_MIN", "lots")])
+def test_a_bad_tree_setting_is_a_clear_error(name: str, value: str) -> None:
+    import subprocess
+    import sys
+
+    env = {**os.environ, name: value}
+    r = subprocess.run([sys.executable, "-c", "import monarch_core.actor; from monarch_core._actor import _tree"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode != 0
+    assert f"{name}={value!r} is not valid: expected an integer >=" in r.stderr
