@@ -200,10 +200,12 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     def _send_many(self, indices: Any, method: str, reply: tuple | None, region: Region, explicit: bool,
                    payload: Any, bufs: list, reply_port: int | None, kernel: Any, sender: str,
-                   ret: tuple | None = None) -> list[str]:
+                   ret: tuple | None = None, gather: Any = None) -> list[str]:
         """Send to the region indices ``indices`` (None: all of them), through
         the cast tree for a mesh of ``_tree.TREE_MIN`` actors or more; the procs
-        a reply to ``reply_port`` now waits on."""
+        a reply to ``reply_port`` now waits on.  ``gather``: the port handler
+        of a ``call()``, whose replies the tree's forwarders gather into one
+        batch per subtree."""
         if len(self._members) < _tree.TREE_MIN:
             idx = range(region.nelements) if indices is None else indices
             return [self._send(i, method, reply, i, region, explicit, payload, bufs, reply_port, kernel, sender, ret)
@@ -224,6 +226,9 @@ class ActorMesh(MeshTrait, Generic[T]):
         # small messages whatever the size of the mesh.
         carry = targets is not None or self._tree_sent != (kernel, len(dead_procs))
         procs: list[str] = []
+        if gather is not None:
+            for m in _tree.skipped_dead(-1, n, fanout, targets, lambda m: members[m].proc_id in dead_procs):
+                gather.deliver(m, W.S_ERROR, *_serial.dumps(kernel._dead_error(members[m].proc_id)))
         for hop, sub in groups.items():
             nodes = _tree.touched(hop, sub, n, fanout) if carry or reply_port is not None else (hop,)
             # The addresses every forwarder below needs (waits for procs still starting); a member
@@ -233,14 +238,15 @@ class ActorMesh(MeshTrait, Generic[T]):
                 slot = members[m]
                 table[m] = (slot.proc_id, _tree.DEAD) if slot.proc_id in dead_procs else slot.ref()
             header = _tree.encode(self._key, method, reply, region.labels, region.sizes, sender, ret, explicit, n,
-                                  fanout, hop, sub, table if carry else None, view)
+                                  fanout, hop, sub, table if carry else None, view, gather is not None)
             proc_id, address = table[hop]
             if ret is not None:
                 kernel.send(proc_id, address, W.K_ACTOR, W.F_TREE, header, payload, bufs, ret[2], track=False)
             else:
                 kernel.send(proc_id, address, W.K_ACTOR, W.F_TREE, header, payload, bufs, reply_port)
             if reply_port is not None:
-                # The loss of any proc on the way fails the call (the message may be lost with it).
+                # The loss of any proc on the way fails the call at once (this process hears of a
+                # death first when it spawned the proc; a forwarder only sees a broken connection).
                 for m in nodes:
                     p, a = table[m]
                     if a != _tree.DEAD:
@@ -304,7 +310,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         h = GatherReplies(kernel, region.extent, "", ValueMesh)
         reply = (rt.proc_id, kernel.address, h.port_id)
         h.procs = self._send_many(None, ep._name, reply, region, ep._prop._explicit_response_port, payload, bufs,
-                                  h.port_id, kernel, _sender_name())
+                                  h.port_id, kernel, _sender_name(), gather=h)
         return h.cell
 
     def _call_stream(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> StreamIterator[Any]:

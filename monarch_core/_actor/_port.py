@@ -295,6 +295,14 @@ class GatherReplies(PortHandler):
         self.procs: list[str] = []
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        if status == W.S_BATCH:  # replies gathered by a cast tree
+            from monarch_core._actor._tree import decode_batch
+
+            for item in decode_batch("a cast-tree forwarder", payload, buffers):
+                if item[1] == W.S_BATCH:
+                    continue  # batches do not nest
+                self.deliver(*item)
+            return
         if status != W.S_VALUE:
             self._finish_error(status, payload, buffers)
             return

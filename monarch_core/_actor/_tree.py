@@ -172,26 +172,154 @@ def touched(hop: int, targets: list | None, n: int, fanout: int) -> list[int]:
     return sorted(seen)
 
 
+def count(hop: int, sub: list | None, n: int, fanout: int) -> int:
+    """Replies a message sent to ``hop`` for ``sub`` brings back."""
+    return len(subtree(hop, n, fanout)) if sub is _ALL else len(sub)
+
+
+def skipped_dead(at: int, n: int, fanout: int, targets: list | None, dead: Callable[[int], bool]) -> list[int]:
+    """Members of ``at``'s whole subtree (``targets`` None) that are known
+    dead and that this node routes around: nobody else answers for them."""
+    if targets is not _ALL:
+        return []
+    out: list[int] = []
+    stack = list(children(at, n, fanout) if at >= 0 else range(min(fanout, n)))
+    while stack:
+        c = stack.pop()
+        if dead(c):
+            out.append(c)
+            stack.extend(children(c, n, fanout))
+    return out
+
+
+def _dead_error(kernel: Any, table: dict, member: int, method: str) -> tuple[Any, list]:
+    from monarch_core._actor import _serial
+    from monarch_core.errors import SupervisionError
+
+    entry = table.get(member)
+    proc = entry[0] if entry else f"member {member}"
+    reason = kernel.dead.get(proc) if isinstance(kernel.dead, dict) else None
+    return _serial.dumps(SupervisionError(reason or f"{method}: proc {proc} of member {member} is gone"))
+
+
+# ---------------------------------------------------------------- gathered replies
+def encode_batch(items: list) -> tuple[bytes, list]:
+    """``[(rank, status, payload, buffers), ...]`` as one port message: a
+    marshal list of ``(rank, status, payload bytes, number of buffers)`` and
+    every item's buffers, in order, as the message's out-of-band parts."""
+    rows, flat = [], []
+    for rank, status, payload, buffers in items:
+        rows.append((rank, status, bytes(payload), len(buffers)))
+        flat.extend(buffers)
+    return marshal.dumps(rows), flat
+
+
+def decode_batch(peer: str, payload: Any, buffers: list) -> list:
+    data = bytes(payload)
+    W.check_marshal(data, peer, "batch of replies")
+    try:
+        rows = marshal.loads(data)
+    except (ValueError, EOFError, TypeError) as e:
+        raise ProtocolError(f"peer {peer} sent a malformed batch of replies: {e}") from None
+    if not isinstance(rows, list) or not all(
+        isinstance(r, tuple) and len(r) == 4 and type(r[0]) is int and type(r[1]) is int
+        and isinstance(r[2], bytes) and type(r[3]) is int and r[3] >= 0 for r in rows
+    ) or sum(r[3] for r in rows) != len(buffers):
+        raise ProtocolError(f"peer {peer} sent a malformed batch of replies")
+    out, i = [], 0
+    for rank, status, p, nb in rows:
+        out.append((rank, status, p, list(buffers[i:i + nb])))
+        i += nb
+    return out
+
+
+class SubtreeGather:
+    """A forwarder's port for the replies of its subtree to one ``call``: they
+    go up in one batch once all are in; an error goes up at once (it fails
+    the call), and so does the loss of a proc below (its replies never come)."""
+
+    def __init__(self, kernel: Any, up: tuple, expected: int) -> None:
+        import threading
+
+        self.kernel = kernel
+        self.up = up
+        self.expected = expected
+        self.count = 0
+        self.items: list = []
+        self.procs: list[str] = []
+        self.closed = False
+        self.lock = threading.Lock()
+        self.port_id = kernel.add_port(self)
+
+    def ref(self) -> tuple:
+        return (self.kernel.proc_id, self.kernel.address, self.port_id)
+
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        if status == W.S_BATCH:
+            items = decode_batch(self.up[0], payload, buffers)
+        else:
+            items = [(rank, status, payload, buffers)]
+        errors = [it for it in items if it[1] != W.S_VALUE]
+        with self.lock:
+            if self.closed:
+                return
+            self.count += len(items)
+            if not errors:
+                self.items.extend(items)
+            done = bool(errors) or self.count >= self.expected
+            if not done:
+                return
+            self.closed = True
+            batch, self.items = (errors[:1] if errors else self.items), []
+        self._close()
+        self._send_up(batch)
+
+    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        from monarch_core._actor import _serial
+
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            self.items = []
+        self._close()
+        self._send_up([(-1, W.S_ERROR, *_serial.dumps(exc))])
+
+    def _close(self) -> None:
+        self.kernel.remove_port(self.port_id)
+        for p in self.procs:
+            self.kernel.reply_done(p, self.port_id)
+
+    def _send_up(self, items: list) -> None:
+        payload, bufs = encode_batch(items)
+        proc_id, address, port_id = self.up
+        self.kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, W.port_header(port_id, -1, W.S_BATCH), payload, bufs)
+        self.kernel.tree_batches += 1
+
+
 # ---------------------------------------------------------------- the wire form
 def encode(
     key: str, method: str, reply: tuple | None, labels: tuple, sizes: tuple, sender: str, ret: tuple | None,
     explicit: bool, n: int, fanout: int, at: int, targets: list | None, table: dict | None, view: str,
+    gather: bool = False,
 ) -> bytes:
     """``table``: member -> (proc_id, address) for every member the message
     reaches or passes below ``at``, or None: the receiving procs kept it from
     an earlier message of the same sender for the same ``view`` (an id of the
-    sender's list of members)."""
+    sender's list of members).  ``gather``: each forwarder collects the
+    replies of its subtree and sends them up as one batch (``call``)."""
     return marshal.dumps(
         (key, method, reply, labels, sizes, sender, ret, bool(explicit), n, fanout, at,
-         None if targets is None else [tuple(t) for t in targets], table, view)
+         None if targets is None else [tuple(t) for t in targets], table, view, bool(gather))
     )
 
 
 def decode(peer: str, header: bytes) -> tuple:
     h = W.decode_header(peer, header)
     try:
-        key, method, reply, labels, sizes, _sender, ret, _explicit, n, fanout, at, targets, table, view = h
+        key, method, reply, labels, sizes, _sender, ret, _explicit, n, fanout, at, targets, table, view, gather = h
         ok = (
+            type(gather) is bool and
             isinstance(key, str) and isinstance(method, str) and isinstance(labels, tuple)
             and isinstance(sizes, tuple) and type(n) is int and type(fanout) is int and type(at) is int
             and 0 <= at < n and fanout >= 2 and (table is None or isinstance(table, dict)) and isinstance(view, str)
@@ -215,7 +343,7 @@ def forward(kernel: Any, header: bytes, payload: Any, buffers: list, sender_proc
     """A tree message arrived at this proc (the thread that read it): deliver
     it to the local member if it is a target, and send it on below."""
     h = decode(sender_proc, header)
-    key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, at, targets, table, view = h
+    key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, at, targets, table, view, gather = h
     dead_procs = kernel.dead
     cache_key = (key, view)
     carried = table is not None
@@ -238,14 +366,29 @@ def forward(kernel: Any, header: bytes, payload: Any, buffers: list, sender_proc
         return entry is not None and (entry[1] == DEAD or entry[0] in dead_procs)
 
     here, rank_here, groups = plan(at, n, fanout, targets, dead)
-    for hop, sub in groups.items():
-        entry = table.get(hop)
-        if entry is None:
+    for hop in groups:
+        if hop not in table:
             raise ProtocolError(f"peer {sender_proc} sent a cast-tree message without the address of member {hop}")
+    g = None
+    if gather and reply is not None and groups:
+        # Replies of this subtree come here and go up as one batch.
+        expected = int(here) + sum(count(hop, sub, n, fanout) for hop, sub in groups.items())
+        g = SubtreeGather(kernel, tuple(reply), expected + len(skipped_dead(at, n, fanout, targets, dead)))
+        reply = g.ref()
+    for hop, sub in groups.items():
+        entry = table[hop]
         sub_table = {m: table[m] for m in touched(hop, sub, n, fanout) if m in table} if carried else None
-        out = encode(key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, hop, sub, sub_table, view)
-        kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers)
+        out = encode(key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, hop, sub, sub_table, view,
+                     gather)
+        if g is not None:
+            g.procs.append(entry[0])
+            kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers, g.port_id)
+        else:
+            kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers)
         kernel.tree_forwarded += 1
+    if g is not None:
+        for m in skipped_dead(at, n, fanout, targets, dead):
+            g.deliver(m, W.S_ERROR, *_dead_error(kernel, table, m, method))
     if here:
         kernel.route_actor((key, method, reply, rank_here, labels, sizes, sender, ret, int(explicit)), payload,
                            buffers, sender_proc)

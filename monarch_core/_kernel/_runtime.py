@@ -470,6 +470,7 @@ class Kernel:
         #: Forwards cast-tree messages (set by the proc agent; see ``_actor._tree``).
         self.tree_handler: Callable[..., None] | None = None
         self.tree_forwarded = 0  # cast-tree messages this proc sent on (tests and benchmarks read it)
+        self.tree_batches = 0  # batches of gathered replies this proc sent up a cast tree
         #: (actor mesh key, sender's view id) -> member -> (proc_id, address): the addresses a
         #: forwarder needs, kept from the first message of a sender (``_actor._tree``).
         self.tree_tables: dict[tuple[str, str], dict[int, tuple]] = {}

@@ -57,6 +57,7 @@ F_TREE = 2  # an actor message on its way through a cast tree (header: see ``mon
 S_VALUE = 0
 S_ERROR = 1  # payload: an exception to raise at the receiver (ActorError ...)
 S_CLOSE = 2  # the sender of a stream of values is done
+S_BATCH = 3  # replies gathered by a cast tree: see ``monarch_core._actor._tree.encode_batch``
 
 MAX_HEADER = 1 << 20
 MAX_HANDSHAKE = 1 << 16

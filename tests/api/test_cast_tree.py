@@ -104,6 +104,24 @@ class Node(Actor):
         return _state.runtime().kernel.tree_forwarded
 
     @endpoint
+    def batches(self) -> int:
+        return _state.runtime().kernel.tree_batches
+
+    @endpoint
+    def fail_on(self, member: int, folder: str) -> int:
+        rank = current_rank().rank
+        open(os.path.join(folder, f"ran-{rank}"), "w").close()
+        if rank == member:
+            raise ValueError(f"member {member} refuses")
+        return rank
+
+    @endpoint
+    def exit_on(self, member: int) -> int:
+        if current_rank().rank == member:
+            os._exit(3)
+        return current_rank().rank
+
+    @endpoint
     def append_to(self, folder: str, item: int) -> None:
         with open(os.path.join(folder, f"{current_rank().rank}.txt"), "a") as f:
             f.write(f"{item}\n")
@@ -224,3 +242,31 @@ def test_a_bad_tree_setting_is_a_clear_error(name: str, value: str) -> None:
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode != 0
     assert f"{name}={value!r} is not valid: expected an integer >=" in r.stderr
+
+
+def test_call_replies_are_gathered_per_subtree(small_tree) -> None:
+    m = small_tree.spawn(f"node{next(_names)}", Node)
+    before = list(m.batches.call().get(timeout=30).values())
+    for i in range(5):
+        assert [r for r, _pid in m.who.call().get(timeout=30).values()] == list(range(9))
+    after = list(m.batches.call().get(timeout=30).values())
+    sent = [a - b for a, b in zip(after, before)]
+    # members with children (0..3) send one batch up per call; leaves reply directly
+    assert all(x >= 5 for x in sent[:4]) and all(x == 0 for x in sent[4:]), sent
+
+
+def test_an_error_deep_in_the_tree_fails_the_call_and_every_member_still_runs_it(small_tree, tmp_path) -> None:
+    from monarch_core.actor import ActorError
+
+    m = small_tree.spawn(f"node{next(_names)}", Node)
+    with pytest.raises(ActorError, match="member 6 refuses"):
+        m.fail_on.call(6, str(tmp_path)).get(timeout=30)
+    m.who.call().get(timeout=30)  # in order after the failed call: every member has run it
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(f"ran-{r}" for r in range(9))
+
+
+def test_a_member_dying_during_a_call_fails_it_promptly(small_tree) -> None:
+    m = small_tree.spawn(f"node{next(_names)}", Node)
+    m.who.call().get(timeout=30)
+    with pytest.raises(SupervisionError):
+        m.exit_on.call(8).get(timeout=20)  # a leaf under forwarders 0 and 3
