@@ -22,7 +22,10 @@ its children are reached from its parent.  The sender waits for a reply from
 every proc a message touches, so the loss of a forwarder fails the call that
 went through it (as the loss of a member fails a flat call).
 
-Replies go straight back to the sender's port (no in-network reduction).
+The replies of a ``call()`` are gathered on the way back: each forwarder
+collects those of its subtree (:class:`SubtreeGather`) and sends them up as
+one batch, so the sender receives at most ``fanout`` messages too.  Other
+replies (``call_one``, ``stream``, ports) come straight back.
 """
 
 from __future__ import annotations
