@@ -204,8 +204,9 @@ class ProcAgent:
             # say so now, or the senders would count what is unacknowledged as lost.
             self.kernel.call_soon(self.kernel.ack_everything)
             self.stop_everything(reason, grace)
-            self.kernel.call_soon(self.kernel.ack_everything)
-            try:  # let replies already queued (stop acknowledgements) reach their ports
+            try:
+                self.kernel.run(self.kernel.settle_acks, 1.0)
+                # let replies already queued (stop acknowledgements) reach their ports
                 self.kernel.run(self.kernel.flush, 1.0)
             except Exception:  # pragma: no cover - the loop is already gone
                 pass

@@ -1001,6 +1001,15 @@ class Kernel:
         for a in list(self._ackers):
             a.now()
 
+    async def settle_acks(self, timeout: float) -> None:
+        """Acknowledge everything delivered now and wait (at most ``timeout``
+        s) until the loop's own inbound sessions have written it (loop
+        thread; the poller's sessions acknowledge synchronously)."""
+        self.ack_everything()
+        with trio.move_on_after(timeout):
+            while any(a.last > a.acked for a in self._ackers):
+                await trio.sleep(0.002)
+
     def expect_exit(self, proc_id: str) -> None:
         """``proc_id`` is being stopped on purpose: its end is not a failure."""
         self._expected_exits.add(proc_id)

@@ -183,3 +183,37 @@ def test_stopping_procs_right_after_a_burst_of_broadcasts_is_not_a_failure(_reco
 
     time.sleep(1.0)  # a failure, if any, is reported when the connections close
     assert UNHANDLED_FAILURES[before:] == []
+
+
+STOP_AFTER_BROADCASTS_CLIENT = """
+from monarch_core.actor import Actor, endpoint, this_host
+
+class Sink(Actor):
+    @endpoint
+    def noop(self) -> None:
+        return None
+
+for _round in range(3):
+    pm = this_host().spawn_procs(per_host={"p": 4})
+    mesh = pm.spawn("sink", Sink)
+    mesh.noop.call().get(timeout=30)
+    for _ in range(200):
+        mesh.noop.broadcast()
+    mesh.noop.call().get(timeout=30)
+    pm.stop().get(timeout=60)
+import time
+time.sleep(1.0)
+print("CLEAN", flush=True)
+"""
+
+
+def test_stopping_right_after_broadcasts_is_not_a_failure_on_the_loop_read_path_either(tmp_path) -> None:
+    # Same as above with every session read by the trio loop (as TLS sessions are):
+    # the default fault hook would end this client with exit code 1.
+    script = tmp_path / "client.py"
+    script.write_text(textwrap.dedent(STOP_AFTER_BROADCASTS_CLIENT))
+    env = {**os.environ, "MONARCH_THREADED_INBOUND": "0"}
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                       cwd=str(tmp_path), env=env)
+    assert r.returncode == 0 and "CLEAN" in r.stdout, f"rc={r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    assert "could not be delivered" not in r.stderr, r.stderr
