@@ -202,7 +202,7 @@ class ProcAgent:
             self.kernel.call_soon(self._announce_stopping)
             # Everything delivered here was handled (or will be, before the actors stop):
             # say so now, or the senders would count what is unacknowledged as lost.
-            self.kernel.call_soon(self.kernel.ack_everything)
+            self.kernel.call_soon(self.kernel.ack_at_once)
             self.stop_everything(reason, grace)
             try:
                 self.kernel.run(self.kernel.settle_acks, 1.0)
@@ -399,7 +399,7 @@ class ProcAgent:
         """A proc we talk to is stopping on purpose: its end is not a failure,
         and it waits for what it sends to be acknowledged before it goes."""
         self.kernel.expect_exit(h[1])
-        self.kernel.ack_eagerly(h[1])
+        self.kernel.ack_at_once(h[1])
 
     def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
         """A proc died: every actor on it, of every mesh this process owns, failed."""

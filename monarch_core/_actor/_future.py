@@ -7,11 +7,12 @@ first observer, so the kernel thread never runs user unpickling code.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import sys
 import threading
 from _thread import allocate_lock as _allocate_lock
-from collections.abc import Callable, Coroutine, Generator
+from collections.abc import Callable, Coroutine, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from monarch_core._kernel._inbound import Poller as _Poller
@@ -89,12 +90,8 @@ class Cell:
             led = p.lead(self, timeout)
             if led is not None:
                 return led
-            p.follow(1)
-            try:
-                return self._wait_lock(timeout)
-            finally:
-                p.follow(-1)
-        return self._wait_lock(timeout)
+        with _following():
+            return self._wait_lock(timeout)
 
     def _wait_lock(self, timeout: float | None) -> bool:
         with self._lock:
@@ -153,6 +150,21 @@ class Cell:
     def exception(self) -> BaseException | None:
         self._materialize()
         return self._exc
+
+
+@contextlib.contextmanager
+def _following() -> Iterator[None]:
+    """A wait that does not read the sockets itself is under way (so the
+    poller's thread reads for it; see ``Poller.follow``)."""
+    p = _Poller.current
+    if p is None:
+        yield
+        return
+    p.follow(1)
+    try:
+        yield
+    finally:
+        p.follow(-1)
 
 
 def _kernel_thread_check() -> None:
@@ -316,15 +328,11 @@ async def _wait_asyncio(cell: Cell, loop: asyncio.AbstractEventLoop) -> None:
 
     if not cell.add_callback(cb):
         return
-    p = _Poller.current
-    if p is not None:
-        p.follow(1)
     try:
-        await waiter
+        with _following():
+            await waiter
     finally:
         cell.remove_callback(cb)
-        if p is not None:
-            p.follow(-1)
 
 
 async def _wait_trio(cell: Cell) -> None:
@@ -348,14 +356,8 @@ async def _wait_trio(cell: Cell) -> None:
             return trio.lowlevel.Abort.SUCCEEDED
         return trio.lowlevel.Abort.FAILED  # the reschedule is already on its way
 
-    p = _Poller.current
-    if p is not None:
-        p.follow(1)
-    try:
+    with _following():
         await trio.lowlevel.wait_task_rescheduled(abort)
-    finally:
-        if p is not None:
-            p.follow(-1)
 
 
 class _HelperLoop:

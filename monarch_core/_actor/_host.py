@@ -155,7 +155,7 @@ class ActorHost:
         idle): read, then handle what came for this actor right here."""
         self._serving = True
         try:
-            self._poller.serve_attached()
+            self._poller.service()
         finally:
             self._serving = False
         if self._incoming:
@@ -341,7 +341,6 @@ class ActorHost:
             self._refuse_msg(h)
             return None
         reply_ref = tuple(reply) if reply is not None else None
-        where = method_name  # "mesh.method" is spelled out only when something goes wrong
         extent = self._extent(labels, sizes)
         point = Point._make(rank, extent) if type(rank) is int and 0 <= rank < extent.nelements else Point(rank, extent)
         token = _state.current_message_rank.set(point)
@@ -357,39 +356,41 @@ class ActorHost:
                 port: Port[Any] = Port(reply_ref, None, rank) if reply_ref is not None else _DroppingPort()
                 args = (port, *args)
             if prop is not None and prop._concurrent:
-                where = f"{self.name}.{method_name}"
-                self._start_concurrent(func, args, kwargs, where, None if explicit else reply_ref, rank)
+                self._start_concurrent(func, args, kwargs, method_name, None if explicit else reply_ref, rank)
                 rest = asyncio.sleep(0)  # let the body start before the next message
                 return rest
             result = func(self.instance, *args, **kwargs)
             if result is not None and inspect.isawaitable(result):
-                where = f"{self.name}.{method_name}"
-                rest = self._finish(result, point, reply_ref, rank, where, explicit)
+                rest = self._finish(result, point, reply_ref, rank, method_name, explicit)
                 return rest
             if reply_ref is not None and not explicit:
-                self._reply_value(reply_ref, rank, result, where)
+                self._reply_value(reply_ref, rank, result, method_name)
         except Exception as e:
-            self._raised(e, reply_ref, rank, f"{self.name}.{method_name}", explicit)
+            self._raised(e, reply_ref, rank, self._where(method_name), explicit)
         except BaseException as e:
-            self._die(e, f"{self.name}.{method_name} raised {type(e).__name__}")
+            self._die(e, f"{self._where(method_name)} raised {type(e).__name__}")
         finally:
             if rest is None:
                 self._current_reply = None
             _state.current_message_rank.reset(token)
         return None
 
-    async def _finish(self, result: Any, point: Point, reply_ref: tuple | None, rank: int, where: str,
+    def _where(self, method: str) -> str:
+        """``mesh.method``, for messages about an endpoint (built only when one is needed)."""
+        return f"{self.name}.{method}"
+
+    async def _finish(self, result: Any, point: Point, reply_ref: tuple | None, rank: int, method: str,
                       explicit: bool) -> None:
         """The awaiting half of :meth:`_run_message`."""
         token = _state.current_message_rank.set(point)
         try:
             result = await result
             if reply_ref is not None and not explicit:
-                self._reply_value(reply_ref, rank, result, where)
+                self._reply_value(reply_ref, rank, result, method)
         except Exception as e:
-            self._raised(e, reply_ref, rank, where, explicit)
+            self._raised(e, reply_ref, rank, self._where(method), explicit)
         except BaseException as e:
-            self._die(e, f"{where} raised {type(e).__name__}")
+            self._die(e, f"{self._where(method)} raised {type(e).__name__}")
         finally:
             self._current_reply = None
             _state.current_message_rank.reset(token)
@@ -402,13 +403,13 @@ class ActorHost:
             why = "explicit-response-port endpoint" if explicit else "broadcast (no caller to report to)"
             self._die(e, f"{where} raised in a {why}")
 
-    def _reply_value(self, reply_ref: tuple, rank: int, result: Any, where: str) -> None:
+    def _reply_value(self, reply_ref: tuple, rank: int, result: Any, method: str) -> None:
         try:
             rp, rb = _serial.dumps(result)
         except Exception as e:
-            if "." not in where:
-                where = f"{self.name}.{where}"
-            raise TypeError(f"the result of {where} ({type(result).__name__}) could not be pickled: {e}") from e
+            raise TypeError(
+                f"the result of {self._where(method)} ({type(result).__name__}) could not be pickled: {e}"
+            ) from e
         send_raw_to_port(reply_ref, rank, W.S_VALUE, rp, rb)
 
     def _lookup(self, name: str) -> tuple[Any, Any]:
@@ -432,7 +433,7 @@ class ActorHost:
         raise AttributeError(f"{cls.__qualname__} has no endpoint {name!r}")
 
     def _start_concurrent(
-        self, func: Any, args: tuple, kwargs: dict, where: str, reply_ref: tuple | None, rank: int
+        self, func: Any, args: tuple, kwargs: dict, method: str, reply_ref: tuple | None, rank: int
     ) -> None:
         """Run a concurrent endpoint's body as a task.  Without an explicit port
         its return value (or exception) goes to the caller; an exception that
@@ -445,16 +446,17 @@ class ActorHost:
             try:
                 result = await func(self.instance, *args, **kwargs)
                 if reply_ref is not None:
-                    self._reply_value(reply_ref, rank, result, where)
+                    self._reply_value(reply_ref, rank, result, method)
             except asyncio.CancelledError:
                 raise
             except Exception as e:
+                where = self._where(method)
                 if reply_ref is not None:
                     send_to_port(reply_ref, rank, W.S_ERROR, wrap_exception(e, where))
                 else:
                     self._die(e, f"concurrent endpoint {where} raised without forwarding it to its port", current)
             except BaseException as e:
-                self._die(e, f"concurrent endpoint {where} raised {type(e).__name__}", current)
+                self._die(e, f"concurrent endpoint {self._where(method)} raised {type(e).__name__}", current)
 
         t = self.loop.create_task(body())
         self._concurrent.add(t)

@@ -219,7 +219,11 @@ class ActorMesh(MeshTrait, Generic[T]):
             idx = range(region.nelements) if indices is None else indices
             targets = [(region.root_rank(i), i) for i in idx]
         dead_procs = kernel.dead
-        _here, _rank, groups = _tree.plan(-1, n, fanout, targets, lambda m: members[m].proc_id in dead_procs)
+
+        def dead(m: int) -> bool:
+            return members[m].proc_id in dead_procs
+
+        _here, _rank, groups = _tree.plan(-1, n, fanout, targets, dead)
         view = self._tree_view()
         # A cast to every member carries the member table only the first time (and after
         # a death): the forwarders keep it, so the next ones cost this process fanout
@@ -227,7 +231,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         carry = targets is not None or self._tree_sent != (kernel, len(dead_procs))
         procs: list[str] = []
         if gather is not None:
-            for m in _tree.skipped_dead(-1, n, fanout, targets, lambda m: members[m].proc_id in dead_procs):
+            for m in _tree.skipped_dead(-1, n, fanout, targets, dead):
                 gather.deliver(m, W.S_ERROR, *_serial.dumps(kernel._dead_error(members[m].proc_id)))
         for hop, sub in groups.items():
             nodes = _tree.touched(hop, sub, n, fanout) if carry or reply_port is not None else (hop,)
@@ -235,8 +239,7 @@ class ActorMesh(MeshTrait, Generic[T]):
             # known to be dead goes without one, so that forwarders route around it too.
             table = {}
             for m in nodes:
-                slot = members[m]
-                table[m] = (slot.proc_id, _tree.DEAD) if slot.proc_id in dead_procs else slot.ref()
+                table[m] = (members[m].proc_id, _tree.DEAD) if dead(m) else members[m].ref()
             header = _tree.encode(self._key, method, reply, region.labels, region.sizes, sender, ret, explicit, n,
                                   fanout, hop, sub, table if carry else None, view, gather is not None)
             proc_id, address = table[hop]

@@ -120,18 +120,32 @@ def next_hop(x: int, at: int, fanout: int, dead: Callable[[int], bool]) -> int:
     return chain[i]
 
 
-def live_children(r: int, n: int, fanout: int, dead: Callable[[int], bool]) -> list[int]:
+def _below(r: int, n: int, fanout: int, dead: Callable[[int], bool]) -> tuple[list[int], list[int]]:
     """The first members not known to be dead below ``r`` (``-1``: the
-    sender), looking through dead ones to their children."""
-    out: list[int] = []
+    sender), looking through dead ones to their children; and those dead ones."""
+    live: list[int] = []
+    passed: list[int] = []
     stack = list(reversed(children(r, n, fanout) if r >= 0 else range(min(fanout, n))))
     while stack:
         c = stack.pop()
         if dead(c):
+            passed.append(c)
             stack.extend(reversed(children(c, n, fanout)))
         else:
-            out.append(c)
-    return out
+            live.append(c)
+    return live, passed
+
+
+def live_children(r: int, n: int, fanout: int, dead: Callable[[int], bool]) -> list[int]:
+    """The first members not known to be dead below ``r`` (``-1``: the
+    sender), looking through dead ones to their children."""
+    return _below(r, n, fanout, dead)[0]
+
+
+def skipped_dead(at: int, n: int, fanout: int, targets: list | None, dead: Callable[[int], bool]) -> list[int]:
+    """Members of ``at``'s whole subtree (``targets`` None) that are known
+    dead and that this node routes around: nobody else answers for them."""
+    return _below(at, n, fanout, dead)[1] if targets is _ALL else []
 
 
 # ---------------------------------------------------------------- planning (the sender, and every forwarder)
@@ -178,31 +192,6 @@ def touched(hop: int, targets: list | None, n: int, fanout: int) -> list[int]:
 def count(hop: int, sub: list | None, n: int, fanout: int) -> int:
     """Replies a message sent to ``hop`` for ``sub`` brings back."""
     return len(subtree(hop, n, fanout)) if sub is _ALL else len(sub)
-
-
-def skipped_dead(at: int, n: int, fanout: int, targets: list | None, dead: Callable[[int], bool]) -> list[int]:
-    """Members of ``at``'s whole subtree (``targets`` None) that are known
-    dead and that this node routes around: nobody else answers for them."""
-    if targets is not _ALL:
-        return []
-    out: list[int] = []
-    stack = list(children(at, n, fanout) if at >= 0 else range(min(fanout, n)))
-    while stack:
-        c = stack.pop()
-        if dead(c):
-            out.append(c)
-            stack.extend(children(c, n, fanout))
-    return out
-
-
-def _dead_error(kernel: Any, table: dict, member: int, method: str) -> tuple[Any, list]:
-    from monarch_core._actor import _serial
-    from monarch_core.errors import SupervisionError
-
-    entry = table.get(member)
-    proc = entry[0] if entry else f"member {member}"
-    reason = kernel.dead.get(proc) if isinstance(kernel.dead, dict) else None
-    return _serial.dumps(SupervisionError(reason or f"{method}: proc {proc} of member {member} is gone"))
 
 
 # ---------------------------------------------------------------- gathered replies
@@ -373,10 +362,12 @@ def forward(kernel: Any, header: bytes, payload: Any, buffers: list, sender_proc
         if hop not in table:
             raise ProtocolError(f"peer {sender_proc} sent a cast-tree message without the address of member {hop}")
     g = None
+    passed: list[int] = []
     if gather and reply is not None and groups:
         # Replies of this subtree come here and go up as one batch.
-        expected = int(here) + sum(count(hop, sub, n, fanout) for hop, sub in groups.items())
-        g = SubtreeGather(kernel, tuple(reply), expected + len(skipped_dead(at, n, fanout, targets, dead)))
+        passed = skipped_dead(at, n, fanout, targets, dead)
+        expected = int(here) + len(passed) + sum(count(hop, sub, n, fanout) for hop, sub in groups.items())
+        g = SubtreeGather(kernel, tuple(reply), expected)
         reply = g.ref()
     for hop, sub in groups.items():
         entry = table[hop]
@@ -390,8 +381,10 @@ def forward(kernel: Any, header: bytes, payload: Any, buffers: list, sender_proc
             kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers)
         kernel.tree_forwarded += 1
     if g is not None:
-        for m in skipped_dead(at, n, fanout, targets, dead):
-            g.deliver(m, W.S_ERROR, *_dead_error(kernel, table, m, method))
+        from monarch_core._actor import _serial
+
+        for m in passed:  # nobody below answers for a dead member
+            g.deliver(m, W.S_ERROR, *_serial.dumps(kernel._dead_error(table[m][0])))
     if here:
         kernel.route_actor((key, method, reply, rank_here, labels, sizes, sender, ret, int(explicit)), payload,
                            buffers, sender_proc)
@@ -410,7 +403,7 @@ def _fail_targets(kernel: Any, at: int, n: int, fanout: int, targets: list | Non
         f"{method} could not be routed through the cast tree at proc {kernel.proc_id}: it has no member table "
         "for this mesh (send the call again; a new table goes with the next cast)"
     )
-    ranks = [m for m in subtree(at, n, fanout)] if targets is _ALL else [r for _m, r in targets]
+    ranks = subtree(at, n, fanout) if targets is _ALL else [r for _m, r in targets]
     for r in ranks:
         try:
             send_to_port(tuple(reply), r, W.S_ERROR, err)

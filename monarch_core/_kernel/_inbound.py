@@ -185,7 +185,7 @@ class InboundSession:
         self.error: BaseException | None = None
         self.bye = False
         self.ack_due = 0.0  # monotonic deadline of a delayed acknowledgement (0: none)
-        self.eager = kernel._eager_ack_all or sender in kernel._eager_ack  # acknowledge at once
+        self.eager = kernel.acks_at_once(sender)  # acknowledge as soon as delivered
         self._done = done  # a trio.Event, set on the loop when the session ends
         self._ended = False
 
@@ -195,12 +195,8 @@ class InboundSession:
         if self.reader.buffered():
             if not self._deliver_buffered(None):
                 return
-            src = self.acks
-            if src.last > src.acked:  # the poller times only acknowledgements of what it read
-                try:
-                    src.send_ack()
-                except ConnectionClosed:
-                    pass  # the next read sees it
+            if self.acks.last > self.acks.acked:  # the poller times only acknowledgements of what it read
+                self.ack_now(None)
         self.kernel.inbound_poller().add(self)
 
     def stop(self) -> None:
@@ -290,15 +286,20 @@ class InboundSession:
             reader._pos = 0
         if acks.last > acks.acked:
             if acks.last - acks.acked >= ACK_EVERY or self.eager:
-                lock = poller._ack_lock if poller is not None else _NO_LOCK
-                with lock:  # a delayed ack may be under way from another reader
-                    try:
-                        acks.send_ack()
-                    except ConnectionClosed:
-                        pass  # the next read sees it
+                self.ack_now(poller)
             if acks.last > acks.acked and poller is not None and not self.ack_due:
                 poller.ack_later(self)
         return True
+
+    def ack_now(self, poller: Poller | None) -> None:
+        """Acknowledge everything delivered, now (``poller``: the one this
+        session is in, whose lock keeps this write apart from a delayed
+        acknowledgement another reader may be sending; None before it joins)."""
+        with poller._ack_lock if poller is not None else _NO_LOCK:
+            try:
+                self.acks.send_ack()
+            except ConnectionClosed:
+                pass  # the next read sees it
 
     def _deliver(self, kind: int, flags: int, seq: int, header: bytes, payload: Any, buffers: list) -> bool:
         """Route one message; True at the end of the session (BYE)."""
@@ -345,11 +346,7 @@ class InboundSession:
             acks = self.acks
             acks.nbytes += len(payload) + sum(memoryview(b).nbytes for b in buffers)
             if acks.nbytes >= ACK_BYTES and acks.last > acks.acked:  # free the sender's copies soon
-                with poller._ack_lock if poller is not None else _NO_LOCK:
-                    try:
-                        acks.send_ack()
-                    except ConnectionClosed:
-                        pass  # the next read sees it
+                self.ack_now(poller)
             return self._deliver_buffered(poller)
         except BaseException as e:
             self._large = None
@@ -463,13 +460,8 @@ class Poller:
             if sender is not None and s.sender != sender:
                 continue
             s.eager = True
-            src = s.acks
-            if src.last > src.acked:
-                with self._ack_lock:
-                    try:
-                        src.send_ack()
-                    except ConnectionClosed:
-                        pass
+            if s.acks.last > s.acks.acked:
+                s.ack_now(self)
 
     def _wake_standby(self) -> None:
         try:
@@ -482,7 +474,6 @@ class Poller:
         """Serve ready sessions (whichever thread took the events), then
         re-arm each one that is still open."""
         sessions = self._sessions
-        ep = self._ep
         _tls.handling = True
         try:
             for fd, _ev in events:
@@ -492,10 +483,7 @@ class Poller:
                         self._rearm(fd)  # only the poller's thread consumes the wake-up
                     continue
                 if s.on_readable(self) and sessions.get(fd) is s:
-                    try:
-                        ep.modify(fd, _ONESHOT)
-                    except (OSError, ValueError):  # pragma: no cover - closed meanwhile
-                        pass
+                    self._rearm(fd)
         finally:
             _tls.handling = False
 
@@ -506,8 +494,10 @@ class Poller:
             pass
 
     def service(self) -> None:
-        """Serve whatever is ready now, and acknowledgements that are due
-        (a leader's thread)."""
+        """Serve whatever is ready now, and acknowledgements that are due (a
+        leader's thread; the attached actor loop's reader callback)."""
+        if self._closed:
+            return
         try:
             events = self._ep.poll(0)
         except (OSError, ValueError):  # closed
@@ -594,7 +584,7 @@ class Poller:
     def attach(self) -> Any:
         """A selector for the asyncio loop of an actor that reads this
         poller's sessions while it is idle, or None when another loop
-        already does.  Register :meth:`serve_attached` as the loop's reader
+        already does.  Register :meth:`service` as the loop's reader
         of :meth:`fileno` and call :meth:`detach` before the loop closes."""
         with self._ep_lock:
             if self._attached is not None or self._closed:
@@ -604,12 +594,6 @@ class Poller:
 
     def fileno(self) -> int:
         return self._fd
-
-    def serve_attached(self) -> None:
-        """The attached loop's reader callback."""
-        if self._closed:
-            return
-        self.service()
 
     def detach(self, loop: Any) -> None:
         """The attached loop stops reading (its own thread)."""

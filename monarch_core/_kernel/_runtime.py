@@ -412,12 +412,12 @@ class _Acker:
     ACK_EVERY = ACK_EVERY
     ACK_DELAY = ACK_DELAY
 
-    def __init__(self, stream: Stream, last: int, sender: str = "") -> None:
+    def __init__(self, stream: Stream, last: int, sender: str = "", eager: bool = False) -> None:
         self.stream = stream
         self.sender = sender
         self.acked = last
         self.last = last
-        self.eager = False  # acknowledge at once (the sender is stopping, or this proc is)
+        self.eager = eager  # acknowledge at once (the sender is stopping, or this proc is)
         self.wake = trio.Event()
 
     def delivered(self, seq: int, drained: bool) -> None:
@@ -674,10 +674,7 @@ class Kernel:
             out = self._outbound.get(proc_id)
             if out is not None and out.sock is not None and out.failed is None:
                 if reply_port is not None and track:
-                    pend = self._pending.get(proc_id)
-                    if pend is None:
-                        pend = self._pending.setdefault(proc_id, set())
-                    pend.add(reply_port)
+                    self._wait_on(proc_id, reply_port)
                 if out.try_direct(kind, flags, header, payload, buffers, reply_port):
                     if proc_id in self.dead and reply_port is not None:  # raced with its death
                         self.call_soon(self._fail_port, reply_port, self._dead_error(proc_id), proc_id)
@@ -729,10 +726,7 @@ class Kernel:
             assert self._nursery is not None
             self._nursery.start_soon(self._run_outbound, out)
         if reply_port is not None and track:
-            s = self._pending.get(proc_id)
-            if s is None:
-                s = self._pending[proc_id] = set()
-            s.add(reply_port)
+            self._wait_on(proc_id, reply_port)
         out.push(kind, flags, header, payload, buffers, reply_port)
 
     async def _run_outbound(self, out: _Outbound) -> None:
@@ -748,6 +742,13 @@ class Kernel:
         with trio.move_on_after(timeout):
             while any((o.queue or o.unacked) and o.failed is None for o in self._outbound.values()):
                 await trio.sleep(0.005)
+
+    def _wait_on(self, proc_id: str, port_id: int) -> None:
+        """Remember that ``port_id`` waits on ``proc_id`` (any thread)."""
+        s = self._pending.get(proc_id)
+        if s is None:
+            s = self._pending.setdefault(proc_id, set())
+        s.add(port_id)
 
     def reply_done(self, proc_id: str, port_id: int) -> None:
         """Forget that ``port_id`` waits on ``proc_id`` (any thread)."""
@@ -828,9 +829,7 @@ class Kernel:
                 _grow_buffer(sock, socket.SO_RCVBUF)
                 await self._serve_inbound_thread(sock, reader, session, sender, last)
                 return
-            acker = _Acker(stream, last, sender)
-            if self._eager_ack_all or sender in self._eager_ack:
-                acker.eager = True
+            acker = _Acker(stream, last, sender, eager=self.acks_at_once(sender))
             self._ackers.add(acker)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(acker.run)
@@ -940,10 +939,7 @@ class Kernel:
         thread)."""
         if proc_id == self.proc_id:
             return
-        s = self._pending.get(proc_id)
-        if s is None:
-            s = self._pending.setdefault(proc_id, set())
-        s.add(port_id)
+        self._wait_on(proc_id, port_id)
         if proc_id in self.dead:
             self.call_soon(self._fail_port, port_id, self._dead_error(proc_id), proc_id)
 
@@ -980,32 +976,31 @@ class Kernel:
         self._nursery.start_soon(self._watch_child, proc_id, entry)  # type: ignore[union-attr]
         return proc
 
-    def ack_eagerly(self, proc_id: str) -> None:
-        """From now on acknowledge what ``proc_id`` sends as soon as it is
-        delivered (it is stopping, and waits for its messages to be
-        acknowledged before it goes; loop thread)."""
-        self._eager_ack.add(proc_id)
+    def ack_at_once(self, sender: str | None = None) -> None:
+        """From now on acknowledge what ``sender`` sends (None: every sender)
+        as soon as it is delivered, and what it sent already now (loop
+        thread).  For a sender that is stopping (it waits for its messages to
+        be acknowledged before it goes), and for every sender when this proc
+        stops (a sender must not take a message it handled for one it lost)."""
+        if sender is None:
+            self._eager_ack_all = True
+        else:
+            self._eager_ack.add(sender)
         if self._poller is not None:
-            self._poller.ack_sender_now(proc_id)
+            self._poller.ack_sender_now(sender)
         for a in list(self._ackers):
-            if a.sender == proc_id:
+            if sender is None or a.sender == sender:
                 a.now()
 
-    def ack_everything(self) -> None:
-        """Acknowledge every delivered message of every inbound session now
-        and from now on (this proc is stopping: a sender must not take a
-        message it handled for one it lost; loop thread)."""
-        self._eager_ack_all = True
-        if self._poller is not None:
-            self._poller.ack_sender_now(None)
-        for a in list(self._ackers):
-            a.now()
+    def acks_at_once(self, sender: str) -> bool:
+        """Whether what ``sender`` sends is acknowledged as soon as it is delivered."""
+        return self._eager_ack_all or sender in self._eager_ack
 
     async def settle_acks(self, timeout: float) -> None:
         """Acknowledge everything delivered now and wait (at most ``timeout``
         s) until the loop's own inbound sessions have written it (loop
         thread; the poller's sessions acknowledge synchronously)."""
-        self.ack_everything()
+        self.ack_at_once()
         with trio.move_on_after(timeout):
             while any(a.last > a.acked for a in self._ackers):
                 await trio.sleep(0.002)

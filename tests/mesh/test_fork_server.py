@@ -171,6 +171,18 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _kill_all(client: subprocess.Popen, pids: list[int]) -> None:
+    """Clean-up after a test that ran a client: the client and ``pids``, if still there."""
+    if client.poll() is None:
+        client.kill()
+        client.wait()
+    for q in pids:
+        try:
+            os.kill(q, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def _wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
     deadline = time.monotonic() + timeout
     while True:
@@ -388,14 +400,7 @@ def test_no_zygote_or_proc_is_left_behind(tmp_path, mode: str) -> None:  # type:
             assert p.returncode == 0, err[-3000:]
         assert _wait_gone(pids, 10.0) == [], f"left behind after the client ended ({mode})"
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        for q in pids:
-            try:
-                os.kill(q, signal.SIGKILL)
-            except OSError:
-                pass
+        _kill_all(p, pids)
 
 
 EARLY = """
@@ -427,14 +432,7 @@ def test_this_host_starts_the_zygote_before_any_spawn_and_exit_stops_it(tmp_path
         assert p.returncode == 0, err[-3000:]
         assert _wait_gone(zygotes) == []
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        for z in zygotes:
-            try:
-                os.kill(z, signal.SIGKILL)
-            except OSError:
-                pass
+        _kill_all(p, zygotes)
 
 
 THREADED = """
