@@ -166,6 +166,30 @@ class Sink(Actor):
         return None
 
 
+def _settle_stopped(pm) -> None:  # type: ignore[no-untyped-def]
+    """Wait until this process has seen the procs of ``pm`` end, and has run
+    the fault hook for anything that ending returned as undeliverable."""
+    import time
+
+    from monarch_core._actor import _state
+
+    kernel = _state.runtime().kernel
+    procs = [slot.proc_id for slot in pm._slots]
+    deadline = time.monotonic() + 30
+    while not all(p in kernel.dead for p in procs):
+        assert time.monotonic() < deadline, "the stopped procs were never seen to end"
+        time.sleep(0.01)  # polling the kernel's record with a deadline
+
+    async def barrier() -> None:
+        return None
+
+    for _ in range(2):  # what their end set off on the loop has run
+        kernel.run(barrier)
+    for t in threading.enumerate():  # and so has any fault hook it started
+        if t.name == "monarch-fault-hook":
+            t.join(30)
+
+
 def test_stopping_procs_right_after_a_burst_of_broadcasts_is_not_a_failure(_record_unhandled_faults) -> None:
     # Acknowledgements of small messages are lazy; a proc that stops must
     # acknowledge what it handled, or its sender counts it as undeliverable.
@@ -179,9 +203,7 @@ def test_stopping_procs_right_after_a_burst_of_broadcasts_is_not_a_failure(_reco
             mesh.noop.broadcast()
         mesh.noop.call().get(timeout=30)
         pm.stop().get(timeout=60)
-    import time
-
-    time.sleep(1.0)  # a failure, if any, is reported when the connections close
+        _settle_stopped(pm)
     assert UNHANDLED_FAILURES[before:] == []
 
 
@@ -201,8 +223,21 @@ for _round in range(3):
         mesh.noop.broadcast()
     mesh.noop.call().get(timeout=30)
     pm.stop().get(timeout=60)
-import time
-time.sleep(1.0)
+    # wait until the procs' ends are seen and what they set off has run
+    import threading, time
+    from monarch_core._actor import _state
+    kernel = _state.runtime().kernel
+    deadline = time.monotonic() + 30
+    while not all(slot.proc_id in kernel.dead for slot in pm._slots):
+        assert time.monotonic() < deadline, "the stopped procs were never seen to end"
+        time.sleep(0.01)
+    async def barrier():
+        return None
+    for _ in range(2):
+        kernel.run(barrier)
+    for t in threading.enumerate():
+        if t.name == "monarch-fault-hook":
+            t.join(30)
 print("CLEAN", flush=True)
 """
 
