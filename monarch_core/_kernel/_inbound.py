@@ -79,6 +79,48 @@ _SIGINT = _signal.SIGINT
 _default_int_handler = _signal.default_int_handler
 
 
+class SessionFence:
+    """The receiving side of one session, shared by its successive connections.
+
+    A session (one sender's stream of sequence-numbered messages to this
+    proc) outlives its connections: after a break the sender reconnects and
+    resends what was not acknowledged.  Exactly-once, in-order delivery needs
+    *one* connection delivering at a time.  The broken one may still hold
+    frames in its buffers (they were sent, so the sender counts them as
+    unacknowledged and sends them again), and its reader may be a thread
+    (the poller's) that is busy with them right now.  So each connection
+    holds an ``epoch``; every delivery checks it, advances ``last`` and routes
+    the message under ``lock``; and a new connection takes the fence
+    (:meth:`take`) -- which moves the epoch on and reads ``last`` under that
+    same lock -- *before* it tells the sender where to resume.  From then on
+    the old connection cannot deliver anything, and the resume point it
+    read is final.
+    """
+
+    __slots__ = ("lock", "last", "epoch", "_stop")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.last = 0  # the last sequence number delivered
+        self.epoch = 0  # the connection that may deliver
+        self._stop: Any = None  # ends that connection's reader
+
+    def take(self, stop: Any) -> tuple[int, int]:
+        """Fence the connection that delivers now and hand the session to the
+        caller (any thread): returns ``(epoch, last)``.  ``stop()`` ends the
+        caller's reader when a later connection takes over."""
+        with self.lock:
+            self.epoch += 1
+            old, self._stop = self._stop, stop
+            epoch, last = self.epoch, self.last
+        if old is not None:
+            old()  # free the superseded connection now, not at its next read
+        return epoch, last
+
+    def superseded(self, peer: str) -> ConnectionClosed:
+        return ConnectionClosed(f"connection from {peer} was superseded by a newer one of its session")
+
+
 class _Acks:
     """Acknowledgement state of one inbound session, and its ack writes."""
 
@@ -170,10 +212,14 @@ class InboundSession:
         reader: W.FrameReader,
         session: str,
         sender: str,
+        fence: SessionFence,
+        epoch: int,
         last: int,
         done: Any,
     ) -> None:
         self.kernel = kernel
+        self.fence = fence
+        self.epoch = epoch
         self.sock = sock
         self.fd = sock.fileno()
         self.reader = reader
@@ -303,19 +349,21 @@ class InboundSession:
 
     def _deliver(self, kind: int, flags: int, seq: int, header: bytes, payload: Any, buffers: list) -> bool:
         """Route one message; True at the end of the session (BYE)."""
-        acks = self.acks
-        if kind == W.K_BYE:
-            self.kernel._inbound_last.pop(self.session, None)
-            self.bye = True
-            return True
-        last = acks.last
-        if seq <= last:
-            return False  # a retransmission we already delivered
-        if seq != last + 1:
-            raise ProtocolError(f"peer {self.reader.peer} skipped from seq {last} to {seq}")
-        self.kernel._inbound_last[self.session] = seq
-        acks.last = seq
-        self.kernel.route(kind, flags, header, payload, buffers, self.sender)
+        fence = self.fence
+        with fence.lock:
+            if fence.epoch != self.epoch:
+                raise fence.superseded(self.reader.peer)
+            if kind == W.K_BYE:
+                self.kernel.end_session(self.session, fence)
+                self.bye = True
+                return True
+            last = fence.last
+            if seq <= last:
+                return False  # a retransmission we already delivered
+            if seq != last + 1:
+                raise ProtocolError(f"peer {self.reader.peer} skipped from seq {last} to {seq}")
+            fence.last = self.acks.last = seq
+            self.kernel.route(kind, flags, header, payload, buffers, self.sender)
         return False
 
     def _failed(self, e: BaseException) -> None:

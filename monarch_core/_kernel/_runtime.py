@@ -37,7 +37,7 @@ import trio
 
 from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
-from monarch_core._kernel._inbound import ACK_DELAY, ACK_EVERY, InboundSession, Poller
+from monarch_core._kernel._inbound import ACK_DELAY, ACK_EVERY, InboundSession, Poller, SessionFence
 from monarch_core._kernel._ports import PortHandler
 from monarch_core.errors import (
     AuthenticationError,
@@ -474,7 +474,8 @@ class Kernel:
         #: (actor mesh key, sender's view id) -> member -> (proc_id, address): the addresses a
         #: forwarder needs, kept from the first message of a sender (``_actor._tree``).
         self.tree_tables: dict[tuple[str, str], dict[int, tuple]] = {}
-        self._inbound_last: dict[str, int] = {}
+        #: session id -> the receiving side of that session (its connections come and go)
+        self._fences: dict[str, SessionFence] = {}
         self._transports: dict[str, Transport] = {}
         self._tx: collections.deque = collections.deque()
         self._tx_scheduled = False
@@ -822,32 +823,43 @@ class Kernel:
                 self._peers[sender] = sender_addr
                 if sender not in self._addresses:
                     self.learn_address(sender, sender_addr)
-            last = self._inbound_last.get(session, 0)
-            await stream.send_all(W.encode_handshake({"proc": self.proc_id, "last": last}))
-            sock = _raw_socket(stream) if THREADED_INBOUND else None
-            if sock is not None:
-                _grow_buffer(sock, socket.SO_RCVBUF)
-                await self._serve_inbound_thread(sock, reader, session, sender, last)
-                return
-            acker = _Acker(stream, last, sender, eager=self.acks_at_once(sender))
-            self._ackers.add(acker)
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(acker.run)
-                route = self.route
-                while True:
-                    kind, flags, seq, header, payload, buffers = await reader.read_message()
-                    if kind == W.K_BYE:
-                        self._inbound_last.pop(session, None)
-                        nursery.cancel_scope.cancel()
-                        return
-                    if seq <= last:
-                        continue  # a retransmission we already delivered
-                    if seq != last + 1:
-                        raise ProtocolError(f"peer {peer} skipped from seq {last} to {seq}")
-                    last = seq
-                    self._inbound_last[session] = seq
-                    route(kind, flags, header, payload, buffers, sender)
-                    acker.delivered(last, reader.buffered() < W.FIXED_SIZE)
+            # Fence the session's previous connection (it may still be
+            # delivering what it buffered) before reading where to resume.
+            fence = self._fences.get(session)
+            if fence is None:
+                fence = self._fences.setdefault(session, SessionFence())
+            scope = trio.CancelScope()
+            epoch, last = fence.take(scope.cancel)
+            with scope:
+                await stream.send_all(W.encode_handshake({"proc": self.proc_id, "last": last}))
+                sock = _raw_socket(stream) if THREADED_INBOUND else None
+                if sock is not None:
+                    _grow_buffer(sock, socket.SO_RCVBUF)
+                    await self._serve_inbound_thread(sock, reader, session, sender, fence, epoch, last)
+                    return
+                acker = _Acker(stream, last, sender, eager=self.acks_at_once(sender))
+                self._ackers.add(acker)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(acker.run)
+                    route = self.route
+                    lock = fence.lock
+                    while True:
+                        kind, flags, seq, header, payload, buffers = await reader.read_message()
+                        with lock:
+                            if fence.epoch != epoch:
+                                raise fence.superseded(peer)
+                            if kind == W.K_BYE:
+                                self.end_session(session, fence)
+                                nursery.cancel_scope.cancel()
+                                return
+                            last = fence.last
+                            if seq <= last:
+                                continue  # a retransmission we already delivered
+                            if seq != last + 1:
+                                raise ProtocolError(f"peer {peer} skipped from seq {last} to {seq}")
+                            fence.last = seq
+                            route(kind, flags, header, payload, buffers, sender)
+                        acker.delivered(seq, reader.buffered() < W.FIXED_SIZE)
         except BaseExceptionGroup as eg:
             e = first_leaf(eg, skip=(trio.Cancelled,))
             if isinstance(e, (ProtocolError, AuthenticationError)):
@@ -869,11 +881,11 @@ class Kernel:
                 await stream.aclose()
 
     async def _serve_inbound_thread(self, sock: Any, reader: W.FrameReader, session: str, sender: str,
-                                    last: int) -> None:
+                                    fence: SessionFence, epoch: int, last: int) -> None:
         """Hand a plain-socket inbound session to the poller thread and wait
         for it to end (see :mod:`._inbound`)."""
         done = trio.Event()
-        t = InboundSession(self, sock, reader, session, sender, last, done)
+        t = InboundSession(self, sock, reader, session, sender, fence, epoch, last, done)
         t.start()
         try:
             await done.wait()
@@ -884,6 +896,11 @@ class Kernel:
                     await done.wait()
         if t.error is not None:
             raise t.error
+
+    def end_session(self, session: str, fence: SessionFence) -> None:
+        """The sender ended ``session`` (BYE): forget it (any thread)."""
+        if self._fences.get(session) is fence:
+            del self._fences[session]
 
     def route(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, sender: str) -> None:
         """Deliver one message that arrived for this proc (any thread).

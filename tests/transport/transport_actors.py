@@ -112,3 +112,70 @@ class Where(Actor):
                 time.sleep(pace_s)
         send("end")
         return n
+
+
+def _session_sockets(kernel) -> list:  # type: ignore[no-untyped-def]
+    """The raw sockets of ``kernel``'s live sessions, both directions."""
+    socks = [s.sock for s in list(getattr(kernel._poller, "_sessions", {}).values())]
+    socks += [o.sock for o in list(kernel._outbound.values()) if o.sock is not None]
+    return socks
+
+
+def break_sessions_forever(kernel, seed: int, stop) -> None:  # type: ignore[no-untyped-def]
+    """Shut down a random live session socket of ``kernel`` every 5-50 ms
+    until ``stop`` is set (a thread body; the exactly-once tests)."""
+    import random
+
+    rnd = random.Random(seed)
+    hows = [socket.SHUT_RDWR, socket.SHUT_RD, socket.SHUT_WR]
+    while not stop.wait(rnd.uniform(0.005, 0.05)):
+        socks = _session_sockets(kernel)
+        if socks:
+            try:
+                rnd.choice(socks).shutdown(rnd.choice(hows))
+            except OSError:
+                pass
+
+
+class SeqRecorder(Actor):
+    """Records the numbers it is called with, in the order it runs them."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    @endpoint
+    def record(self, i: int) -> int:
+        self.seen.append(i)
+        return i * 2
+
+    @endpoint
+    def report(self) -> list[int]:
+        return self.seen
+
+
+class ProcBreaker(Actor):
+    """Breaks its proc's session sockets from a thread of its own while the
+    proc's other actors work."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._stop = threading.Event()
+        self._thread = None
+
+    @endpoint
+    def begin(self, seed: int) -> None:
+        import threading
+
+        from monarch_core._actor import _state
+
+        self._thread = threading.Thread(
+            target=break_sessions_forever, args=(_state.runtime().kernel, seed, self._stop), daemon=True
+        )
+        self._thread.start()
+
+    @endpoint
+    def end(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
