@@ -600,7 +600,7 @@ def trio_client(channel: str, test: str, p: dict, addr: str, budget: float) -> d
 
 def _monarch_transport(channel: str):
     if channel in ("trio-unix", "kernel-ipc"):
-        from monarch_transport_tcp._ipc import IpcTransport
+        from monarch_core._builtins._ipc import IpcTransport
 
         return IpcTransport()
     from monarch_transport_tcp._tcp import TcpTransport

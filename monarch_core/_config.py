@@ -52,7 +52,6 @@ __all__ = [
     "CONFIG_ENV_VAR",
     "ConfigError",
     "HostMeshConfig",
-    "KNOWN_SCHEDULER_PACKAGES",
     "MONARCH_TOML",
     "PYPROJECT_TOML",
     "find_config_file",
@@ -69,14 +68,6 @@ MONARCH_TOML = "monarch.toml"
 
 #: Project file name; used only when it contains a ``[tool.monarch]`` table.
 PYPROJECT_TOML = "pyproject.toml"
-
-#: Schedulers shipped as separate plugin distributions, mapped to the pip
-#: package that provides them.  Used to suggest ``pip install <package>``.
-KNOWN_SCHEDULER_PACKAGES: dict[str, str] = {
-    "ssh": "monarch-scheduler-ssh",
-    "slurm": "monarch-scheduler-slurm",
-}
-
 
 @dataclass(frozen=True)
 class HostMeshConfig:
@@ -459,12 +450,11 @@ def lookup_host_mesh(
             f"{entry.scheduler!r}, which is not installed.\n"
             f"Installed schedulers: {_fmt_names(installed)}.\n"
         )
+        from monarch_core._plugins import KNOWN_SCHEDULER_PACKAGES, install_hint
+
         package = KNOWN_SCHEDULER_PACKAGES.get(entry.scheduler)
         if package is not None:
-            msg += (
-                f"The {entry.scheduler!r} scheduler is provided by a plugin; "
-                f"install it with: pip install {package}"
-            )
+            msg += f"The {entry.scheduler!r} scheduler is provided by the plugin {package}: {install_hint(package)}"
         else:
             close = difflib.get_close_matches(entry.scheduler, installed, n=1)
             if close:

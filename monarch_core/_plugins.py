@@ -27,10 +27,8 @@ logger = logging.getLogger("monarch.plugins")
 ENTRY_POINT_GROUP = "monarch"
 DISABLE_ENV = "MONARCH_DISABLED_PLUGINS"
 
-#: Names the project's own plugins provide, and the distribution to install.
+#: Names the project's own plugins provide, and the distribution that does.
 KNOWN_TRANSPORT_PACKAGES = {
-    "ipc": "monarch-transport-tcp",
-    "unix": "monarch-transport-tcp",
     "tcp": "monarch-transport-tcp",
     "tls": "monarch-transport-tcp",
     "rdma": "monarch-transport-rdma",
@@ -39,6 +37,20 @@ KNOWN_SCHEDULER_PACKAGES = {
     "ssh": "monarch-scheduler-ssh",
     "slurm": "monarch-scheduler-slurm",
 }
+#: Where each of those distributions lives in a monarch-core checkout (the
+#: project's plugins install by path).  One not listed is not part of this
+#: release yet.
+PLUGIN_DIRS = {
+    "monarch-transport-tcp": "plugins/transport_tcp",
+}
+
+
+def install_hint(pkg: str, *, upgrade: bool = False) -> str:
+    """How to install (or ``upgrade``) the project's plugin distribution ``pkg``."""
+    folder = PLUGIN_DIRS.get(pkg)
+    if folder is None:
+        return f"{pkg} is not part of this monarch-core release yet"
+    return f"pip install {'--upgrade ' if upgrade else ''}./{folder} (in a monarch-core checkout)"
 
 
 @dataclass
@@ -177,16 +189,16 @@ class PluginRegistry:
             installed = _dist_version(pkg)
             if pkg in _blocked_dists(self):
                 msg += (
-                    f" {name!r} is provided by {pkg} (pip install {pkg}), which is installed but disabled by "
+                    f" {name!r} is provided by {pkg}, which is installed but disabled by "
                     f"{DISABLE_ENV}={os.environ.get(DISABLE_ENV, '')}; remove it from that list."
                 )
             elif installed is not None:
                 msg += (
                     f" {name!r} comes from {pkg}, but the installed {pkg} {installed} does not provide it; "
-                    f"upgrade it: pip install --upgrade {pkg}."
+                    f"upgrade it: {install_hint(pkg, upgrade=True)}."
                 )
             else:
-                msg += f" {name!r} is provided by {pkg}: pip install {pkg}."
+                msg += f" {name!r} is provided by {pkg}: {install_hint(pkg)}."
         else:
             msg += " Check the spelling, or install the plugin that provides it."
         return msg
@@ -216,7 +228,7 @@ class PluginRegistry:
             msg = f"no installed plugin provides the scheduler {name!r}. Installed schedulers: {known}."
             pkg = KNOWN_SCHEDULER_PACKAGES.get(name)
             if pkg:
-                msg += f" {name!r} is provided by {pkg}: pip install {pkg}."
+                msg += f" {name!r} is provided by {pkg}: {install_hint(pkg)}."
             raise UnknownSchedulerError(msg)
         return spec.load()
 

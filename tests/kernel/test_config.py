@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
+from monarch_core._plugins import KNOWN_SCHEDULER_PACKAGES, install_hint
 from monarch_core._config import (
-    KNOWN_SCHEDULER_PACKAGES,
     ConfigError,
     HostMeshConfig,
     find_config_file,
@@ -475,7 +475,7 @@ def test_error_name_not_configured_empty_pyproject(
     assert "[tool.monarch.hosts.a]" in msg
 
 
-@pytest.mark.parametrize("scheduler", sorted(KNOWN_SCHEDULER_PACKAGES))
+@pytest.mark.parametrize("scheduler", ["slurm", "ssh"])
 def test_error_known_plugin_scheduler_not_installed(tmp_path: pathlib.Path, scheduler: str) -> None:
     cfg = write(tmp_path / "monarch.toml", f'[hosts.c]\nscheduler = "{scheduler}"\n')
     with pytest.raises(ConfigError) as ei:
@@ -485,7 +485,7 @@ def test_error_known_plugin_scheduler_not_installed(tmp_path: pathlib.Path, sche
     assert "[hosts.c]" in msg
     assert f"'{scheduler}', which is not installed" in msg
     assert "Installed schedulers: 'local'." in msg
-    assert f"pip install monarch-scheduler-{scheduler}" in msg
+    assert f"provided by the plugin monarch-scheduler-{scheduler}: monarch-scheduler-{scheduler} is not part" in msg
 
 
 def test_known_scheduler_packages_constant() -> None:
@@ -493,6 +493,7 @@ def test_known_scheduler_packages_constant() -> None:
         "ssh": "monarch-scheduler-ssh",
         "slurm": "monarch-scheduler-slurm",
     }
+    assert install_hint("monarch-transport-tcp") == "pip install ./plugins/transport_tcp (in a monarch-core checkout)"
 
 
 def test_error_unknown_scheduler_not_installed(tmp_path: pathlib.Path) -> None:

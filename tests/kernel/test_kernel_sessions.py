@@ -29,7 +29,7 @@ from monarch_core._kernel import _wire as W
 from monarch_core._kernel._runtime import Kernel
 from monarch_core._plugins import registry
 from monarch_core.errors import ConnectionClosed, SupervisionError
-from monarch_transport_tcp._ipc import IpcTransport
+from monarch_core._builtins._ipc import IpcTransport
 
 N_FIFO = 10_000
 TRANSPORTS = ["inproc", "ipc"]

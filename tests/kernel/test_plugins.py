@@ -175,17 +175,17 @@ def test_builtins_are_registered_through_the_hooks() -> None:
         "impls": {"monarch_transports": ["builtin", "transport_tcp"], "monarch_schedulers": ["builtin"]},
         "inproc": InprocTransport.__qualname__,
         "local": LocalScheduler.__qualname__,
-        "info": ["monarch-core", CORE_VERSION, ["inproc"], ["local"]],
+        "info": ["monarch-core", CORE_VERSION, ["inproc", "ipc"], ["local"]],
     }
 
 
-def test_transport_tcp_entry_point_is_loaded_and_provides_ipc_tcp_and_tls() -> None:
+def test_transport_tcp_entry_point_is_loaded_and_provides_tcp_and_tls_beside_the_builtin_ipc() -> None:
     res = _py(
         """
         import json
         from monarch_core._plugins import registry
         from monarch_transport_tcp import plugin
-        from monarch_transport_tcp._ipc import IpcTransport
+        from monarch_core._builtins._ipc import IpcTransport
         from monarch_transport_tcp._tcp import TcpTransport, TlsTransport
         reg = registry()
         info = {i.name: [i.distribution, i.version, i.transports] for i in reg.describe()}
@@ -206,7 +206,7 @@ def test_transport_tcp_entry_point_is_loaded_and_provides_ipc_tcp_and_tls() -> N
     )
     assert _json(res) == {
         "plugin_module": True,
-        "info": ["monarch-transport-tcp", TCP_VERSION, ["ipc", "tcp", "tls"]],
+        "info": ["monarch-transport-tcp", TCP_VERSION, ["tcp", "tls"]],
         "ipc": True,
         "unix_same": True,
         "tcp": True,
@@ -242,32 +242,39 @@ def test_disabled_transport_tcp_makes_its_transports_unknown_naming_the_package_
     assert out["plugins"] == ["builtin"]
     assert "transport_tcp" in out["blocked"]
     assert out["inproc"] == "InprocTransport"
-    for name in ("ipc", "unix", "tcp", "tls"):
+    assert out["ipc"] is None and out["unix"] is None, "the built-in ipc must not depend on transport_tcp"
+    for name in ("tcp", "tls"):
         msg = out[name]
         assert msg is not None, f"{name} still resolves with transport_tcp disabled"
         assert f"no installed plugin provides the transport {name!r}" in msg
-        assert "Installed transports: ['inproc']" in msg
-        assert "pip install monarch-transport-tcp" in msg
+        assert "Installed transports: ['inproc', 'ipc']" in msg
+        assert "'monarch-transport-tcp'" not in msg and "is provided by monarch-transport-tcp" in msg
         assert f"disabled by MONARCH_DISABLED_PLUGINS={value}" in msg
 
 
-def test_disabled_transport_tcp_makes_the_actor_api_fail_with_the_same_advice() -> None:
+def test_without_transport_tcp_a_single_host_program_runs_and_tcp_fails_with_the_advice() -> None:
     res = _py(
         """
         import json
-        from monarch_core.actor import this_host
+        from monarch_core.actor import enable_transport, this_host
         from monarch_core.errors import UnknownTransportError
+        from test_plugins import WhereAmI
+        pm = this_host().spawn_procs(per_host={"gpus": 2})
+        where = pm.spawn("w", WhereAmI).where.call("HOME").get(timeout=60).values()
+        pm.stop().get(timeout=30)
         try:
-            this_host()
-            print(json.dumps(None))
+            enable_transport("tcp")
+            err = None
         except UnknownTransportError as e:
-            print(json.dumps(str(e)))
+            err = str(e)
+        print(json.dumps({"schemes": sorted({w["address"].split("://")[0] for w in where}), "tcp": err}))
         """,
         MONARCH_DISABLED_PLUGINS="transport_tcp",
     )
-    msg = _json(res)
-    assert msg is not None
-    assert "pip install monarch-transport-tcp" in msg and "disabled" in msg
+    out = _json(res)
+    assert out["schemes"] == ["ipc"]
+    assert out["tcp"] is not None
+    assert "provided by monarch-transport-tcp, which is installed but disabled" in out["tcp"]
 
 
 # ---------------------------------------------------------------- a broken plugin
@@ -317,8 +324,8 @@ def test_broken_plugin_is_listed_as_failed_by_monarch_plugins_and_silenced_by_di
     )
     assert listed.returncode == 0
     assert listed.stdout.splitlines() == [
-        f"builtin (monarch-core=={CORE_VERSION})  transports: inproc; schedulers: local",
-        f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: ipc, tcp, tls",
+        f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local",
+        f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: tcp, tls",
         "broken  FAILED TO LOAD: ImportError: broken_mod needs libfoo.so.3, which is not installed",
     ]
     assert "monarch plugin 'broken'" in listed.stderr  # the warning reaches the user
@@ -352,7 +359,9 @@ def test_unknown_transport_of_a_missing_plugin_names_the_package() -> None:
     with pytest.raises(UnknownTransportError) as ei:
         PluginRegistry().transport("rdma")
     assert "Installed transports: ['inproc', 'ipc', 'tcp', 'tls']" in str(ei.value)
-    assert str(ei.value).endswith("'rdma' is provided by monarch-transport-rdma: pip install monarch-transport-rdma.")
+    assert str(ei.value).endswith(
+        "'rdma' is provided by monarch-transport-rdma: monarch-transport-rdma is not part of this monarch-core release yet."
+    )
 
 
 def test_unknown_transport_of_an_installed_but_older_plugin_says_upgrade(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -367,7 +376,7 @@ def test_unknown_transport_of_an_installed_but_older_plugin_says_upgrade(monkeyp
         "no installed plugin provides the transport 'quic'. Installed transports: ['inproc', 'ipc', 'tcp', 'tls'] "
         "(URL schemes: ['inproc', 'ipc', 'tcp', 'tls']). "
         f"'quic' comes from monarch-transport-tcp, but the installed monarch-transport-tcp {TCP_VERSION} does not "
-        "provide it; upgrade it: pip install --upgrade monarch-transport-tcp."
+        "provide it; upgrade it: pip install --upgrade ./plugins/transport_tcp (in a monarch-core checkout)."
     )
 
 
@@ -376,8 +385,8 @@ def test_every_name_monarch_transport_tcp_promises_is_provided() -> None:
 
     reg = PluginRegistry()
     promised = sorted(n for n, pkg in KNOWN_TRANSPORT_PACKAGES.items() if pkg == "monarch-transport-tcp")
-    assert promised == ["ipc", "tcp", "tls", "unix"]
-    assert [reg.transport(n).name for n in promised] == ["ipc", "tcp", "tls", "ipc"]
+    assert promised == ["tcp", "tls"]
+    assert [reg.transport(n).name for n in promised] == ["tcp", "tls"]
 
 
 def test_unknown_scheduler_names_list_the_installed_ones() -> None:
@@ -389,7 +398,8 @@ def test_unknown_scheduler_names_list_the_installed_ones() -> None:
         reg.scheduler("slurm")
     assert str(ei.value) == (
         "no installed plugin provides the scheduler 'slurm'. Installed schedulers: ['local']. "
-        "'slurm' is provided by monarch-scheduler-slurm: pip install monarch-scheduler-slurm."
+        "'slurm' is provided by monarch-scheduler-slurm: monarch-scheduler-slurm is not part of this monarch-core "
+        "release yet."
     )
 
 
@@ -452,9 +462,9 @@ def test_third_party_plugin_is_listed_by_monarch_plugins(tmp_path: pathlib.Path)
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == [
-        f"builtin (monarch-core=={CORE_VERSION})  transports: inproc; schedulers: local",
+        f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local",
         "dirt (monarch-transport-dir==0.3)  transports: dir; hooks: monarch_proc_env",
-        f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: ipc, tcp, tls",
+        f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: tcp, tls",
     ]
 
 
@@ -462,8 +472,8 @@ def test_third_party_plugin_is_listed_by_monarch_plugins(tmp_path: pathlib.Path)
 
 
 EXPECTED_LISTING = [
-    f"builtin (monarch-core=={CORE_VERSION})  transports: inproc; schedulers: local",
-    f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: ipc, tcp, tls",
+    f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local",
+    f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: tcp, tls",
 ]
 
 

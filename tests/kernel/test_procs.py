@@ -297,7 +297,7 @@ def test_hosts_from_config_with_an_uninstalled_scheduler_names_the_package(proje
     cfg.write_text('[hosts.cluster]\nscheduler = "slurm"\npartition = "gpu"\n')
     with pytest.raises((ConfigError, UnknownSchedulerError)) as ei:
         hosts_from_config("cluster")
-    assert "pip install monarch-scheduler-slurm" in str(ei.value)
+    assert "provided by the plugin monarch-scheduler-slurm" in str(ei.value)
     assert str(cfg) in str(ei.value)
 
 

@@ -12,13 +12,6 @@ from monarch_core.hookspecs import TransportSpec, hookimpl
 def monarch_transports() -> list[TransportSpec]:
     return [
         TransportSpec(
-            name="ipc",
-            schemes=("ipc",),
-            aliases=("unix",),
-            factory="monarch_transport_tcp._ipc:IpcTransport",
-            description="Unix-domain sockets (ipc:///path, ipc://@abstract-name); the default",
-        ),
-        TransportSpec(
             name="tcp",
             schemes=("tcp",),
             factory="monarch_transport_tcp._tcp:TcpTransport",

@@ -11,7 +11,7 @@ import trio
 
 from monarch_core._builtins import InprocTransport
 from monarch_core.testing import check_transport
-from monarch_transport_tcp._ipc import IpcTransport
+from monarch_core._builtins._ipc import IpcTransport
 from monarch_transport_tcp._tcp import TcpTransport
 
 

@@ -1,4 +1,4 @@
-"""The ``ipc`` transport of monarch-transport-tcp over real Unix sockets."""
+"""The built-in ``ipc`` transport over real Unix sockets."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from monarch_core.errors import ConnectError, ConnectionClosed, TransportError
-from monarch_transport_tcp._ipc import FORMS, IpcTransport
+from monarch_core._builtins._ipc import FORMS, IpcTransport
 
 
 @pytest.fixture

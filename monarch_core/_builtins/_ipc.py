@@ -1,4 +1,4 @@
-"""The ``ipc`` transport: Unix-domain stream sockets.
+"""The ``ipc`` transport (built in): Unix-domain stream sockets.
 
 Addresses: ``ipc:///absolute/path`` (a socket file) or ``ipc://@name`` (Linux
 abstract namespace: no file, gone with the process).  The default for a new

@@ -1,9 +1,5 @@
-"""Built-in plugins, registered through the same hooks as external ones:
-
-* the ``inproc`` transport (connections inside one process, over socket
-  pairs; used for tests and by the conformance kit);
-* the ``local`` scheduler (hosts on this machine, procs as child processes).
-"""
+"""The ``inproc`` transport: connections between kernels of one process, over
+socket pairs (tests, the conformance kit)."""
 
 from __future__ import annotations
 
@@ -12,22 +8,10 @@ import socket as _stdsocket
 
 import trio
 
-from monarch_core.errors import ConfigError, ConnectError, TransportError
-from monarch_core.hookspecs import (
-    Allocation,
-    AllocationRequest,
-    HostHandle,
-    Listener,
-    Scheduler,
-    SchedulerSpec,
-    Stream,
-    Transport,
-    TransportSpec,
-    hookimpl,
-)
+from monarch_core.errors import ConnectError, TransportError
+from monarch_core.hookspecs import Listener, Stream, Transport
 from monarch_core.streams import SocketStream
 
-# ----------------------------------------------------------------- inproc transport
 
 _inproc_listeners: dict[str, "_InprocListener"] = {}
 _inproc_ids = itertools.count(1)
@@ -97,53 +81,3 @@ class InprocTransport(Transport):
             b.close()
             raise ConnectError(f"{address} is not accepting connections (its kernel has stopped)") from None
         return SocketStream(trio.socket.from_stdlib_socket(a), peer=address)
-
-
-# ----------------------------------------------------------------- local scheduler
-
-
-class _LocalAllocation(Allocation):
-    def __init__(self, n: int) -> None:
-        self.hosts = [HostHandle(name=f"local{i}") for i in range(n)]
-
-    async def release(self) -> None:
-        return None
-
-
-class LocalScheduler(Scheduler):
-    """``scheduler = "local"``: ``hosts`` (default 1) hosts on this machine.
-    Each host's procs are child processes of the calling process."""
-
-    name = "local"
-    _PARAMS = {"hosts"}
-
-    def validate(self, request: AllocationRequest) -> None:
-        unknown = sorted(set(request.params) - self._PARAMS)
-        if unknown:
-            raise ConfigError(
-                f"{request.source}: unknown parameter(s) {unknown} for scheduler 'local'; "
-                f"it accepts {sorted(self._PARAMS)} (e.g. hosts = 2)"
-            )
-        n = request.params.get("hosts", 1)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ConfigError(f"{request.source}: 'hosts' must be an integer >= 1, got {n!r}")
-
-    async def allocate(self, request: AllocationRequest) -> Allocation:
-        return _LocalAllocation(int(request.params.get("hosts", 1)))
-
-
-@hookimpl
-def monarch_transports() -> list[TransportSpec]:
-    return [
-        TransportSpec(
-            name="inproc",
-            schemes=("inproc",),
-            factory=InprocTransport,
-            description="connections inside one process (tests, conformance kit)",
-        )
-    ]
-
-
-@hookimpl
-def monarch_schedulers() -> list[SchedulerSpec]:
-    return [SchedulerSpec("local", LocalScheduler, "hosts on this machine; procs are child processes")]
