@@ -503,6 +503,17 @@ class ProcAgent:
             for spec in specs:
                 nursery.start_soon(start, spec)
 
+    def _op_child_hello(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        """A proc this worker loop started says where it listens (its hello
+        goes to the client): from now on our heartbeats reach it."""
+        _op, proc_id, address = h
+        if not self.is_host or sender != proc_id or proc_id not in self.proc_spawner or not isinstance(address, str):
+            logger.warning("child_hello for %r from %s, which is not a proc this worker loop started", proc_id, sender)
+            return
+        self.kernel.learn_address(proc_id, address)
+        if proc_id in self._last_pong:  # it answered: the hung clock restarts now
+            self._last_pong[proc_id] = time.monotonic()
+
     def _host_proc_gone(self, proc_id: str, reason: str, stopped: bool) -> None:
         spawner = self.proc_spawner.pop(proc_id, None)
         if spawner is not None:  # one of our children: tell whoever asked for it
