@@ -93,6 +93,7 @@ class ProcAgent:
         self.stopping = False
         self.supervised: dict[str, Supervised] = {}
         self.is_host = False  # a worker loop: starts procs for clients
+        self.child_bind_spec: str | None = None  # worker loop: where its procs bind (None: the transport's default)
         self.client_procs: dict[str, set[str]] = {}  # worker loop: client proc id -> procs started for it
         self.proc_spawner: dict[str, tuple] = {}  # worker loop: proc id -> (client proc id, address)
         self.proc_owners: dict[str, set[tuple]] = {}  # child proc id -> other owners of meshes on it
@@ -486,7 +487,8 @@ class ProcAgent:
 
         async def start(spec: dict) -> None:
             try:
-                await start_proc(kernel, spec, bind_spec=kernel.transport.child_bind_spec(kernel.address))
+                bind = self.child_bind_spec or kernel.transport.child_bind_spec(kernel.address)
+                await start_proc(kernel, spec, bind_spec=bind)
                 self.watch_child(spec["proc_id"])
             except Exception as e:
                 msg = (
