@@ -93,6 +93,7 @@ class ProcAgent:
         self.stopping = False
         self.supervised: dict[str, Supervised] = {}
         self.is_host = False  # a worker loop: starts procs for clients
+        self.child_bind_spec: str | None = None  # worker loop: where its procs bind (None: the transport's default)
         self.client_procs: dict[str, set[str]] = {}  # worker loop: client proc id -> procs started for it
         self.proc_spawner: dict[str, tuple] = {}  # worker loop: proc id -> (client proc id, address)
         self.proc_owners: dict[str, set[tuple]] = {}  # child proc id -> other owners of meshes on it
@@ -486,7 +487,8 @@ class ProcAgent:
 
         async def start(spec: dict) -> None:
             try:
-                await start_proc(kernel, spec, bind_spec=kernel.transport.child_bind_spec(kernel.address))
+                bind = self.child_bind_spec or kernel.transport.child_bind_spec(kernel.address)
+                await start_proc(kernel, spec, bind_spec=bind)
                 self.watch_child(spec["proc_id"])
             except Exception as e:
                 msg = (
@@ -502,6 +504,17 @@ class ProcAgent:
         async with trio.open_nursery() as nursery:  # all at once, as on the client's own host
             for spec in specs:
                 nursery.start_soon(start, spec)
+
+    def _op_child_hello(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        """A proc this worker loop started says where it listens (its hello
+        goes to the client): from now on our heartbeats reach it."""
+        _op, proc_id, address = h
+        if not self.is_host or sender != proc_id or proc_id not in self.proc_spawner or not isinstance(address, str):
+            logger.warning("child_hello for %r from %s, which is not a proc this worker loop started", proc_id, sender)
+            return
+        self.kernel.learn_address(proc_id, address)
+        if proc_id in self._last_pong:  # it answered: the hung clock restarts now
+            self._last_pong[proc_id] = time.monotonic()
 
     def _host_proc_gone(self, proc_id: str, reason: str, stopped: bool) -> None:
         spawner = self.proc_spawner.pop(proc_id, None)

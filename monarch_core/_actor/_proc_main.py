@@ -136,6 +136,10 @@ def main() -> None:
         kernel.learn_address(parent[0], parent[1])
         kernel.send(status[0], status[1], W.K_PORT, 0, marshal.dumps((status[2], info["rank"], W.S_VALUE)),
                     payload, bufs)
+        worker_loop = info.get("worker_loop")
+        if worker_loop:  # our parent process, which heartbeats us, hears our address from us
+            kernel.send(worker_loop[0], worker_loop[1], W.K_CONTROL, 0,
+                        marshal.dumps(("child_hello", kernel.proc_id, kernel.address)), b"", [])
         kernel.on_proc_failed.append(_exit_if_parent(parent[0]))
         kernel.start_task(_watch_parent_pid, info["parent_pid"])
 

@@ -102,6 +102,9 @@ async def start_proc(kernel: Any, spec: dict, *, bind_spec: str | None) -> Any:
         "cpus": cpus,
         "log_level": spec["log_level"],
         "describe": spec["describe"],
+        # A worker loop is its procs' parent but not their spawner's address
+        # book: they tell it where they listen (for its heartbeats).
+        "worker_loop": [kernel.proc_id, kernel.address] if getattr(kernel.agent, "is_host", False) else None,
     }
     zygote = _fork_server(kernel, cmd, argv, env)
     if zygote is not None:

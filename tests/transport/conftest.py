@@ -54,10 +54,11 @@ def host_addr(i: int) -> str:
 
 def child_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:
     """This environment without MONARCH_* settings, with this directory on
-    PYTHONPATH (so ``transport_actors`` imports everywhere), plus ``extra``
-    (a None value removes the variable)."""
+    PYTHONPATH (so ``transport_actors`` imports everywhere) ahead of what the
+    test run had there (so the children import the same ``monarch_core``),
+    plus ``extra`` (a None value removes the variable)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
-    env["PYTHONPATH"] = str(HERE)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
     env["PYTHONUNBUFFERED"] = "1"
     for k, v in (extra or {}).items():
         if v is None:
@@ -197,8 +198,9 @@ class Worker:
         return descendants(self.pid)
 
 
-def worker_argv(address: str, host: int | None, tls: "Creds | None", ca: str | None = None) -> list[str]:
-    argv = [PY, "-m", "monarch_core.worker", "--address", address]
+def worker_argv(address: str, host: int | None, tls: "Creds | None", ca: str | None = None,
+                args: list[str] | None = None) -> list[str]:
+    argv = [PY, "-m", "monarch_core.worker", "--address", address, *(args or [])]
     if tls is not None:
         argv += ["--ca", ca or tls.ca, "--cert", tls.cert, "--key", tls.key]
     if host is not None:
@@ -217,10 +219,12 @@ class WorkerSet:
         self.started: list[Worker] = []
 
     def start(self, address: str, host: int | None = None, tls: "Creds | None" = None, ca: str | None = None,
-              env: dict[str, str | None] | None = None, timeout: float = 30) -> Worker:
-        """Start a worker loop and wait for its "listening" line."""
+              env: dict[str, str | None] | None = None, timeout: float = 30,
+              args: list[str] | None = None) -> Worker:
+        """Start a worker loop (``args``: more command-line arguments) and
+        wait for its "listening" line."""
         popen = subprocess.Popen(
-            worker_argv(address, host, tls, ca),
+            worker_argv(address, host, tls, ca, args),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -248,7 +252,7 @@ class WorkerSet:
 
 @pytest.fixture
 def workers() -> Iterator[Callable[..., Worker]]:
-    """``start(address, host=None, tls=None, ca=None, env=None)``: start a
+    """``start(address, host=None, tls=None, ca=None, env=None, args=None)``: start a
     worker loop (in namespace ``rt-h<host>`` if ``host``), wait until it
     listens, return a :class:`Worker`; all are killed at teardown."""
     ws = WorkerSet()

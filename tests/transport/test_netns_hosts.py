@@ -29,6 +29,12 @@ def worker_url(scheme: str, i: int, port: int | None = None) -> str:
     return f"{scheme}://{host_addr(i)}:{port or (TLS_PORT if scheme == 'tls' else TCP_PORT)}"
 
 
+def opt_in(scheme: str) -> list[str] | None:
+    """The arguments a worker loop on ``scheme`` needs to listen on a host's
+    (non-loopback) address: plain tcp must be let out explicitly."""
+    return ["--insecure-tcp"] if scheme == "tcp" else None
+
+
 def attach_code(scheme: str, workers: list[str], pki=None, creds=None, timeout: float = 30, body: str = "") -> str:  # type: ignore[no-untyped-def]
     """A client snippet: enable ``scheme`` on the root namespace's address,
     attach to ``workers`` (with ``creds``' key and certificate and the good
@@ -99,7 +105,8 @@ print(json.dumps({"result": {"client": client, "where_a": where_a, "where_b": wh
 def test_client_drives_three_namespace_hosts_and_actors_call_each_other_directly(
     netns, workers, clients, pki, scheme  # type: ignore[no-untyped-def]
 ) -> None:
-    ws = {i: workers(worker_url(scheme, i), host=i, tls=pki.hosts[i] if scheme == "tls" else None) for i in HOSTS}
+    ws = {i: workers(worker_url(scheme, i), host=i, tls=pki.hosts[i] if scheme == "tls" else None, args=opt_in(scheme))
+          for i in HOSTS}
     c = clients(attach_code(scheme, [w.address for w in ws.values()], pki, pki.client, body=CROSS_HOSTS))
     pids = c.expect("pids")
     assert len(set(pids)) == 2 * NHOSTS
@@ -280,7 +287,7 @@ def test_attach_to_an_address_where_nothing_listens_raises_connect_error_naming_
 
 
 def test_attach_to_a_host_whose_link_is_down_raises_connect_error_naming_it(links_up, workers, run_client) -> None:  # type: ignore[no-untyped-def]
-    w = workers(worker_url("tcp", 3), host=3)
+    w = workers(worker_url("tcp", 3), host=3, args=opt_in("tcp"))
     links_up.link(3, "down")
     out = run_client(attach_code("tcp", [w.address], timeout=3, body=ATTACH_ERROR))
     links_up.link(3, "up")
@@ -312,7 +319,8 @@ def test_worker_kills_the_procs_of_a_client_that_was_killed_and_serves_the_next(
     netns, workers, clients, pki, run_client, scheme  # type: ignore[no-untyped-def]
 ) -> None:
     # port 29510: the rejection tests' TLS worker may still hold h1's usual port
-    w = workers(worker_url(scheme, 1, port=29510), host=1, tls=pki.hosts[1] if scheme == "tls" else None)
+    w = workers(worker_url(scheme, 1, port=29510), host=1, tls=pki.hosts[1] if scheme == "tls" else None,
+                args=opt_in(scheme))
     c = clients(attach_code(scheme, [w.address], pki, pki.client, body=HOLD_PROCS))
     pids = c.expect("pids")
     assert sorted(pids) == sorted(w.children())
@@ -330,7 +338,7 @@ def test_a_client_that_exits_without_shutdown_leaves_the_worker_serving(netns, w
     every proc it started for that client and keeps serving the next one.
     HostMesh.shutdown() ends it."  A client that simply returns from its
     script (never calling shutdown) is a client going away."""
-    w = workers(worker_url("tcp", 2), host=2)
+    w = workers(worker_url("tcp", 2), host=2, args=opt_in("tcp"))
     out = run_client(attach_code("tcp", [w.address], body="""
 hosts = attach()
 pm = hosts.spawn_procs(per_host={"gpus": 1})
@@ -383,7 +391,7 @@ OUTAGE_S = 1.5  # how long the link stays down: a fault parameter, well under th
 
 def test_stream_survives_a_link_flap_shorter_than_the_delivery_timeout(links_up, workers, clients) -> None:  # type: ignore[no-untyped-def]
     env = {"MONARCH_DELIVERY_TIMEOUT": "10"}
-    w = workers(worker_url("tcp", 1), host=1, env=env)
+    w = workers(worker_url("tcp", 1), host=1, env=env, args=opt_in("tcp"))
     c = clients(attach_code("tcp", [w.address], body=STREAM), env=env)
     assert c.expect("progress") == 10_000
     links_up.link(1, "down")
@@ -434,7 +442,7 @@ os._exit(0)   # its host is unreachable: nothing to shut down cleanly
 
 def test_link_down_longer_than_the_delivery_timeout_fails_the_senders_instead_of_hanging(links_up, workers, clients) -> None:  # type: ignore[no-untyped-def]
     env = {"MONARCH_DELIVERY_TIMEOUT": "3"}
-    w = workers(worker_url("tcp", 1), host=1, env=env)
+    w = workers(worker_url("tcp", 1), host=1, env=env, args=opt_in("tcp"))
     c = clients(attach_code("tcp", [w.address], body=LONG_OUTAGE), env=env)
     proc_address = c.expect("progress")
     links_up.link(1, "down")

@@ -179,3 +179,33 @@ class ProcBreaker(Actor):
         self._stop.set()
         if self._thread is not None:
             self._thread.join(10)
+
+
+class Hanger(Actor):
+    """Answers, or stops its whole process (SIGSTOP: hung, not dead)."""
+
+    @endpoint
+    def where(self) -> dict:
+        import monarch_core
+
+        return {"pid": os.getpid(), "address": _my_address(), "monarch_core": monarch_core.__file__}
+
+    @endpoint
+    def echo(self, x: object) -> object:
+        return x
+
+    @endpoint
+    def sleep(self, s: float) -> float:
+        time.sleep(s)
+        return s
+
+    @endpoint
+    def hang(self) -> str:
+        import signal
+        import threading
+
+        os.kill(os.getpid(), signal.SIGSTOP)  # the whole proc, trio loop included, stops
+        # The signal stops this thread at its next return to user space, which
+        # may come a moment after kill() returns: never reply in that window.
+        threading.Event().wait()
+        return "resumed?!"
