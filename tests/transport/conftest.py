@@ -54,10 +54,11 @@ def host_addr(i: int) -> str:
 
 def child_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:
     """This environment without MONARCH_* settings, with this directory on
-    PYTHONPATH (so ``transport_actors`` imports everywhere), plus ``extra``
-    (a None value removes the variable)."""
+    PYTHONPATH (so ``transport_actors`` imports everywhere) ahead of the
+    caller's PYTHONPATH (a checkout run that way tests its own code in the
+    subprocesses too), plus ``extra`` (a None value removes the variable)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
-    env["PYTHONPATH"] = str(HERE)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])])
     env["PYTHONUNBUFFERED"] = "1"
     for k, v in (extra or {}).items():
         if v is None:
