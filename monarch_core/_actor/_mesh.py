@@ -1138,6 +1138,30 @@ def spawn_local_controller(agent: Any, name: str, payload: Any, buffers: list) -
 ATTACH_TIMEOUT = float(os.environ.get("MONARCH_ATTACH_TIMEOUT", "10"))
 
 
+def _live_session(kernel: Any, proc_id: str) -> Any:
+    """The kernel's outbound session to ``proc_id`` if one runs (loop thread)."""
+    out = kernel._outbound.get(proc_id)
+    return out if out is not None and out.failed is None else None
+
+
+def _close_sessions(kernel: Any, proc_ids: set[str], why: str) -> None:
+    """End the outbound sessions to ``proc_ids``: no more connection attempts,
+    and whatever they still carry fails with ``ConnectError(why)``."""
+    from monarch_core.errors import ConnectError
+
+    async def close() -> None:
+        for pid in proc_ids:
+            out = _live_session(kernel, pid)
+            if out is not None:
+                out.fail(ConnectError(why))
+
+    if proc_ids:
+        try:
+            kernel.run(close)
+        except RuntimeError:  # the kernel is gone, and its sessions with it
+            pass
+
+
 def attach(
     workers: Any, *, ca: str | None, private_key: str | None, cert: str | None, timeout: float | None
 ) -> HostMesh:
@@ -1179,30 +1203,43 @@ def attach(
     waits = []
     for a in addrs:
         h = OneReply(kernel, "")
-        hid = host_proc_id(a)
-        h.proc_id = hid
-        kernel.send(hid, a, W.K_CONTROL, 0, marshal.dumps(("host_hello", (rt.proc_id, kernel.address, h.port_id))),
-                    b"", [], h.port_id)
-        waits.append((a, hid, h))
+        h.proc_id = host_proc_id(a)
+        waits.append((a, h.proc_id, h))
+
+    async def say_hello() -> set[str]:
+        # on the loop, so that the sessions the hellos open are known exactly
+        opened = {hid for _a, hid, _h in waits if _live_session(kernel, hid) is None}
+        for a, hid, h in waits:
+            kernel.send(hid, a, W.K_CONTROL, 0,
+                        marshal.dumps(("host_hello", (rt.proc_id, kernel.address, h.port_id))), b"", [], h.port_id)
+        return opened
+
+    opened = kernel.run(say_hello)
     deadline = time.monotonic() + limit
     hosts = []
-    for a, hid, h in waits:
-        if not h.cell.wait(max(0.0, deadline - time.monotonic())):
-            last = kernel.last_error(hid)
-            raise ConnectError(
-                f"worker {a} did not answer within {limit:.0f}s"
-                + (f" (last error: {last})" if last is not None else "")
-                + ". Is `python -m monarch_core.worker --address "
-                + a
-                + "` running there, and reachable from this host? (MONARCH_ATTACH_TIMEOUT sets the wait)"
-            )
-        try:
-            info = h.cell.result()
-        except Exception as e:
-            raise ConnectError(f"worker {a} could not be reached: {e}") from None
-        from monarch_core.hookspecs import HostHandle
+    try:
+        for a, hid, h in waits:
+            if not h.cell.wait(max(0.0, deadline - time.monotonic())):
+                last = kernel.last_error(hid)
+                raise ConnectError(
+                    f"worker {a} did not answer within {limit:.0f}s"
+                    + (f" (last error: {last})" if last is not None else "")
+                    + ". Is `python -m monarch_core.worker --address "
+                    + a
+                    + "` running there, and reachable from this host? (MONARCH_ATTACH_TIMEOUT sets the wait)"
+                )
+            try:
+                info = h.cell.result()
+            except Exception as e:
+                raise ConnectError(f"worker {a} could not be reached: {e}") from None
+            from monarch_core.hookspecs import HostHandle
 
-        hosts.append(HostHandle(name=str(info.get("hostname", a)), address=a))
+            hosts.append(HostHandle(name=str(info.get("hostname", a)), address=a))
+    except BaseException as e:
+        # Nothing of a failed attach may live on: a session to a worker that
+        # rejects this client (or is not there) would keep reconnecting.
+        _close_sessions(kernel, opened, f"attach_to_workers gave up: {e}")
+        raise
     region = Extent(["hosts"], [len(hosts)]).region
     hm = HostMesh(hosts, region, owner=True, name="workers")
     rt.agent.register_owned(_HostMeshOwnership(hm))

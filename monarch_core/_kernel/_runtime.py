@@ -23,6 +23,7 @@ import collections
 import itertools
 import logging
 import os
+import random
 import select
 import signal
 import socket
@@ -39,6 +40,7 @@ from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._inbound import ACK_DELAY, ACK_EVERY, InboundSession, Poller, SessionFence
 from monarch_core._kernel._ports import PortHandler
+from monarch_core._kernel._throttle import ThrottledLog
 from monarch_core.errors import (
     AuthenticationError,
     ConnectError,
@@ -86,6 +88,22 @@ _monotonic = time.perf_counter
 THREAD_WRITE_MIN = 1 << 20
 #: Seconds to wait for a handshake from a new connection.
 HANDSHAKE_TIMEOUT = _env_float("MONARCH_HANDSHAKE_TIMEOUT", 10.0)
+#: Reconnect backoff of an outbound session, in seconds: exponential with full
+#: jitter -- after the n-th failed attempt in a row it waits a random time in
+#: [0, min(BACKOFF_CAP, BACKOFF_BASE * 2**n)], so sessions that broke together
+#: do not retry in step.  It starts again from BACKOFF_BASE only once the peer
+#: has proved itself on a connection (see ``_Outbound.run``): connecting is no
+#: proof, a TLS 1.3 client finishes its handshake before the server has
+#: checked the client's certificate.
+BACKOFF_BASE = 0.005  # small: refused reconnects to a proc that died add up to REFUSALS_FOR_DEAD fast
+BACKOFF_CAP = 2.0  # a peer that stays away is tried about once a second
+#: ... and at least this bound when the peer took the connection and dropped it
+#: before proving itself (it rejected our certificate, our handshake or our
+#: messages): that repeats until someone changes a configuration.
+BACKOFF_REJECTED = 0.25
+#: Warnings about dropped inbound connections: one line per peer host and
+#: reason every 10 s, counting the ones left out (a rejected client retries).
+_dropped = ThrottledLog(logger)
 
 
 class _Outbound:
@@ -204,7 +222,7 @@ class _Outbound:
     async def run(self) -> None:
         k = self.kernel
         with self.cancel:
-            backoff = 0.005
+            bound = BACKOFF_BASE  # the longest the next wait may be
             down_since: float | None = None
             was_connected = False
             refusals = 0
@@ -214,6 +232,7 @@ class _Outbound:
                     self.fail(k._dead_error(self.proc_id))
                     return
                 stream = None
+                reader: _SessionReader | None = None
                 try:
                     transport = k.transport_for(address)
                 except Exception as e:  # an address no transport can use: it will never work
@@ -221,11 +240,10 @@ class _Outbound:
                     return
                 try:
                     stream = await transport.connect(address)
-                    down_since = None
-                    backoff = 0.005
                     refusals = 0
                     was_connected = True
-                    await self._session(stream, address)
+                    reader = _SessionReader(stream)
+                    await self._session(stream, address, reader)
                     return
                 except (TransportError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
                     err: BaseException = e
@@ -244,6 +262,18 @@ class _Outbound:
                     self.fail(k._dead_error(self.proc_id))
                     return
                 self.last_error = err
+                if reader is not None:  # it took the connection: how far did it get?
+                    if reader.proven or (reader.greeted and not self.unacked):
+                        # It answered what we sent (or had nothing to answer):
+                        # the session was up, and starts afresh.
+                        bound = BACKOFF_BASE
+                        down_since = None
+                    else:
+                        # It dropped the connection before proving itself (in
+                        # the TLS or monarch handshake, or instead of
+                        # acknowledging): the time counts as down, and it will
+                        # likely do the same next time.
+                        bound = max(bound, BACKOFF_REJECTED)
                 if isinstance(err, ConnectError) and err.refused:
                     refusals += 1
                     if was_connected and refusals >= REFUSALS_FOR_DEAD:
@@ -274,17 +304,31 @@ class _Outbound:
                     if was_connected:  # it was there and has been unreachable ever since
                         k.proc_failed(self.proc_id, why)
                     return
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, 0.5)
+                await trio.sleep(random.random() * bound)
+                bound = min(bound * 2, BACKOFF_CAP)
 
-    async def _session(self, stream: Stream, address: str) -> None:
+    async def _session(self, stream: Stream, address: str, reader: _SessionReader) -> None:
         k = self.kernel
         await stream.send_all(
             W.encode_handshake({"proc": k.proc_id, "session": self.session_id, "address": k.address or ""})
         )
-        reader = W.FrameReader(stream)
-        with trio.fail_after(HANDSHAKE_TIMEOUT):
-            hello = await W.read_handshake(reader)
+        try:
+            with trio.fail_after(HANDSHAKE_TIMEOUT):
+                hello = await W.read_handshake(reader)
+        except trio.TooSlowError:
+            raise ConnectError(
+                f"{address} took the connection but sent no handshake within {HANDSHAKE_TIMEOUT:g}s "
+                "(MONARCH_HANDSHAKE_TIMEOUT)"
+            ) from None
+        except ConnectionClosed:
+            if await _answered_in_tls(reader):
+                where = address.split("://", 1)[-1]
+                raise ConnectError(
+                    f"{address} speaks TLS: use tls://{where} and pass ca=/private_key= (or set "
+                    "MONARCH_TLS_CA/MONARCH_TLS_KEY); it answered the plain handshake in TLS"
+                ) from None
+            raise
+        reader.greeted = True
         self.trim(int(hello.get("last", 0)))
         try:
             async with trio.open_nursery() as nursery:
@@ -375,6 +419,35 @@ class _Outbound:
             if kind != W.K_ACK:
                 raise ProtocolError(f"peer {reader.peer} sent kind {kind} on an outbound session")
             self.trim(seq)
+
+
+class _SessionReader(W.FrameReader):
+    """The reader of one outbound connection, noting how far the peer got:
+    ``greeted`` once its handshake reply arrived, ``proven`` once a frame
+    followed (an acknowledgement: it took what we sent).  ``_Outbound.run``
+    resets its backoff only for a connection the peer proved itself on."""
+
+    __slots__ = ("greeted", "proven")
+
+    def __init__(self, stream: Stream) -> None:
+        super().__init__(stream)
+        self.greeted = False
+        self.proven = False
+
+    async def read_message(self) -> tuple:
+        m = await super().read_message()
+        self.proven = True
+        return m
+
+
+async def _answered_in_tls(reader: W.FrameReader) -> bool:
+    """Whether the bytes a peer sent before it closed, instead of a handshake,
+    are a TLS record (an alert): a TLS port dialled without TLS."""
+    n = reader.buffered()
+    if n < 3:
+        return False
+    head = await reader.read_exactly(3)  # buffered already: no read
+    return head[0] in (0x15, 0x16) and head[1] == 0x03 and head[2] <= 0x04
 
 
 def _raw_socket(stream: Stream) -> Any:
@@ -863,15 +936,15 @@ class Kernel:
         except BaseExceptionGroup as eg:
             e = first_leaf(eg, skip=(trio.Cancelled,))
             if isinstance(e, (ProtocolError, AuthenticationError)):
-                logger.warning("dropping connection from %s: %s", peer, e)
+                _dropped.warning(peer, f"dropping connection from {peer}: {e}")
             elif not isinstance(e, (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
                 raise
             else:
                 logger.debug("inbound connection from %s ended: %s", peer, e)
         except trio.TooSlowError:
-            logger.warning("connection from %s sent no handshake within %.0fs; dropped", peer, HANDSHAKE_TIMEOUT)
+            _dropped.warning(peer, f"connection from {peer} sent no handshake within {HANDSHAKE_TIMEOUT:.0f}s; dropped")
         except (ProtocolError, AuthenticationError) as e:
-            logger.warning("dropping connection from %s: %s", peer, e)
+            _dropped.warning(peer, f"dropping connection from {peer}: {e}")
         except (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             logger.debug("inbound connection from %s ended: %s", peer, e)
         finally:

@@ -329,14 +329,49 @@ def _build_contexts(cert: str | None, key: str | None, ca: str | None, verify_ho
 
 _credentials = _Credentials()
 
+#: The first byte of a TLS handshake record (every ClientHello starts with it).
+_TLS_HANDSHAKE = 0x16
+#: A fatal TLS alert (unexpected_message), sent to a client whose first bytes
+#: are not TLS (OpenSSL closes without a word): a monarch ``tcp://`` client
+#: reads it and says that the port speaks TLS.
+_ALERT_NOT_TLS = bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x0A])
+
 
 class _TlsStream(Stream):
-    """A trio SSLStream with errors mapped into monarch's."""
+    """A trio SSLStream with errors mapped into monarch's.
 
-    def __init__(self, ssl_stream: trio.SSLStream, peer: str, handshaken: bool = False) -> None:
+    ``raw``: the accepted socket of a server-side stream; its first bytes are
+    looked at (not taken) before the handshake, to tell a client that does not
+    speak TLS at all from one that fails the handshake."""
+
+    def __init__(self, ssl_stream: trio.SSLStream, peer: str, handshaken: bool = False, raw: Any = None) -> None:
         self._s = ssl_stream
         self.peer = peer
         self._handshaken = handshaken
+        self._raw = raw
+
+    async def _refuse_plaintext(self) -> None:
+        """Raise AuthenticationError, after answering with a TLS alert, when
+        the client's first bytes are not a TLS handshake record."""
+        raw, self._raw = self._raw, None
+        try:
+            head = await raw.recv(8, _stdsocket.MSG_PEEK)
+        except OSError:
+            return  # the TLS read reports it
+        if not head or head[0] == _TLS_HANDSHAKE:
+            return
+        with trio.move_on_after(1):
+            try:
+                # take what it sent (closing on unread bytes would reset the
+                # connection, and the alert could be lost), then answer
+                await raw.recv(65536)
+                await raw.send(_ALERT_NOT_TLS)
+            except OSError:
+                pass
+        raise AuthenticationError(
+            f"TLS handshake with {self.peer} failed: the peer is not speaking TLS (its first bytes: {bytes(head)!r}); "
+            "a tcp:// client dialling this tls:// port?"
+        )
 
     async def _flush_alert(self) -> None:
         """After a failed handshake, send the TLS alert the SSL object queued, so
@@ -356,8 +391,8 @@ class _TlsStream(Stream):
     def _error(self, e: BaseException) -> ConnectionClosed:
         if not self._handshaken:
             return AuthenticationError(
-                f"TLS handshake with {self.peer} failed: {_ssl_reason(e)} (the peer must present a certificate "
-                "signed by this side's CA, over TLS 1.3)"
+                f"TLS handshake with {self.peer} failed: {_ssl_reason(e, detail=True)} (the peer must present a "
+                "certificate signed by this side's CA, over TLS 1.3)"
             )
         return ConnectionClosed(f"TLS connection with {self.peer} broke: {_ssl_reason(e)}")
 
@@ -369,6 +404,8 @@ class _TlsStream(Stream):
         self._handshaken = True
 
     async def receive_some(self, max_bytes: int = 65536) -> bytes:
+        if self._raw is not None:
+            await self._refuse_plaintext()
         try:
             data = await self._s.receive_some(max_bytes)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError) as e:
@@ -387,12 +424,27 @@ class _TlsStream(Stream):
                 pass
 
 
-def _ssl_reason(e: BaseException) -> str:
+def _ssl_reason(e: BaseException, detail: bool = False) -> str:
+    """The OpenSSL reason of ``e`` (``detail``: with what the certificate check
+    found, e.g. "certificate has expired")."""
     cause = e.__cause__ or e.__context__
     for x in (e, cause):
         if isinstance(x, ssl.SSLError):
-            return x.reason or str(x)
+            reason = x.reason or str(x)
+            verify = getattr(x, "verify_message", None)
+            return f"{reason}: {verify}" if detail and verify else reason
     return str(e) or type(e).__name__
+
+
+def _closed_in_handshake(e: BaseException) -> bool:
+    """The peer closed (or reset) the connection during our TLS handshake
+    without a TLS alert: what a port that does not speak TLS does."""
+    for x in (e, e.__cause__, e.__context__):
+        if isinstance(x, (ssl.SSLEOFError, ConnectionResetError, BrokenPipeError)):
+            return True
+        if isinstance(x, ssl.SSLError) and x.reason == "UNEXPECTED_EOF_WHILE_READING":
+            return True
+    return False
 
 
 class TlsTransport(_TcpBase):
@@ -411,7 +463,7 @@ class TlsTransport(_TcpBase):
         raw = trio.SocketStream(stream._sock)
         # The handshake happens on the first read, in the connection's own task:
         # a slow or bad client never blocks accepting others.
-        return _TlsStream(trio.SSLStream(raw, server_ctx, server_side=True), peer=stream.peer)
+        return _TlsStream(trio.SSLStream(raw, server_ctx, server_side=True), peer=stream.peer, raw=stream._sock)
 
     async def connect(self, address: str) -> Stream:
         _, client_ctx = _credentials.contexts()
@@ -428,6 +480,12 @@ class TlsTransport(_TcpBase):
             raise ConnectError(f"TLS handshake with {address} timed out after {TLS_HANDSHAKE_TIMEOUT:.0f}s") from None
         except (trio.BrokenResourceError, OSError, ssl.SSLError) as e:
             sock.close()
+            if _closed_in_handshake(e):
+                where = address.split("://", 1)[-1]
+                raise ConnectError(
+                    f"TLS handshake with {address} failed: {_ssl_reason(e)} (it closed the connection without a "
+                    f"TLS answer); if it speaks plain tcp, use tcp://{where}"
+                ) from None
             raise ConnectError(
                 f"TLS handshake with {address} failed: {_ssl_reason(e)}. Both sides need certificates signed by "
                 "the same CA (MONARCH_TLS_CERT/KEY/CA)"
