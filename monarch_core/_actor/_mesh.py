@@ -17,11 +17,13 @@ if TYPE_CHECKING:
 
 
 from monarch_core._actor import _serial, _state, _tree
-from monarch_core._actor._bootstrap import (
+from monarch_core._launch._bootstrap import (
     BootstrapCommand,
     default_bootstrap_cmd,
     validate_proc_bind,
 )
+from monarch_core._launch._spawn import ProcStatus, host_proc_id, spawn_local, spawn_remote
+from monarch_core._launch._spec import ProcSpec
 from monarch_core._actor._endpoint import Endpoint, EndpointProperty, NotAnEndpoint
 from monarch_core._actor._future import Cell, Future
 from monarch_core._actor._port import GatherReplies, OneReply, StreamIterator, StreamReplies
@@ -626,56 +628,6 @@ async def _stop_procs(kernel: Any, slots: list[_ProcSlot], reason: str, cell: Ce
     cell.set_result(None)
 
 
-class _ProcStatus(PortHandler):
-    """Collects hello/ready from newly spawned procs."""
-
-    def __init__(self, kernel: Any, slots: list[_ProcSlot], describe: Callable[[int], str]) -> None:
-        self.kernel = kernel
-        self.slots = slots
-        self.cell = Cell()
-        self.ready = 0
-        self.lock = threading.Lock()
-        self.describe = describe
-        self.port_id = kernel.add_port(self)
-
-    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
-        try:
-            msg = _serial.loads(payload, buffers)
-        except Exception as e:
-            msg, status = e, W.S_ERROR
-        if status == W.S_ERROR:
-            self._fail(msg if isinstance(msg, BaseException) else RuntimeError(str(msg)), rank)
-            return
-        if msg[0] == "hello":
-            _tag, proc_id, address, pid = msg
-            slot = self.slots[rank]
-            slot.address = address
-            slot.pid = pid
-            slot.ready.set()
-            if self.kernel.in_loop():
-                self.kernel.learn_address(proc_id, address)
-            else:
-                self.kernel.call_soon(self.kernel.learn_address, proc_id, address)
-        elif msg[0] == "ready":
-            with self.lock:
-                self.ready += 1
-                done = self.ready == len(self.slots)
-            if done:
-                self.kernel.remove_port(self.port_id)
-                self.cell.set_result(True)
-
-    def _fail(self, exc: BaseException, rank: int | None) -> None:
-        self.kernel.remove_port(self.port_id)
-        self.cell.set_exception(exc)
-
-    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
-        for s in self.slots:
-            if s.proc_id == proc_id:
-                s.failed = str(exc)
-                s.ready.set()
-        self._fail(SupervisionError(f"a proc failed while starting: {exc}"), None)
-
-
 # ====================================================================== HostMesh
 
 
@@ -774,7 +726,6 @@ class HostMesh(MeshTrait):
         sizes = host_region.sizes + tuple(per_host.values())
         extent = Extent(labels, sizes)
         host_roots = host_region.root_ranks()
-        from monarch_core._actor._procs import make_spec
 
         kernel = rt.kernel
         level = os.environ.get("MONARCH_LOG_LEVEL") or logging.getLevelName(
@@ -802,36 +753,36 @@ class HostMesh(MeshTrait):
                 slot.host = host.address
                 slot.describe = f"proc {name}{point if len(extent) else ''}"
                 slots.append(slot)
-                spec = make_spec(
+                entries.append((slot, dict(
                     proc_id=slot.proc_id,
                     name=name,
                     rank=rank,
                     labels=labels,
                     sizes=sizes,
                     describe=slot.describe,
-                    cmd=cmd,
+                    command=cmd,
                     default_program=default,
                     bind=binds[j] if binds else None,
-                    status=(rt.proc_id, kernel.address, 0),
                     parent=(rt.proc_id, kernel.address),
-                    root=rt.root,
+                    root=tuple(rt.root),
                     transport=rt.transport,
                     log_level=level,
-                )
-                entries.append((slot, spec))
+                )))
             per_host_entries.append((host, entries))
-        status = _ProcStatus(kernel, slots, lambda r: f"{name}{Point(r, extent)}")
-        for _host, entries in per_host_entries:
-            for _slot, spec in entries:
-                spec["status"][2] = status.port_id
+        status = ProcStatus(kernel, slots, lambda r: f"{name}{Point(r, extent)}")
+        sref = (rt.proc_id, kernel.address, status.port_id)
+        per_host_entries = [
+            (host, [(slot, ProcSpec(status=sref, **fields)) for slot, fields in entries])
+            for host, entries in per_host_entries
+        ]
         pm = ProcMesh(name, slots, extent.region, self, status.cell, True)
         self._shared["procs"].append(pm)
         rt.agent.register_owned(pm)
         for host, entries in per_host_entries:
             if host.address is None:
-                kernel.call_soon(kernel.start_task, _spawn_local, rt, entries, status, boot_payload)
+                kernel.call_soon(kernel.start_task, spawn_local, rt, entries, status, boot_payload)
             else:
-                kernel.call_soon(_spawn_remote, rt, host, entries, status, boot_payload)
+                kernel.call_soon(spawn_remote, rt, host.address, entries, status, boot_payload)
         return pm
 
     def stop(self) -> Future[None]:
@@ -936,58 +887,6 @@ def _check_per_host(per_host: Any, host_labels: tuple) -> dict[str, int]:
     return out
 
 
-async def _spawn_local(rt: Any, entries: list, status: _ProcStatus, boot_payload: tuple) -> None:
-    """Start the OS processes of procs on this host (kernel loop), then send
-    each its ``init``."""
-    import trio
-
-    from monarch_core._actor._procs import start_proc
-
-    kernel = rt.kernel
-
-    async def start(slot: _ProcSlot, spec: dict) -> None:
-        try:
-            proc = await start_proc(kernel, spec, bind_spec=kernel.transport.child_bind_spec(kernel.address))
-            slot.pid = proc.pid
-            rt.agent.watch_child(slot.proc_id)
-        except Exception as e:
-            msg = f"could not start {spec['describe']} with {[spec['program'], *spec['args']]!r}: {type(e).__name__}: {e}"
-            logger.error("%s", msg)
-            slot.failed = msg
-            kernel.proc_failed(slot.proc_id, msg)
-            status.fail(SupervisionError(msg), slot.proc_id)
-            return
-        _send_init(kernel, slot, spec, boot_payload, status)
-
-    # All at once: the fork server gets every request in one go (no round
-    # trip between two forks), and exec'd procs start their imports together.
-    async with trio.open_nursery() as nursery:
-        for slot, spec in entries:
-            nursery.start_soon(start, slot, spec)
-
-
-def _send_init(kernel: Any, slot: _ProcSlot, spec: dict, boot_payload: tuple, status: _ProcStatus) -> None:
-    header = marshal.dumps(("init", tuple(spec["status"]), spec["rank"]))
-    kernel.send(slot.proc_id, None, W.K_CONTROL, 0, header, boot_payload[0], boot_payload[1], status.port_id)
-
-
-def _spawn_remote(rt: Any, host: HostHandle, entries: list, status: _ProcStatus, boot_payload: tuple) -> None:
-    """Ask the worker loop of ``host`` to start procs (kernel loop)."""
-    kernel = rt.kernel
-    host_id = host_proc_id(host.address)  # type: ignore[arg-type]
-    for slot, _spec in entries:
-        kernel.expect_proc(slot.proc_id)
-    payload, bufs = _serial.dumps([spec for _slot, spec in entries])
-    kernel.send(host_id, host.address, W.K_CONTROL, 0, marshal.dumps(("host_spawn",)), payload, bufs, status.port_id)
-    for slot, spec in entries:
-        _send_init(kernel, slot, spec, boot_payload, status)
-
-
-def host_proc_id(address: str) -> str:
-    """The session key of the worker loop at ``address``."""
-    return f"host@{address}"
-
-
 # ====================================================================== entry points
 
 
@@ -1008,7 +907,7 @@ def this_host() -> HostMesh:
     dimensions).  Procs spawned from it are started by this process: forked
     from its fork server (``_zygote``), or exec'd as its children, and they
     die with it."""
-    from monarch_core._actor import _zygote
+    from monarch_core._launch import _zygote
 
     # The fork server's imports overlap with the runtime's start and the
     # caller's work before its first spawn.

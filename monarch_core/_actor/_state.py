@@ -98,7 +98,7 @@ def _start_client() -> None:
     from monarch_core._plugins import registry
 
     if "MONARCH_MALLOC_REUSE_MB" in os.environ:  # procs tune malloc by default; a client only when asked
-        from monarch_core._actor._proc_main import tune_malloc
+        from monarch_core._launch._proc_main import tune_malloc
 
         tune_malloc()
     choice = _transport.current_choice()
