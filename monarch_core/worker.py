@@ -8,6 +8,11 @@ its CA -- and starts procs for them on request
 the worker kills every proc it started for that client and keeps serving
 the next one.  ``HostMesh.shutdown()`` ends it.
 
+Once it listens it prints one line on standard output,
+``monarch worker loop listening on URL`` (``hookspecs.WORKER_READY_PREFIX``):
+the readiness handshake a scheduler reads to learn the address (with the
+real port when started on port 0).
+
 Use ``tls://`` between hosts.  Plain ``tcp://`` authenticates nobody: anyone
 who can reach a plain ``tcp`` worker port (or the port of a proc it started)
 can run arbitrary code as the worker's user.  So a ``tcp`` worker loop binds
@@ -80,12 +85,17 @@ def main(argv: list[str] | None = None) -> int:
         help="let a plain tcp:// worker loop listen beyond loopback (e.g. tcp://*:29500). INSECURE: anyone who "
              "can reach the port can run arbitrary code here as this user; only on a network you trust",
     )
+    parser.add_argument(
+        "--exit-with-parent", action="store_true",
+        help="exit (killing this worker's procs) when the process that started it goes away (an ssh session, "
+             "the client of a local host)",
+    )
     parser.add_argument("--log-level", default=os.environ.get("MONARCH_LOG_LEVEL", "WARNING"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="[%(levelname)s worker loop] %(name)s: %(message)s")
     try:
         run_worker_loop_forever(args.address, ca=args.ca, private_key=args.private_key, cert=args.cert,
-                                insecure_tcp=args.insecure_tcp)
+                                insecure_tcp=args.insecure_tcp, exit_with_parent=args.exit_with_parent)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

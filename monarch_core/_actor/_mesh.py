@@ -46,13 +46,14 @@ _EMPTY_REGION = Extent([], []).region
 class _ProcSlot:
     """One proc: its id, its address once known, and whether it said hello."""
 
-    __slots__ = ("proc_id", "address", "ready", "pid", "failed", "host", "describe")
+    __slots__ = ("proc_id", "address", "ready", "pid", "failed", "host", "host_name", "describe")
 
     def __init__(self, proc_id: str, address: str | None = None) -> None:
         self.proc_id = proc_id
         self.address = address
         self.describe: str | None = None  # "proc <name>{coords}", for reports
         self.host: str | None = None  # worker-loop address for procs on remote hosts
+        self.host_name: str | None = None  # HostHandle.name of the host it runs on
         self.ready = threading.Event()
         if address is not None:
             self.ready.set()
@@ -566,12 +567,13 @@ class ProcMesh(MeshTrait):
         raise NotImplementedError("ProcMesh.rank_tensors() needs the distributed tensor engine, which monarch-core does not provide yet")
 
     def to_table(self) -> str:
-        """A text table: rank, coordinates, proc id, pid, address."""
-        rows = [f"{'rank':>4}  {'coords':<28} {'proc':<40} {'pid':>8}  address"]
+        """A text table: rank, coordinates, proc id, pid, address, host name."""
+        rows = [f"{'rank':>4}  {'coords':<28} {'proc':<40} {'pid':>8}  {'address':<40} host"]
         ext = self._region_.extent
         for i, root in enumerate(self._region_.root_ranks()):
             s = self._slots[root]
-            rows.append(f"{i:>4}  {str(Point(i, ext)):<28} {s.proc_id:<40} {s.pid or '-':>8}  {s.address or '(starting)'}")
+            rows.append(f"{i:>4}  {str(Point(i, ext)):<28} {s.proc_id:<40} {s.pid or '-':>8}  "
+                        f"{s.address or '(starting)':<40} {s.host_name or '-'}")
         return "\n".join(rows)
 
     @classmethod
@@ -654,7 +656,7 @@ class HostMesh(MeshTrait):
         self._python = python_executable
         self._name = name
         # state shared by views of the same host mesh
-        self._shared = shared if shared is not None else {"procs": [], "shutdown": False}
+        self._shared = shared if shared is not None else {"procs": [], "shutdown": False, "lost": {}}
 
     @property
     def _region(self) -> Region:
@@ -680,6 +682,32 @@ class HostMesh(MeshTrait):
     @property
     def initialized(self) -> Future[bool]:
         return Future._resolved(True)
+
+    @property
+    def hosts(self) -> list[HostHandle]:
+        """The hosts of this view, in rank order (name, worker address, labels)."""
+        return [self._hosts[r] for r in self._region_.root_ranks()]
+
+    def to_table(self) -> str:
+        """A text table: rank, coordinates, host name, worker-loop address, labels."""
+        rows = [f"{'rank':>4}  {'coords':<28} {'host':<20} {'address':<40} labels"]
+        ext = self._region_.extent
+        lost = self._shared["lost"]
+        for i, root in enumerate(self._region_.root_ranks()):
+            h = self._hosts[root]
+            labels = " ".join(f"{k}={v}" for k, v in h.labels.items())
+            if h.name in lost:
+                labels = (labels + " " if labels else "") + f"LOST ({lost[h.name]})"
+            rows.append(f"{i:>4}  {str(Point(i, ext)):<28} {h.name:<20} {h.address or '(this process)':<40} {labels}")
+        return "\n".join(rows)
+
+    def _host_lost(self, host_name: str, reason: str) -> None:
+        """A scheduler reported ``host_name`` lost (any thread): every proc on
+        it fails, nothing else does."""
+        self._shared["lost"][host_name] = reason
+        rt = _state.current_runtime_or_none()
+        if rt is not None:
+            rt.kernel.call_soon(_procs_of_host_lost, rt.kernel, self._shared, self._hosts, host_name, reason)
 
     def with_python_executable(self, python_executable: str) -> HostMesh:
         """A view of these hosts that starts procs with ``python_executable``."""
@@ -751,7 +779,10 @@ class HostMesh(MeshTrait):
                     default = self._python is None and host.address is not None
                 slot = _ProcSlot(f"{name}-{rank}-{uuid.uuid4().hex[:8]}")
                 slot.host = host.address
+                slot.host_name = host.name
                 slot.describe = f"proc {name}{point if len(extent) else ''}"
+                if host.address is not None:
+                    slot.describe += f" on host {host.name}"
                 slots.append(slot)
                 entries.append((slot, dict(
                     proc_id=slot.proc_id,
@@ -778,8 +809,11 @@ class HostMesh(MeshTrait):
         pm = ProcMesh(name, slots, extent.region, self, status.cell, True)
         self._shared["procs"].append(pm)
         rt.agent.register_owned(pm)
+        lost = self._shared["lost"]
         for host, entries in per_host_entries:
-            if host.address is None:
+            if host.name in lost:
+                kernel.call_soon(_fail_lost, kernel, [slot for slot, _ in entries], host.name, lost[host.name], status)
+            elif host.address is None:
                 kernel.call_soon(kernel.start_task, spawn_local, rt, entries, status, boot_payload)
             else:
                 kernel.call_soon(spawn_remote, rt, host.address, entries, status, boot_payload)
@@ -802,6 +836,8 @@ class HostMesh(MeshTrait):
         fut = self._stop_procs()
         self._shared["shutdown"] = True
         alloc = self._allocation
+        if alloc is not None:
+            alloc.closing = True  # worker loops ending from now on are not lost hosts
         remote = [h.address for h in self._hosts if h.address is not None]
         if alloc is None and not remote:
             return fut
@@ -813,11 +849,10 @@ class HostMesh(MeshTrait):
             for a in remote:  # worker loops exit (and kill anything left)
                 kernel.send(host_proc_id(a), a, W.K_CONTROL, 0, marshal.dumps(("host_shutdown",)), b"", [], None)
             await kernel.flush(2.0)
-            if alloc is not None:
-                try:
-                    await alloc.release()
-                except Exception as e:  # noqa: BLE001
-                    logger.warning("releasing hosts of %r failed: %s", self._name, e)
+            if alloc is not None:  # off the loop: a scheduler's release may block
+                import trio
+
+                await trio.to_thread.run_sync(alloc.release, abandon_on_cancel=True)
             out.set_result(None)
 
         def after() -> None:
@@ -868,6 +903,27 @@ def _all_done(futs: list[Future[Any]]) -> Future[None]:
         if not f._ensure().add_callback(one):
             one()
     return Future._of(out)
+
+
+def _fail_lost(kernel: Any, slots: list, host_name: str, reason: str, status: ProcStatus) -> None:
+    """Procs asked for on a host already lost fail at once (kernel loop)."""
+    for slot in slots:
+        msg = f"{slot.describe} could not start: its host {host_name} was lost ({reason})"
+        slot.failed = msg
+        kernel.proc_failed(slot.proc_id, msg)
+        status.fail(SupervisionError(msg), slot.proc_id)
+
+
+def _procs_of_host_lost(kernel: Any, shared: dict, hosts: list, host_name: str, reason: str) -> None:
+    """Fail every proc of the host meshes sharing ``shared`` that runs on
+    ``host_name``, and the session to its worker loop (kernel loop)."""
+    for pm in list(shared["procs"]):
+        for slot in pm._slots:
+            if slot.host_name == host_name and slot.proc_id not in kernel.dead:
+                kernel.proc_failed(slot.proc_id, f"{slot.describe}: its host {host_name} was lost: {reason}")
+    for h in hosts:
+        if h.name == host_name and h.address is not None:
+            kernel.proc_failed(host_proc_id(h.address), f"host {host_name} was lost: {reason}")
 
 
 def _check_per_host(per_host: Any, host_labels: tuple) -> dict[str, int]:
@@ -923,16 +979,20 @@ def this_host() -> HostMesh:
     return HostMesh([HostHandle("localhost")], _EMPTY_REGION, owner=True, name="this_host")
 
 
-def hosts_from_config(name: str) -> HostMesh:
+def hosts_from_config(name: str, *, timeout: float | None = None) -> HostMesh:
     """The host mesh ``name`` from the project's configuration.
 
     Looks up ``[hosts.<name>]`` in ``monarch.toml`` (or ``[tool.monarch.hosts.<name>]``
     in ``pyproject.toml``; ``MONARCH_CONFIG`` overrides the path), resolves its
-    ``scheduler`` through the installed plugins, and allocates the hosts.
+    ``scheduler`` through the installed plugins, allocates the hosts (off the
+    kernel loop) and waits until every worker loop answers, all within
+    ``timeout`` seconds (default ``MONARCH_ALLOCATE_TIMEOUT`` or 300).
     See ``docs/configuration.md``.  Errors name the file and list what is
-    configured and installed.
+    configured and installed; ``AllocationError`` when the scheduler fails or
+    a host does not answer (naming it).
     """
     from monarch_core._config import lookup_host_mesh
+    from monarch_core._launch import _alloc
     from monarch_core._plugins import registry
     from monarch_core.hookspecs import AllocationRequest
 
@@ -941,15 +1001,53 @@ def hosts_from_config(name: str) -> HostMesh:
     reg = registry()
     cfg = lookup_host_mesh(name, installed_schedulers=sorted(reg.scheduler_specs()))
     scheduler = reg.scheduler(cfg.scheduler)
-    request = AllocationRequest(name=name, params=cfg.params, source=cfg.source)
+    params = _scheduler_params(scheduler, cfg)
+    request = AllocationRequest(name=name, params=params, source=cfg.source)
     scheduler.validate(request)
+    _check_params(scheduler, request)
     rt = _state.runtime()
-    allocation = rt.kernel.run(scheduler.allocate, request)
-    hosts = list(allocation.hosts)
-    region = Extent([allocation.dim], [len(hosts)]).region
-    hm = HostMesh(hosts, region, owner=True, allocation=allocation, name=name)
-    rt.agent.register_owned(_HostMeshOwnership(hm))
+    record = _alloc.allocate(scheduler, request, rt, timeout)
+    return host_mesh_of(record, name)
+
+
+def host_mesh_of(record: Any, name: str) -> HostMesh:
+    """The owning ``HostMesh`` over an allocation (``_launch._alloc.allocate``)."""
+    region = Extent(list(record.labels), list(record.sizes)).region
+    hm = HostMesh(list(record.hosts), region, owner=True, allocation=record, name=name)
+    record.on_lost = hm._host_lost
+    for host_name, reason in list(record.lost.items()):  # reported while allocating
+        hm._host_lost(host_name, reason)
+    _state.runtime().agent.register_owned(_HostMeshOwnership(hm))
     return hm
+
+
+def _scheduler_params(scheduler: Any, cfg: Any) -> dict[str, Any]:
+    """The ``[defaults]`` policy: a scheduler that declares ``params`` does not
+    get ``[defaults]`` keys outside them (logged at DEBUG); the entry's own
+    keys all reach it (its ``validate`` names the unknown ones, or
+    :func:`_check_params` does)."""
+    accepted = getattr(scheduler, "params", None)
+    params = dict(cfg.params)
+    if accepted is None:
+        return params
+    from_defaults = getattr(cfg, "defaults_keys", frozenset())
+    dropped = sorted(k for k in params if k not in accepted and k in from_defaults)
+    if dropped:
+        logger.debug("%s: [defaults] key(s) %s are not parameters of scheduler %r; not passed to it",
+                     cfg.source, dropped, cfg.scheduler)
+    return {k: v for k, v in params.items() if k not in dropped}
+
+
+def _check_params(scheduler: Any, request: Any) -> None:
+    from monarch_core.errors import ConfigError
+
+    accepted = getattr(scheduler, "params", None)
+    unknown = sorted(k for k in request.params if accepted is not None and k not in accepted)
+    if unknown:
+        raise ConfigError(
+            f"{request.source}: unknown parameter(s) {unknown} for scheduler {scheduler.name!r}; "
+            f"it accepts {sorted(accepted)}"
+        )
 
 
 class _HostMeshOwnership:

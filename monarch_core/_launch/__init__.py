@@ -13,5 +13,7 @@ proc's runtime (agent, ``ProcRuntime``) from ``_actor`` as well.
 * ``_zygote``    -- the fork server;
 * ``_children``  -- exec'd child processes, awaited through pidfds;
 * ``_proc_main`` -- the entry point of a proc process;
-* ``_worker``    -- the worker loop of a host: starts procs for remote clients.
+* ``_worker``    -- the worker loop of a host: starts procs for remote clients;
+* ``_alloc``     -- allocating hosts through a scheduler plugin: off the kernel
+  loop, with a timeout, readiness, lost-host reports and release on every exit path.
 """

@@ -213,6 +213,7 @@ def run_worker_loop_forever(
     *,
     cert: str | None = None,
     insecure_tcp: bool = False,
+    exit_with_parent: bool = False,
 ) -> None:
     """Serve as the worker loop of this host at ``address`` until shut down.
 
@@ -228,6 +229,11 @@ def run_worker_loop_forever(
     unless ``insecure_tcp=True`` (a warning is logged); otherwise
     ``ValueError``.  ``tls://`` binds anywhere.  Blocks; returns after
     ``HostMesh.shutdown()``.
+
+    ``exit_with_parent=True`` (``--exit-with-parent``): end (killing its
+    procs) once the process that started it is gone -- the client that
+    started a ``local`` host, the ssh session of an SSH exec -- so a worker
+    loop started for one allocation never outlives its starter.
     """
     from monarch_core._actor import _state, _transport
     from monarch_core._kernel._runtime import Kernel
@@ -266,8 +272,24 @@ def run_worker_loop_forever(
         logger.info("monarch worker loop listening on %s (pid %d)", kernel.address, os.getpid())
         print(f"{READY_PREFIX}{kernel.address}", flush=True)
 
-    trio.run(functools.partial(kernel.serve, after_start=announce))
+    async def start() -> None:
+        await announce()
+        if exit_with_parent:
+            kernel.start_task(_exit_with_parent, os.getppid(), agent)
+
+    trio.run(functools.partial(kernel.serve, after_start=start))
     agent.kill_all_children()
 
 
 
+
+async def _exit_with_parent(parent_pid: int, agent: WorkerLoopAgent) -> None:
+    """End the worker loop once re-parented (its starter is gone).  Polls:
+    a parent-death signal would fire when the *thread* that started us ends."""
+    while True:
+        await trio.sleep(0.5)
+        if os.getppid() != parent_pid:
+            logger.warning("the process that started this worker loop (pid %d) is gone; exiting", parent_pid)
+            agent.kill_all_children()
+            agent.kernel.stop_loop()
+            return
