@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:  # lazy: importing monarch_core stays cheap
 
         return ChannelTransport
     if name == "BootstrapCommand":
-        from monarch_core._actor._bootstrap import BootstrapCommand
+        from monarch_core._launch._bootstrap import BootstrapCommand
 
         return BootstrapCommand
     raise AttributeError(f"module 'monarch_core' has no attribute {name!r}")

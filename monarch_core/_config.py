@@ -94,6 +94,8 @@ class HostMeshConfig:
     scheduler: str
     params: dict[str, Any]
     source: str
+    #: Keys of ``params`` that came from ``[defaults]`` only (not set in the entry).
+    defaults_keys: frozenset[str] = frozenset()
 
 
 # ---------------------------------------------------------------------------
@@ -352,6 +354,7 @@ def load_config(path: pathlib.Path) -> dict[str, HostMeshConfig]:
             scheduler=scheduler,
             params=merged,
             source=f"{path} {loc}",
+            defaults_keys=frozenset(k for k in defaults if k not in entry and k != "scheduler"),
         )
     return result
 

@@ -9,7 +9,7 @@ signatures) are importable from here too, and from ``monarch_core``.
 from __future__ import annotations
 
 from monarch_core._actor._actor import Actor
-from monarch_core._actor._bootstrap import BootstrapCommand, default_bootstrap_cmd  # noqa: F401 (importable, not in __all__)
+from monarch_core._launch._bootstrap import BootstrapCommand, default_bootstrap_cmd  # noqa: F401 (importable, not in __all__)
 from monarch_core._actor._context import Context, context, current_actor_name, current_rank, current_size
 from monarch_core._actor._endpoint import (
     Accumulator,

@@ -13,6 +13,7 @@ arguments, ``IndexError``/``TypeError`` for bad slicing, ``TimeoutError`` for
     │   │   ├── UnknownTransportError    (also a ValueError)
     │   │   └── UnknownSchedulerError    (also a ValueError)
     │   ├── ConfigError                  hosts_from_config problems (also a ValueError)
+    │   ├── AllocationError              a scheduler could not provide ready hosts
     │   ├── TransportError               a channel could not be opened / broke
     │   │   ├── ConnectError             could not reach an address
     │   │   ├── ConnectionClosed         the peer went away
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 __all__ = [
     "ActorError",
+    "AllocationError",
     "AuthenticationError",
     "ConfigError",
     "ConnectError",
@@ -65,6 +67,18 @@ class UnknownSchedulerError(PluginError, ValueError):
 class ConfigError(MonarchError, ValueError):
     """The project configuration (``monarch.toml`` / ``[tool.monarch]``) is missing,
     malformed, or does not define what was asked for.  The message names the file."""
+
+
+class AllocationError(MonarchError):
+    """A scheduler could not provide hosts whose worker loops answer.
+
+    Raised by ``hosts_from_config`` (and ``monarch_core.testing.check_scheduler``)
+    when ``Scheduler.allocate`` fails or takes longer than its timeout, when
+    the allocation it returns is malformed (no hosts, an extent that does not
+    match them, a transport other than the client's), or when worker loops do
+    not answer in time.  The message names the scheduler, the configuration
+    entry and the hosts concerned; whatever was allocated has been released.
+    """
 
 
 class TransportError(MonarchError):

@@ -8,6 +8,11 @@ its CA -- and starts procs for them on request
 the worker kills every proc it started for that client and keeps serving
 the next one.  ``HostMesh.shutdown()`` ends it.
 
+Once it listens it prints one line on standard output,
+``monarch worker loop listening on URL`` (``hookspecs.WORKER_READY_PREFIX``):
+the readiness handshake a scheduler reads to learn the address (with the
+real port when started on port 0).
+
 Use ``tls://`` between hosts.  Plain ``tcp://`` authenticates nobody: anyone
 who can reach a plain ``tcp`` worker port (or the port of a proc it started)
 can run arbitrary code as the worker's user.  So a ``tcp`` worker loop binds
@@ -32,157 +37,16 @@ Example::
 from __future__ import annotations
 
 import argparse
-import functools
-import getpass
-import ipaddress
 import logging
 import os
-import re
 import sys
 from typing import Sequence
 
-from monarch_core._actor._tls import apply_credentials
+from monarch_core._launch._worker import READY_PREFIX, run_worker_loop_forever
 
 __all__ = ["attach_to_workers", "main", "run_worker_loop_forever"]
 
 logger = logging.getLogger("monarch.worker")
-
-_HOSTPORT = re.compile(r"^(?:\[(?P<v6>[^\]]*)\]|(?P<host>[^\[\]:/@]*)):\d+$")
-
-
-def _tcp_host(url: str) -> str | None:
-    """The host of ``tcp://HOST:PORT``; ``None`` when it is not of that form."""
-    if not url.startswith("tcp://"):
-        return None
-    m = _HOSTPORT.match(url[len("tcp://"):])
-    if m is None:
-        return None
-    return m.group("v6") if m.group("v6") is not None else m.group("host")
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
-def _is_loopback(host: str) -> bool:
-    """Only loopback literals and ``localhost`` (no name is looked up)."""
-    if host.lower() in ("localhost", "localhost."):
-        return True
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    mapped = getattr(ip, "ipv4_mapped", None)
-    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # noqa: BLE001 - no name for this uid
-        return f"uid {os.getuid()}"
-
-
-def _check_tcp_bind(address: str, insecure_tcp: bool) -> str | None:
-    """Refuse a plain ``tcp://`` worker loop that would listen beyond
-    loopback unless ``insecure_tcp`` (then warn).  Returns the bind spec of
-    the procs it starts when they must stay on loopback too, else ``None``
-    (the transport's default for children)."""
-    if address.split("://", 1)[0] != "tcp":
-        return None
-    public, _, bind = address.rpartition("@")  # the alias form binds its right-hand side
-    host = _tcp_host(bind)
-    if host is None or (public and _tcp_host(public) is None):
-        return None  # malformed: the transport's own error says how
-    if _is_loopback(host):
-        if public:  # advertise what the worker loop advertises (a tunnel's end, say)
-            return f"tcp://{_url_host(_tcp_host(public) or host)}:0@tcp://{_url_host(host)}:0"
-        return f"tcp://{_url_host(host)}:0"
-    where = "every interface" if host in ("*", "0.0.0.0", "::") else repr(host)
-    if not insecure_tcp:
-        raise ValueError(
-            f"refusing to start a worker loop on plain tcp at {address}: it would listen on {where}, not only "
-            "on loopback, and tcp authenticates nobody: anyone who can reach a plain tcp worker port can run "
-            f"arbitrary code on this host as {_user()}. Use tls:// with --ca/--key (ca=/private_key=), or pass "
-            "--insecure-tcp (insecure_tcp=True) on a network you trust"
-        )
-    logger.warning(
-        "INSECURE: worker loop on plain tcp at %s (listening on %s, --insecure-tcp/insecure_tcp=True): nothing is "
-        "authenticated; anyone who can reach this port or its procs' ports can run arbitrary code on this host "
-        "as %s. Use tls:// unless every host that can reach it is trusted.",
-        address, where, _user(),
-    )
-    return None
-
-
-def run_worker_loop_forever(
-    address: str,
-    ca: str | None = None,
-    private_key: str | None = None,
-    *,
-    cert: str | None = None,
-    insecure_tcp: bool = False,
-) -> None:
-    """Serve as the worker loop of this host at ``address`` until shut down.
-
-    ``ca``, ``private_key`` (and optionally ``cert``, when the key file does
-    not also hold the certificate) configure TLS for ``tls://`` addresses:
-    each is a file path or inline PEM (they override ``MONARCH_TLS_*``).
-    ``ca="trust_all_connections"`` is accepted for plain ``tcp://`` only,
-    where nothing is authenticated.
-
-    Anyone who can reach a plain ``tcp://`` worker loop can run arbitrary
-    code as this process's user, so a ``tcp`` address must bind loopback
-    (``127.0.0.1``, ``::1``, ``localhost``; its procs then bind it too)
-    unless ``insecure_tcp=True`` (a warning is logged); otherwise
-    ``ValueError``.  ``tls://`` binds anywhere.  Blocks; returns after
-    ``HostMesh.shutdown()``.
-    """
-    import trio
-
-    from monarch_core._actor import _state, _transport
-    from monarch_core._actor._agent import ProcAgent
-    from monarch_core._kernel._runtime import Kernel
-    from monarch_core._mesh._shape import Extent, Point
-    from monarch_core._plugins import registry
-
-    if not isinstance(address, str) or "://" not in address:
-        raise ValueError(f"run_worker_loop_forever(address=...): expected a URL such as 'tls://host:29500', got {address!r}")
-    scheme = address.split("://", 1)[0]
-    child_bind = _check_tcp_bind(address, insecure_tcp)
-    apply_credentials(scheme, ca=ca, private_key=private_key, cert=cert)
-    transport = registry().transport(scheme)
-    transport.normalize(address)
-    _transport.set_from_parent(transport.name)
-    kernel = Kernel(proc_id=f"worker-loop-{os.getpid()}", name=f"worker loop {address}", transport=transport, bind_spec=address)
-    agent = ProcAgent(kernel)
-    agent.is_host = True
-    agent.child_bind_spec = child_bind
-    kernel.agent = agent
-    rt = _state.ProcRuntime(
-        kernel=kernel,
-        agent=agent,
-        proc_id=kernel.proc_id,
-        name=f"worker loop {address}",
-        is_client=False,
-        transport=transport.name,
-        root=(kernel.proc_id, address),
-        parent=None,
-        point=Point(0, Extent([], [])),
-        python_executable=sys.executable,
-        proc_mesh_name="worker-loop",
-    )
-    agent.runtime = rt
-    agent.proc_ready.set()
-    _state.set_runtime(rt)
-
-    async def announce() -> None:
-        logger.info("monarch worker loop listening on %s (pid %d)", kernel.address, os.getpid())
-        print(f"monarch worker loop listening on {kernel.address}", flush=True)
-
-    trio.run(functools.partial(kernel.serve, after_start=announce))
-    agent.kill_all_children()
-
 
 def attach_to_workers(
     workers: Sequence[str],
@@ -221,12 +85,17 @@ def main(argv: list[str] | None = None) -> int:
         help="let a plain tcp:// worker loop listen beyond loopback (e.g. tcp://*:29500). INSECURE: anyone who "
              "can reach the port can run arbitrary code here as this user; only on a network you trust",
     )
+    parser.add_argument(
+        "--exit-with-parent", action="store_true",
+        help="exit (killing this worker's procs) when the process that started it goes away (an ssh session, "
+             "the client of a local host)",
+    )
     parser.add_argument("--log-level", default=os.environ.get("MONARCH_LOG_LEVEL", "WARNING"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="[%(levelname)s worker loop] %(name)s: %(message)s")
     try:
         run_worker_loop_forever(args.address, ca=args.ca, private_key=args.private_key, cert=args.cert,
-                                insecure_tcp=args.insecure_tcp)
+                                insecure_tcp=args.insecure_tcp, exit_with_parent=args.exit_with_parent)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

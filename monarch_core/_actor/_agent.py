@@ -2,14 +2,14 @@
 
 Handles control messages (spawn/stop actors, run the proc's bootstrap, stop
 the proc, controllers), holds messages that arrive for an actor before its
-spawn message, starts local child procs, and owns the meshes this process
-created outside any actor.
+spawn message, heartbeats the child procs this process started, and owns the
+meshes this process created outside any actor.  A worker loop's agent
+(starting procs for remote clients) is ``monarch_core._launch._worker``.
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import marshal
 import logging
 import os
@@ -92,10 +92,8 @@ class ProcAgent:
         self._sweeper_started = False
         self.stopping = False
         self.supervised: dict[str, Supervised] = {}
-        self.is_host = False  # a worker loop: starts procs for clients
-        self.child_bind_spec: str | None = None  # worker loop: where its procs bind (None: the transport's default)
-        self.client_procs: dict[str, set[str]] = {}  # worker loop: client proc id -> procs started for it
-        self.proc_spawner: dict[str, tuple] = {}  # worker loop: proc id -> (client proc id, address)
+        #: A worker loop (``monarch_core._launch._worker.WorkerLoopAgent``): starts procs for clients.
+        self.is_host = False
         self.proc_owners: dict[str, set[tuple]] = {}  # child proc id -> other owners of meshes on it
         self._return_port: tuple | None = None
         self._heartbeat_started = False
@@ -407,8 +405,6 @@ class ProcAgent:
         self._last_pong.pop(proc_id, None)
         if proc_id in self.proc_owners:
             self._tell_owners(proc_id, reason, stopped)
-        if self.is_host:
-            self._host_proc_gone(proc_id, reason, stopped)
         if stopped:
             return
         from monarch_core._actor import _supervision as S
@@ -460,97 +456,6 @@ class ProcAgent:
             S.deliver_to_root(S.MeshFailure(None, report))
         else:
             logger.error("a message sent by this proc could not be delivered: %s", exc)
-
-    # ---------------------------------------------------------------- worker loop (host) side
-    def _op_host_hello(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        import socket
-
-        _op, reply = h
-        send_to_port(
-            tuple(reply), -1, W.S_VALUE,
-            {"hostname": socket.gethostname(), "pid": os.getpid(), "address": self.kernel.address},
-        )
-
-    def _op_host_spawn(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        if not self.is_host:
-            logger.warning("host_spawn from %s, but this process is not a worker loop", sender)
-            return
-        specs = _serial.loads(payload, buffers)
-        self.kernel.start_task(self._host_spawn, specs, sender)
-
-    async def _host_spawn(self, specs: list, client: str) -> None:
-        from monarch_core._actor._procs import start_proc
-
-        import trio
-
-        kernel = self.kernel
-
-        async def start(spec: dict) -> None:
-            try:
-                bind = self.child_bind_spec or kernel.transport.child_bind_spec(kernel.address)
-                await start_proc(kernel, spec, bind_spec=bind)
-                self.watch_child(spec["proc_id"])
-            except Exception as e:
-                msg = (
-                    f"could not start {spec['describe']} on {kernel.address} with "
-                    f"{[spec['program'], *spec['args']]!r}: {type(e).__name__}: {e}"
-                )
-                logger.error("%s", msg)
-                kernel.proc_failed(spec["proc_id"], msg)
-
-        for spec in specs:
-            self.proc_spawner[spec["proc_id"]] = tuple(spec["parent"])
-            self.client_procs.setdefault(client, set()).add(spec["proc_id"])
-        async with trio.open_nursery() as nursery:  # all at once, as on the client's own host
-            for spec in specs:
-                nursery.start_soon(start, spec)
-
-    def _op_child_hello(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        """A proc this worker loop started says where it listens (its hello
-        goes to the client): from now on our heartbeats reach it."""
-        _op, proc_id, address = h
-        if not self.is_host or sender != proc_id or proc_id not in self.proc_spawner or not isinstance(address, str):
-            logger.warning("child_hello for %r from %s, which is not a proc this worker loop started", proc_id, sender)
-            return
-        self.kernel.learn_address(proc_id, address)
-        if proc_id in self._last_pong:  # it answered: the hung clock restarts now
-            self._last_pong[proc_id] = time.monotonic()
-
-    def _host_proc_gone(self, proc_id: str, reason: str, stopped: bool) -> None:
-        spawner = self.proc_spawner.pop(proc_id, None)
-        if spawner is not None:  # one of our children: tell whoever asked for it
-            for procs in self.client_procs.values():
-                procs.discard(proc_id)
-            self.kernel.send(
-                spawner[0], spawner[1], W.K_CONTROL, 0, marshal.dumps(("proc_died", proc_id, reason, stopped)), b"", []
-            )
-            return
-        procs = self.client_procs.pop(proc_id, None)
-        if procs:  # a client went away: the work it started goes too
-            logger.warning("client %s is gone (%s); killing the %d procs it started", proc_id, reason, len(procs))
-            for p in procs:
-                child = self.kernel.child(p)
-                if child is not None:
-                    self.kernel.expect_exit(p)
-                    child.kill()
-
-    def _op_host_kill(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        _op, proc_ids, sig_name = h
-        for p in proc_ids:
-            child = self.kernel.child(p)
-            if child is not None and sig_name in ("terminate", "kill"):
-                getattr(child, sig_name)()
-
-    def _op_host_shutdown(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        logger.info("worker loop %s shut down by %s", self.kernel.address, sender)
-        self.kill_all_children()
-        self.kernel.stop_loop()
-
-    def kill_all_children(self) -> None:
-        for p, entry in list(self.kernel.children().items()):
-            if entry["proc"].returncode is None:
-                self.kernel.expect_exit(p)
-                entry["proc"].kill()
 
     def _op_proc_died(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         """A worker loop reports that a proc it started for us ended."""
@@ -702,7 +607,3 @@ def _run_proc_setup(rt: Any) -> None:
     reg = registry()
     if reg.pm.hook.monarch_proc_setup.get_hookimpls():
         reg.pm.hook.monarch_proc_setup(proc_name=rt.name, rank=rt.point.rank)
-
-
-def bootstrap_env_json(info: dict) -> str:
-    return json.dumps(info, separators=(",", ":"))

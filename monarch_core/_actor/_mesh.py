@@ -17,11 +17,13 @@ if TYPE_CHECKING:
 
 
 from monarch_core._actor import _serial, _state, _tree
-from monarch_core._actor._bootstrap import (
+from monarch_core._launch._bootstrap import (
     BootstrapCommand,
     default_bootstrap_cmd,
     validate_proc_bind,
 )
+from monarch_core._launch._spawn import ProcStatus, host_proc_id, spawn_local, spawn_remote
+from monarch_core._launch._spec import ProcSpec
 from monarch_core._actor._endpoint import Endpoint, EndpointProperty, NotAnEndpoint
 from monarch_core._actor._future import Cell, Future
 from monarch_core._actor._port import GatherReplies, OneReply, StreamIterator, StreamReplies
@@ -44,13 +46,14 @@ _EMPTY_REGION = Extent([], []).region
 class _ProcSlot:
     """One proc: its id, its address once known, and whether it said hello."""
 
-    __slots__ = ("proc_id", "address", "ready", "pid", "failed", "host", "describe")
+    __slots__ = ("proc_id", "address", "ready", "pid", "failed", "host", "host_name", "describe")
 
     def __init__(self, proc_id: str, address: str | None = None) -> None:
         self.proc_id = proc_id
         self.address = address
         self.describe: str | None = None  # "proc <name>{coords}", for reports
         self.host: str | None = None  # worker-loop address for procs on remote hosts
+        self.host_name: str | None = None  # HostHandle.name of the host it runs on
         self.ready = threading.Event()
         if address is not None:
             self.ready.set()
@@ -564,12 +567,13 @@ class ProcMesh(MeshTrait):
         raise NotImplementedError("ProcMesh.rank_tensors() needs the distributed tensor engine, which monarch-core does not provide yet")
 
     def to_table(self) -> str:
-        """A text table: rank, coordinates, proc id, pid, address."""
-        rows = [f"{'rank':>4}  {'coords':<28} {'proc':<40} {'pid':>8}  address"]
+        """A text table: rank, coordinates, proc id, pid, address, host name."""
+        rows = [f"{'rank':>4}  {'coords':<28} {'proc':<40} {'pid':>8}  {'address':<40} host"]
         ext = self._region_.extent
         for i, root in enumerate(self._region_.root_ranks()):
             s = self._slots[root]
-            rows.append(f"{i:>4}  {str(Point(i, ext)):<28} {s.proc_id:<40} {s.pid or '-':>8}  {s.address or '(starting)'}")
+            rows.append(f"{i:>4}  {str(Point(i, ext)):<28} {s.proc_id:<40} {s.pid or '-':>8}  "
+                        f"{s.address or '(starting)':<40} {s.host_name or '-'}")
         return "\n".join(rows)
 
     @classmethod
@@ -626,56 +630,6 @@ async def _stop_procs(kernel: Any, slots: list[_ProcSlot], reason: str, cell: Ce
     cell.set_result(None)
 
 
-class _ProcStatus(PortHandler):
-    """Collects hello/ready from newly spawned procs."""
-
-    def __init__(self, kernel: Any, slots: list[_ProcSlot], describe: Callable[[int], str]) -> None:
-        self.kernel = kernel
-        self.slots = slots
-        self.cell = Cell()
-        self.ready = 0
-        self.lock = threading.Lock()
-        self.describe = describe
-        self.port_id = kernel.add_port(self)
-
-    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
-        try:
-            msg = _serial.loads(payload, buffers)
-        except Exception as e:
-            msg, status = e, W.S_ERROR
-        if status == W.S_ERROR:
-            self._fail(msg if isinstance(msg, BaseException) else RuntimeError(str(msg)), rank)
-            return
-        if msg[0] == "hello":
-            _tag, proc_id, address, pid = msg
-            slot = self.slots[rank]
-            slot.address = address
-            slot.pid = pid
-            slot.ready.set()
-            if self.kernel.in_loop():
-                self.kernel.learn_address(proc_id, address)
-            else:
-                self.kernel.call_soon(self.kernel.learn_address, proc_id, address)
-        elif msg[0] == "ready":
-            with self.lock:
-                self.ready += 1
-                done = self.ready == len(self.slots)
-            if done:
-                self.kernel.remove_port(self.port_id)
-                self.cell.set_result(True)
-
-    def _fail(self, exc: BaseException, rank: int | None) -> None:
-        self.kernel.remove_port(self.port_id)
-        self.cell.set_exception(exc)
-
-    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
-        for s in self.slots:
-            if s.proc_id == proc_id:
-                s.failed = str(exc)
-                s.ready.set()
-        self._fail(SupervisionError(f"a proc failed while starting: {exc}"), None)
-
-
 # ====================================================================== HostMesh
 
 
@@ -702,7 +656,7 @@ class HostMesh(MeshTrait):
         self._python = python_executable
         self._name = name
         # state shared by views of the same host mesh
-        self._shared = shared if shared is not None else {"procs": [], "shutdown": False}
+        self._shared = shared if shared is not None else {"procs": [], "shutdown": False, "lost": {}}
 
     @property
     def _region(self) -> Region:
@@ -728,6 +682,32 @@ class HostMesh(MeshTrait):
     @property
     def initialized(self) -> Future[bool]:
         return Future._resolved(True)
+
+    @property
+    def hosts(self) -> list[HostHandle]:
+        """The hosts of this view, in rank order (name, worker address, labels)."""
+        return [self._hosts[r] for r in self._region_.root_ranks()]
+
+    def to_table(self) -> str:
+        """A text table: rank, coordinates, host name, worker-loop address, labels."""
+        rows = [f"{'rank':>4}  {'coords':<28} {'host':<20} {'address':<40} labels"]
+        ext = self._region_.extent
+        lost = self._shared["lost"]
+        for i, root in enumerate(self._region_.root_ranks()):
+            h = self._hosts[root]
+            labels = " ".join(f"{k}={v}" for k, v in h.labels.items())
+            if h.name in lost:
+                labels = (labels + " " if labels else "") + f"LOST ({lost[h.name]})"
+            rows.append(f"{i:>4}  {str(Point(i, ext)):<28} {h.name:<20} {h.address or '(this process)':<40} {labels}")
+        return "\n".join(rows)
+
+    def _host_lost(self, host_name: str, reason: str) -> None:
+        """A scheduler reported ``host_name`` lost (any thread): every proc on
+        it fails, nothing else does."""
+        self._shared["lost"][host_name] = reason
+        rt = _state.current_runtime_or_none()
+        if rt is not None:
+            rt.kernel.call_soon(_procs_of_host_lost, rt.kernel, self._shared, self._hosts, host_name, reason)
 
     def with_python_executable(self, python_executable: str) -> HostMesh:
         """A view of these hosts that starts procs with ``python_executable``."""
@@ -774,7 +754,6 @@ class HostMesh(MeshTrait):
         sizes = host_region.sizes + tuple(per_host.values())
         extent = Extent(labels, sizes)
         host_roots = host_region.root_ranks()
-        from monarch_core._actor._procs import make_spec
 
         kernel = rt.kernel
         level = os.environ.get("MONARCH_LOG_LEVEL") or logging.getLevelName(
@@ -800,38 +779,44 @@ class HostMesh(MeshTrait):
                     default = self._python is None and host.address is not None
                 slot = _ProcSlot(f"{name}-{rank}-{uuid.uuid4().hex[:8]}")
                 slot.host = host.address
+                slot.host_name = host.name
                 slot.describe = f"proc {name}{point if len(extent) else ''}"
+                if host.address is not None:
+                    slot.describe += f" on host {host.name}"
                 slots.append(slot)
-                spec = make_spec(
+                entries.append((slot, dict(
                     proc_id=slot.proc_id,
                     name=name,
                     rank=rank,
                     labels=labels,
                     sizes=sizes,
                     describe=slot.describe,
-                    cmd=cmd,
+                    command=cmd,
                     default_program=default,
                     bind=binds[j] if binds else None,
-                    status=(rt.proc_id, kernel.address, 0),
                     parent=(rt.proc_id, kernel.address),
-                    root=rt.root,
+                    root=tuple(rt.root),
                     transport=rt.transport,
                     log_level=level,
-                )
-                entries.append((slot, spec))
+                )))
             per_host_entries.append((host, entries))
-        status = _ProcStatus(kernel, slots, lambda r: f"{name}{Point(r, extent)}")
-        for _host, entries in per_host_entries:
-            for _slot, spec in entries:
-                spec["status"][2] = status.port_id
+        status = ProcStatus(kernel, slots, lambda r: f"{name}{Point(r, extent)}")
+        sref = (rt.proc_id, kernel.address, status.port_id)
+        per_host_entries = [
+            (host, [(slot, ProcSpec(status=sref, **fields)) for slot, fields in entries])
+            for host, entries in per_host_entries
+        ]
         pm = ProcMesh(name, slots, extent.region, self, status.cell, True)
         self._shared["procs"].append(pm)
         rt.agent.register_owned(pm)
+        lost = self._shared["lost"]
         for host, entries in per_host_entries:
-            if host.address is None:
-                kernel.call_soon(kernel.start_task, _spawn_local, rt, entries, status, boot_payload)
+            if host.name in lost:
+                kernel.call_soon(_fail_lost, kernel, [slot for slot, _ in entries], host.name, lost[host.name], status)
+            elif host.address is None:
+                kernel.call_soon(kernel.start_task, spawn_local, rt, entries, status, boot_payload)
             else:
-                kernel.call_soon(_spawn_remote, rt, host, entries, status, boot_payload)
+                kernel.call_soon(spawn_remote, rt, host.address, entries, status, boot_payload)
         return pm
 
     def stop(self) -> Future[None]:
@@ -851,6 +836,8 @@ class HostMesh(MeshTrait):
         fut = self._stop_procs()
         self._shared["shutdown"] = True
         alloc = self._allocation
+        if alloc is not None:
+            alloc.closing = True  # worker loops ending from now on are not lost hosts
         remote = [h.address for h in self._hosts if h.address is not None]
         if alloc is None and not remote:
             return fut
@@ -862,11 +849,10 @@ class HostMesh(MeshTrait):
             for a in remote:  # worker loops exit (and kill anything left)
                 kernel.send(host_proc_id(a), a, W.K_CONTROL, 0, marshal.dumps(("host_shutdown",)), b"", [], None)
             await kernel.flush(2.0)
-            if alloc is not None:
-                try:
-                    await alloc.release()
-                except Exception as e:  # noqa: BLE001
-                    logger.warning("releasing hosts of %r failed: %s", self._name, e)
+            if alloc is not None:  # off the loop: a scheduler's release may block
+                import trio
+
+                await trio.to_thread.run_sync(alloc.release, abandon_on_cancel=True)
             out.set_result(None)
 
         def after() -> None:
@@ -919,6 +905,27 @@ def _all_done(futs: list[Future[Any]]) -> Future[None]:
     return Future._of(out)
 
 
+def _fail_lost(kernel: Any, slots: list, host_name: str, reason: str, status: ProcStatus) -> None:
+    """Procs asked for on a host already lost fail at once (kernel loop)."""
+    for slot in slots:
+        msg = f"{slot.describe} could not start: its host {host_name} was lost ({reason})"
+        slot.failed = msg
+        kernel.proc_failed(slot.proc_id, msg)
+        status.fail(SupervisionError(msg), slot.proc_id)
+
+
+def _procs_of_host_lost(kernel: Any, shared: dict, hosts: list, host_name: str, reason: str) -> None:
+    """Fail every proc of the host meshes sharing ``shared`` that runs on
+    ``host_name``, and the session to its worker loop (kernel loop)."""
+    for pm in list(shared["procs"]):
+        for slot in pm._slots:
+            if slot.host_name == host_name and slot.proc_id not in kernel.dead:
+                kernel.proc_failed(slot.proc_id, f"{slot.describe}: its host {host_name} was lost: {reason}")
+    for h in hosts:
+        if h.name == host_name and h.address is not None:
+            kernel.proc_failed(host_proc_id(h.address), f"host {host_name} was lost: {reason}")
+
+
 def _check_per_host(per_host: Any, host_labels: tuple) -> dict[str, int]:
     if per_host is None:
         return {}
@@ -934,58 +941,6 @@ def _check_per_host(per_host: Any, host_labels: tuple) -> dict[str, int]:
             raise ValueError(f"per_host dimension {k!r} clashes with a host mesh dimension {list(host_labels)}")
         out[k] = v
     return out
-
-
-async def _spawn_local(rt: Any, entries: list, status: _ProcStatus, boot_payload: tuple) -> None:
-    """Start the OS processes of procs on this host (kernel loop), then send
-    each its ``init``."""
-    import trio
-
-    from monarch_core._actor._procs import start_proc
-
-    kernel = rt.kernel
-
-    async def start(slot: _ProcSlot, spec: dict) -> None:
-        try:
-            proc = await start_proc(kernel, spec, bind_spec=kernel.transport.child_bind_spec(kernel.address))
-            slot.pid = proc.pid
-            rt.agent.watch_child(slot.proc_id)
-        except Exception as e:
-            msg = f"could not start {spec['describe']} with {[spec['program'], *spec['args']]!r}: {type(e).__name__}: {e}"
-            logger.error("%s", msg)
-            slot.failed = msg
-            kernel.proc_failed(slot.proc_id, msg)
-            status.fail(SupervisionError(msg), slot.proc_id)
-            return
-        _send_init(kernel, slot, spec, boot_payload, status)
-
-    # All at once: the fork server gets every request in one go (no round
-    # trip between two forks), and exec'd procs start their imports together.
-    async with trio.open_nursery() as nursery:
-        for slot, spec in entries:
-            nursery.start_soon(start, slot, spec)
-
-
-def _send_init(kernel: Any, slot: _ProcSlot, spec: dict, boot_payload: tuple, status: _ProcStatus) -> None:
-    header = marshal.dumps(("init", tuple(spec["status"]), spec["rank"]))
-    kernel.send(slot.proc_id, None, W.K_CONTROL, 0, header, boot_payload[0], boot_payload[1], status.port_id)
-
-
-def _spawn_remote(rt: Any, host: HostHandle, entries: list, status: _ProcStatus, boot_payload: tuple) -> None:
-    """Ask the worker loop of ``host`` to start procs (kernel loop)."""
-    kernel = rt.kernel
-    host_id = host_proc_id(host.address)  # type: ignore[arg-type]
-    for slot, _spec in entries:
-        kernel.expect_proc(slot.proc_id)
-    payload, bufs = _serial.dumps([spec for _slot, spec in entries])
-    kernel.send(host_id, host.address, W.K_CONTROL, 0, marshal.dumps(("host_spawn",)), payload, bufs, status.port_id)
-    for slot, spec in entries:
-        _send_init(kernel, slot, spec, boot_payload, status)
-
-
-def host_proc_id(address: str) -> str:
-    """The session key of the worker loop at ``address``."""
-    return f"host@{address}"
 
 
 # ====================================================================== entry points
@@ -1008,7 +963,7 @@ def this_host() -> HostMesh:
     dimensions).  Procs spawned from it are started by this process: forked
     from its fork server (``_zygote``), or exec'd as its children, and they
     die with it."""
-    from monarch_core._actor import _zygote
+    from monarch_core._launch import _zygote
 
     # The fork server's imports overlap with the runtime's start and the
     # caller's work before its first spawn.
@@ -1024,16 +979,20 @@ def this_host() -> HostMesh:
     return HostMesh([HostHandle("localhost")], _EMPTY_REGION, owner=True, name="this_host")
 
 
-def hosts_from_config(name: str) -> HostMesh:
+def hosts_from_config(name: str, *, timeout: float | None = None) -> HostMesh:
     """The host mesh ``name`` from the project's configuration.
 
     Looks up ``[hosts.<name>]`` in ``monarch.toml`` (or ``[tool.monarch.hosts.<name>]``
     in ``pyproject.toml``; ``MONARCH_CONFIG`` overrides the path), resolves its
-    ``scheduler`` through the installed plugins, and allocates the hosts.
+    ``scheduler`` through the installed plugins, allocates the hosts (off the
+    kernel loop) and waits until every worker loop answers, all within
+    ``timeout`` seconds (default ``MONARCH_ALLOCATE_TIMEOUT`` or 300).
     See ``docs/configuration.md``.  Errors name the file and list what is
-    configured and installed.
+    configured and installed; ``AllocationError`` when the scheduler fails or
+    a host does not answer (naming it).
     """
     from monarch_core._config import lookup_host_mesh
+    from monarch_core._launch import _alloc
     from monarch_core._plugins import registry
     from monarch_core.hookspecs import AllocationRequest
 
@@ -1042,15 +1001,53 @@ def hosts_from_config(name: str) -> HostMesh:
     reg = registry()
     cfg = lookup_host_mesh(name, installed_schedulers=sorted(reg.scheduler_specs()))
     scheduler = reg.scheduler(cfg.scheduler)
-    request = AllocationRequest(name=name, params=cfg.params, source=cfg.source)
+    params = _scheduler_params(scheduler, cfg)
+    request = AllocationRequest(name=name, params=params, source=cfg.source)
     scheduler.validate(request)
+    _check_params(scheduler, request)
     rt = _state.runtime()
-    allocation = rt.kernel.run(scheduler.allocate, request)
-    hosts = list(allocation.hosts)
-    region = Extent([allocation.dim], [len(hosts)]).region
-    hm = HostMesh(hosts, region, owner=True, allocation=allocation, name=name)
-    rt.agent.register_owned(_HostMeshOwnership(hm))
+    record = _alloc.allocate(scheduler, request, rt, timeout)
+    return host_mesh_of(record, name)
+
+
+def host_mesh_of(record: Any, name: str) -> HostMesh:
+    """The owning ``HostMesh`` over an allocation (``_launch._alloc.allocate``)."""
+    region = Extent(list(record.labels), list(record.sizes)).region
+    hm = HostMesh(list(record.hosts), region, owner=True, allocation=record, name=name)
+    record.on_lost = hm._host_lost
+    for host_name, reason in list(record.lost.items()):  # reported while allocating
+        hm._host_lost(host_name, reason)
+    _state.runtime().agent.register_owned(_HostMeshOwnership(hm))
     return hm
+
+
+def _scheduler_params(scheduler: Any, cfg: Any) -> dict[str, Any]:
+    """The ``[defaults]`` policy: a scheduler that declares ``params`` does not
+    get ``[defaults]`` keys outside them (logged at DEBUG); the entry's own
+    keys all reach it (its ``validate`` names the unknown ones, or
+    :func:`_check_params` does)."""
+    accepted = getattr(scheduler, "params", None)
+    params = dict(cfg.params)
+    if accepted is None:
+        return params
+    from_defaults = getattr(cfg, "defaults_keys", frozenset())
+    dropped = sorted(k for k in params if k not in accepted and k in from_defaults)
+    if dropped:
+        logger.debug("%s: [defaults] key(s) %s are not parameters of scheduler %r; not passed to it",
+                     cfg.source, dropped, cfg.scheduler)
+    return {k: v for k, v in params.items() if k not in dropped}
+
+
+def _check_params(scheduler: Any, request: Any) -> None:
+    from monarch_core.errors import ConfigError
+
+    accepted = getattr(scheduler, "params", None)
+    unknown = sorted(k for k in request.params if accepted is not None and k not in accepted)
+    if unknown:
+        raise ConfigError(
+            f"{request.source}: unknown parameter(s) {unknown} for scheduler {scheduler.name!r}; "
+            f"it accepts {sorted(accepted)}"
+        )
 
 
 class _HostMeshOwnership:

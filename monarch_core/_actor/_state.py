@@ -98,7 +98,7 @@ def _start_client() -> None:
     from monarch_core._plugins import registry
 
     if "MONARCH_MALLOC_REUSE_MB" in os.environ:  # procs tune malloc by default; a client only when asked
-        from monarch_core._actor._proc_main import tune_malloc
+        from monarch_core._launch._proc_main import tune_malloc
 
         tune_malloc()
     choice = _transport.current_choice()
@@ -163,10 +163,23 @@ def shutdown(timeout: float = 10.0) -> None:
     try:
         rt.agent.shutdown_owned(timeout)
     finally:
+        _release_allocations()
         rt.kernel.stop_loop()
         rt.kernel.join(timeout)
         with _runtime_lock:
             _runtime = None
+
+
+def _release_allocations() -> None:
+    """Give back every host allocation still held (whatever stopping the
+    meshes managed), each within ``MONARCH_RELEASE_TIMEOUT`` s."""
+    alloc = sys.modules.get("monarch_core._launch._alloc")
+    if alloc is None:
+        return
+    try:
+        alloc.release_all()
+    except Exception:  # pragma: no cover - best effort at exit
+        logger.exception("releasing host allocations failed")
 
 
 def is_shut_down() -> bool:

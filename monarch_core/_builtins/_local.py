@@ -1,36 +1,87 @@
-"""The ``local`` scheduler: hosts on this machine, procs as child processes."""
+"""The ``local`` scheduler: hosts on this machine, one worker loop each.
+
+It uses the public scheduler contract only (``monarch_core.hookspecs``), as
+any third-party scheduler would: it starts ``launch.command()`` as a child
+process per host, reads each worker's address from its readiness line,
+reports a worker that exits as a lost host, and kills the workers on release.
+"""
 
 from __future__ import annotations
 
+import subprocess
+import threading
+
 from monarch_core.errors import ConfigError
-from monarch_core.hookspecs import Allocation, AllocationRequest, HostHandle, Scheduler
+from monarch_core.hookspecs import (
+    Allocation,
+    AllocationRequest,
+    HostHandle,
+    Scheduler,
+    WorkerLaunch,
+    wait_worker_address,
+)
 
 
 class _LocalAllocation(Allocation):
-    def __init__(self, n: int) -> None:
-        self.hosts = [HostHandle(name=f"local{i}") for i in range(n)]
+    def __init__(self, procs: list[subprocess.Popen], hosts: list[HostHandle]) -> None:
+        self.procs = procs
+        self.hosts = hosts
+        self.released = threading.Event()
 
-    async def release(self) -> None:
-        return None
+    def release(self) -> None:
+        self.released.set()
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
 
 
 class LocalScheduler(Scheduler):
-    """``scheduler = "local"``: ``hosts`` (default 1) hosts on this machine.
-    Each host's procs are child processes of the calling process."""
+    """``scheduler = "local"``: ``hosts`` (default 1) hosts on this machine,
+    each a worker loop (``python -m monarch_core.worker``) started as a child
+    of the calling process; the host's procs are that worker loop's children."""
 
     name = "local"
-    _PARAMS = {"hosts"}
+    params = frozenset({"hosts"})
 
     def validate(self, request: AllocationRequest) -> None:
-        unknown = sorted(set(request.params) - self._PARAMS)
+        unknown = sorted(set(request.params) - self.params)
         if unknown:
             raise ConfigError(
                 f"{request.source}: unknown parameter(s) {unknown} for scheduler 'local'; "
-                f"it accepts {sorted(self._PARAMS)} (e.g. hosts = 2)"
+                f"it accepts {sorted(self.params)} (e.g. hosts = 2)"
             )
         n = request.params.get("hosts", 1)
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError(f"{request.source}: 'hosts' must be an integer >= 1, got {n!r}")
 
-    async def allocate(self, request: AllocationRequest) -> Allocation:
-        return _LocalAllocation(int(request.params.get("hosts", 1)))
+    def allocate(self, request: AllocationRequest, launch: WorkerLaunch) -> Allocation:
+        n = int(request.params.get("hosts", 1))
+        procs: list[subprocess.Popen] = []
+        hosts: list[HostHandle] = []
+        alloc = _LocalAllocation(procs, hosts)
+        alloc.extent = {"hosts": n}
+        try:
+            for _ in range(n):  # all start at once; their imports overlap
+                procs.append(subprocess.Popen(launch.command(), env=launch.environment(), stdout=subprocess.PIPE))
+            for i, p in enumerate(procs):
+                name = f"local{i}"
+                address = wait_worker_address(p.stdout, launch.timeout, host=name)
+                hosts.append(HostHandle(name=name, address=address, labels={"pid": str(p.pid)}))
+                threading.Thread(target=_watch, args=(p, name, alloc, launch), daemon=True,
+                                 name=f"monarch-local-{name}").start()
+        except BaseException:
+            alloc.release()
+            raise
+        return alloc
+
+
+def _watch(p: subprocess.Popen, name: str, alloc: _LocalAllocation, launch: WorkerLaunch) -> None:
+    rc = p.wait()
+    if not alloc.released.is_set():
+        launch.report_lost(name, f"its worker loop (pid {p.pid}) exited with code {rc}")

@@ -27,12 +27,11 @@ import random
 import select
 import signal
 import socket
-import subprocess
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
@@ -513,6 +512,22 @@ class _Acker:
             if last > self.acked:
                 await self.stream.send_all(W.FIXED.pack(W.K_ACK, 0, 0, 0, 0, last))
                 self.acked = last
+
+
+class ChildProcess(Protocol):
+    """What :meth:`Kernel.adopt_child` watches: a child OS process started by
+    the launch layer (``monarch_core._launch``), exec'd or forked."""
+
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
 
 
 class Kernel:
@@ -1034,37 +1049,16 @@ class Kernel:
             self.call_soon(self._fail_port, port_id, self._dead_error(proc_id), proc_id)
 
     # ------------------------------------------------------------------ child processes
-    async def spawn_process(
-        self,
-        proc_id: str,
-        argv: list[str],
-        env: dict[str, str],
-        *,
-        describe: str,
-        cwd: str | None = None,
-        executable: str | None = None,
-        child: Any = None,
-    ) -> Any:
-        """Start a child OS process for ``proc_id`` and watch it (loop thread).
+    def adopt_child(self, proc_id: str, proc: ChildProcess, *, describe: str) -> None:
+        """Watch ``proc``, the OS process of ``proc_id`` that this process
+        started (loop thread; see ``monarch_core._launch``).
 
         When it exits without :meth:`expect_exit` having been called,
-        :meth:`proc_failed` is called with its exit status.  ``child``: a
-        process already started elsewhere (a proc forked by the fork server),
-        with the interface of :class:`_Child`, to watch instead of starting one.
-        """
+        :meth:`proc_failed` is called with its exit status."""
         self.expect_proc(proc_id)
-        # Fork on *this* thread, which lives as long as the kernel: the child's
-        # parent-death signal fires when the forking thread exits, so a
-        # short-lived helper thread (trio.lowlevel.open_process uses one) would
-        # kill the proc when that thread retires.
-        proc = child if child is not None else _Child(
-            subprocess.Popen(argv, env=env, cwd=cwd, start_new_session=True, executable=executable)
-        )
-        await trio.lowlevel.checkpoint()
         entry = {"proc": proc, "expected": False, "describe": describe}
         self._children[proc_id] = entry
         self._nursery.start_soon(self._watch_child, proc_id, entry)  # type: ignore[union-attr]
-        return proc
 
     def ack_at_once(self, sender: str | None = None) -> None:
         """From now on acknowledge what ``sender`` sends (None: every sender)
@@ -1161,62 +1155,3 @@ class Kernel:
 
     def children(self) -> dict[str, Any]:
         return self._children
-
-
-class _Child:
-    """A child process whose exit can be awaited on the trio loop (pidfd)."""
-
-    def __init__(self, popen: subprocess.Popen) -> None:
-        self._popen = popen
-        self.pid = popen.pid
-        self._pidfd: int | None = None
-        self._exited: trio.Event | None = None
-        self._waiting = False
-        try:
-            self._pidfd = os.pidfd_open(popen.pid)
-        except (AttributeError, OSError):  # pragma: no cover - kernels without pidfd
-            self._pidfd = None
-
-    @property
-    def returncode(self) -> int | None:
-        return self._popen.poll()
-
-    async def wait(self) -> int:
-        """Wait for the exit (any number of tasks may wait at once)."""
-        if self._exited is None:
-            self._exited = trio.Event()
-        while self._waiting:
-            await self._exited.wait()
-            if self._popen.returncode is not None:
-                return self._popen.returncode
-        self._waiting = True
-        try:
-            rc = await self._wait()
-        finally:
-            self._waiting = False
-        self._exited.set()
-        return rc
-
-    async def _wait(self) -> int:
-        if self._pidfd is not None:
-            if self._popen.poll() is None:
-                await trio.lowlevel.wait_readable(self._pidfd)
-        else:  # pragma: no cover
-            while self._popen.poll() is None:
-                await trio.sleep(0.05)
-        rc = self._popen.wait()
-        if self._pidfd is not None:
-            try:
-                os.close(self._pidfd)
-            except OSError:
-                pass
-            self._pidfd = None
-        return rc
-
-    def terminate(self) -> None:
-        if self._popen.poll() is None:
-            self._popen.terminate()
-
-    def kill(self) -> None:
-        if self._popen.poll() is None:
-            self._popen.kill()

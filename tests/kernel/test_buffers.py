@@ -59,7 +59,7 @@ def test_buffer_outlives_the_pool_entry_while_a_tensor_uses_it() -> None:
 
 def test_tune_malloc_obeys_its_variable() -> None:
     code = (
-        "from monarch_core._actor._proc_main import tune_malloc as t;"
+        "from monarch_core._launch._proc_main import tune_malloc as t;"
         "print(t({}), t({'MONARCH_MALLOC_REUSE_MB': '0'}), t({'MONARCH_MALLOC_REUSE_MB': 'x'}))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -27,6 +27,7 @@ import trio
 from monarch_core._builtins import InprocTransport
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._runtime import Kernel
+from monarch_core._launch._children import start_child
 from monarch_core._plugins import registry
 from monarch_core.errors import ConnectionClosed, SupervisionError
 from monarch_core._builtins._ipc import IpcTransport
@@ -442,7 +443,8 @@ def _spawn_and_fail(argv: list[str], kill: bool) -> tuple[Recorder, int, str]:
         async with trio.open_nursery() as nursery:
             await nursery.start(a.serve)
             child_id = "child-" + uuid.uuid4().hex[:6]
-            proc = await a.spawn_process(child_id, argv, {"PATH": "/usr/bin:/bin"}, describe=f"proc {child_id}")
+            proc = start_child(argv, {"PATH": "/usr/bin:/bin"})  # the launch layer starts it, the kernel watches it
+            a.adopt_child(child_id, proc, describe=f"proc {child_id}")
             r = Recorder()
             r.arm_trio()
             # the child never says where it listens: the message waits for its address

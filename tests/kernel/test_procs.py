@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from monarch_core._actor._bootstrap import PROC_MODULE
+from monarch_core._launch._bootstrap import PROC_MODULE
 from monarch_core.actor import (
     Actor,
     BootstrapCommand,
@@ -134,7 +134,7 @@ def test_default_bootstrap_cmd_runs_this_python_on_the_proc_module_with_no_overr
     cmd = default_bootstrap_cmd()
     assert cmd == BootstrapCommand(program=sys.executable, args=("-m", PROC_MODULE), env={}, arg0=None)
     assert (cmd.program, cmd.args, dict(cmd.env), cmd.arg0) == (sys.executable, ("-m", PROC_MODULE), {}, None)
-    assert cmd.argv() == [sys.executable, "-m", "monarch_core._actor._proc_main"]
+    assert cmd.argv() == [sys.executable, "-m", "monarch_core._launch._proc_main"]
     assert default_bootstrap_cmd("/opt/py/bin/python3").program == "/opt/py/bin/python3"
 
 

@@ -23,8 +23,9 @@ import time
 import pytest
 
 import monarch_core.actor as mactor
-from monarch_core._actor import _state, _zygote
-from monarch_core._actor._bootstrap import PROC_MODULE
+from monarch_core._actor import _state
+from monarch_core._launch import _zygote
+from monarch_core._launch._bootstrap import PROC_MODULE
 from monarch_core.actor import (
     Actor,
     BootstrapCommand,
@@ -202,7 +203,7 @@ def test_procs_are_forked_from_a_zygote_that_imported_the_kernel_but_not_torch(m
     zpid = infos[0]["ppid"]
     assert zpid != os.getpid()
     assert {i["ppid"] for i in infos} == {zpid}, infos
-    assert _cmdline(zpid)[1:3] == ["-m", "monarch_core._actor._zygote"]
+    assert _cmdline(zpid)[1:3] == ["-m", "monarch_core._launch._zygote"]
     assert _ppid(zpid) == os.getpid()
     # each proc leads its own session, as with start_new_session=True
     assert all(i["sid"] == i["pid"] for i in infos)
@@ -424,7 +425,7 @@ def test_this_host_starts_the_zygote_before_any_spawn_and_exit_stops_it(tmp_path
         assert line.startswith("PID "), line
         deadline = time.monotonic() + 10
         while not zygotes:
-            zygotes = [c for c in _children_of(p.pid) if "monarch_core._actor._zygote" in _cmdline(c)]
+            zygotes = [c for c in _children_of(p.pid) if "monarch_core._launch._zygote" in _cmdline(c)]
             assert time.monotonic() < deadline, "this_host() started no fork server"
             time.sleep(0.02)  # polling /proc with a deadline
         assert len(zygotes) == 1

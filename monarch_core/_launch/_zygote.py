@@ -1,20 +1,20 @@
 """The fork server ("zygote"): procs forked from a Python process that has
 already imported what a proc needs.
 
-Starting a proc as a fresh ``python -m monarch_core._actor._proc_main`` costs
+Starting a proc as a fresh ``python -m monarch_core._launch._proc_main`` costs
 the interpreter's start-up plus the imports of trio and the kernel (~0.3 s of
 CPU).  A spawning process instead starts, once, a *zygote*: a child process
-(``python -m monarch_core._actor._zygote``, started like a proc from the
+(``python -m monarch_core._launch._zygote``, started like a proc from the
 kernel thread) that imports all of that, then waits for fork requests on a
 ``SOCK_SEQPACKET`` socket pair inherited from its spawner.  Each request
-carries what :func:`~monarch_core._actor._procs.start_proc` would give a new
+carries what :func:`~monarch_core._launch._spawn.start_proc` would give a new
 process: the environment (as changes to the zygote's own, which is the
 spawner's at the time the zygote started), the working directory, and the
 spawner's standard streams (passed as file descriptors, so output goes where
 an exec'd proc's would).  The forked child becomes what an exec'd proc is:
 new session, that environment and directory, the ``sys.path`` an exec'd proc
 would start with, ``random`` re-seeded, and then the same
-:func:`monarch_core._actor._proc_main.main` (its parent, for the death signal
+:func:`monarch_core._launch._proc_main.main` (its parent, for the death signal
 and the re-parenting check, is the zygote).
 
 The zygote stays single-threaded and never imports torch (nothing may fork a
@@ -22,7 +22,7 @@ process that has started CUDA or other threads); it refuses to serve (and the
 spawner falls back to exec) if it finds more than one thread after its imports.
 It reaps its children through pidfds and reports each exit status, in
 ``Popen.returncode`` convention, to the spawner.  The spawner sees a forked
-proc as a :class:`ForkedChild` (the interface of the kernel's ``_Child``): it
+proc as a :class:`ForkedChild` (the interface of ``monarch_core._launch._children.Child``): it
 holds a pidfd received from the zygote, so signals never reach a recycled pid.
 
 Lifetimes: the zygote has ``PR_SET_PDEATHSIG`` = SIGKILL towards its spawner's
@@ -32,7 +32,7 @@ killed, with the zygote's fate as the reason, and the next spawn starts a new
 zygote.  When the kernel loop ends, the socket is closed and the zygote exits.
 
 Only procs that would run the default command (this Python, ``-m
-monarch_core._actor._proc_main``, no wrapper such as ``numactl``, no change to
+monarch_core._launch._proc_main``, no wrapper such as ``numactl``, no change to
 variables read when the interpreter starts or modules are imported) are
 forked; ``MONARCH_FORK_SERVER=0`` turns the fork server off.
 """
@@ -105,12 +105,12 @@ def _preload(transport: str | None, sock: socket.socket | None = None) -> None:
         _agent,
         _endpoint,
         _host,
-        _proc_main,
         _serial,
         _state,
         _transport,
     )
     from monarch_core._kernel import _runtime, _wire  # noqa: F401
+    from monarch_core._launch import _proc_main  # noqa: F401
     from monarch_core._mesh import _shape  # noqa: F401
     from monarch_core._plugins import adopt_registry, registry
 
@@ -169,7 +169,7 @@ def _send(sock: socket.socket, msg: tuple, fds: list[int] | None = None) -> None
 
 def serve(fd: int, parent_pid: int) -> None:
     """Main loop of the zygote process (never returns)."""
-    from monarch_core._actor._proc_main import _set_parent_death_signal
+    from monarch_core._launch._proc_main import _set_parent_death_signal
 
     _set_parent_death_signal()
     if os.getppid() != parent_pid:
@@ -309,7 +309,7 @@ def _become_proc(fds: list[int], targets: list[int], env_set: dict, env_unset: l
     sys.path[:] = [os.getcwd(), *base_path[1:]]
     importlib.invalidate_caches()
     random.seed()
-    from monarch_core._actor import _proc_main
+    from monarch_core._launch import _proc_main
 
     sys.argv = [_proc_main.__file__]
     _proc_main.main()
@@ -323,7 +323,7 @@ class ForkServerUnavailable(Exception):
 
 
 class ForkedChild:
-    """A proc forked by a zygote, with the interface of the kernel's ``_Child``:
+    """A proc forked by a zygote, with the interface of ``monarch_core._launch._children.Child``:
     ``pid``, ``returncode`` (``Popen`` convention), ``wait()`` (any number of
     tasks), ``terminate()``, ``kill()``.  Signals go through a pidfd."""
 

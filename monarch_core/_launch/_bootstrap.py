@@ -9,7 +9,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-PROC_MODULE = "monarch_core._actor._proc_main"
+PROC_MODULE = "monarch_core._launch._proc_main"
 BOOTSTRAP_ENV = "MONARCH_PROC_BOOTSTRAP"
 _BIND_KEYS = ("cpunodebind", "membind", "physcpubind", "cpus")
 
@@ -22,7 +22,7 @@ class BootstrapCommand:
     process sees as ``argv[0]``.  ``env`` holds *overrides* applied on top of
     the spawning process's environment: a value of ``None`` removes that
     variable.  The command must end up running
-    ``python -m monarch_core._actor._proc_main`` (directly or through a wrapper
+    ``python -m monarch_core._launch._proc_main`` (directly or through a wrapper
     such as ``numactl`` or a container launcher); the proc finds its identity in
     the ``MONARCH_PROC_BOOTSTRAP`` variable, which monarch sets.
     """

@@ -1,0 +1,19 @@
+"""Launching procs: everything from "a proc is wanted" to "its kernel answered".
+
+One private module per job; arrows point down (this package imports
+``_kernel``; the kernel never imports it -- it watches children through its
+own ``ChildProcess`` protocol).  Process entry points (``_proc_main``,
+``_worker``, the fork server's preload) are composition roots: they build the
+proc's runtime (agent, ``ProcRuntime``) from ``_actor`` as well.
+
+* ``_spec``      -- :class:`ProcSpec`, the typed description of one proc to start;
+* ``_bootstrap`` -- ``BootstrapCommand`` (the OS command), ``proc_bind`` checks;
+* ``_spawn``     -- start a spec on this host (fork or exec); the client side of
+  a spawn (local, or through a worker loop) and the hello/ready collector;
+* ``_zygote``    -- the fork server;
+* ``_children``  -- exec'd child processes, awaited through pidfds;
+* ``_proc_main`` -- the entry point of a proc process;
+* ``_worker``    -- the worker loop of a host: starts procs for remote clients;
+* ``_alloc``     -- allocating hosts through a scheduler plugin: off the kernel
+  loop, with a timeout, readiness, lost-host reports and release on every exit path.
+"""

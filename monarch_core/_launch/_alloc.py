@@ -1,0 +1,382 @@
+"""Allocating hosts through a scheduler plugin (the client's side of the seam).
+
+:func:`allocate` runs ``Scheduler.allocate`` on a thread of its own (never on
+the kernel's trio loop: a blocking scheduler stalls nothing), with a timeout
+and cancellation, checks what it returned, runs the readiness step (every
+worker loop must answer ``host_hello``), and returns an :class:`AllocationRecord`.
+The record turns ``report_lost`` calls into proc failures of the host mesh
+built on it, and releases the allocation exactly once: on
+``HostMesh.shutdown()``, on a failed allocation, at interpreter exit, after an
+unhandled supervision failure, on SIGTERM (:func:`release_all`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import marshal
+import os
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from monarch_core.errors import AllocationError, ConfigError, MonarchError
+
+logger = logging.getLogger("monarch.launch")
+
+#: Seconds a scheduler's ``allocate`` plus the readiness step may take.
+ALLOCATE_TIMEOUT = float(os.environ.get("MONARCH_ALLOCATE_TIMEOUT", "300"))
+#: Seconds ``Allocation.release()`` may take before the core moves on.
+RELEASE_TIMEOUT = float(os.environ.get("MONARCH_RELEASE_TIMEOUT", "30"))
+
+_live: dict[int, AllocationRecord] = {}
+_live_lock = threading.Lock()
+
+
+def _call(fn: Any, *args: Any) -> Any:
+    """Call ``fn``; an ``async def`` runs in a trio loop of its own (this thread)."""
+    if inspect.iscoroutinefunction(fn):
+        import trio
+
+        return trio.run(fn, *args)
+    out = fn(*args)
+    if inspect.isawaitable(out):
+        import trio
+
+        async def wait() -> Any:
+            return await out
+
+        return trio.run(wait)
+    return out
+
+
+def _takes_launch(fn: Any) -> bool:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+class AllocationRecord:
+    """One live allocation: its hosts, extent, lost hosts, and its release."""
+
+    def __init__(self, scheduler: Any, request: Any) -> None:
+        self.scheduler = scheduler
+        self.request = request
+        self.allocation: Any = None
+        self.hosts: list = []
+        self.labels: tuple[str, ...] = ()
+        self.sizes: tuple[int, ...] = ()
+        self.lost: dict[str, str] = {}
+        self.on_lost: Any = None  # set by the host mesh: (host name, reason) -> None, any thread
+        self._released = False
+        #: The host mesh is shutting down: workers ending now are not lost.
+        self.closing = False
+        self._lock = threading.Lock()
+
+    @property
+    def what(self) -> str:
+        return f"scheduler {self.scheduler.name or type(self.scheduler).__name__!r} ({self.request.source})"
+
+    # -- lost hosts (any thread) ---------------------------------------
+    def report_lost(self, host: str, reason: str) -> None:
+        if not isinstance(host, str):
+            host = getattr(host, "name", str(host))
+        with self._lock:
+            if self._released or self.closing or host in self.lost:
+                return
+            self.lost[host] = str(reason)
+            cb = self.on_lost
+        logger.warning("%s reports host %r lost: %s", self.what, host, reason)
+        if cb is not None:
+            cb(host, str(reason))
+
+    # -- release (any thread but the kernel's) -------------------------
+    def release(self, timeout: float | None = None) -> None:
+        """Release the allocation once (later calls return at once)."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = self.closing = True
+            alloc = self.allocation
+        with _live_lock:
+            _live.pop(id(self), None)
+        if alloc is None:
+            return
+        limit = RELEASE_TIMEOUT if timeout is None else timeout
+        done = threading.Event()
+        err: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                _call(alloc.release)
+            except BaseException as e:  # noqa: BLE001
+                err.append(e)
+            finally:
+                done.set()
+
+        threading.Thread(target=run, name="monarch-release", daemon=True).start()
+        if not done.wait(limit):
+            logger.warning("releasing the hosts of %s did not finish within %.0fs", self.what, limit)
+        elif err:
+            logger.warning("releasing the hosts of %s failed: %s: %s", self.what, type(err[0]).__name__, err[0])
+
+
+def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None) -> AllocationRecord:
+    """Allocate, check and wait for the hosts of ``request`` (caller's thread,
+    never the kernel loop).  Raises ``AllocationError`` (or ``ConfigError``)."""
+    from monarch_core.hookspecs import WorkerLaunch
+
+    limit = ALLOCATE_TIMEOUT if timeout is None else float(timeout)
+    record = AllocationRecord(scheduler, request)
+    launch = WorkerLaunch(
+        transport=rt.transport,
+        scheme=_scheme_of(rt.transport),
+        python=rt.python_executable,
+        credentials=credentials_for(rt.transport),
+        timeout=limit,
+        report_lost=record.report_lost,
+    )
+    deadline = time.monotonic() + limit
+    allocation = _run_allocate(scheduler, request, launch, record, limit)
+    record.allocation = allocation
+    with _live_lock:
+        _live[id(record)] = record
+    _install_sigterm()
+    try:
+        _check(record, allocation, rt)
+        wait_ready(rt, record.hosts, max(0.0, deadline - time.monotonic()), what=record.what)
+    except BaseException:
+        record.release()
+        raise
+    return record
+
+
+def _run_allocate(scheduler: Any, request: Any, launch: Any, record: AllocationRecord, limit: float) -> Any:
+    fn = scheduler.allocate
+    args = (request, launch) if _takes_launch(fn) else (request,)
+    box: dict[str, Any] = {}
+    done = threading.Event()
+    trio_token: list = []
+
+    def run() -> None:
+        try:
+            if inspect.iscoroutinefunction(fn):
+                import trio
+
+                async def main() -> Any:
+                    trio_token.append((trio.lowlevel.current_trio_token(), trio.CancelScope()))
+                    with trio_token[0][1]:
+                        return await fn(*args)
+                    raise AllocationError(f"{record.what}: allocation cancelled")
+
+                box["value"] = trio.run(main)
+            else:
+                box["value"] = _call(fn, *args)
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            box["error"] = e
+        finally:
+            done.set()
+            if launch.cancelled.is_set() and "value" in box:
+                late = AllocationRecord(record.scheduler, record.request)
+                late.allocation = box["value"]
+                logger.warning("%s returned hosts after the core gave up; releasing them", record.what)
+                late.release()
+
+    t = threading.Thread(target=run, name=f"monarch-allocate-{request.name}", daemon=True)
+    t.start()
+
+    def give_up() -> None:
+        launch.cancelled.set()
+        if trio_token:
+            token, scope = trio_token[0]
+            try:
+                token.run_sync_soon(scope.cancel)
+            except RuntimeError:
+                pass
+
+    deadline = time.monotonic() + limit
+    try:
+        while not done.wait(min(0.2, max(0.0, deadline - time.monotonic()))):
+            if time.monotonic() >= deadline:
+                give_up()
+                raise AllocationError(
+                    f"{record.what} did not allocate hosts within {limit:.0f}s; it was cancelled "
+                    "(MONARCH_ALLOCATE_TIMEOUT, or hosts_from_config(..., timeout=) sets the limit)"
+                )
+    except BaseException:  # Ctrl-C, SystemExit: cancel it too
+        if not done.is_set():
+            give_up()
+        raise
+    if "error" in box:
+        e = box["error"]
+        if isinstance(e, (AllocationError, ConfigError)):
+            raise e
+        if isinstance(e, MonarchError):
+            raise AllocationError(f"{record.what} could not allocate hosts: {e}") from e
+        raise AllocationError(f"{record.what} could not allocate hosts: {type(e).__name__}: {e}") from e
+    return box["value"]
+
+
+def _check(record: AllocationRecord, allocation: Any, rt: Any) -> None:
+    """The allocation is well formed and speaks the client's transport."""
+    from monarch_core.hookspecs import HostHandle
+
+    hosts = list(getattr(allocation, "hosts", None) or ())
+    if not hosts:
+        raise AllocationError(f"{record.what} returned no hosts (Allocation.hosts is empty)")
+    for h in hosts:
+        if not isinstance(h, HostHandle):
+            raise AllocationError(f"{record.what} returned {h!r} in Allocation.hosts; expected HostHandle objects")
+    names = [h.name for h in hosts]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise AllocationError(f"{record.what} returned hosts with the same name: {dup}; host names must be unique")
+    extent = getattr(allocation, "extent", None)
+    if extent is None:
+        extent = {getattr(allocation, "dim", "hosts") or "hosts": len(hosts)}
+    if not isinstance(extent, Mapping) or not extent or not all(
+        isinstance(k, str) and k and isinstance(v, int) and not isinstance(v, bool) and v >= 1
+        for k, v in extent.items()
+    ):
+        raise AllocationError(
+            f"{record.what} returned Allocation.extent={extent!r}; expected dimension names mapped to sizes >= 1, "
+            "e.g. {'hosts': 4} or {'racks': 2, 'hosts': 2}"
+        )
+    n = 1
+    for v in extent.values():
+        n *= v
+    if n != len(hosts):
+        raise AllocationError(
+            f"{record.what} returned {len(hosts)} hosts but Allocation.extent={dict(extent)} holds {n}"
+        )
+    from monarch_core._plugins import registry
+
+    for h in hosts:
+        if h.address is None:
+            continue
+        scheme = h.address.split("://", 1)[0] if "://" in h.address else ""
+        try:
+            name = registry().transport(scheme).name if scheme else None
+        except Exception:  # noqa: BLE001 - unknown scheme
+            name = None
+        if name != rt.transport:
+            raise AllocationError(
+                f"{record.what} returned host {h.name!r} at {h.address!r}, whose scheme {scheme or '(none)'!r} is not "
+                f"this client's transport {rt.transport!r}: worker loops must listen on "
+                f"{_scheme_of(rt.transport)}:// (start them with WorkerLaunch.command()), or enable "
+                f"{scheme!r} in the client (enable_transport) before hosts_from_config"
+            )
+    record.hosts = hosts
+    record.labels = tuple(extent)
+    record.sizes = tuple(extent.values())
+
+
+def wait_ready(rt: Any, hosts: list, timeout: float, *, what: str) -> dict[str, dict]:
+    """The readiness step: every host's worker loop answers ``host_hello``
+    within ``timeout`` s, else ``AllocationError`` naming those that did not.
+    Returns each answering host's info (hostname, pid, address) by name."""
+    from monarch_core._actor._port import OneReply
+    from monarch_core._kernel import _wire as W
+    from monarch_core._launch._spawn import host_proc_id
+
+    kernel = rt.kernel
+    waits = []
+    for h in hosts:
+        if h.address is None:
+            continue
+        r = OneReply(kernel, "")
+        hid = host_proc_id(h.address)
+        r.proc_id = hid
+        kernel.send(hid, h.address, W.K_CONTROL, 0,
+                    marshal.dumps(("host_hello", (rt.proc_id, kernel.address, r.port_id))), b"", [], r.port_id)
+        waits.append((h, hid, r))
+    deadline = time.monotonic() + timeout
+    missing, info = [], {}
+    for h, hid, r in waits:
+        if not r.cell.wait(max(0.0, deadline - time.monotonic())):
+            last = kernel.last_error(hid)
+            missing.append(f"{h.name} ({h.address}{'; last error: ' + str(last) if last is not None else ''})")
+            continue
+        try:
+            info[h.name] = r.cell.result()
+        except Exception as e:  # noqa: BLE001
+            missing.append(f"{h.name} ({h.address}; {e})")
+    if missing:
+        raise AllocationError(
+            f"{what}: {len(missing)} of {len(waits)} worker loops did not answer within {timeout:.0f}s: "
+            + ", ".join(missing)
+            + ". Is `python -m monarch_core.worker` running there, and reachable from this host?"
+        )
+    return info
+
+
+def credentials_for(transport: str) -> dict[str, str]:
+    """What worker loops need to accept this client: for ``tls``, the
+    client's ``MONARCH_TLS_*`` material as inline PEM."""
+    if transport != "tls":
+        return {}
+    out = {}
+    for var in ("MONARCH_TLS_CA", "MONARCH_TLS_CERT", "MONARCH_TLS_KEY"):
+        v = os.environ.get(var)
+        if not v:
+            continue
+        if "-----BEGIN" not in v and os.path.exists(v):
+            with open(v, encoding="ascii") as f:
+                v = f.read()
+        out[var] = v
+    return out
+
+
+def _scheme_of(transport: str) -> str:
+    from monarch_core._plugins import registry
+
+    try:
+        spec = registry().transport_specs().get(transport)
+    except Exception:  # noqa: BLE001
+        spec = None
+    if spec is not None and getattr(spec, "schemes", None):
+        return spec.schemes[0]
+    return transport
+
+
+def release_all(timeout: float | None = None) -> None:
+    """Release every live allocation (interpreter exit, shutdown_context,
+    SIGTERM), each within ``timeout`` s, in parallel."""
+    with _live_lock:
+        records = list(_live.values())
+    threads = [threading.Thread(target=r.release, args=(timeout,), daemon=True) for r in records]
+    for t in threads:
+        t.start()
+    limit = RELEASE_TIMEOUT if timeout is None else timeout
+    deadline = time.monotonic() + limit
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+_sigterm_installed = False
+
+
+def _install_sigterm() -> None:
+    """A client holding allocations turns SIGTERM into SystemExit (when nobody
+    else handles it), so interpreter exit releases them."""
+    global _sigterm_installed
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+        signal.signal(signal.SIGTERM, _on_sigterm)
+    except (ValueError, OSError):  # pragma: no cover
+        return
+    _sigterm_installed = True
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    logger.warning("SIGTERM: releasing the allocated hosts and exiting")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise SystemExit(128 + signum)

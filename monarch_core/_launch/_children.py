@@ -1,0 +1,90 @@
+"""Child processes of a spawning process: start one, await its exit.
+
+:func:`start_child` execs a proc's command as a child of this process and
+returns a :class:`Child`; the fork server's :class:`~._zygote.ForkedChild`
+has the same interface.  Either is handed to the kernel
+(``Kernel.adopt_child``), which watches it and turns its exit into a proc
+failure (or a clean stop).  The interface the kernel relies on
+(:class:`ChildProcess`) is the kernel's own protocol, so the kernel never
+imports this package.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import trio
+
+__all__ = ["Child", "start_child"]
+
+
+class Child:
+    """A child process whose exit can be awaited on the trio loop (pidfd)."""
+
+    def __init__(self, popen: subprocess.Popen) -> None:
+        self._popen = popen
+        self.pid = popen.pid
+        self._pidfd: int | None = None
+        self._exited: trio.Event | None = None
+        self._waiting = False
+        try:
+            self._pidfd = os.pidfd_open(popen.pid)
+        except (AttributeError, OSError):  # pragma: no cover - kernels without pidfd
+            self._pidfd = None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._popen.poll()
+
+    async def wait(self) -> int:
+        """Wait for the exit (any number of tasks may wait at once)."""
+        if self._exited is None:
+            self._exited = trio.Event()
+        while self._waiting:
+            await self._exited.wait()
+            if self._popen.returncode is not None:
+                return self._popen.returncode
+        self._waiting = True
+        try:
+            rc = await self._wait()
+        finally:
+            self._waiting = False
+        self._exited.set()
+        return rc
+
+    async def _wait(self) -> int:
+        if self._pidfd is not None:
+            if self._popen.poll() is None:
+                await trio.lowlevel.wait_readable(self._pidfd)
+        else:  # pragma: no cover
+            while self._popen.poll() is None:
+                await trio.sleep(0.05)
+        rc = self._popen.wait()
+        if self._pidfd is not None:
+            try:
+                os.close(self._pidfd)
+            except OSError:
+                pass
+            self._pidfd = None
+        return rc
+
+    def terminate(self) -> None:
+        if self._popen.poll() is None:
+            self._popen.terminate()
+
+    def kill(self) -> None:
+        if self._popen.poll() is None:
+            self._popen.kill()
+
+
+def start_child(
+    argv: list[str], env: dict[str, str], *, cwd: str | None = None, executable: str | None = None
+) -> Child:
+    """Exec ``argv`` as a child of this process, in a new session.
+
+    Call it on the kernel thread, which lives as long as the kernel: the
+    child's parent-death signal fires when the forking thread exits, so a
+    short-lived helper thread (``trio.lowlevel.open_process`` uses one) would
+    kill the proc when that thread retires."""
+    return Child(subprocess.Popen(argv, env=env, cwd=cwd, start_new_session=True, executable=executable))

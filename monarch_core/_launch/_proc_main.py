@@ -1,0 +1,178 @@
+"""Entry point of a proc (worker) process: ``python -m monarch_core._launch._proc_main``.
+
+The spawning process passes the proc's identity in ``MONARCH_PROC_BOOTSTRAP``
+(JSON).  The proc sets a parent-death signal (so it never outlives the process
+that started it), starts its kernel on its own address, tells its parent it is
+listening, and serves until told to stop.
+
+:func:`main` is also how a proc forked by the fork server starts (see
+``_zygote``): the forked child sets up the environment, directory and
+``sys.path`` an exec'd proc would have, then calls it; its parent (for the
+death signal and the re-parenting checks) is then the fork server.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import logging
+import os
+import signal
+import sys
+
+
+def _set_parent_death_signal() -> None:
+    PR_SET_PDEATHSIG = 1
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:  # pragma: no cover - non-Linux
+        pass
+
+
+#: Allocations up to this many MiB come from (and return to) the malloc heap
+#: instead of fresh ``mmap`` s, in procs (``MONARCH_MALLOC_REUSE_MB``; 0: glibc's
+#: default, which maps anything over 32 MiB afresh).
+MALLOC_REUSE_MB_DEFAULT = 256
+
+
+def tune_malloc(env: dict | None = None) -> bool:
+    """Let large buffers reuse freed memory (glibc only).
+
+    Every large message a proc receives lands in a new buffer.  A freshly
+    mapped 64 MiB buffer costs ~16k page faults (~35 ms on a VM, five times
+    the copy itself); from the heap, once a buffer of that size has been
+    freed, the next one reuses its pages.  glibc serves large requests from
+    a non-main thread's arena with fresh mappings whatever the threshold, so
+    the process uses one arena (threads allocating at the same time then
+    share its lock).  The cost: up to this many MiB of freed memory may stay
+    in the process for reuse.  True if applied (call before threads start)."""
+    env = os.environ if env is None else env
+    raw = env.get("MONARCH_MALLOC_REUSE_MB", str(MALLOC_REUSE_MB_DEFAULT))
+    try:
+        mb = int(raw)
+    except ValueError:
+        logging.getLogger("monarch.proc").warning("ignoring MONARCH_MALLOC_REUSE_MB=%r: not an integer", raw)
+        return False
+    if mb <= 0:
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        return False
+    size = mb << 20
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+    return (
+        bool(mallopt(M_MMAP_THRESHOLD, size))
+        and bool(mallopt(M_TRIM_THRESHOLD, size))
+        and bool(mallopt(M_ARENA_MAX, 1))
+    )
+
+
+def main() -> None:
+    raw = os.environ.pop("MONARCH_PROC_BOOTSTRAP", None)
+    if raw is None:
+        sys.stderr.write(
+            "monarch_core._launch._proc_main starts a proc for a monarch program; it is not run by hand. "
+            "Use HostMesh.spawn_procs(...) (or `python -m monarch_core.worker` for a host worker loop).\n"
+        )
+        sys.exit(2)
+    info = json.loads(raw)
+    _set_parent_death_signal()
+    tune_malloc()
+    if os.getppid() != info["parent_pid"]:
+        os._exit(1)  # the parent died before we set the death signal
+    os.environ["MONARCH_PROC_ID"] = info["proc_id"]
+    for p in reversed(info.get("sys_path", [])):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    if info.get("cpus"):
+        from monarch_core._launch._bootstrap import parse_cpu_list
+
+        os.sched_setaffinity(0, parse_cpu_list(info["cpus"]))
+    level = info.get("log_level") or "WARNING"
+    logging.basicConfig(
+        level=level if isinstance(level, int) else getattr(logging, str(level).upper(), logging.WARNING),
+        format=f"[%(levelname)s {info['describe']} pid {os.getpid()}] %(name)s: %(message)s",
+    )
+    import trio
+
+    from monarch_core._actor import _serial, _state, _transport
+    from monarch_core._actor._agent import ProcAgent
+    from monarch_core._kernel import _wire as W
+    from monarch_core._kernel._runtime import Kernel
+    from monarch_core._mesh._shape import Extent, Point
+    from monarch_core._plugins import registry
+
+    _transport.set_from_parent(info["transport"])
+    transport = registry().transport(info["transport"])
+    kernel = Kernel(proc_id=info["proc_id"], name=info["name"], transport=transport, bind_spec=info.get("bind_spec"))
+    agent = ProcAgent(kernel)
+    kernel.agent = agent
+    parent = tuple(info["parent"])
+    rt = _state.ProcRuntime(
+        kernel=kernel,
+        agent=agent,
+        proc_id=info["proc_id"],
+        name=info["describe"],
+        is_client=False,
+        transport=transport.name,
+        root=tuple(info["root"]),
+        parent=parent,
+        point=Point(info["rank"], Extent(info["labels"], info["sizes"])),
+        python_executable=info.get("python") or sys.executable,
+        proc_mesh_name=info["name"],
+    )
+    agent.runtime = rt
+    _state.set_runtime(rt)
+    status = tuple(info["status"])
+
+    async def hello() -> None:
+        import marshal
+
+        payload, bufs = _serial.dumps(("hello", kernel.proc_id, kernel.address, os.getpid()))
+        kernel.learn_address(parent[0], parent[1])
+        kernel.send(status[0], status[1], W.K_PORT, 0, marshal.dumps((status[2], info["rank"], W.S_VALUE)),
+                    payload, bufs)
+        worker_loop = info.get("worker_loop")
+        if worker_loop:  # our parent process, which heartbeats us, hears our address from us
+            kernel.send(worker_loop[0], worker_loop[1], W.K_CONTROL, 0,
+                        marshal.dumps(("child_hello", kernel.proc_id, kernel.address)), b"", [])
+        kernel.on_proc_failed.append(_exit_if_parent(parent[0]))
+        kernel.start_task(_watch_parent_pid, info["parent_pid"])
+
+    try:
+        trio.run(functools.partial(kernel.serve, after_start=hello))
+    except KeyboardInterrupt:
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+async def _watch_parent_pid(parent_pid: int) -> None:
+    """Belt and braces for the parent-death signal: exit once re-parented."""
+    import trio
+
+    while True:
+        await trio.sleep(1.0)
+        if os.getppid() != parent_pid:
+            logging.getLogger("monarch.proc").error("parent process %d is gone; exiting", parent_pid)
+            sys.stdout.flush()
+            os._exit(1)
+
+
+def _exit_if_parent(parent_id: str):  # type: ignore[no-untyped-def]
+    def cb(proc_id: str, reason: str, stopped: bool) -> None:
+        if proc_id == parent_id:
+            logging.getLogger("monarch.proc").error("owner %s is gone (%s); exiting", proc_id, reason)
+            sys.stdout.flush()
+            os._exit(1)
+
+    return cb
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""The worker-loop side of launching: a host's worker loop starts procs for remote clients.
+
+``python -m monarch_core.worker`` (the public façade, :mod:`monarch_core.worker`)
+runs :func:`run_worker_loop_forever`: a kernel whose agent is a
+:class:`WorkerLoopAgent`.  It answers ``host_hello`` (readiness: hostname,
+pid, address), starts the :class:`~._spec.ProcSpec` s of ``host_spawn`` as its
+own children (exec, never forked: it is the procs' parent and heartbeats
+them), tells the client when one ends (``proc_died``), kills a client's procs
+when that client goes away, signals procs on ``host_kill`` and exits on
+``host_shutdown``.  When it listens it prints the readiness line
+``monarch worker loop listening on URL`` on stdout (the handshake schedulers
+read; see ``hookspecs.WORKER_READY_PREFIX``).
+"""
+
+from __future__ import annotations
+
+import functools
+import getpass
+import ipaddress
+import logging
+import marshal
+import os
+import re
+import sys
+import time
+from typing import Any
+
+import trio
+
+from monarch_core._actor import _serial
+from monarch_core._actor._agent import ProcAgent
+from monarch_core._actor._port import send_to_port
+from monarch_core._actor._tls import apply_credentials
+from monarch_core._kernel import _wire as W
+from monarch_core._launch._spawn import start_proc
+
+logger = logging.getLogger("monarch.worker")
+
+#: The line a worker loop prints on stdout once it listens (then the URL).
+READY_PREFIX = "monarch worker loop listening on "
+
+
+class WorkerLoopAgent(ProcAgent):
+    """The agent of a worker loop: a proc agent that also starts procs for clients."""
+
+    def __init__(self, kernel: Any, child_bind_spec: str | None = None) -> None:
+        super().__init__(kernel)
+        self.is_host = True
+        self.child_bind_spec = child_bind_spec  # where its procs bind (None: the transport's default)
+        self.client_procs: dict[str, set[str]] = {}  # client proc id -> procs started for it
+        self.proc_spawner: dict[str, tuple] = {}  # proc id -> (client proc id, address)
+
+    def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
+        self._host_proc_gone(proc_id, reason, stopped)
+        super()._on_proc_failed(proc_id, reason, stopped)
+
+    def _op_host_hello(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        import socket
+
+        _op, reply = h
+        send_to_port(
+            tuple(reply), -1, W.S_VALUE,
+            {"hostname": socket.gethostname(), "pid": os.getpid(), "address": self.kernel.address},
+        )
+
+    def _op_host_spawn(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        specs = _serial.loads(payload, buffers)
+        self.kernel.start_task(self._host_spawn, specs, sender)
+
+    async def _host_spawn(self, specs: list, client: str) -> None:
+        kernel = self.kernel
+
+        async def start(spec: dict) -> None:
+            try:
+                bind = self.child_bind_spec or kernel.transport.child_bind_spec(kernel.address)
+                await start_proc(kernel, spec, bind_spec=bind)
+                self.watch_child(spec.proc_id)
+            except Exception as e:
+                msg = (
+                    f"could not start {spec.describe} on {kernel.address} with "
+                    f"{spec.argv_for_errors()!r}: {type(e).__name__}: {e}"
+                )
+                logger.error("%s", msg)
+                kernel.proc_failed(spec.proc_id, msg)
+
+        for spec in specs:
+            self.proc_spawner[spec.proc_id] = tuple(spec.parent)
+            self.client_procs.setdefault(client, set()).add(spec.proc_id)
+        async with trio.open_nursery() as nursery:  # all at once, as on the client's own host
+            for spec in specs:
+                nursery.start_soon(start, spec)
+
+    def _op_child_hello(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        """A proc this worker loop started says where it listens (its hello
+        goes to the client): from now on our heartbeats reach it."""
+        _op, proc_id, address = h
+        if sender != proc_id or proc_id not in self.proc_spawner or not isinstance(address, str):
+            logger.warning("child_hello for %r from %s, which is not a proc this worker loop started", proc_id, sender)
+            return
+        self.kernel.learn_address(proc_id, address)
+        if proc_id in self._last_pong:  # it answered: the hung clock restarts now
+            self._last_pong[proc_id] = time.monotonic()
+
+    def _host_proc_gone(self, proc_id: str, reason: str, stopped: bool) -> None:
+        spawner = self.proc_spawner.pop(proc_id, None)
+        if spawner is not None:  # one of our children: tell whoever asked for it
+            for procs in self.client_procs.values():
+                procs.discard(proc_id)
+            self.kernel.send(
+                spawner[0], spawner[1], W.K_CONTROL, 0, marshal.dumps(("proc_died", proc_id, reason, stopped)), b"", []
+            )
+            return
+        procs = self.client_procs.pop(proc_id, None)
+        if procs:  # a client went away: the work it started goes too
+            logger.warning("client %s is gone (%s); killing the %d procs it started", proc_id, reason, len(procs))
+            for p in procs:
+                child = self.kernel.child(p)
+                if child is not None:
+                    self.kernel.expect_exit(p)
+                    child.kill()
+
+    def _op_host_kill(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        _op, proc_ids, sig_name = h
+        for p in proc_ids:
+            child = self.kernel.child(p)
+            if child is not None and sig_name in ("terminate", "kill"):
+                getattr(child, sig_name)()
+
+    def _op_host_shutdown(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        logger.info("worker loop %s shut down by %s", self.kernel.address, sender)
+        self.kill_all_children()
+        self.kernel.stop_loop()
+
+    def kill_all_children(self) -> None:
+        for p, entry in list(self.kernel.children().items()):
+            if entry["proc"].returncode is None:
+                self.kernel.expect_exit(p)
+                entry["proc"].kill()
+
+
+_HOSTPORT = re.compile(r"^(?:\[(?P<v6>[^\]]*)\]|(?P<host>[^\[\]:/@]*)):\d+$")
+
+
+def _tcp_host(url: str) -> str | None:
+    """The host of ``tcp://HOST:PORT``; ``None`` when it is not of that form."""
+    if not url.startswith("tcp://"):
+        return None
+    m = _HOSTPORT.match(url[len("tcp://"):])
+    if m is None:
+        return None
+    return m.group("v6") if m.group("v6") is not None else m.group("host")
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _is_loopback(host: str) -> bool:
+    """Only loopback literals and ``localhost`` (no name is looked up)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return ip.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+def _user() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # noqa: BLE001 - no name for this uid
+        return f"uid {os.getuid()}"
+
+
+def _check_tcp_bind(address: str, insecure_tcp: bool) -> str | None:
+    """Refuse a plain ``tcp://`` worker loop that would listen beyond
+    loopback unless ``insecure_tcp`` (then warn).  Returns the bind spec of
+    the procs it starts when they must stay on loopback too, else ``None``
+    (the transport's default for children)."""
+    if address.split("://", 1)[0] != "tcp":
+        return None
+    public, _, bind = address.rpartition("@")  # the alias form binds its right-hand side
+    host = _tcp_host(bind)
+    if host is None or (public and _tcp_host(public) is None):
+        return None  # malformed: the transport's own error says how
+    if _is_loopback(host):
+        if public:  # advertise what the worker loop advertises (a tunnel's end, say)
+            return f"tcp://{_url_host(_tcp_host(public) or host)}:0@tcp://{_url_host(host)}:0"
+        return f"tcp://{_url_host(host)}:0"
+    where = "every interface" if host in ("*", "0.0.0.0", "::") else repr(host)
+    if not insecure_tcp:
+        raise ValueError(
+            f"refusing to start a worker loop on plain tcp at {address}: it would listen on {where}, not only "
+            "on loopback, and tcp authenticates nobody: anyone who can reach a plain tcp worker port can run "
+            f"arbitrary code on this host as {_user()}. Use tls:// with --ca/--key (ca=/private_key=), or pass "
+            "--insecure-tcp (insecure_tcp=True) on a network you trust"
+        )
+    logger.warning(
+        "INSECURE: worker loop on plain tcp at %s (listening on %s, --insecure-tcp/insecure_tcp=True): nothing is "
+        "authenticated; anyone who can reach this port or its procs' ports can run arbitrary code on this host "
+        "as %s. Use tls:// unless every host that can reach it is trusted.",
+        address, where, _user(),
+    )
+    return None
+
+
+def run_worker_loop_forever(
+    address: str,
+    ca: str | None = None,
+    private_key: str | None = None,
+    *,
+    cert: str | None = None,
+    insecure_tcp: bool = False,
+    exit_with_parent: bool = False,
+) -> None:
+    """Serve as the worker loop of this host at ``address`` until shut down.
+
+    ``ca``, ``private_key`` (and optionally ``cert``, when the key file does
+    not also hold the certificate) configure TLS for ``tls://`` addresses:
+    each is a file path or inline PEM (they override ``MONARCH_TLS_*``).
+    ``ca="trust_all_connections"`` is accepted for plain ``tcp://`` only,
+    where nothing is authenticated.
+
+    Anyone who can reach a plain ``tcp://`` worker loop can run arbitrary
+    code as this process's user, so a ``tcp`` address must bind loopback
+    (``127.0.0.1``, ``::1``, ``localhost``; its procs then bind it too)
+    unless ``insecure_tcp=True`` (a warning is logged); otherwise
+    ``ValueError``.  ``tls://`` binds anywhere.  Blocks; returns after
+    ``HostMesh.shutdown()``.
+
+    ``exit_with_parent=True`` (``--exit-with-parent``): end (killing its
+    procs) once the process that started it is gone -- the client that
+    started a ``local`` host, the ssh session of an SSH exec -- so a worker
+    loop started for one allocation never outlives its starter.
+    """
+    from monarch_core._actor import _state, _transport
+    from monarch_core._kernel._runtime import Kernel
+    from monarch_core._mesh._shape import Extent, Point
+    from monarch_core._plugins import registry
+
+    if not isinstance(address, str) or "://" not in address:
+        raise ValueError(f"run_worker_loop_forever(address=...): expected a URL such as 'tls://host:29500', got {address!r}")
+    scheme = address.split("://", 1)[0]
+    child_bind = _check_tcp_bind(address, insecure_tcp)
+    apply_credentials(scheme, ca=ca, private_key=private_key, cert=cert)
+    transport = registry().transport(scheme)
+    transport.normalize(address)
+    _transport.set_from_parent(transport.name)
+    kernel = Kernel(proc_id=f"worker-loop-{os.getpid()}", name=f"worker loop {address}", transport=transport, bind_spec=address)
+    agent = WorkerLoopAgent(kernel, child_bind)
+    kernel.agent = agent
+    rt = _state.ProcRuntime(
+        kernel=kernel,
+        agent=agent,
+        proc_id=kernel.proc_id,
+        name=f"worker loop {address}",
+        is_client=False,
+        transport=transport.name,
+        root=(kernel.proc_id, address),
+        parent=None,
+        point=Point(0, Extent([], [])),
+        python_executable=sys.executable,
+        proc_mesh_name="worker-loop",
+    )
+    agent.runtime = rt
+    agent.proc_ready.set()
+    _state.set_runtime(rt)
+
+    async def announce() -> None:
+        logger.info("monarch worker loop listening on %s (pid %d)", kernel.address, os.getpid())
+        print(f"{READY_PREFIX}{kernel.address}", flush=True)
+
+    async def start() -> None:
+        await announce()
+        if exit_with_parent:
+            kernel.start_task(_exit_with_parent, os.getppid(), agent)
+
+    trio.run(functools.partial(kernel.serve, after_start=start))
+    agent.kill_all_children()
+
+
+
+
+async def _exit_with_parent(parent_pid: int, agent: WorkerLoopAgent) -> None:
+    """End the worker loop once re-parented (its starter is gone).  Polls:
+    a parent-death signal would fire when the *thread* that started us ends."""
+    while True:
+        await trio.sleep(0.5)
+        if os.getppid() != parent_pid:
+            logger.warning("the process that started this worker loop (pid %d) is gone; exiting", parent_pid)
+            agent.kill_all_children()
+            agent.kernel.stop_loop()
+            return
