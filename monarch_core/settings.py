@@ -1,0 +1,172 @@
+"""Every ``MONARCH_*`` environment variable, declared once.
+
+Each :class:`Setting` has a name, a kind (how its text is parsed), a default,
+the bounds it must respect, a one-line meaning, and whether it is a *user*
+setting (a stable interface, listed in the README) or an *internal* tuning
+knob (listed apart; it may change or go without notice).  Code reads a value
+with :func:`get` (``settings.get("MONARCH_DELIVERY_TIMEOUT")``); nothing else
+in monarch-core or its plugins reads these variables itself.  A malformed
+value is a :class:`~monarch_core.errors.ConfigError` naming the variable,
+what it expects and what it got::
+
+    MONARCH_DELIVERY_TIMEOUT must be a number of seconds, got 'abc'
+
+The configuration tables in ``README.md`` and ``docs/configuration.md`` are
+generated from these declarations (``python -m monarch_core.settings``); a
+test fails when they drift.
+
+Plugins read their own variables through :func:`get` too; those of the
+project's plugins are declared here (``owner``), so one table covers an
+installation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from monarch_core.errors import ConfigError
+
+__all__ = ["SETTINGS", "Setting", "get", "markdown_table"]
+
+_KINDS = {
+    "seconds": "a number of seconds",
+    "float": "a number",
+    "int": "an integer",
+    "mib": "a whole number of MiB",
+    "bool": "0 or 1",
+    "str": "a string",
+    "path": "a file path",
+    "names": "a comma-separated list of names",
+    "credential": "a file path or inline PEM",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One environment variable: see the module docstring."""
+
+    name: str
+    kind: str
+    default: Any
+    meaning: str
+    public: bool = True
+    minimum: float | None = None
+    #: The distribution that reads it.
+    owner: str = "monarch-core"
+    #: How the default reads in the tables, when ``repr`` would not do.
+    default_text: str | None = None
+
+    def parse(self, raw: str | None) -> Any:
+        """The value of ``raw`` (None or blank: the default)."""
+        if raw is None or not raw.strip():
+            return self.default
+        text = raw.strip()
+        kind = self.kind
+        if kind in ("str", "path", "credential"):
+            return raw
+        if kind == "names":
+            return tuple(n.strip() for n in text.split(",") if n.strip())
+        if kind == "bool":
+            if text not in ("0", "1"):
+                raise self._bad(raw)
+            return text == "1"
+        try:
+            value: float = int(text) if kind in ("int", "mib") else float(text)
+        except ValueError:
+            raise self._bad(raw) from None
+        if value != value or (self.minimum is not None and value < self.minimum):  # NaN, or below the bound
+            raise self._bad(raw)
+        return value
+
+    def _bad(self, raw: str) -> ConfigError:
+        what = _KINDS[self.kind]
+        if self.minimum is not None:
+            what += f" >= {self.minimum:g}"
+        return ConfigError(
+            f"{self.name} must be {what}, got {raw!r} (default {self.shown_default}); unset it or fix its value"
+        )
+
+    @property
+    def shown_default(self) -> str:
+        if self.default_text is not None:
+            return self.default_text
+        if self.kind == "bool":
+            return "1" if self.default else "0"
+        return "unset" if self.default is None else f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
+
+
+def _s(*args: Any, **kw: Any) -> Setting:
+    return Setting(*args, **kw)
+
+
+_TCP = "monarch-transport-tcp"
+
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in [
+        # ------------------------------------------------------------ user settings
+        _s("MONARCH_CONFIG", "path", None, "path of the `monarch.toml` / `pyproject.toml` that `hosts_from_config` reads (default: searched from the working directory up)"),
+        _s("MONARCH_DISABLED_PLUGINS", "names", (), "plugin (entry-point) names not to load", default_text="none"),
+        _s("MONARCH_LOG_LEVEL", "str", None, "log level of worker processes and worker loops (default: the client's `monarch` logger level; worker loops: WARNING)"),
+        _s("MONARCH_DELIVERY_TIMEOUT", "seconds", 30.0, "seconds a message may stay unacknowledged (reconnecting included) before it is returned as undeliverable", minimum=0.001),
+        _s("MONARCH_PROC_START_TIMEOUT", "seconds", 60.0, "seconds to wait for a new proc to report its address", minimum=0.001),
+        _s("MONARCH_STOP_GRACE", "seconds", 10.0, "seconds a stopping proc gets before SIGTERM, then SIGKILL", minimum=0),
+        _s("MONARCH_HEARTBEAT_INTERVAL", "seconds", 2.0, "seconds between heartbeats a parent (the client, or a worker loop for the procs it starts) sends its procs; 0 disables them", minimum=0),
+        _s("MONARCH_HEARTBEAT_TIMEOUT", "seconds", 30.0, "seconds of silence after which a proc is declared hung and killed", minimum=0.001),
+        _s("MONARCH_ATTACH_TIMEOUT", "seconds", 10.0, "seconds `attach_to_workers` waits for each worker loop to answer", minimum=0.001),
+        _s("MONARCH_ALLOCATE_TIMEOUT", "seconds", 300.0, "seconds a scheduler's allocation (and its workers' readiness) may take in `hosts_from_config`", minimum=0.001),
+        _s("MONARCH_RELEASE_TIMEOUT", "seconds", 30.0, "seconds a scheduler's `release()` may take at shutdown or exit", minimum=0.001),
+        _s("MONARCH_MAX_MESSAGE_BYTES", "int", 1 << 36, "largest message a kernel accepts, in bytes", minimum=1, default_text="64 GiB"),
+        _s("MONARCH_HANDSHAKE_TIMEOUT", "seconds", 10.0, "seconds a new connection may take to send its handshake", minimum=0.001),
+        _s("MONARCH_TLS_CERT", "credential", None, "this process's TLS certificate for the `tls` transport (may be in the key file)", owner=_TCP),
+        _s("MONARCH_TLS_KEY", "credential", None, "this process's TLS private key for the `tls` transport", owner=_TCP),
+        _s("MONARCH_TLS_CA", "credential", None, "the CA the `tls` transport's peers must chain to", owner=_TCP),
+        _s("MONARCH_TLS_VERIFY_HOSTNAME", "bool", True, "0 skips the host-name check of TLS peers (the CA check stays)", owner=_TCP),
+        _s("MONARCH_ADVERTISE_HOST", "str", None, "host name or address `tcp`/`tls` procs advertise (default: the host name)", owner=_TCP),
+        _s("MONARCH_CONNECT_TIMEOUT", "seconds", 5.0, "seconds a TCP connect may take", minimum=0.001, owner=_TCP),
+        _s("MONARCH_TLS_HANDSHAKE_TIMEOUT", "seconds", 10.0, "seconds a TLS handshake may take", minimum=0.001, owner=_TCP),
+        _s("MONARCH_CAST_TREE_MIN", "int", 128, "meshes of at least this many actors are reached through a cast tree (see docs/architecture.md)", minimum=2),
+        _s("MONARCH_CAST_FANOUT", "int", 16, "children per node of a cast tree: no process sends more than this many messages per cast", minimum=2),
+        _s("MONARCH_FORK_SERVER", "bool", True, "0 starts every proc with exec instead of forking it from the pre-imported fork server"),
+        _s("MONARCH_BUFFER_POOL_MB", "mib", 256, "MiB of large receive buffers kept for reuse once their consumers drop them; 0 disables", minimum=0),
+        _s("MONARCH_MALLOC_REUSE_MB", "mib", 256, "procs: allocations up to this many MiB reuse freed heap pages, with one malloc arena (0: glibc defaults); a client applies it only when the variable is set", minimum=0),
+        # ------------------------------------------------------------ internal tuning knobs
+        _s("MONARCH_DIRECT_GAP_US", "float", 100.0, "µs after a direct write during which a session's next messages go through the loop, batched", public=False, minimum=0),
+        _s("MONARCH_THREADED_INBOUND", "bool", True, "0 reads plain-socket sessions on the trio loop (the path TLS takes) instead of the poller thread: for diagnosing the poller and testing that path over plain sockets", public=False),
+        # ------------------------------------------------------------ set by monarch-core for its own children
+        _s("MONARCH_PROC_ID", "str", None, "set in every proc: its proc id (read it, do not set it)", public=False),
+        _s("MONARCH_PROC_BOOTSTRAP", "str", None, "set by the spawner for a new proc: its start-up message (internal)", public=False),
+    ]
+}
+
+
+def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The parsed value of setting ``name`` from ``environ`` (default: the
+    process environment).  Raises :class:`ConfigError` on a malformed value
+    and :class:`KeyError` for a name that is not declared here."""
+    return SETTINGS[name].parse((os.environ if environ is None else environ).get(name))
+
+
+def markdown_table(public: bool) -> str:
+    """The settings table of README.md / docs/configuration.md."""
+    rows = ["| variable | default | meaning | read by |", "|---|---|---|---|"]
+    for s in SETTINGS.values():
+        if s.public == public and s.name not in ("MONARCH_PROC_ID", "MONARCH_PROC_BOOTSTRAP"):
+            rows.append(f"| `{s.name}` | {s.shown_default} | {s.meaning} | {s.owner} |")
+    return "\n".join(rows) + "\n"
+
+
+def _main(argv: list[str]) -> int:
+    print("User settings:\n")
+    print(markdown_table(True))
+    print("Internal tuning knobs (not a stable interface):\n")
+    print(markdown_table(False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
