@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import math
 import os
 import select
 import signal
@@ -37,7 +38,7 @@ import trio
 
 from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
-from monarch_core._kernel._inbound import ACK_DELAY, ACK_EVERY, InboundSession, Poller
+from monarch_core._kernel._inbound import ACK_DELAY, ACK_EVERY, InboundSession, Poller, reading
 from monarch_core._kernel._ports import PortHandler
 from monarch_core.errors import (
     AuthenticationError,
@@ -86,6 +87,100 @@ _monotonic = time.perf_counter
 THREAD_WRITE_MIN = 1 << 20
 #: Seconds to wait for a handshake from a new connection.
 HANDSHAKE_TIMEOUT = _env_float("MONARCH_HANDSHAKE_TIMEOUT", 10.0)
+#: The send window: how much this kernel holds for one destination proc,
+#: handed to :meth:`Kernel.send` and not yet acknowledged by it (waiting for the
+#: loop, queued, or written and unacknowledged): MONARCH_SEND_WINDOW_MB MiB and
+#: MONARCH_SEND_WINDOW_MSGS messages.  While either is reached, a sender waits
+#: for room, except on the kernel's loop thread, on a thread serving inbound
+#: sessions, and for control messages (see :class:`_Window`); so what is held
+#: is at most the window plus one message (a message larger than the window
+#: goes alone).  0 (or less): no limit.  The defaults are far above the
+#: receiver's acknowledgement cadence (``ACK_EVERY`` = 256 messages,
+#: ``ACK_BYTES`` = 8 MiB), so that the window fills only when the receiver
+#: falls behind: docs/performance.md.
+SEND_WINDOW_BYTES = int(_env_float("MONARCH_SEND_WINDOW_MB", 64.0) * (1 << 20))
+SEND_WINDOW_MSGS = int(_env_float("MONARCH_SEND_WINDOW_MSGS", 16384))
+#: Seconds between the checks of a sender waiting for room (a dead destination,
+#: a closing kernel, a stall longer than the delivery timeout); room wakes it at once.
+WINDOW_POLL = 0.25
+
+
+class _Window:
+    """The send window to one destination proc (any thread).
+
+    Counts the messages and bytes handed to :meth:`Kernel.send` for the proc
+    and not yet acknowledged: in ``Kernel._tx``, in its :class:`_Outbound`'s
+    ``queue`` or ``unacked``.  Every message is counted; only senders that may
+    wait do (:meth:`Kernel.send`).  A session returns what it counted when the
+    receiver acknowledges (``_Outbound.trim``) or when it fails
+    (``_Outbound.fail``); ``Kernel._push`` returns what it drops.
+    """
+
+    __slots__ = ("max_msgs", "max_bytes", "half_msgs", "half_bytes", "msgs", "nbytes", "lock", "cond", "waiters",
+                 "asked", "releases")
+
+    def __init__(self, max_msgs: float, max_bytes: float) -> None:
+        self.max_msgs = max_msgs
+        self.max_bytes = max_bytes
+        self.half_msgs = max_msgs / 2
+        self.half_bytes = max_bytes / 2
+        self.msgs = 0
+        self.nbytes = 0
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.waiters = 0  # senders waiting for room now (tests and benchmarks read it)
+        self.asked = False  # a message asked for an early acknowledgement since the last release
+        self.releases = 0  # how many times room was returned (a waiter's sign of progress)
+
+    def take(self, size: int, kernel: Kernel, proc_id: str, kind: int) -> bool:
+        """Count one message of ``size`` bytes, first waiting for room if the
+        window is full and the calling thread may wait (see
+        :meth:`Kernel.send`).  True: the window is half full, the message
+        should ask the receiver to acknowledge it at once (``F_ACK_SOON``):
+        the acknowledgements a receiver sends on its own (every ``ACK_EVERY``
+        messages or after ``ACK_DELAY``) may come only after a small window
+        has filled."""
+        with self.lock:
+            if (self.msgs >= self.max_msgs or self.nbytes >= self.max_bytes) and kind != W.K_CONTROL \
+                    and not kernel.in_loop() and not reading():
+                self._wait(kernel, proc_id)
+            self.msgs = msgs = self.msgs + 1
+            self.nbytes = nbytes = self.nbytes + size
+            if not self.asked and (msgs >= self.half_msgs or nbytes >= self.half_bytes):
+                self.asked = True
+                return True
+            return False
+
+    def _wait(self, kernel: Kernel, proc_id: str) -> None:
+        """Wait (holding ``lock``) until there is room, or until waiting is
+        moot: the destination is dead (the message then fails the usual way,
+        in ``_push``), the kernel is closing, or nothing was acknowledged for
+        the delivery timeout (the session's own timeout then decides)."""
+        self.waiters += 1
+        try:
+            seen = self.releases
+            since = time.monotonic()
+            while self.msgs >= self.max_msgs or self.nbytes >= self.max_bytes:
+                if proc_id in kernel.dead or kernel._closing:
+                    return
+                now = time.monotonic()
+                if self.releases != seen:
+                    seen, since = self.releases, now
+                elif now - since > kernel.delivery_timeout:
+                    return
+                self.cond.wait(WINDOW_POLL)
+        finally:
+            self.waiters -= 1
+
+    def release(self, msgs: int, nbytes: int) -> None:
+        """``msgs`` messages of ``nbytes`` bytes in all are no longer in flight."""
+        with self.lock:
+            self.msgs -= msgs
+            self.nbytes -= nbytes
+            self.asked = False
+            self.releases += 1
+            if self.waiters:
+                self.cond.notify_all()
 
 
 class _Outbound:
@@ -107,6 +202,8 @@ class _Outbound:
         "sock",
         "busy",
         "last_direct",
+        "window",
+        "sizes",
     )
 
     def __init__(self, kernel: Kernel, proc_id: str) -> None:
@@ -129,15 +226,22 @@ class _Outbound:
         self.sock: Any = None
         self.busy = False
         self.last_direct = 0.0
+        # Flow control: the proc's send window, and the size each message in
+        # ``unacked`` + ``queue`` counted in it (sequence order: ``unacked`` holds
+        # the oldest, ``queue`` the newest; partial-write tails count nothing).
+        self.window = kernel._window(proc_id)
+        self.sizes: collections.deque = collections.deque()
 
-    def push(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, port_id: int | None) -> None:
+    def push(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, port_id: int | None,
+             size: int = 0) -> None:
         with self.lock:
             self.seq += 1
             self.queue.append((self.seq, W.encode_message(kind, flags, self.seq, header, payload, buffers), port_id))
+            self.sizes.append(size)
         self.wake.set()
 
     def try_direct(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list,
-                   port_id: int | None) -> bool:
+                   port_id: int | None, size: int = 0) -> bool:
         """Write one message straight to the socket from the calling thread, if
         the session is connected and idle: as much of it as the socket buffer
         takes now (one ``sendmsg``, no copy), the rest goes next through the
@@ -174,6 +278,7 @@ class _Outbound:
             if not self.unacked:
                 self.last_ack_time = time.monotonic()
             self.unacked.append((seq, parts, port_id))
+            self.sizes.append(size)
             if n != total:
                 # a partial write: the rest must go next, ahead of anything else
                 rest = [memoryview(data)[n:]] if small else W.skip_bytes(parts, n)
@@ -183,9 +288,18 @@ class _Outbound:
 
     def trim(self, acked: int) -> None:
         u = self.unacked
-        while u and u[0][0] <= acked:
-            u.popleft()
+        n = nbytes = 0
+        # Under the lock: a direct write appends its message to ``unacked``
+        # only after the write, and must not miss an acknowledgement of it.
+        with self.lock:
+            sizes = self.sizes
+            while u and u[0][0] <= acked:
+                u.popleft()
+                nbytes += sizes.popleft()
+                n += 1
         self.last_ack_time = time.monotonic()
+        if n:
+            self.window.release(n, nbytes)
 
     def fail(self, exc: BaseException) -> None:
         """Return every queued and unacknowledged message to its sender (each
@@ -198,6 +312,10 @@ class _Outbound:
             ports = {port_id for _s, _p, port_id in itertools.chain(self.unacked, self.queue) if port_id is not None}
             self.unacked.clear()
             self.queue.clear()
+            n, nbytes = len(self.sizes), sum(self.sizes)
+            self.sizes.clear()
+        if n:
+            self.window.release(n, nbytes)
         self.cancel.cancel()
         self.kernel._fail_pending(self.proc_id, exc, ports)
 
@@ -427,6 +545,8 @@ class _Acker:
         self.last = last
         self.eager = eager  # acknowledge at once (the sender is stopping, or this proc is)
         self.wake = trio.Event()
+        self.hurry = False  # the sender asked for the next acknowledgement at once (F_ACK_SOON)
+        self.hurried: trio.Event | None = None  # set to cut a delayed acknowledgement's wait short
 
     def delivered(self, seq: int, drained: bool) -> None:
         self.last = seq
@@ -438,12 +558,24 @@ class _Acker:
         self.eager = True
         self.wake.set()
 
+    def soon(self) -> None:
+        """Acknowledge what is delivered by the time this task runs, without
+        the delay, once (loop thread; a message flagged ``F_ACK_SOON``)."""
+        self.hurry = True
+        self.wake.set()
+        if self.hurried is not None:
+            self.hurried.set()
+
     async def run(self) -> None:
         while True:
             await self.wake.wait()
             self.wake = trio.Event()
-            if self.last - self.acked < self.ACK_EVERY and not self.eager:
-                await trio.sleep(self.ACK_DELAY)
+            if self.last - self.acked < self.ACK_EVERY and not self.eager and not self.hurry:
+                self.hurried = trio.Event()
+                with trio.move_on_after(self.ACK_DELAY):
+                    await self.hurried.wait()
+                self.hurried = None
+            self.hurry = False
             last = self.last
             if last > self.acked:
                 await self.stream.send_all(W.FIXED.pack(W.K_ACK, 0, 0, 0, 0, last))
@@ -460,6 +592,10 @@ class Kernel:
         self.bind_spec = bind_spec or transport.default_bind_spec()
         self.address: str | None = None
         self.delivery_timeout = DELIVERY_TIMEOUT
+        # Send windows (flow control), one per destination proc; limits of new ones.
+        self.send_window_msgs = SEND_WINDOW_MSGS
+        self.send_window_bytes = SEND_WINDOW_BYTES
+        self._windows: dict[str, _Window] = {}
         self.token: trio.lowlevel.TrioToken | None = None
         self.thread_ident: int | None = None
         self.actors: dict[str, Any] = {}
@@ -666,8 +802,19 @@ class Kernel:
         reply_port: int | None = None,
         track: bool = True,
     ) -> None:
-        """Send one message to a proc (thread-safe, non-blocking, FIFO per
-        calling thread and destination).
+        """Send one message to a proc (thread-safe, FIFO per calling thread
+        and destination).
+
+        Flow control: when the proc's send window is full (``_Window``:
+        ``MONARCH_SEND_WINDOW_MB`` / ``MONARCH_SEND_WINDOW_MSGS`` of messages
+        not yet acknowledged), the calling thread first waits for room, unless
+        it is the kernel's loop thread, a thread serving inbound sessions, or
+        ``kind`` is ``K_CONTROL``: those never wait (their messages still
+        count).  The wait ends as soon as acknowledgements make room, or when
+        waiting is moot (the proc is dead, the session failed, the kernel is
+        closing, the delivery timeout passed without an acknowledgement); the
+        message then goes on as usual (to be failed, if it cannot be
+        delivered).  Otherwise it does not block.
 
         ``reply_port`` names a local port to fail if the message cannot be
         delivered.  With ``track`` (the default) the port also expects a
@@ -678,16 +825,24 @@ class Kernel:
         if proc_id == self.proc_id:
             self.route(kind, flags, header, payload, buffers, self.proc_id)
             return
+        size = W.FIXED_SIZE + len(header) + len(payload)
+        if buffers:
+            size += sum(8 + memoryview(b).nbytes for b in buffers)
+        window = self._windows.get(proc_id)
+        if window is None:
+            window = self._window(proc_id)
+        if window.take(size, self, proc_id, kind):
+            flags |= W.F_ACK_SOON
         if not self._tx:
             out = self._outbound.get(proc_id)
             if out is not None and out.sock is not None and out.failed is None:
                 if reply_port is not None and track:
                     self._wait_on(proc_id, reply_port)
-                if out.try_direct(kind, flags, header, payload, buffers, reply_port):
+                if out.try_direct(kind, flags, header, payload, buffers, reply_port, size):
                     if proc_id in self.dead and reply_port is not None:  # raced with its death
                         self.call_soon(self._fail_port, reply_port, self._dead_error(proc_id), proc_id)
                     return
-        self._tx.append((proc_id, address, kind, flags, header, payload, buffers, reply_port, track))
+        self._tx.append((proc_id, address, kind, flags, header, payload, buffers, reply_port, track, size))
         if not self._tx_scheduled:
             self._tx_scheduled = True
             if self.thread_ident == threading.get_ident():
@@ -712,13 +867,16 @@ class Kernel:
             self._push(*tx[0])
             tx.popleft()
 
-    def _push(self, proc_id, address, kind, flags, header, payload, buffers, reply_port, track=True) -> None:
+    def _push(self, proc_id, address, kind, flags, header, payload, buffers, reply_port, track=True,
+              size=0) -> None:
         if proc_id in self.dead:
+            self._window(proc_id).release(1, size)
             if reply_port is not None:
                 self._fail_port(reply_port, self._dead_error(proc_id), proc_id)
             return
         if address is not None and proc_id not in self._addresses:
             if not isinstance(address, str):
+                self._window(proc_id).release(1, size)
                 if reply_port is not None:
                     self._fail_port(reply_port, UndeliverableMessageError(f"bad address {address!r}"), proc_id)
                 return
@@ -726,6 +884,7 @@ class Kernel:
         out = self._outbound.get(proc_id)
         if out is None or out.failed is not None:
             if self._closing:
+                self._window(proc_id).release(1, size)
                 if reply_port is not None:
                     self._fail_port(reply_port, RuntimeError("the monarch kernel is shutting down"), proc_id)
                 return
@@ -735,7 +894,35 @@ class Kernel:
             self._nursery.start_soon(self._run_outbound, out)
         if reply_port is not None and track:
             self._wait_on(proc_id, reply_port)
-        out.push(kind, flags, header, payload, buffers, reply_port)
+        out.push(kind, flags, header, payload, buffers, reply_port, size)
+
+    def _window(self, proc_id: str) -> _Window:
+        """The send window to ``proc_id`` (any thread; created on first use)."""
+        w = self._windows.get(proc_id)
+        if w is None:
+            msgs, nbytes = self.send_window_msgs, self.send_window_bytes
+            w = self._windows.setdefault(
+                proc_id, _Window(msgs if msgs > 0 else math.inf, nbytes if nbytes > 0 else math.inf)
+            )
+        return w
+
+    def send_window(self, proc_id: str) -> tuple[int, int]:
+        """Messages and bytes in flight to ``proc_id`` now: handed to
+        :meth:`send`, not yet acknowledged (any thread)."""
+        w = self._windows.get(proc_id)
+        return (w.msgs, w.nbytes) if w is not None else (0, 0)
+
+    def _ack_soon(self, sender: str) -> None:
+        """A message from ``sender`` asked to be acknowledged at once
+        (``F_ACK_SOON``): acknowledge what its sessions delivered (any
+        reading thread)."""
+        p = self._poller
+        if p is not None:
+            p.ack_sender_soon(sender)
+        if self._ackers and self.in_loop():
+            for a in list(self._ackers):
+                if a.sender == sender:
+                    a.soon()
 
     async def _run_outbound(self, out: _Outbound) -> None:
         try:
@@ -899,6 +1086,8 @@ class Kernel:
         A header of the wrong shape raises :class:`ProtocolError` (the
         connection that carried it is dropped); nothing else is raised.
         """
+        if flags & W.F_ACK_SOON:
+            self._ack_soon(sender)
         if flags & W.F_TREE:
             handler = self.tree_handler
             if kind != W.K_ACTOR or handler is None:
