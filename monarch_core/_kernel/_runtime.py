@@ -100,6 +100,9 @@ HANDSHAKE_TIMEOUT = _env_float("MONARCH_HANDSHAKE_TIMEOUT", 10.0)
 #: falls behind: docs/performance.md.
 SEND_WINDOW_BYTES = int(_env_float("MONARCH_SEND_WINDOW_MB", 64.0) * (1 << 20))
 SEND_WINDOW_MSGS = int(_env_float("MONARCH_SEND_WINDOW_MSGS", 16384))
+_FIXED_SIZE = W.FIXED_SIZE
+_F_ACK_SOON = W.F_ACK_SOON
+_F_TREE_OR_ACK_SOON = W.F_TREE | W.F_ACK_SOON
 #: Seconds between the checks of a sender waiting for room (a dead destination,
 #: a closing kernel, a stall longer than the delivery timeout); room wakes it at once.
 WINDOW_POLL = 0.25
@@ -116,38 +119,41 @@ class _Window:
     (``_Outbound.fail``); ``Kernel._push`` returns what it drops.
     """
 
-    __slots__ = ("max_msgs", "max_bytes", "half_msgs", "half_bytes", "msgs", "nbytes", "lock", "cond", "waiters",
-                 "asked", "releases")
+    __slots__ = ("max_msgs", "max_bytes", "half_msgs", "half_bytes", "ask_msgs", "ask_bytes", "msgs", "nbytes",
+                 "lock", "cond", "waiters", "releases")
 
     def __init__(self, max_msgs: float, max_bytes: float) -> None:
         self.max_msgs = max_msgs
         self.max_bytes = max_bytes
         self.half_msgs = max_msgs / 2
         self.half_bytes = max_bytes / 2
+        # The next message that brings the window to these asks for an early
+        # acknowledgement; infinite once one has asked, half again on a release.
+        self.ask_msgs = self.half_msgs
+        self.ask_bytes = self.half_bytes
         self.msgs = 0
         self.nbytes = 0
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
         self.waiters = 0  # senders waiting for room now (tests and benchmarks read it)
-        self.asked = False  # a message asked for an early acknowledgement since the last release
         self.releases = 0  # how many times room was returned (a waiter's sign of progress)
 
     def take(self, size: int, kernel: Kernel, proc_id: str, kind: int) -> bool:
         """Count one message of ``size`` bytes, first waiting for room if the
         window is full and the calling thread may wait (see
-        :meth:`Kernel.send`).  True: the window is half full, the message
-        should ask the receiver to acknowledge it at once (``F_ACK_SOON``):
-        the acknowledgements a receiver sends on its own (every ``ACK_EVERY``
-        messages or after ``ACK_DELAY``) may come only after a small window
-        has filled."""
+        :meth:`Kernel.send`, which inlines the case of a window with room).
+        True: the window is half full, the message should ask the receiver
+        to acknowledge it at once (``F_ACK_SOON``): the acknowledgements a
+        receiver sends on its own (every ``ACK_EVERY`` messages or after
+        ``ACK_DELAY``) may come only after a small window has filled."""
         with self.lock:
             if (self.msgs >= self.max_msgs or self.nbytes >= self.max_bytes) and kind != W.K_CONTROL \
                     and not kernel.in_loop() and not reading():
                 self._wait(kernel, proc_id)
             self.msgs = msgs = self.msgs + 1
             self.nbytes = nbytes = self.nbytes + size
-            if not self.asked and (msgs >= self.half_msgs or nbytes >= self.half_bytes):
-                self.asked = True
+            if msgs >= self.ask_msgs or nbytes >= self.ask_bytes:
+                self.ask_msgs = self.ask_bytes = math.inf
                 return True
             return False
 
@@ -177,7 +183,8 @@ class _Window:
         with self.lock:
             self.msgs -= msgs
             self.nbytes -= nbytes
-            self.asked = False
+            self.ask_msgs = self.half_msgs
+            self.ask_bytes = self.half_bytes
             self.releases += 1
             if self.waiters:
                 self.cond.notify_all()
@@ -825,14 +832,24 @@ class Kernel:
         if proc_id == self.proc_id:
             self.route(kind, flags, header, payload, buffers, self.proc_id)
             return
-        size = W.FIXED_SIZE + len(header) + len(payload)
+        size = _FIXED_SIZE + len(header) + len(payload)
         if buffers:
             size += sum(8 + memoryview(b).nbytes for b in buffers)
-        window = self._windows.get(proc_id)
-        if window is None:
-            window = self._window(proc_id)
-        if window.take(size, self, proc_id, kind):
-            flags |= W.F_ACK_SOON
+        w = self._windows.get(proc_id)
+        if w is None:
+            w = self._window(proc_id)
+        # _Window.take, inlined for a window with room (every message pays this)
+        with w.lock:
+            msgs = w.msgs
+            if msgs < w.max_msgs and w.nbytes < w.max_bytes:
+                w.msgs = msgs = msgs + 1
+                w.nbytes = nbytes = w.nbytes + size
+                if msgs >= w.ask_msgs or nbytes >= w.ask_bytes:
+                    w.ask_msgs = w.ask_bytes = math.inf
+                    flags |= _F_ACK_SOON
+                w = None
+        if w is not None and w.take(size, self, proc_id, kind):  # full: wait for room if this thread may
+            flags |= _F_ACK_SOON
         if not self._tx:
             out = self._outbound.get(proc_id)
             if out is not None and out.sock is not None and out.failed is None:
@@ -1086,14 +1103,15 @@ class Kernel:
         A header of the wrong shape raises :class:`ProtocolError` (the
         connection that carried it is dropped); nothing else is raised.
         """
-        if flags & W.F_ACK_SOON:
-            self._ack_soon(sender)
-        if flags & W.F_TREE:
-            handler = self.tree_handler
-            if kind != W.K_ACTOR or handler is None:
-                raise ProtocolError(f"peer {sender} sent a cast-tree message this proc cannot forward")
-            handler(self, header, payload, buffers, sender)
-            return
+        if flags & _F_TREE_OR_ACK_SOON:
+            if flags & _F_ACK_SOON:
+                self._ack_soon(sender)
+            if flags & W.F_TREE:
+                handler = self.tree_handler
+                if kind != W.K_ACTOR or handler is None:
+                    raise ProtocolError(f"peer {sender} sent a cast-tree message this proc cannot forward")
+                handler(self, header, payload, buffers, sender)
+                return
         h = W.decode_packed(sender, kind, header) if flags & W.F_PACKED else W.decode_header(sender, header)
         if kind == W.K_ACTOR:
             if len(h) != 9 or not isinstance(h[0], str) or not isinstance(h[1], str):
