@@ -197,26 +197,25 @@ def test_a_burst_to_a_receiver_that_reads_nothing_stops_at_the_window(
         port = b.add_port(gate)
         bodies = [i.to_bytes(4, "little") * (size // 4) for i in range(n)]
         s = Sender(a, b, port, bodies)
-        sampler = Sampler(a, [b.proc_id]).__enter__()
-        try:
-            s.start()
-            _wait_for(lambda: _blocked(a, b.proc_id) or not s.is_alive(), 30, "the sender fills the window")
-            assert s.is_alive(), f"the sender never waited: it sent all {s.sent} messages (window {_window_of(a, b)})"
-            win = a.send_window(b.proc_id)
-            if limit == "msgs":
-                assert win[0] == WINDOW, win
-            else:
-                assert byte_window <= win[1] < byte_window + size + 64, win
-            # the loop hands the last ones to the session: then it holds exactly what the window counts
-            _wait_for(lambda: _held(a, b.proc_id) == win, 10, f"the session holds {win}")
-            assert a.send_window(b.proc_id) == win and s.is_alive()
-        finally:
-            gate.opened.set()
-        s.join(60)
-        assert not s.is_alive() and s.error is None, s.error
-        assert gate.got_all.wait(60)
-        _wait_for(lambda: a.send_window(b.proc_id) == (0, 0), 30, "everything acknowledged")
-        sampler.__exit__()
+        with Sampler(a, [b.proc_id]) as sampler:
+            try:
+                s.start()
+                _wait_for(lambda: _blocked(a, b.proc_id) or not s.is_alive(), 30, "the sender fills the window")
+                assert s.is_alive(), f"the sender never waited: it sent all {s.sent} messages (window {_window_of(a, b)})"
+                win = a.send_window(b.proc_id)
+                if limit == "msgs":
+                    assert win[0] == WINDOW, win
+                else:
+                    assert byte_window <= win[1] < byte_window + size + 64, win
+                # the loop hands the last ones to the session: then it holds exactly what the window counts
+                _wait_for(lambda: _held(a, b.proc_id) == win, 10, f"the session holds {win}")
+                assert a.send_window(b.proc_id) == win and s.is_alive()
+            finally:
+                gate.opened.set()
+            s.join(60)
+            assert not s.is_alive() and s.error is None, s.error
+            assert gate.got_all.wait(60)
+            _wait_for(lambda: a.send_window(b.proc_id) == (0, 0), 30, "everything acknowledged")
     assert gate.values == bodies  # in order, exactly once
     if limit == "msgs":
         assert sampler.most[0] <= WINDOW, sampler.most
