@@ -189,6 +189,18 @@ class Endpoint(Generic[P, R]):
     Its methods are the messaging adverbs: :meth:`call`, :meth:`call_one`,
     :meth:`choose`, :meth:`stream`, :meth:`broadcast` (and ``rref``, which
     needs the tensor engine).
+
+    Flow control: every adverb sends its message(s) before it returns, and
+    returns at once, unless this process already holds a full *send window*
+    for a destination proc (``MONARCH_SEND_WINDOW_MB`` MiB or
+    ``MONARCH_SEND_WINDOW_MSGS`` messages it has not acknowledged yet, by
+    default 64 MiB / 16384).  Then the calling thread waits, inside the
+    adverb, until that proc acknowledges enough of them; an actor's asyncio
+    loop waits the same way (its other tasks do not run meanwhile).  The wait
+    ends early, and the message fails the usual way, if the proc dies; it
+    never lasts longer than ``MONARCH_DELIVERY_TIMEOUT`` without progress.
+    Futures are returned once their messages are handed to the kernel.  See
+    docs/architecture.md, *Flow control*.
     """
 
     def __init__(self, mesh: ActorMesh[Any], name: str, prop: EndpointProperty[P, R]) -> None:
@@ -203,7 +215,9 @@ class Endpoint(Generic[P, R]):
         """Call the endpoint on the single actor of this mesh.
 
         Raises ``ValueError`` (before sending) if the mesh has more than one
-        actor: slice it first, or use ``call``/``choose``."""
+        actor: slice it first, or use ``call``/``choose``.  Returns the future
+        at once, unless the send window to the actor's proc is full (then it
+        waits for room first: see :class:`Endpoint`)."""
         n = self._mesh._region.nelements
         if n != 1:
             raise ValueError(
@@ -214,26 +228,34 @@ class Endpoint(Generic[P, R]):
         return Future._of(self._mesh._call_one(self, args, kwargs, 0))
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
-        """Call the endpoint on one actor of the mesh (load-balanced)."""
+        """Call the endpoint on one actor of the mesh (load-balanced).  Returns
+        at once, unless the send window to that actor's proc is full (see
+        :class:`Endpoint`)."""
         self._prop._check_args(args, kwargs)
         n = self._mesh._region.nelements
         return Future._of(self._mesh._call_one(self, args, kwargs, random.randrange(n)))
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call the endpoint on every actor; the future resolves to a
-        ``ValueMesh`` of their results (raises the first ``ActorError``)."""
+        ``ValueMesh`` of their results (raises the first ``ActorError``).
+        Returns at once, unless the send window to one of the procs is full
+        (it waits for room for each message in turn: see :class:`Endpoint`)."""
         self._prop._check_args(args, kwargs)
         return Future._of(self._mesh._call_all(self, args, kwargs))
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> StreamIterator[R]:
         """Call every actor and yield a future per response, in arrival order
-        (``async for value in ...`` also works)."""
+        (``async for value in ...`` also works).  Sends like :meth:`call`."""
         self._prop._check_args(args, kwargs)
         return self._mesh._call_stream(self, args, kwargs)
 
     def broadcast(self, *args: P.args, **kwargs: P.kwargs) -> None:
         """Fire-and-forget to every actor.  Return does not mean delivery; an
-        exception in the endpoint fails that actor (supervision)."""
+        exception in the endpoint fails that actor (supervision).  Returns at
+        once, unless this process holds a full send window for a destination
+        proc: then it waits until that proc acknowledges enough (see
+        :class:`Endpoint`), which bounds what a fast sender can pile up for a
+        slow receiver."""
         self._prop._check_args(args, kwargs)
         self._mesh._cast(self, args, kwargs, None, None)
 
@@ -315,7 +337,8 @@ def send(
     selection: Literal["all", "choose"] = "all",
 ) -> None:
     """Fire-and-forget invocation of ``endpoint`` on ``selection`` of its mesh;
-    responses (if any) go to ``port``."""
+    responses (if any) go to ``port``.  Waits like :meth:`Endpoint.broadcast`
+    when a send window is full."""
     if not isinstance(endpoint, Endpoint):
         raise TypeError(f"send() needs an endpoint of an actor mesh (mesh.method), got {endpoint!r}")
     endpoint._send(tuple(args), dict(kwargs), port, selection)

@@ -88,7 +88,11 @@ class Port(Generic[R]):
         return r.rank if r is not None else None
 
     def send(self, obj: R) -> None:
-        """Send ``obj`` to the receiver.  Never blocks."""
+        """Send ``obj`` to the receiver.  Returns at once, unless this process
+        already holds a full send window of unacknowledged messages for the
+        receiver's proc (``MONARCH_SEND_WINDOW_MB`` / ``_MSGS``): then it first
+        waits until the receiver acknowledges enough of them (or dies).  See
+        docs/architecture.md, *Flow control*."""
         send_to_port(self._ref, self._stamp(), W.S_VALUE, obj)
 
     def send_message(self, message: Any) -> None:

@@ -511,6 +511,24 @@ class Poller:
             if s.acks.last > s.acks.acked:
                 s.ack_now(self)
 
+    def ack_sender_soon(self, sender: str) -> None:
+        """Acknowledge what the sessions from ``sender`` delivered as soon as
+        the read under way is done, once, without ``ACK_DELAY`` (the reading
+        thread, while it routes a message flagged ``F_ACK_SOON``: the sender is
+        near its send window and may be waiting for this acknowledgement).
+        Every reader sends due acknowledgements right after its read."""
+        now = time.monotonic()
+        with self._ack_lock:
+            for s in list(self._sessions.values()):
+                if s.sender != sender:
+                    continue
+                if not s.ack_due:
+                    self._acks.append(s)
+                if not s.ack_due or s.ack_due > now:
+                    s.ack_due = now
+                if not self._ack_due or self._ack_due > now:
+                    self._ack_due = now
+
     def _wake_standby(self) -> None:
         try:
             self._standby.release()
@@ -787,6 +805,14 @@ class _AttachedSelector(selectors.EpollSelector):
             p._left = time.monotonic()
             if p._ack_due:
                 p._send_due_acks()
+
+
+def reading() -> bool:
+    """Whether the calling thread is serving inbound sessions right now (the
+    poller's thread, or a leader in the middle of an event): it must never
+    wait for a send window, since the acknowledgements other procs wait for
+    are what it is busy sending."""
+    return getattr(_tls, "handling", False)
 
 
 def _deferred_sigint(signum: int, frame: Any) -> None:

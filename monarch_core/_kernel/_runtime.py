@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import math
 import os
 import random
 import select
@@ -37,7 +38,7 @@ import trio
 
 from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
-from monarch_core._kernel._inbound import ACK_DELAY, ACK_EVERY, InboundSession, Poller, SessionFence
+from monarch_core._kernel._inbound import ACK_DELAY, ACK_EVERY, InboundSession, Poller, SessionFence, reading
 from monarch_core._kernel._ports import PortHandler
 from monarch_core._kernel._throttle import ThrottledLog
 from monarch_core.errors import (
@@ -103,6 +104,107 @@ BACKOFF_REJECTED = 0.25
 #: Warnings about dropped inbound connections: one line per peer host and
 #: reason every 10 s, counting the ones left out (a rejected client retries).
 _dropped = ThrottledLog(logger)
+#: The send window: how much this kernel holds for one destination proc,
+#: handed to :meth:`Kernel.send` and not yet acknowledged by it (waiting for the
+#: loop, queued, or written and unacknowledged): MONARCH_SEND_WINDOW_MB MiB and
+#: MONARCH_SEND_WINDOW_MSGS messages.  While either is reached, a sender waits
+#: for room, except on the kernel's loop thread, on a thread serving inbound
+#: sessions, and for control messages (see :class:`_Window`); so what is held
+#: is at most the window plus one message (a message larger than the window
+#: goes alone).  0 (or less): no limit.  The defaults are far above the
+#: receiver's acknowledgement cadence (``ACK_EVERY`` = 256 messages,
+#: ``ACK_BYTES`` = 8 MiB), so that the window fills only when the receiver
+#: falls behind: docs/performance.md.
+SEND_WINDOW_BYTES = int(_env_float("MONARCH_SEND_WINDOW_MB", 64.0) * (1 << 20))
+SEND_WINDOW_MSGS = int(_env_float("MONARCH_SEND_WINDOW_MSGS", 16384))
+_FIXED_SIZE = W.FIXED_SIZE
+_F_ACK_SOON = W.F_ACK_SOON
+_F_TREE_OR_ACK_SOON = W.F_TREE | W.F_ACK_SOON
+#: Seconds between the checks of a sender waiting for room (a dead destination,
+#: a closing kernel, a stall longer than the delivery timeout); room wakes it at once.
+WINDOW_POLL = 0.25
+
+
+class _Window:
+    """The send window to one destination proc (any thread).
+
+    Counts the messages and bytes handed to :meth:`Kernel.send` for the proc
+    and not yet acknowledged: in ``Kernel._tx``, in its :class:`_Outbound`'s
+    ``queue`` or ``unacked``.  Every message is counted; only senders that may
+    wait do (:meth:`Kernel.send`).  A session returns what it counted when the
+    receiver acknowledges (``_Outbound.trim``) or when it fails
+    (``_Outbound.fail``); ``Kernel._push`` returns what it drops.
+    """
+
+    __slots__ = ("max_msgs", "max_bytes", "half_msgs", "half_bytes", "ask_msgs", "ask_bytes", "msgs", "nbytes",
+                 "lock", "cond", "waiters", "releases")
+
+    def __init__(self, max_msgs: float, max_bytes: float) -> None:
+        self.max_msgs = max_msgs
+        self.max_bytes = max_bytes
+        self.half_msgs = max_msgs / 2
+        self.half_bytes = max_bytes / 2
+        # The next message that brings the window to these asks for an early
+        # acknowledgement; infinite once one has asked, half again on a release.
+        self.ask_msgs = self.half_msgs
+        self.ask_bytes = self.half_bytes
+        self.msgs = 0
+        self.nbytes = 0
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.waiters = 0  # senders waiting for room now (tests and benchmarks read it)
+        self.releases = 0  # how many times room was returned (a waiter's sign of progress)
+
+    def take(self, size: int, kernel: Kernel, proc_id: str, kind: int) -> bool:
+        """Count one message of ``size`` bytes, first waiting for room if the
+        window is full and the calling thread may wait (see
+        :meth:`Kernel.send`, which inlines the case of a window with room).
+        True: the window is half full, the message should ask the receiver
+        to acknowledge it at once (``F_ACK_SOON``): the acknowledgements a
+        receiver sends on its own (every ``ACK_EVERY`` messages or after
+        ``ACK_DELAY``) may come only after a small window has filled."""
+        with self.lock:
+            if (self.msgs >= self.max_msgs or self.nbytes >= self.max_bytes) and kind != W.K_CONTROL \
+                    and not kernel.in_loop() and not reading():
+                self._wait(kernel, proc_id)
+            self.msgs = msgs = self.msgs + 1
+            self.nbytes = nbytes = self.nbytes + size
+            if msgs >= self.ask_msgs or nbytes >= self.ask_bytes:
+                self.ask_msgs = self.ask_bytes = math.inf
+                return True
+            return False
+
+    def _wait(self, kernel: Kernel, proc_id: str) -> None:
+        """Wait (holding ``lock``) until there is room, or until waiting is
+        moot: the destination is dead (the message then fails the usual way,
+        in ``_push``), the kernel is closing, or nothing was acknowledged for
+        the delivery timeout (the session's own timeout then decides)."""
+        self.waiters += 1
+        try:
+            seen = self.releases
+            since = time.monotonic()
+            while self.msgs >= self.max_msgs or self.nbytes >= self.max_bytes:
+                if proc_id in kernel.dead or kernel._closing:
+                    return
+                now = time.monotonic()
+                if self.releases != seen:
+                    seen, since = self.releases, now
+                elif now - since > kernel.delivery_timeout:
+                    return
+                self.cond.wait(WINDOW_POLL)
+        finally:
+            self.waiters -= 1
+
+    def release(self, msgs: int, nbytes: int) -> None:
+        """``msgs`` messages of ``nbytes`` bytes in all are no longer in flight."""
+        with self.lock:
+            self.msgs -= msgs
+            self.nbytes -= nbytes
+            self.ask_msgs = self.half_msgs
+            self.ask_bytes = self.half_bytes
+            self.releases += 1
+            if self.waiters:
+                self.cond.notify_all()
 
 
 class _Outbound:
@@ -124,6 +226,8 @@ class _Outbound:
         "sock",
         "busy",
         "last_direct",
+        "window",
+        "sizes",
     )
 
     def __init__(self, kernel: Kernel, proc_id: str) -> None:
@@ -146,15 +250,22 @@ class _Outbound:
         self.sock: Any = None
         self.busy = False
         self.last_direct = 0.0
+        # Flow control: the proc's send window, and the size each message in
+        # ``unacked`` + ``queue`` counted in it (sequence order: ``unacked`` holds
+        # the oldest, ``queue`` the newest; partial-write tails count nothing).
+        self.window = kernel._window(proc_id)
+        self.sizes: collections.deque = collections.deque()
 
-    def push(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, port_id: int | None) -> None:
+    def push(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, port_id: int | None,
+             size: int = 0) -> None:
         with self.lock:
             self.seq += 1
             self.queue.append((self.seq, W.encode_message(kind, flags, self.seq, header, payload, buffers), port_id))
+            self.sizes.append(size)
         self.wake.set()
 
     def try_direct(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list,
-                   port_id: int | None) -> bool:
+                   port_id: int | None, size: int = 0) -> bool:
         """Write one message straight to the socket from the calling thread, if
         the session is connected and idle: as much of it as the socket buffer
         takes now (one ``sendmsg``, no copy), the rest goes next through the
@@ -191,6 +302,7 @@ class _Outbound:
             if not self.unacked:
                 self.last_ack_time = time.monotonic()
             self.unacked.append((seq, parts, port_id))
+            self.sizes.append(size)
             if n != total:
                 # a partial write: the rest must go next, ahead of anything else
                 rest = [memoryview(data)[n:]] if small else W.skip_bytes(parts, n)
@@ -200,9 +312,18 @@ class _Outbound:
 
     def trim(self, acked: int) -> None:
         u = self.unacked
-        while u and u[0][0] <= acked:
-            u.popleft()
+        n = nbytes = 0
+        # Under the lock: a direct write appends its message to ``unacked``
+        # only after the write, and must not miss an acknowledgement of it.
+        with self.lock:
+            sizes = self.sizes
+            while u and u[0][0] <= acked:
+                u.popleft()
+                nbytes += sizes.popleft()
+                n += 1
         self.last_ack_time = time.monotonic()
+        if n:
+            self.window.release(n, nbytes)
 
     def fail(self, exc: BaseException) -> None:
         """Return every queued and unacknowledged message to its sender (each
@@ -215,6 +336,10 @@ class _Outbound:
             ports = {port_id for _s, _p, port_id in itertools.chain(self.unacked, self.queue) if port_id is not None}
             self.unacked.clear()
             self.queue.clear()
+            n, nbytes = len(self.sizes), sum(self.sizes)
+            self.sizes.clear()
+        if n:
+            self.window.release(n, nbytes)
         self.cancel.cancel()
         self.kernel._fail_pending(self.proc_id, exc, ports)
 
@@ -384,9 +509,15 @@ class _Outbound:
         is closing (checked every 0.1 s while the peer does not read)."""
         poller = select.poll()
         poller.register(sock.fileno(), select.POLLOUT)
-        while parts:
+        # At most 512 parts per sendmsg; only those are re-sliced after a
+        # write (re-slicing all of a batch of thousands of small messages
+        # after each write made the batch quadratic: 100k small messages
+        # took ~50 s).  ``chunk[0]`` is ``parts[i]`` or its unsent rest.
+        i = 0
+        chunk = parts[:512]
+        while chunk:
             try:
-                n = sock.sendmsg(parts[:512])
+                n = sock.sendmsg(chunk)
             except (BlockingIOError, InterruptedError):
                 if self.failed is not None or self.kernel._closing:
                     raise ConnectionClosed(f"session to {self.proc_id} ended during a write") from None
@@ -394,7 +525,9 @@ class _Outbound:
                 continue
             except OSError as e:
                 raise ConnectionClosed(f"connection to {self.proc_id} broke: {e.strerror or e}") from None
-            parts = W.skip_bytes(parts, n)
+            rest = W.skip_bytes(chunk, n)
+            i += len(chunk) - len(rest)
+            chunk = rest + parts[i + len(rest) : i + 512]
 
     async def _watchdog(self, address: str) -> None:
         """A connection that stays up but stops acknowledging (a cut link, a
@@ -491,6 +624,8 @@ class _Acker:
         self.last = last
         self.eager = eager  # acknowledge at once (the sender is stopping, or this proc is)
         self.wake = trio.Event()
+        self.hurry = False  # the sender asked for the next acknowledgement at once (F_ACK_SOON)
+        self.hurried: trio.Event | None = None  # set to cut a delayed acknowledgement's wait short
 
     def delivered(self, seq: int, drained: bool) -> None:
         self.last = seq
@@ -502,12 +637,24 @@ class _Acker:
         self.eager = True
         self.wake.set()
 
+    def soon(self) -> None:
+        """Acknowledge what is delivered by the time this task runs, without
+        the delay, once (loop thread; a message flagged ``F_ACK_SOON``)."""
+        self.hurry = True
+        self.wake.set()
+        if self.hurried is not None:
+            self.hurried.set()
+
     async def run(self) -> None:
         while True:
             await self.wake.wait()
             self.wake = trio.Event()
-            if self.last - self.acked < self.ACK_EVERY and not self.eager:
-                await trio.sleep(self.ACK_DELAY)
+            if self.last - self.acked < self.ACK_EVERY and not self.eager and not self.hurry:
+                self.hurried = trio.Event()
+                with trio.move_on_after(self.ACK_DELAY):
+                    await self.hurried.wait()
+                self.hurried = None
+            self.hurry = False
             last = self.last
             if last > self.acked:
                 await self.stream.send_all(W.FIXED.pack(W.K_ACK, 0, 0, 0, 0, last))
@@ -540,6 +687,10 @@ class Kernel:
         self.bind_spec = bind_spec or transport.default_bind_spec()
         self.address: str | None = None
         self.delivery_timeout = DELIVERY_TIMEOUT
+        # Send windows (flow control), one per destination proc; limits of new ones.
+        self.send_window_msgs = SEND_WINDOW_MSGS
+        self.send_window_bytes = SEND_WINDOW_BYTES
+        self._windows: dict[str, _Window] = {}
         self.token: trio.lowlevel.TrioToken | None = None
         self.thread_ident: int | None = None
         self.actors: dict[str, Any] = {}
@@ -747,8 +898,19 @@ class Kernel:
         reply_port: int | None = None,
         track: bool = True,
     ) -> None:
-        """Send one message to a proc (thread-safe, non-blocking, FIFO per
-        calling thread and destination).
+        """Send one message to a proc (thread-safe, FIFO per calling thread
+        and destination).
+
+        Flow control: when the proc's send window is full (``_Window``:
+        ``MONARCH_SEND_WINDOW_MB`` / ``MONARCH_SEND_WINDOW_MSGS`` of messages
+        not yet acknowledged), the calling thread first waits for room, unless
+        it is the kernel's loop thread, a thread serving inbound sessions, or
+        ``kind`` is ``K_CONTROL``: those never wait (their messages still
+        count).  The wait ends as soon as acknowledgements make room, or when
+        waiting is moot (the proc is dead, the session failed, the kernel is
+        closing, the delivery timeout passed without an acknowledgement); the
+        message then goes on as usual (to be failed, if it cannot be
+        delivered).  Otherwise it does not block.
 
         ``reply_port`` names a local port to fail if the message cannot be
         delivered.  With ``track`` (the default) the port also expects a
@@ -759,16 +921,34 @@ class Kernel:
         if proc_id == self.proc_id:
             self.route(kind, flags, header, payload, buffers, self.proc_id)
             return
+        size = _FIXED_SIZE + len(header) + len(payload)
+        if buffers:
+            size += sum(8 + memoryview(b).nbytes for b in buffers)
+        w = self._windows.get(proc_id)
+        if w is None:
+            w = self._window(proc_id)
+        # _Window.take, inlined for a window with room (every message pays this)
+        with w.lock:
+            msgs = w.msgs
+            if msgs < w.max_msgs and w.nbytes < w.max_bytes:
+                w.msgs = msgs = msgs + 1
+                w.nbytes = nbytes = w.nbytes + size
+                if msgs >= w.ask_msgs or nbytes >= w.ask_bytes:
+                    w.ask_msgs = w.ask_bytes = math.inf
+                    flags |= _F_ACK_SOON
+                w = None
+        if w is not None and w.take(size, self, proc_id, kind):  # full: wait for room if this thread may
+            flags |= _F_ACK_SOON
         if not self._tx:
             out = self._outbound.get(proc_id)
             if out is not None and out.sock is not None and out.failed is None:
                 if reply_port is not None and track:
                     self._wait_on(proc_id, reply_port)
-                if out.try_direct(kind, flags, header, payload, buffers, reply_port):
+                if out.try_direct(kind, flags, header, payload, buffers, reply_port, size):
                     if proc_id in self.dead and reply_port is not None:  # raced with its death
                         self.call_soon(self._fail_port, reply_port, self._dead_error(proc_id), proc_id)
                     return
-        self._tx.append((proc_id, address, kind, flags, header, payload, buffers, reply_port, track))
+        self._tx.append((proc_id, address, kind, flags, header, payload, buffers, reply_port, track, size))
         if not self._tx_scheduled:
             self._tx_scheduled = True
             if self.thread_ident == threading.get_ident():
@@ -793,13 +973,16 @@ class Kernel:
             self._push(*tx[0])
             tx.popleft()
 
-    def _push(self, proc_id, address, kind, flags, header, payload, buffers, reply_port, track=True) -> None:
+    def _push(self, proc_id, address, kind, flags, header, payload, buffers, reply_port, track=True,
+              size=0) -> None:
         if proc_id in self.dead:
+            self._window(proc_id).release(1, size)
             if reply_port is not None:
                 self._fail_port(reply_port, self._dead_error(proc_id), proc_id)
             return
         if address is not None and proc_id not in self._addresses:
             if not isinstance(address, str):
+                self._window(proc_id).release(1, size)
                 if reply_port is not None:
                     self._fail_port(reply_port, UndeliverableMessageError(f"bad address {address!r}"), proc_id)
                 return
@@ -807,6 +990,7 @@ class Kernel:
         out = self._outbound.get(proc_id)
         if out is None or out.failed is not None:
             if self._closing:
+                self._window(proc_id).release(1, size)
                 if reply_port is not None:
                     self._fail_port(reply_port, RuntimeError("the monarch kernel is shutting down"), proc_id)
                 return
@@ -816,7 +1000,35 @@ class Kernel:
             self._nursery.start_soon(self._run_outbound, out)
         if reply_port is not None and track:
             self._wait_on(proc_id, reply_port)
-        out.push(kind, flags, header, payload, buffers, reply_port)
+        out.push(kind, flags, header, payload, buffers, reply_port, size)
+
+    def _window(self, proc_id: str) -> _Window:
+        """The send window to ``proc_id`` (any thread; created on first use)."""
+        w = self._windows.get(proc_id)
+        if w is None:
+            msgs, nbytes = self.send_window_msgs, self.send_window_bytes
+            w = self._windows.setdefault(
+                proc_id, _Window(msgs if msgs > 0 else math.inf, nbytes if nbytes > 0 else math.inf)
+            )
+        return w
+
+    def send_window(self, proc_id: str) -> tuple[int, int]:
+        """Messages and bytes in flight to ``proc_id`` now: handed to
+        :meth:`send`, not yet acknowledged (any thread)."""
+        w = self._windows.get(proc_id)
+        return (w.msgs, w.nbytes) if w is not None else (0, 0)
+
+    def _ack_soon(self, sender: str) -> None:
+        """A message from ``sender`` asked to be acknowledged at once
+        (``F_ACK_SOON``): acknowledge what its sessions delivered (any
+        reading thread)."""
+        p = self._poller
+        if p is not None:
+            p.ack_sender_soon(sender)
+        if self._ackers and self.in_loop():
+            for a in list(self._ackers):
+                if a.sender == sender:
+                    a.soon()
 
     async def _run_outbound(self, out: _Outbound) -> None:
         try:
@@ -996,12 +1208,15 @@ class Kernel:
         A header of the wrong shape raises :class:`ProtocolError` (the
         connection that carried it is dropped); nothing else is raised.
         """
-        if flags & W.F_TREE:
-            handler = self.tree_handler
-            if kind != W.K_ACTOR or handler is None:
-                raise ProtocolError(f"peer {sender} sent a cast-tree message this proc cannot forward")
-            handler(self, header, payload, buffers, sender)
-            return
+        if flags & _F_TREE_OR_ACK_SOON:
+            if flags & _F_ACK_SOON:
+                self._ack_soon(sender)
+            if flags & W.F_TREE:
+                handler = self.tree_handler
+                if kind != W.K_ACTOR or handler is None:
+                    raise ProtocolError(f"peer {sender} sent a cast-tree message this proc cannot forward")
+                handler(self, header, payload, buffers, sender)
+                return
         h = W.decode_packed(sender, kind, header) if flags & W.F_PACKED else W.decode_header(sender, header)
         if kind == W.K_ACTOR:
             if len(h) != 9 or not isinstance(h[0], str) or not isinstance(h[1], str):

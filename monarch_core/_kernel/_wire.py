@@ -52,6 +52,7 @@ K_BYE = 5  # orderly end of a session: receiver forgets it
 # frame flags
 F_PACKED = 1  # the routing header is packed (see ``port_header``/``actor_header``), not plain marshal
 F_TREE = 2  # an actor message on its way through a cast tree (header: see ``monarch_core._actor._tree``)
+F_ACK_SOON = 4  # the sender is near its send window: acknowledge this message as soon as it is delivered
 
 # port message status
 S_VALUE = 0
