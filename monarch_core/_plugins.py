@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pluggy
 
+from monarch_core import settings
 from monarch_core import hookspecs
 from monarch_core.errors import UnknownSchedulerError, UnknownTransportError
 
@@ -81,7 +82,7 @@ class PluginRegistry:
         self._transport_specs: dict[str, hookspecs.TransportSpec] | None = None
         self._scheduler_specs: dict[str, hookspecs.SchedulerSpec] | None = None
         self._transports: dict[str, hookspecs.Transport] = {}
-        blocked = {n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()}
+        blocked = set(settings.get(DISABLE_ENV))
         self.blocked = blocked
         self._resolved: list[tuple[str, str, str, str]] = []  # (name, entry point value, dist, version)
         from monarch_core import _builtins

@@ -30,14 +30,16 @@ from typing import Any
 
 from monarch_core.errors import ConfigError
 
-__all__ = ["SETTINGS", "Setting", "get", "markdown_table"]
+__all__ = ["SETTINGS", "Setting", "get", "is_set", "markdown_table"]
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 _KINDS = {
     "seconds": "a number of seconds",
     "float": "a number",
     "int": "an integer",
     "mib": "a whole number of MiB",
-    "bool": "0 or 1",
+    "bool": "0 or 1 (or true/false, yes/no, on/off)",
     "str": "a string",
     "path": "a file path",
     "names": "a comma-separated list of names",
@@ -71,9 +73,10 @@ class Setting:
         if kind == "names":
             return tuple(n.strip() for n in text.split(",") if n.strip())
         if kind == "bool":
-            if text not in ("0", "1"):
+            word = text.lower()
+            if word not in _TRUE and word not in _FALSE:
                 raise self._bad(raw)
-            return text == "1"
+            return word in _TRUE
         try:
             value: float = int(text) if kind in ("int", "mib") else float(text)
         except ValueError:
@@ -131,6 +134,8 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_TLS_HANDSHAKE_TIMEOUT", "seconds", 10.0, "seconds a TLS handshake may take", minimum=0.001, owner=_TCP),
         _s("MONARCH_CAST_TREE_MIN", "int", 128, "meshes of at least this many actors are reached through a cast tree (see docs/architecture.md)", minimum=2),
         _s("MONARCH_CAST_FANOUT", "int", 16, "children per node of a cast tree: no process sends more than this many messages per cast", minimum=2),
+        _s("MONARCH_SEND_WINDOW_MB", "float", 64.0, "MiB a process holds for one destination proc, sent and not yet acknowledged, before a sender waits for room (flow control; 0: no limit)", minimum=0),
+        _s("MONARCH_SEND_WINDOW_MSGS", "int", 16384, "messages a process holds for one destination proc before a sender waits for room (0: no limit)", minimum=0),
         _s("MONARCH_FORK_SERVER", "bool", True, "0 starts every proc with exec instead of forking it from the pre-imported fork server"),
         _s("MONARCH_BUFFER_POOL_MB", "mib", 256, "MiB of large receive buffers kept for reuse once their consumers drop them; 0 disables", minimum=0),
         _s("MONARCH_MALLOC_REUSE_MB", "mib", 256, "procs: allocations up to this many MiB reuse freed heap pages, with one malloc arena (0: glibc defaults); a client applies it only when the variable is set", minimum=0),
@@ -149,6 +154,13 @@ def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
     process environment).  Raises :class:`ConfigError` on a malformed value
     and :class:`KeyError` for a name that is not declared here."""
     return SETTINGS[name].parse((os.environ if environ is None else environ).get(name))
+
+
+def is_set(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether setting ``name`` is given a (non-blank) value."""
+    _ = SETTINGS[name]
+    raw = (os.environ if environ is None else environ).get(name)
+    return raw is not None and bool(raw.strip())
 
 
 def markdown_table(public: bool) -> str:

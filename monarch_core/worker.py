@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from typing import Sequence
 
+from monarch_core import settings
 from monarch_core._launch._worker import READY_PREFIX, run_worker_loop_forever
 
 __all__ = ["attach_to_workers", "main", "run_worker_loop_forever"]
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         help="exit (killing this worker's procs) when the process that started it goes away (an ssh session, "
              "the client of a local host)",
     )
-    parser.add_argument("--log-level", default=os.environ.get("MONARCH_LOG_LEVEL", "WARNING"))
+    parser.add_argument("--log-level", default=settings.get("MONARCH_LOG_LEVEL") or "WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="[%(levelname)s worker loop] %(name)s: %(message)s")
     try:

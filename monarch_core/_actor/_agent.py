@@ -12,12 +12,12 @@ from __future__ import annotations
 import collections
 import marshal
 import logging
-import os
 import threading
 import time
 from typing import TYPE_CHECKING, Any
 
 
+from monarch_core import settings
 from monarch_core._actor import _serial, _state
 from monarch_core._actor._port import ReturnPort, send_to_port, wrap_exception
 from monarch_core._kernel import _wire as W
@@ -32,11 +32,11 @@ logger = logging.getLogger("monarch.proc")
 #: Seconds a message for a not-yet-spawned actor is held before it is
 #: returned as undeliverable.
 HOLD_TIMEOUT = 30.0
-STOP_GRACE = float(os.environ.get("MONARCH_STOP_GRACE", "10"))
+STOP_GRACE: float = settings.get("MONARCH_STOP_GRACE")
 #: Seconds between heartbeats a parent sends its child procs, and how long a
 #: child may go without answering before it is declared hung and killed.
-HEARTBEAT_INTERVAL = float(os.environ.get("MONARCH_HEARTBEAT_INTERVAL", "2"))
-HEARTBEAT_TIMEOUT = float(os.environ.get("MONARCH_HEARTBEAT_TIMEOUT", "30"))
+HEARTBEAT_INTERVAL: float = settings.get("MONARCH_HEARTBEAT_INTERVAL")
+HEARTBEAT_TIMEOUT: float = settings.get("MONARCH_HEARTBEAT_TIMEOUT")
 
 
 class Supervised:

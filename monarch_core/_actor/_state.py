@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from monarch_core import settings
 from monarch_core._mesh._shape import Extent, Point
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ def _start_client() -> None:
     from monarch_core._kernel._runtime import Kernel
     from monarch_core._plugins import registry
 
-    if "MONARCH_MALLOC_REUSE_MB" in os.environ:  # procs tune malloc by default; a client only when asked
+    if settings.is_set("MONARCH_MALLOC_REUSE_MB"):  # procs tune malloc by default; a client only when asked
         from monarch_core._launch._proc_main import tune_malloc
 
         tune_malloc()

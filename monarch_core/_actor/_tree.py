@@ -32,34 +32,20 @@ from __future__ import annotations
 
 import logging
 import marshal
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from monarch_core import settings
 from monarch_core._kernel import _wire as W
 from monarch_core.errors import ProtocolError
 
 logger = logging.getLogger("monarch.actor")
 
-def _env_int(name: str, default: int, low: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = low - 1
-    if value < low:
-        raise ValueError(f"{name}={raw!r} is not valid: expected an integer >= {low} (default {default}); "
-                         f"unset it or fix its value")
-    return value
-
-
 #: Children per node of a cast tree (``MONARCH_CAST_FANOUT``).
-FANOUT = _env_int("MONARCH_CAST_FANOUT", 16, 2)
+FANOUT: int = settings.get("MONARCH_CAST_FANOUT")
 #: Meshes of at least this many actors are reached through the tree
 #: (``MONARCH_CAST_TREE_MIN``); smaller ones get one message per member.
-TREE_MIN = _env_int("MONARCH_CAST_TREE_MIN", 128, 2)
+TREE_MIN: int = settings.get("MONARCH_CAST_TREE_MIN")
 
 _ALL = None  # "every member of the subtree", in place of an explicit target list
 #: The address a message's table gives a member its sender knows to be dead.

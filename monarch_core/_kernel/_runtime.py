@@ -23,7 +23,6 @@ import collections
 import itertools
 import logging
 import math
-import os
 import random
 import select
 import signal
@@ -36,6 +35,7 @@ from typing import Any, Protocol
 
 import trio
 
+from monarch_core import settings
 from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._inbound import ACK_DELAY, ACK_EVERY, InboundSession, Poller, SessionFence, reading
@@ -57,17 +57,9 @@ logger = logging.getLogger("monarch.kernel")
 _ACK_NONE = W.FIXED.pack(W.K_ACK, 0, 0, 0, 0, 0)
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        logger.warning("ignoring %s=%r: not a number", name, os.environ.get(name))
-        return default
-
-
 #: Seconds a message may stay unacknowledged (reconnecting included) before it
 #: is returned to its sender as undeliverable.
-DELIVERY_TIMEOUT = _env_float("MONARCH_DELIVERY_TIMEOUT", 30.0)
+DELIVERY_TIMEOUT: float = settings.get("MONARCH_DELIVERY_TIMEOUT")
 #: Refused reconnects (after a broken connection) that declare a proc dead.
 REFUSALS_FOR_DEAD = 4
 #: Seconds to wait, once a proc looks dead, for its parent's word on how it ended.
@@ -77,17 +69,17 @@ DEAD_VERDICT_GRACE = 0.3
 DIRECT_JOIN_MAX = 64 * 1024
 #: Read inbound sessions over plain sockets on a thread of their own
 #: (``MONARCH_THREADED_INBOUND=0``: on the trio loop, as TLS sessions are).
-THREADED_INBOUND = os.environ.get("MONARCH_THREADED_INBOUND", "1") != "0"
+THREADED_INBOUND: bool = settings.get("MONARCH_THREADED_INBOUND")
 #: Seconds since the last direct write under which a session counts as busy
 #: (a burst): its messages then go through the loop, which writes them in
 #: batches (MONARCH_DIRECT_GAP_US).
-DIRECT_GAP = _env_float("MONARCH_DIRECT_GAP_US", 100.0) / 1e6
+DIRECT_GAP = settings.get("MONARCH_DIRECT_GAP_US") / 1e6
 _monotonic = time.perf_counter
 #: Queued writes of at least this many bytes on a plain socket are done by a
 #: worker thread.
 THREAD_WRITE_MIN = 1 << 20
 #: Seconds to wait for a handshake from a new connection.
-HANDSHAKE_TIMEOUT = _env_float("MONARCH_HANDSHAKE_TIMEOUT", 10.0)
+HANDSHAKE_TIMEOUT: float = settings.get("MONARCH_HANDSHAKE_TIMEOUT")
 #: Reconnect backoff of an outbound session, in seconds: exponential with full
 #: jitter -- after the n-th failed attempt in a row it waits a random time in
 #: [0, min(BACKOFF_CAP, BACKOFF_BASE * 2**n)], so sessions that broke together
@@ -115,8 +107,8 @@ _dropped = ThrottledLog(logger)
 #: receiver's acknowledgement cadence (``ACK_EVERY`` = 256 messages,
 #: ``ACK_BYTES`` = 8 MiB), so that the window fills only when the receiver
 #: falls behind: docs/performance.md.
-SEND_WINDOW_BYTES = int(_env_float("MONARCH_SEND_WINDOW_MB", 64.0) * (1 << 20))
-SEND_WINDOW_MSGS = int(_env_float("MONARCH_SEND_WINDOW_MSGS", 16384))
+SEND_WINDOW_BYTES = int(settings.get("MONARCH_SEND_WINDOW_MB") * (1 << 20))
+SEND_WINDOW_MSGS: int = settings.get("MONARCH_SEND_WINDOW_MSGS")
 _FIXED_SIZE = W.FIXED_SIZE
 _F_ACK_SOON = W.F_ACK_SOON
 _F_TREE_OR_ACK_SOON = W.F_TREE | W.F_ACK_SOON

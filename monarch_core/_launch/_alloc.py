@@ -22,14 +22,15 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from monarch_core import settings
 from monarch_core.errors import AllocationError, ConfigError, MonarchError
 
 logger = logging.getLogger("monarch.launch")
 
 #: Seconds a scheduler's ``allocate`` plus the readiness step may take.
-ALLOCATE_TIMEOUT = float(os.environ.get("MONARCH_ALLOCATE_TIMEOUT", "300"))
+ALLOCATE_TIMEOUT: float = settings.get("MONARCH_ALLOCATE_TIMEOUT")
 #: Seconds ``Allocation.release()`` may take before the core moves on.
-RELEASE_TIMEOUT = float(os.environ.get("MONARCH_RELEASE_TIMEOUT", "30"))
+RELEASE_TIMEOUT: float = settings.get("MONARCH_RELEASE_TIMEOUT")
 
 _live: dict[int, AllocationRecord] = {}
 _live_lock = threading.Lock()

@@ -21,6 +21,8 @@ import os
 import signal
 import sys
 
+from monarch_core import settings
+
 
 def _set_parent_death_signal() -> None:
     PR_SET_PDEATHSIG = 1
@@ -29,12 +31,6 @@ def _set_parent_death_signal() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except Exception:  # pragma: no cover - non-Linux
         pass
-
-
-#: Allocations up to this many MiB come from (and return to) the malloc heap
-#: instead of fresh ``mmap`` s, in procs (``MONARCH_MALLOC_REUSE_MB``; 0: glibc's
-#: default, which maps anything over 32 MiB afresh).
-MALLOC_REUSE_MB_DEFAULT = 256
 
 
 def tune_malloc(env: dict | None = None) -> bool:
@@ -48,12 +44,10 @@ def tune_malloc(env: dict | None = None) -> bool:
     the process uses one arena (threads allocating at the same time then
     share its lock).  The cost: up to this many MiB of freed memory may stay
     in the process for reuse.  True if applied (call before threads start)."""
-    env = os.environ if env is None else env
-    raw = env.get("MONARCH_MALLOC_REUSE_MB", str(MALLOC_REUSE_MB_DEFAULT))
     try:
-        mb = int(raw)
-    except ValueError:
-        logging.getLogger("monarch.proc").warning("ignoring MONARCH_MALLOC_REUSE_MB=%r: not an integer", raw)
+        mb = settings.get("MONARCH_MALLOC_REUSE_MB", env)
+    except ValueError as e:  # a proc must start: say so, and go on without the tuning
+        logging.getLogger("monarch.proc").warning("%s", e)
         return False
     if mb <= 0:
         return False

@@ -48,6 +48,7 @@ import socket
 import sys
 import threading
 from typing import Any
+from monarch_core import settings
 
 logger = logging.getLogger("monarch.proc")
 
@@ -77,7 +78,7 @@ def startup_fingerprint(env: Any) -> tuple:
 
 def enabled() -> bool:
     return (
-        os.environ.get(OPT_OUT_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+        settings.get(OPT_OUT_ENV)
         and sys.platform.startswith("linux")
         and hasattr(os, "pidfd_open")
         and hasattr(signal, "pidfd_send_signal")

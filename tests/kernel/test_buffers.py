@@ -64,7 +64,7 @@ def test_tune_malloc_obeys_its_variable() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["True", "False", "False"], out.stderr
-    assert "not an integer" in out.stderr
+    assert "MONARCH_MALLOC_REUSE_MB must be a whole number of MiB >= 0, got 'x'" in out.stderr
 
 
 def test_procs_reuse_large_buffers(procs_for_buffers) -> None:  # type: ignore[no-untyped-def]
