@@ -21,6 +21,8 @@ import os
 import signal
 import sys
 
+from monarch_core._actor._state import MALLOC_REUSE_MB_DEFAULT, tune_malloc  # noqa: F401 - defined below the launch layer
+
 
 def _set_parent_death_signal() -> None:
     PR_SET_PDEATHSIG = 1
@@ -29,46 +31,6 @@ def _set_parent_death_signal() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except Exception:  # pragma: no cover - non-Linux
         pass
-
-
-#: Allocations up to this many MiB come from (and return to) the malloc heap
-#: instead of fresh ``mmap`` s, in procs (``MONARCH_MALLOC_REUSE_MB``; 0: glibc's
-#: default, which maps anything over 32 MiB afresh).
-MALLOC_REUSE_MB_DEFAULT = 256
-
-
-def tune_malloc(env: dict | None = None) -> bool:
-    """Let large buffers reuse freed memory (glibc only).
-
-    Every large message a proc receives lands in a new buffer.  A freshly
-    mapped 64 MiB buffer costs ~16k page faults (~35 ms on a VM, five times
-    the copy itself); from the heap, once a buffer of that size has been
-    freed, the next one reuses its pages.  glibc serves large requests from
-    a non-main thread's arena with fresh mappings whatever the threshold, so
-    the process uses one arena (threads allocating at the same time then
-    share its lock).  The cost: up to this many MiB of freed memory may stay
-    in the process for reuse.  True if applied (call before threads start)."""
-    env = os.environ if env is None else env
-    raw = env.get("MONARCH_MALLOC_REUSE_MB", str(MALLOC_REUSE_MB_DEFAULT))
-    try:
-        mb = int(raw)
-    except ValueError:
-        logging.getLogger("monarch.proc").warning("ignoring MONARCH_MALLOC_REUSE_MB=%r: not an integer", raw)
-        return False
-    if mb <= 0:
-        return False
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # pragma: no cover - not glibc
-        return False
-    size = mb << 20
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
-    return (
-        bool(mallopt(M_MMAP_THRESHOLD, size))
-        and bool(mallopt(M_TRIM_THRESHOLD, size))
-        and bool(mallopt(M_ARENA_MAX, 1))
-    )
 
 
 def main() -> None:
