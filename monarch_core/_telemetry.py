@@ -94,10 +94,13 @@ def lifecycle(name: str, **attributes: Any) -> None:
     recorder.record(TelemetryEvent("lifecycle", name, time.time_ns(), 0, attributes))
 
 
-def _span_attrs() -> dict[str, Any]:
-    from monarch_core._actor import _state
+#: The context variable holding the running actor (set by ``_actor._state``,
+#: which this bottom-layer module does not import).
+current_actor: Any = None
 
-    host = _state.current_actor.get()
+
+def _span_attrs() -> dict[str, Any]:
+    host = current_actor.get() if current_actor is not None else None
     return {"actor": host.actor_id} if host is not None else {}
 
 

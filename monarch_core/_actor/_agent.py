@@ -54,21 +54,6 @@ class Supervised:
         self.members = members  # _ProcSlot per actor rank
 
 
-class UndeliverableMessage:
-    """What ``Actor._handle_undeliverable_message(self, message)`` receives:
-    ``error`` (an ``UndeliverableMessageError`` naming the destination and why).
-    Return True to swallow it; otherwise the sending actor fails."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-    def __str__(self) -> str:
-        return str(self.error)
-
-    def __repr__(self) -> str:
-        return f"UndeliverableMessage({self.error!r})"
-
-
 class ProcAgent:
     def __init__(self, kernel: Kernel) -> None:
         from monarch_core._actor import _tree
@@ -230,9 +215,7 @@ class ProcAgent:
             waiters.append(reply)
             return
         self.controller_waiters[name] = [reply]
-        from monarch_core._actor._mesh import spawn_local_controller
-
-        spawn_local_controller(self, name, payload, buffers)
+        _state.upper.spawn_local_controller(self, name, payload, buffers)  # type: ignore[misc] - set by _mesh
 
     def controller_ready(self, name: str, mesh: Any, error: BaseException | None) -> None:
         """Called (any thread) when a controller's __init__ finished."""

@@ -7,12 +7,15 @@ import inspect
 import random
 from typing import TYPE_CHECKING, Any, Callable, Generic, Literal, TypeVar, overload
 
+from monarch_core._actor import _state
 from monarch_core._actor._future import Cell, Future
 from monarch_core._actor._port import Port, StreamIterator
 
 if TYPE_CHECKING:
-    from monarch_core._actor._mesh import ActorMesh
     from monarch_core._mesh._value_mesh import ValueMesh
+
+#: An ``_mesh.ActorMesh`` (that module imports this one, so it is not named here).
+ActorMesh = Any
 
 try:  # Python >= 3.10
     from typing import ParamSpec
@@ -203,7 +206,7 @@ class Endpoint(Generic[P, R]):
     docs/architecture.md, *Flow control*.
     """
 
-    def __init__(self, mesh: ActorMesh[Any], name: str, prop: EndpointProperty[P, R]) -> None:
+    def __init__(self, mesh: ActorMesh, name: str, prop: EndpointProperty[P, R]) -> None:
         self._mesh = mesh
         self._name = name
         self._prop = prop
@@ -287,7 +290,7 @@ class Endpoint(Generic[P, R]):
 class NotAnEndpoint:
     """What a plain (undecorated) actor method looks like on a mesh."""
 
-    def __init__(self, mesh: ActorMesh[Any], name: str, method: Callable[..., Any]) -> None:
+    def __init__(self, mesh: ActorMesh, name: str, method: Callable[..., Any]) -> None:
         self._mesh = mesh
         self._name = name
         self._method = method
@@ -387,3 +390,7 @@ class Accumulator(Generic[P, R, A]):
             return acc
 
         return _map_future(self._endpoint.call(*args, **kwargs), fold)
+
+
+# What ``ActorHost`` looks for on an actor's class (the proc runtime never imports this module).
+_state.upper.endpoint_property = EndpointProperty

@@ -35,11 +35,27 @@ from monarch_core._mesh._shape import Extent, Point
 from monarch_core.errors import SupervisionError
 
 if TYPE_CHECKING:
-    from monarch_core._actor._agent import ProcAgent
+    from monarch_core._kernel._upper import ProcAgentProtocol as ProcAgent
 
 logger = logging.getLogger("monarch.actor")
 
 _STOP = object()
+
+
+class UndeliverableMessage:
+    """What ``Actor._handle_undeliverable_message(self, message)`` receives:
+    ``error`` (an ``UndeliverableMessageError`` naming the destination and why).
+    Return True to swallow it; otherwise the sending actor fails."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __str__(self) -> str:
+        return str(self.error)
+
+    def __repr__(self) -> str:
+        return f"UndeliverableMessage({self.error!r})"
+
 _AWAIT = object()
 _SUPERVISE = object()
 _UNDELIVERABLE = object()
@@ -122,9 +138,7 @@ class ActorHost:
     # ---------------------------------------------------------------- public-ish
     @property
     def proc(self) -> Any:
-        from monarch_core._actor._mesh import this_proc
-
-        return this_proc()
+        return _state.upper.this_proc()  # type: ignore[misc] - set by _mesh
 
     def enqueue(self, h: tuple, payload: Any, buffers: list) -> None:
         """Queue a message (any thread)."""
@@ -416,14 +430,14 @@ class ActorHost:
         found = self._methods.get(name)
         if found is not None and found[0] is type(self.instance):
             return found[1], found[2]
-        from monarch_core._actor._endpoint import EndpointProperty
+        EndpointProperty = _state.upper.endpoint_property  # noqa: N806 - set by _endpoint
 
         cls = type(self.instance)
         for klass in cls.__mro__:
             attr = klass.__dict__.get(name)
             if attr is None:
                 continue
-            if isinstance(attr, EndpointProperty):
+            if EndpointProperty is not None and isinstance(attr, EndpointProperty):
                 self._methods[name] = (cls, attr, attr._method)
                 return attr, attr._method
             if callable(attr):
@@ -557,8 +571,6 @@ class ActorHost:
     async def _on_undeliverable(self, exc: BaseException) -> None:
         if self.failure is not None or self.stopped or self.instance is None:
             return
-        from monarch_core._actor._agent import UndeliverableMessage
-
         handler = getattr(self.instance, "_handle_undeliverable_message", None)
         if handler is not None:
             try:

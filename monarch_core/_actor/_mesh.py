@@ -13,6 +13,7 @@ import uuid
 from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
 
 if TYPE_CHECKING:
+    from monarch_core._kernel._runtime import Kernel
     from monarch_core.hookspecs import Allocation, HostHandle
 
 
@@ -189,7 +190,7 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     # ------------------------------------------------------------- sending
     def _send(self, index: int, method: str, reply: tuple | None, rank_in_msg: int, region: Region,
-              explicit: bool, payload: Any, bufs: list, reply_port: int | None, kernel: Any, sender: str,
+              explicit: bool, payload: Any, bufs: list, reply_port: int | None, kernel: Kernel, sender: str,
               ret: tuple | None = None) -> str:
         slot = self._members[region.root_rank(index)]
         header = W.actor_header(self._key, method, reply, rank_in_msg, region.labels, region.sizes, sender, ret,
@@ -202,7 +203,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         return slot.proc_id
 
     def _send_many(self, indices: Any, method: str, reply: tuple | None, region: Region, explicit: bool,
-                   payload: Any, bufs: list, reply_port: int | None, kernel: Any, sender: str,
+                   payload: Any, bufs: list, reply_port: int | None, kernel: Kernel, sender: str,
                    ret: tuple | None = None, gather: Any = None) -> list[str]:
         """Send to the region indices ``indices`` (None: all of them), through
         the cast tree for a mesh of ``_tree.TREE_MIN`` actors or more; the procs
@@ -596,7 +597,7 @@ def _rebuild_proc_mesh(name: str, refs: list, region: Region) -> ProcMesh:
     return ProcMesh(name, [_slot_from_ref(r) for r in refs], region, None, c, False)
 
 
-async def _stop_procs(kernel: Any, slots: list[_ProcSlot], reason: str, cell: Cell, grace: float) -> None:
+async def _stop_procs(kernel: Kernel, slots: list[_ProcSlot], reason: str, cell: Cell, grace: float) -> None:
     """Ask procs to stop (they get ``grace`` seconds to run ``__cleanup__``),
     escalate to SIGTERM then SIGKILL (through their worker loop for procs on
     remote hosts), resolve ``cell`` when all are gone."""
@@ -905,7 +906,7 @@ def _all_done(futs: list[Future[Any]]) -> Future[None]:
     return Future._of(out)
 
 
-def _fail_lost(kernel: Any, slots: list, host_name: str, reason: str, status: ProcStatus) -> None:
+def _fail_lost(kernel: Kernel, slots: list, host_name: str, reason: str, status: ProcStatus) -> None:
     """Procs asked for on a host already lost fail at once (kernel loop)."""
     for slot in slots:
         msg = f"{slot.describe} could not start: its host {host_name} was lost ({reason})"
@@ -914,7 +915,7 @@ def _fail_lost(kernel: Any, slots: list, host_name: str, reason: str, status: Pr
         status.fail(SupervisionError(msg), slot.proc_id)
 
 
-def _procs_of_host_lost(kernel: Any, shared: dict, hosts: list, host_name: str, reason: str) -> None:
+def _procs_of_host_lost(kernel: Kernel, shared: dict, hosts: list, host_name: str, reason: str) -> None:
     """Fail every proc of the host meshes sharing ``shared`` that runs on
     ``host_name``, and the session to its worker loop (kernel loop)."""
     for pm in list(shared["procs"]):
@@ -958,6 +959,10 @@ def this_proc() -> ProcMesh:
     return pm
 
 
+#: What the fork server imports above the proc runtime (see ``_zygote.warm_modules``).
+_FORK_SERVER_WARM = ("monarch_core.actor", "monarch_core._actor._endpoint")
+
+
 def this_host() -> HostMesh:
     """The machine this code runs on, as a one-host ``HostMesh`` (no
     dimensions).  Procs spawned from it are started by this process: forked
@@ -967,6 +972,7 @@ def this_host() -> HostMesh:
 
     # The fork server's imports overlap with the runtime's start and the
     # caller's work before its first spawn.
+    _zygote.warm_modules = _FORK_SERVER_WARM
     _zygote.start_early()
     try:
         rt = _state.runtime()
@@ -1135,13 +1141,13 @@ def spawn_local_controller(agent: Any, name: str, payload: Any, buffers: list) -
 ATTACH_TIMEOUT = float(os.environ.get("MONARCH_ATTACH_TIMEOUT", "10"))
 
 
-def _live_session(kernel: Any, proc_id: str) -> Any:
+def _live_session(kernel: Kernel, proc_id: str) -> Any:
     """The kernel's outbound session to ``proc_id`` if one runs (loop thread)."""
     out = kernel._outbound.get(proc_id)
     return out if out is not None and out.failed is None else None
 
 
-def _close_sessions(kernel: Any, proc_ids: set[str], why: str) -> None:
+def _close_sessions(kernel: Kernel, proc_ids: set[str], why: str) -> None:
     """End the outbound sessions to ``proc_ids``: no more connection attempts,
     and whatever they still carry fails with ``ConnectError(why)``."""
     from monarch_core.errors import ConnectError
@@ -1241,3 +1247,15 @@ def attach(
     hm = HostMesh(hosts, region, owner=True, name="workers")
     rt.agent.register_owned(_HostMeshOwnership(hm))
     return hm
+
+
+def _client_agent(kernel: Kernel) -> Any:
+    from monarch_core._actor._agent import ProcAgent  # lazily: it imports the kernel (trio)
+
+    return ProcAgent(kernel)
+
+
+# The proc runtime calls up into this layer through these (it never imports it).
+_state.upper.client_agent = _client_agent
+_state.upper.this_proc = this_proc
+_state.upper.spawn_local_controller = spawn_local_controller

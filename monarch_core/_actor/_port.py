@@ -21,6 +21,7 @@ from monarch_core._kernel._ports import PortHandler
 from monarch_core.errors import ActorError
 
 if TYPE_CHECKING:
+    from monarch_core._kernel._runtime import Kernel
     from monarch_core._mesh._shape import Extent
 
 R = TypeVar("R")
@@ -254,7 +255,7 @@ class OneReply(PortHandler):
 
     __slots__ = ("cell", "port_id", "proc_id", "kernel", "describe")
 
-    def __init__(self, kernel: Any, describe: str) -> None:
+    def __init__(self, kernel: Kernel, describe: str) -> None:
         self.cell = Cell()
         self.kernel = kernel
         self.port_id = kernel.add_port(self)
@@ -285,7 +286,7 @@ class GatherReplies(PortHandler):
     """Collects one reply per rank of a cast into a ``ValueMesh`` (``call``,
     ``initialized``).  The first error fails the whole future."""
 
-    def __init__(self, kernel: Any, extent: Extent, describe: str, build: Callable[[Extent, list], Any]) -> None:
+    def __init__(self, kernel: Kernel, extent: Extent, describe: str, build: Callable[[Extent, list], Any]) -> None:
         self.cell = Cell()
         self.kernel = kernel
         self.extent = extent
@@ -338,7 +339,7 @@ class GatherReplies(PortHandler):
 class StreamReplies(PortHandler):
     """Hands replies out in arrival order, one cell each (``stream``)."""
 
-    def __init__(self, kernel: Any, n: int, describe: str) -> None:
+    def __init__(self, kernel: Kernel, n: int, describe: str) -> None:
         self.kernel = kernel
         self.n = n
         self.describe = describe

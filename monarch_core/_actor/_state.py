@@ -14,14 +14,15 @@ import sys
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_core import settings
+from monarch_core import _telemetry
 from monarch_core._mesh._shape import Extent, Point
 
 if TYPE_CHECKING:
-    from monarch_core._actor._agent import ProcAgent
     from monarch_core._kernel._runtime import Kernel
+    from monarch_core._kernel._upper import ProcAgentProtocol
 
 logger = logging.getLogger("monarch.actor")
 
@@ -33,7 +34,7 @@ class ProcRuntime:
     """Everything this process knows about itself."""
 
     kernel: Kernel
-    agent: ProcAgent
+    agent: Any  # the proc agent (``_agent.ProcAgent``; the kernel sees a ``ProcAgentProtocol``)
     proc_id: str
     name: str
     is_client: bool
@@ -50,6 +51,23 @@ class ProcRuntime:
         return (self.proc_id, self.kernel.address)
 
 
+class Upper:
+    """Entry points of the layers above the proc runtime, filled in when those
+    modules are imported: the runtime calls up through these and never
+    imports them (the layers contract in ``pyproject.toml``)."""
+
+    #: ``kernel -> agent``: the client's proc agent (set by ``_mesh``).
+    client_agent: Callable[[Kernel], ProcAgentProtocol] | None = None
+    #: ``() -> ProcMesh``: ``_mesh.this_proc``.
+    this_proc: Callable[[], Any] | None = None
+    #: ``(agent, name, payload, buffers)``: ``_mesh.spawn_local_controller``.
+    spawn_local_controller: Callable[..., None] | None = None
+    #: ``_endpoint.EndpointProperty``: what marks an endpoint on an actor class.
+    endpoint_property: type | None = None
+
+
+upper = Upper()
+
 _runtime: ProcRuntime | None = None
 _runtime_lock = threading.Lock()
 _shutdown_done = False
@@ -60,6 +78,8 @@ current_actor: contextvars.ContextVar[Any] = contextvars.ContextVar("monarch_cur
 current_message_rank: contextvars.ContextVar[Point | None] = contextvars.ContextVar(
     "monarch_message_rank", default=None
 )
+
+_telemetry.current_actor = current_actor  # spans name the actor they ran in
 
 _EMPTY = Extent([], [])
 ROOT_POINT = Point(0, _EMPTY)
@@ -94,19 +114,18 @@ def runtime() -> ProcRuntime:
 
 def _start_client() -> None:
     from monarch_core._actor import _transport
-    from monarch_core._actor._agent import ProcAgent
     from monarch_core._kernel._runtime import Kernel
     from monarch_core._plugins import registry
 
     if settings.is_set("MONARCH_MALLOC_REUSE_MB"):  # procs tune malloc by default; a client only when asked
-        from monarch_core._launch._proc_main import tune_malloc
-
         tune_malloc()
     choice = _transport.current_choice()
     transport = registry().transport(choice.name)
     proc_id = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     kernel = Kernel(proc_id=proc_id, name="client", transport=transport, bind_spec=choice.bind_spec)
-    agent = ProcAgent(kernel)
+    if upper.client_agent is None:
+        raise RuntimeError("the monarch client runtime starts from monarch_core.actor: import it first")
+    agent = upper.client_agent(kernel)
     kernel.agent = agent
     kernel.start_thread()
     ref = (proc_id, kernel.address)
@@ -127,6 +146,40 @@ def _start_client() -> None:
     set_runtime(rt)
     atexit.register(_atexit_shutdown)
     logger.debug("client kernel listening on %s", kernel.address)
+
+
+def tune_malloc(env: dict | None = None) -> bool:
+    """Let large buffers reuse freed memory (glibc only).
+
+    Every large message a proc receives lands in a new buffer.  A freshly
+    mapped 64 MiB buffer costs ~16k page faults (~35 ms on a VM, five times
+    the copy itself); from the heap, once a buffer of that size has been
+    freed, the next one reuses its pages.  glibc serves large requests from
+    a non-main thread's arena with fresh mappings whatever the threshold, so
+    the process uses one arena (threads allocating at the same time then
+    share its lock).  The cost: up to this many MiB of freed memory may stay
+    in the process for reuse.  True if applied (call before threads start)."""
+    try:
+        mb = settings.get("MONARCH_MALLOC_REUSE_MB", env)
+    except ValueError as e:  # a proc must start: say so, and go on without the tuning
+        logging.getLogger("monarch.proc").warning("%s", e)
+        return False
+    if mb <= 0:
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # pragma: no cover - not glibc
+        return False
+    size = mb << 20
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+    return (
+        bool(mallopt(M_MMAP_THRESHOLD, size))
+        and bool(mallopt(M_TRIM_THRESHOLD, size))
+        and bool(mallopt(M_ARENA_MAX, 1))
+    )
 
 
 _requested_exit_code = 0

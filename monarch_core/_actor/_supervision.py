@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from typing import Any
 
@@ -132,8 +133,9 @@ def deliver_to_root(failure: MeshFailure) -> None:
 
 
 def _run_hook(failure: MeshFailure) -> None:
-    import monarch_core.actor as api
-
+    # The public façade, if loaded, may hold a user's hook (assigned to
+    # ``monarch_core.actor.unhandled_fault_hook``); this layer does not import it.
+    api = sys.modules.get("monarch_core.actor")
     hook = getattr(api, "unhandled_fault_hook", unhandled_fault_hook)
     try:
         hook(failure)

@@ -33,11 +33,14 @@ from __future__ import annotations
 import logging
 import marshal
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monarch_core import settings
 from monarch_core._kernel import _wire as W
 from monarch_core.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from monarch_core._kernel._runtime import Kernel
 
 logger = logging.getLogger("monarch.actor")
 
@@ -216,7 +219,7 @@ class SubtreeGather:
     go up in one batch once all are in; an error goes up at once (it fails
     the call), and so does the loss of a proc below (its replies never come)."""
 
-    def __init__(self, kernel: Any, up: tuple, expected: int) -> None:
+    def __init__(self, kernel: Kernel, up: tuple, expected: int) -> None:
         import threading
 
         self.kernel = kernel
@@ -317,7 +320,7 @@ def decode(peer: str, header: bytes) -> tuple:
 
 
 # ---------------------------------------------------------------- a member's proc
-def forward(kernel: Any, header: bytes, payload: Any, buffers: list, sender_proc: str) -> None:
+def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_proc: str) -> None:
     """A tree message arrived at this proc (the thread that read it): deliver
     it to the local member if it is a target, and send it on below."""
     h = decode(sender_proc, header)
@@ -376,13 +379,13 @@ def forward(kernel: Any, header: bytes, payload: Any, buffers: list, sender_proc
                            buffers, sender_proc)
 
 
-def _fail_targets(kernel: Any, at: int, n: int, fanout: int, targets: list | None, reply: tuple | None,
+def _fail_targets(kernel: Kernel, at: int, n: int, fanout: int, targets: list | None, reply: tuple | None,
                   method: str) -> None:
     """Answer every target below ``at`` with an error (a message this proc
     cannot route)."""
     if reply is None:
         return
-    from monarch_core._actor._port import send_to_port
+    from monarch_core._actor import _serial
     from monarch_core.errors import SupervisionError
 
     err = SupervisionError(
@@ -391,7 +394,12 @@ def _fail_targets(kernel: Any, at: int, n: int, fanout: int, targets: list | Non
     )
     ranks = subtree(at, n, fanout) if targets is _ALL else [r for _m, r in targets]
     for r in ranks:
-        try:
-            send_to_port(tuple(reply), r, W.S_ERROR, err)
+        try:  # what ``_port.send_to_port`` does (that module imports this one)
+            proc_id, address, port_id = reply
+            if not isinstance(proc_id, str) or not isinstance(port_id, int) or not (
+                    address is None or isinstance(address, str)):
+                raise ValueError(f"malformed port reference {reply!r}")
+            payload, bufs = _serial.dumps(err)
+            kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, W.port_header(port_id, r, W.S_ERROR), payload, bufs)
         except Exception:  # noqa: BLE001 - best effort: the sender may be gone
             logger.debug("could not report an unroutable cast to %s", reply, exc_info=True)

@@ -41,7 +41,7 @@ from monarch_core._kernel import _wire as W
 from monarch_core.errors import AuthenticationError, ConnectionClosed, ProtocolError
 
 if TYPE_CHECKING:
-    from monarch_core._kernel._runtime import Kernel
+    from monarch_core._kernel._upper import InboundKernel
 
 logger = logging.getLogger("monarch.kernel")
 
@@ -207,7 +207,7 @@ class InboundSession:
 
     def __init__(
         self,
-        kernel: Kernel,
+        kernel: InboundKernel,
         sock: socket.socket,
         reader: W.FrameReader,
         session: str,

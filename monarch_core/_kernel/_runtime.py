@@ -41,6 +41,7 @@ from monarch_core._kernel import _wire as W
 from monarch_core._kernel._inbound import ACK_DELAY, ACK_EVERY, InboundSession, Poller, SessionFence, reading
 from monarch_core._kernel._ports import PortHandler
 from monarch_core._kernel._throttle import ThrottledLog
+from monarch_core._kernel._upper import MailboxProtocol, ProcAgentProtocol
 from monarch_core.errors import (
     AuthenticationError,
     ConnectError,
@@ -685,10 +686,10 @@ class Kernel:
         self._windows: dict[str, _Window] = {}
         self.token: trio.lowlevel.TrioToken | None = None
         self.thread_ident: int | None = None
-        self.actors: dict[str, Any] = {}
+        self.actors: dict[str, MailboxProtocol] = {}
         self.ports: dict[int, PortHandler] = {}
         self._port_ids = itertools.count(1)
-        self.agent: Any = None  # the proc agent: handle_control(op, args, payload, buffers, sender)
+        self.agent: ProcAgentProtocol | None = None  # the proc agent (see ``_upper``)
         self.dead: dict[str, str] = {}
         self.on_proc_failed: list[Callable[[str, str, bool], None]] = []
         self._outbound: dict[str, _Outbound] = {}

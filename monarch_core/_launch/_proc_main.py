@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 
-from monarch_core import settings
+from monarch_core._actor._state import tune_malloc  # noqa: F401 - defined below the launch layer
 
 
 def _set_parent_death_signal() -> None:
@@ -31,38 +31,6 @@ def _set_parent_death_signal() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except Exception:  # pragma: no cover - non-Linux
         pass
-
-
-def tune_malloc(env: dict | None = None) -> bool:
-    """Let large buffers reuse freed memory (glibc only).
-
-    Every large message a proc receives lands in a new buffer.  A freshly
-    mapped 64 MiB buffer costs ~16k page faults (~35 ms on a VM, five times
-    the copy itself); from the heap, once a buffer of that size has been
-    freed, the next one reuses its pages.  glibc serves large requests from
-    a non-main thread's arena with fresh mappings whatever the threshold, so
-    the process uses one arena (threads allocating at the same time then
-    share its lock).  The cost: up to this many MiB of freed memory may stay
-    in the process for reuse.  True if applied (call before threads start)."""
-    try:
-        mb = settings.get("MONARCH_MALLOC_REUSE_MB", env)
-    except ValueError as e:  # a proc must start: say so, and go on without the tuning
-        logging.getLogger("monarch.proc").warning("%s", e)
-        return False
-    if mb <= 0:
-        return False
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # pragma: no cover - not glibc
-        return False
-    size = mb << 20
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
-    return (
-        bool(mallopt(M_MMAP_THRESHOLD, size))
-        and bool(mallopt(M_TRIM_THRESHOLD, size))
-        and bool(mallopt(M_ARENA_MAX, 1))
-    )
 
 
 def main() -> None:

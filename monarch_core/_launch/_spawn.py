@@ -22,7 +22,7 @@ import marshal
 import os
 import sys
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 
@@ -39,10 +39,13 @@ from monarch_core._launch._bootstrap import (
     apply_bind,
 )
 
+if TYPE_CHECKING:
+    from monarch_core._kernel._runtime import Kernel
+
 logger = logging.getLogger("monarch.proc")
 
 
-async def start_proc(kernel: Any, spec: ProcSpec, *, bind_spec: str | None) -> Any:
+async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -> Any:
     """Start the OS process for ``spec`` as a child of this process and hand
     it to the kernel to watch (kernel loop).  Raises on failure to start (the
     caller reports it)."""
@@ -112,7 +115,7 @@ def bootstrap_env_json(info: dict) -> str:
     return json.dumps(info, separators=(",", ":"))
 
 
-def _fork_server(kernel: Any, cmd: BootstrapCommand, argv: list[str], env: dict[str, str]) -> Any:
+def _fork_server(kernel: Kernel, cmd: BootstrapCommand, argv: list[str], env: dict[str, str]) -> Any:
     """The zygote to fork this proc from, or ``None`` to exec it: only the
     default command (this Python, ``-m`` the proc module, no wrapper) with no
     change to start-up variables is forked (see ``_zygote``).  Worker loops
@@ -172,7 +175,7 @@ async def spawn_local(rt: Any, entries: list, status: ProcStatus, boot_payload: 
             nursery.start_soon(start, slot, spec)
 
 
-def send_init(kernel: Any, slot: Any, spec: ProcSpec, boot_payload: tuple, status: ProcStatus) -> None:
+def send_init(kernel: Kernel, slot: Any, spec: ProcSpec, boot_payload: tuple, status: ProcStatus) -> None:
     header = marshal.dumps(("init", tuple(spec.status), spec.rank))
     kernel.send(slot.proc_id, None, W.K_CONTROL, 0, header, boot_payload[0], boot_payload[1], status.port_id)
 
@@ -195,7 +198,7 @@ class ProcStatus(PortHandler):
     """Collects hello/ready from newly spawned procs (any thread); ``cell``
     resolves when every proc is ready, or fails with the first error."""
 
-    def __init__(self, kernel: Any, slots: list, describe: Callable[[int], str]) -> None:
+    def __init__(self, kernel: Kernel, slots: list, describe: Callable[[int], str]) -> None:
         from monarch_core._actor._future import Cell
 
         self.kernel = kernel

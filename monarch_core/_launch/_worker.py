@@ -43,7 +43,7 @@ READY_PREFIX = "monarch worker loop listening on "
 class WorkerLoopAgent(ProcAgent):
     """The agent of a worker loop: a proc agent that also starts procs for clients."""
 
-    def __init__(self, kernel: Any, child_bind_spec: str | None = None) -> None:
+    def __init__(self, kernel: Kernel, child_bind_spec: str | None = None) -> None:
         super().__init__(kernel)
         self.is_host = True
         self.child_bind_spec = child_bind_spec  # where its procs bind (None: the transport's default)

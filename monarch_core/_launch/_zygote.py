@@ -39,6 +39,7 @@ forked; ``MONARCH_FORK_SERVER=0`` turns the fork server off.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import marshal
 import os
@@ -47,8 +48,12 @@ import signal
 import socket
 import sys
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
+
 from monarch_core import settings
+
+if TYPE_CHECKING:
+    from monarch_core._kernel._runtime import Kernel
 
 logger = logging.getLogger("monarch.proc")
 
@@ -64,6 +69,10 @@ _PER_PROC = frozenset({"MONARCH_PROC_BOOTSTRAP", "MONARCH_PROC_ID", OPT_OUT_ENV}
 _MAX_MSG = 1 << 20
 #: Seconds a new zygote may take to import everything and say it is ready.
 READY_TIMEOUT = 30.0
+#: Modules of the layers above that the fork server imports before its first
+#: fork (user actor modules import ``monarch_core.actor``).  Set by the mesh
+#: layer (``this_host``): the launch layer names nothing above it.
+warm_modules: tuple[str, ...] = ()
 #: Seconds the procs of a dead zygote get to die of their death signal.
 ORPHAN_GRACE = 5.0
 
@@ -89,8 +98,10 @@ def enabled() -> bool:
 # ====================================================================== the zygote process
 
 
-def _preload(transport: str | None, sock: socket.socket | None = None) -> None:
-    """Import what a proc imports before its first actor message.  The
+def _preload(transport: str | None, sock: socket.socket | None = None, warm: Sequence[str] = ()) -> None:
+    """Import what a proc imports before its first actor message: the proc
+    runtime, and the modules of the layers above named in ``warm`` (the
+    spawner's :data:`warm_modules`; this layer does not import them).  The
     plugins come from the spawner's list (its ``plugins`` message, sent once
     its own registry exists) when that has arrived by then, which spares
     every forked proc the scan of the installed distributions."""
@@ -101,10 +112,8 @@ def _preload(transport: str | None, sock: socket.socket | None = None) -> None:
     import cloudpickle  # noqa: F401
     import trio  # noqa: F401
 
-    import monarch_core.actor  # noqa: F401 - user actor modules import it
     from monarch_core._actor import (  # noqa: F401
         _agent,
-        _endpoint,
         _host,
         _serial,
         _state,
@@ -115,6 +124,8 @@ def _preload(transport: str | None, sock: socket.socket | None = None) -> None:
     from monarch_core._mesh import _shape  # noqa: F401
     from monarch_core._plugins import adopt_registry, registry
 
+    for name in warm:
+        importlib.import_module(name)
     if sock is not None:
         sock.setblocking(False)
         try:
@@ -183,12 +194,12 @@ def serve(fd: int, parent_pid: int) -> None:
         msg, _fds = _recv(sock)
         if msg is None:
             os._exit(0)
-        _op, sys_path, transport = msg
+        _op, sys_path, transport, warm = msg
         for p in reversed(sys_path):
             if p not in sys.path:
                 sys.path.insert(0, p)
         try:
-            _preload(transport, sock)
+            _preload(transport, sock, warm)
             problem = _unsafe_to_fork()
         except BaseException as e:  # noqa: BLE001 - reported to the spawner
             problem = f"its imports failed: {type(e).__name__}: {e}"
@@ -389,7 +400,7 @@ class _Zygote:
         import itertools
         import subprocess
 
-        self.kernel: Any = None
+        self.kernel: Kernel = None
         self.env = env
         self.fingerprint = startup_fingerprint(env)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -414,10 +425,10 @@ class _Zygote:
         self.pending: dict[int, list] = {}
         self._ids = itertools.count(1)
         self._closed = False
-        _send(mine, ("config", [p for p in sys.path if p], transport))
+        _send(mine, ("config", [p for p in sys.path if p], transport, list(warm_modules)))
         logger.debug("started fork server pid %d", self.pid)
 
-    def attach(self, kernel: Any) -> None:
+    def attach(self, kernel: Kernel) -> None:
         """Serve ``kernel`` (loop thread): start reading the zygote's reports."""
         import trio
 
@@ -657,7 +668,7 @@ class ForkServer:
     environment no longer matches this process's, gives up (exec only) if a
     zygote cannot start."""
 
-    def __init__(self, kernel: Any) -> None:
+    def __init__(self, kernel: Kernel) -> None:
         self.kernel = kernel
         self.current: _Zygote | None = None
         self.disabled: str | None = None
@@ -715,7 +726,7 @@ class ForkServer:
         return None  # this proc's own overrides change start-up variables
 
 
-def server_of(kernel: Any) -> ForkServer:
+def server_of(kernel: Kernel) -> ForkServer:
     """The kernel's fork server object (created on first use, thread-safe)."""
     s = kernel.__dict__.get("_fork_server")
     if s is None:
@@ -767,7 +778,7 @@ def discard_early() -> None:
         z.discard()
 
 
-def prestart(kernel: Any) -> None:
+def prestart(kernel: Kernel) -> None:
     """Start the kernel's zygote now, from any thread, so its imports overlap
     with whatever the caller does before its first spawn."""
     if kernel.__dict__.get("_fork_server") is not None or not enabled():

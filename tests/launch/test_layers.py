@@ -1,10 +1,70 @@
-"""Arrows point down: the kernel never imports the launch layer (or anything above it)."""
+"""Arrows point down: the layers contract (``[tool.importlinter]`` in
+pyproject.toml) holds, and no import cycle exists anywhere in monarch_core,
+imports inside functions and under ``TYPE_CHECKING`` included."""
 
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def test_the_import_linter_contracts_are_kept() -> None:
+    pytest.importorskip("importlinter")
+    from importlinter.api import read_configuration  # noqa: F401 - fails early if the API moved
+
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports())"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "BROKEN" not in out.stdout and "0 broken" in out.stdout, out.stdout
+
+
+def _cycles() -> list[list[str]]:
+    grimp = pytest.importorskip("grimp")
+    g = grimp.build_graph("monarch_core", cache_dir=None)
+    adj = {m: sorted(g.find_modules_directly_imported_by(m)) for m in g.modules}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in adj[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for m in sorted(adj):
+        if m not in index:
+            visit(m)
+    return found
+
+
+def test_no_import_cycle_in_monarch_core() -> None:
+    assert _cycles() == []
 
 
 def test_the_kernel_imports_neither_launch_nor_actor_modules() -> None:

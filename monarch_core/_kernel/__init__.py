@@ -1,0 +1,1 @@
+"""The trio kernel: wire format, sessions, routing, the poller. Imports nothing above it."""

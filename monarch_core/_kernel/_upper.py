@@ -1,0 +1,52 @@
+"""What the kernel needs from the layers around it, as typed protocols.
+
+The kernel sits below the actor layer and never imports it (the layers
+contract in ``pyproject.toml`` checks this).  It reaches the layer above only
+through the protocols defined here, which that layer implements:
+
+- :class:`ProcAgentProtocol`: the proc agent (``_actor._agent.ProcAgent``,
+  ``_launch._worker.WorkerLoopAgent``) that the kernel hands control messages
+  and messages for actors it does not know;
+- :class:`MailboxProtocol`: an actor's mailbox (``_actor._host.ActorHost``),
+  what ``Kernel.actors`` maps actor ids to.
+
+:class:`InboundKernel` is the part of ``Kernel`` that the inbound poller
+(``_inbound.py``) calls, so that ``_inbound`` need not import ``_runtime``
+(which imports it): the dependency inside the kernel is one-way.  (This
+module imports nothing of the kernel, so its types stay loose there.)
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol
+
+
+class MailboxProtocol(Protocol):
+    """An actor the kernel routes messages to (``Kernel.actors[actor_id]``)."""
+
+    def enqueue(self, h: tuple, payload: Any, buffers: list) -> None:
+        """Queue one message (its decoded 9-field actor header); any thread, must not block."""
+
+
+class ProcAgentProtocol(Protocol):
+    """The proc agent (``Kernel.agent``)."""
+
+    def handle_control(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        """Handle one control message (``h[0]`` is the op name); on the kernel loop."""
+
+    def no_such_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        """An actor message for an actor this proc does not (yet) run; any thread."""
+
+
+class InboundKernel(Protocol):
+    """The kernel as the inbound poller sees it."""
+
+    def route(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, sender: str) -> None: ...
+
+    def call_soon(self, fn: Callable, *args: Any) -> None: ...
+
+    def end_session(self, session: str, fence: Any) -> None: ...
+
+    def acks_at_once(self, sender: str) -> bool: ...
+
+    def inbound_poller(self) -> Any: ...  # the ``_inbound.Poller``
