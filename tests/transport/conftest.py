@@ -54,10 +54,11 @@ def host_addr(i: int) -> str:
 
 def child_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:
     """This environment without MONARCH_* settings, with this directory on
-    PYTHONPATH (so ``transport_actors`` imports everywhere), plus ``extra``
-    (a None value removes the variable)."""
+    PYTHONPATH (so ``transport_actors`` imports everywhere) and this checkout's
+    ``monarch_core`` and tcp plugin ahead of any installed copy, plus
+    ``extra`` (a None value removes the variable)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
-    env["PYTHONPATH"] = str(HERE)
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO), str(REPO / "plugins" / "transport_tcp")])
     env["PYTHONUNBUFFERED"] = "1"
     for k, v in (extra or {}).items():
         if v is None:
