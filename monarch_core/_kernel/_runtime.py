@@ -823,6 +823,7 @@ class Kernel:
                 if sender not in self._addresses:
                     self.learn_address(sender, sender_addr)
             last = self._inbound_last.get(session, 0)
+            reader.prove_by(self._inbound_last, session)  # proven once the session delivered a message
             await stream.send_all(W.encode_handshake({"proc": self.proc_id, "last": last}))
             sock = _raw_socket(stream) if THREADED_INBOUND else None
             if sock is not None:
@@ -849,20 +850,25 @@ class Kernel:
                     route(kind, flags, header, payload, buffers, sender)
                     acker.delivered(last, reader.buffered() < W.FIXED_SIZE)
         except BaseExceptionGroup as eg:
+            W.drop_frames(eg)  # frames of route() & co in these tracebacks hold the message being routed
             e = first_leaf(eg, skip=(trio.Cancelled,))
             if isinstance(e, (ProtocolError, AuthenticationError)):
-                logger.warning("dropping connection from %s: %s", peer, e)
+                # str(e) here and below: a handler that keeps records must not keep the exception
+                logger.warning("dropping connection from %s: %s", peer, str(e))
             elif not isinstance(e, (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
                 raise
             else:
-                logger.debug("inbound connection from %s ended: %s", peer, e)
+                logger.debug("inbound connection from %s ended: %s", peer, str(e))
         except trio.TooSlowError:
             logger.warning("connection from %s sent no handshake within %.0fs; dropped", peer, HANDSHAKE_TIMEOUT)
         except (ProtocolError, AuthenticationError) as e:
-            logger.warning("dropping connection from %s: %s", peer, e)
+            logger.warning("dropping connection from %s: %s", peer, str(e))
         except (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-            logger.debug("inbound connection from %s ended: %s", peer, e)
+            logger.debug("inbound connection from %s ended: %s", peer, str(e))
         finally:
+            # This frame can outlive the call in a traceback (trio's nursery errors form cycles that
+            # only the cyclic GC frees): it must not keep a message's buffers or the read buffer.
+            e = payload = buffers = reader = None
             if acker is not None:
                 self._ackers.discard(acker)
             with trio.CancelScope(shield=True):
@@ -883,7 +889,10 @@ class Kernel:
                 with trio.CancelScope(shield=True):
                     await done.wait()
         if t.error is not None:
-            raise t.error
+            try:
+                raise t.error
+            finally:
+                t.error = None  # no cycle: error -> traceback -> this frame -> t -> error
 
     def route(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, sender: str) -> None:
         """Deliver one message that arrived for this proc (any thread).
