@@ -101,6 +101,14 @@ class Stream(abc.ABC):
     #: Human-readable description of the peer, for error messages and logs.
     peer: str = "?"
 
+    #: True when the transport has established who the peer is (TLS with
+    #: client certificates): the kernel then receives its large messages at
+    #: their announced size from the first.  Otherwise (None: undeclared) the
+    #: peer is proven by delivering a message, and until then the kernel's
+    #: unproven-peer limits apply (``MONARCH_UNPROVEN_*``; a Unix socket whose
+    #: peer runs as this user counts as authenticated).
+    authenticated: bool | None = None
+
     @abc.abstractmethod
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         """Send every byte of ``data`` or raise ``ConnectionClosed``."""

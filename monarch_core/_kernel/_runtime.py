@@ -1123,6 +1123,7 @@ class Kernel:
                 fence = self._fences.setdefault(session, SessionFence())
             scope = trio.CancelScope()
             epoch, last = fence.take(scope.cancel)
+            reader.prove_by(lambda: fence.last > 0)  # proven once the session delivered a message
             with scope:
                 await stream.send_all(W.encode_handshake({"proc": self.proc_id, "last": last}))
                 sock = _raw_socket(stream) if THREADED_INBOUND else None
@@ -1154,20 +1155,24 @@ class Kernel:
                             route(kind, flags, header, payload, buffers, sender)
                         acker.delivered(seq, reader.buffered() < W.FIXED_SIZE)
         except BaseExceptionGroup as eg:
+            W.drop_frames(eg)  # frames of route() & co in these tracebacks hold the message being routed
             e = first_leaf(eg, skip=(trio.Cancelled,))
             if isinstance(e, (ProtocolError, AuthenticationError)):
                 _dropped.warning(peer, f"dropping connection from {peer}: {e}")
             elif not isinstance(e, (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
                 raise
             else:
-                logger.debug("inbound connection from %s ended: %s", peer, e)
+                logger.debug("inbound connection from %s ended: %s", peer, str(e))
         except trio.TooSlowError:
             _dropped.warning(peer, f"connection from {peer} sent no handshake within {HANDSHAKE_TIMEOUT:.0f}s; dropped")
         except (ProtocolError, AuthenticationError) as e:
             _dropped.warning(peer, f"dropping connection from {peer}: {e}")
         except (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-            logger.debug("inbound connection from %s ended: %s", peer, e)
+            logger.debug("inbound connection from %s ended: %s", peer, str(e))
         finally:
+            # This frame can outlive the call in a traceback (trio's nursery errors form cycles that
+            # only the cyclic GC frees): it must not keep a message's buffers or the read buffer.
+            e = payload = buffers = reader = None
             if acker is not None:
                 self._ackers.discard(acker)
             with trio.CancelScope(shield=True):
@@ -1188,7 +1193,10 @@ class Kernel:
                 with trio.CancelScope(shield=True):
                     await done.wait()
         if t.error is not None:
-            raise t.error
+            try:
+                raise t.error
+            finally:
+                t.error = None  # no cycle: error -> traceback -> this frame -> t -> error
 
     def end_session(self, session: str, fence: SessionFence) -> None:
         """The sender ended ``session`` (BYE): forget it (any thread)."""

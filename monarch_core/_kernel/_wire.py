@@ -18,6 +18,15 @@ tuples, decodes several times faster, and cannot run code when a peer sends
 garbage.  Every length is checked against limits before anything is allocated;
 a violation raises :class:`~monarch_core.errors.ProtocolError` and the
 connection is dropped.
+
+A length is only a claim.  Until a peer is *proven* (see
+:meth:`FrameReader.proven`: an authenticated stream, or a session that has
+delivered a message) its large parts are received into buffers that grow as
+the bytes arrive, and what such peers hold in partly received messages is
+bounded per connection (``MONARCH_UNPROVEN_CONN_BYTES_MAX``) and per process
+(``MONARCH_UNPROVEN_BYTES_MAX``).  A proven peer's parts are allocated (or
+taken from the pool) at their announced size, so they land in place.  When a
+read fails, the buffers of the message under way are released at once.
 """
 
 from __future__ import annotations
@@ -25,10 +34,13 @@ from __future__ import annotations
 import marshal
 import mmap
 import os
+import socket
 import struct
+import sys as _sys
 import threading
+import traceback
 import weakref
-from typing import Any
+from typing import Any, Callable
 
 from monarch_core.errors import ConnectionClosed, ProtocolError
 from typing import TYPE_CHECKING
@@ -65,11 +77,113 @@ MAX_HANDSHAKE = 1 << 16
 MAX_BUFS = 1 << 14
 MAX_MESSAGE = int(os.environ.get("MONARCH_MAX_MESSAGE_BYTES", str(1 << 36)))
 _BIG = 1 << 16  # parts at least this large are read straight into their own buffer
-_EAGER = (64 << 20) + 4096  # parts up to this size are allocated before their bytes arrive
+_EAGER = (64 << 20) + 4096  # a proven peer's parts up to this size are allocated before their bytes arrive
 _COALESCE = 1 << 16  # parts smaller than this are joined into one write
 BYTES_BIT = 1 << 63  # in a buffer length: deliver this buffer as ``bytes`` (not a bytearray)
 POOL_MIN = 1 << 20  # parts at least this large are received into pooled buffers
-_MAP_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+_ANON = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+_GROW_FROM = 1 << 20  # first size of a buffer that grows as its bytes arrive
+
+
+def _env_bytes(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name) or default)
+    except ValueError:
+        return default
+
+
+#: Bytes one connection whose peer is not yet proven may hold in buffers of a
+#: message still arriving (they grow with the bytes received, so at most about
+#: twice those); beyond, the connection is dropped.
+UNPROVEN_CONN_MAX = _env_bytes("MONARCH_UNPROVEN_CONN_BYTES_MAX", 1 << 30)
+#: The same for all such connections of this process together.
+UNPROVEN_MAX = _env_bytes("MONARCH_UNPROVEN_BYTES_MAX", 2 << 30)
+_unproven = 0  # bytes held now by readers of unproven peers (all of this process)
+_unproven_lock = threading.Lock()
+_maps = [0, 0]  # anonymous mappings made here for received parts still alive, and their bytes
+_maps_lock = threading.RLock()  # a finalizer may run while it is held (GC)
+
+
+def _new_map(n: int, flags: int) -> tuple[mmap.mmap, list]:
+    """An ``n``-byte anonymous mapping, counted in :func:`receive_stats` while it lives."""
+    m = mmap.mmap(-1, n, flags=flags)
+    cell = [n]
+    with _maps_lock:
+        _maps[0] += 1
+        _maps[1] += n
+    weakref.finalize(m, _map_gone, cell)
+    return m, cell
+
+
+def _map_gone(cell: list) -> None:
+    with _maps_lock:
+        _maps[0] -= 1
+        _maps[1] -= cell[0]
+
+
+def _resize_map(m: mmap.mmap, cell: list, n: int) -> None:
+    m.resize(n)  # mremap: the pages move, nothing is copied
+    with _maps_lock:
+        _maps[1] += n - cell[0]
+        cell[0] = n
+
+
+def receive_stats() -> dict[str, int]:
+    """What the receive path holds now (tests, diagnostics): ``unproven``,
+    bytes in buffers of partly received messages from peers not yet proven;
+    ``maps`` / ``mapped``, anonymous mappings made for received parts that are
+    still alive (in use or kept by the pool) and their bytes; ``pooled``,
+    bytes the pool keeps for reuse."""
+    with _maps_lock:
+        maps, mapped = _maps
+    return {"unproven": _unproven, "maps": maps, "mapped": mapped, "pooled": _POOL._kept if _POOL else 0}
+
+
+def _authenticated(stream: Any) -> bool:
+    """Whether ``stream`` says who its peer is: it declares it (``authenticated``,
+    e.g. TLS with client certificates), or it is a Unix socket whose peer runs
+    as this user (``SO_PEERCRED``: the ``ipc`` and ``inproc`` transports)."""
+    declared = getattr(stream, "authenticated", None)
+    if declared is not None:
+        return bool(declared)
+    sock = getattr(stream, "_sock", None)
+    if sock is None or getattr(sock, "family", None) != socket.AF_UNIX or not hasattr(socket, "SO_PEERCRED"):
+        return False
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError, TypeError):
+        return False
+    return struct.unpack("3i", creds)[1] == os.getuid()
+
+
+def drop_frames(e: BaseException | None, outer: BaseException | None = None) -> None:
+    """Release the locals of the finished frames in ``e``'s tracebacks (and
+    those of its causes and contexts): a traceback kept for a log message or
+    by a session's error must not keep a partly received buffer alive.  The
+    chain is cut at ``outer`` (the exception the caller was handling when the
+    read began): that one is neither cleared nor kept."""
+    seen: set[int] = set()
+    todo = [e]
+    while todo:
+        x = todo.pop()
+        if x is None or x is outer or id(x) in seen:
+            continue
+        seen.add(id(x))
+        traceback.clear_frames(x.__traceback__)  # skips frames still running
+        if outer is not None and x.__context__ is outer:
+            x.__context__ = None  # nor kept through the chain (the poller's StopIteration holds a message)
+        todo += (x.__cause__, x.__context__)
+        if isinstance(x, BaseExceptionGroup):
+            todo += x.exceptions
+
+
+def _release(x: Any) -> None:
+    """Give a received buffer back now (a pooled one returns to the pool)."""
+    if isinstance(x, memoryview):
+        try:
+            x.release()
+        except BufferError:  # exported (pragma: no cover - nothing here exports them)
+            pass
 
 
 def _new_bytes_writable(n: int) -> tuple[bytes, memoryview] | None:
@@ -93,7 +207,9 @@ class _BufferPool:
     mappings handed out as writable views; when the last reference to a view
     goes (the tensor or array built on it is freed), the mapping returns here,
     to be reused for a message of the same size.  At most ``limit`` bytes are
-    kept (``MONARCH_BUFFER_POOL_MB``, default 256; 0 disables)."""
+    kept (``MONARCH_BUFFER_POOL_MB``, default 256; 0 disables).  A fresh
+    mapping is not populated up front: its pages come as the bytes arrive, so
+    a size a peer only announces costs address space, not memory."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -109,7 +225,12 @@ class _BufferPool:
                 m = free.pop()
                 self._kept -= n
         if m is None:
-            m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_POPULATE)
+            m = _new_map(n, _ANON)[0]
+        return self.lend(m, n)
+
+    def lend(self, m: Any, n: int) -> memoryview:
+        """A writable view of the ``n``-byte mapping ``m``, which comes back
+        here when the view's last user drops it."""
         arr = (ctypes.c_char * n).from_buffer(m)
         weakref.finalize(arr, self._give_back, m, n)
         return memoryview(arr).cast("B")
@@ -124,7 +245,6 @@ class _BufferPool:
 
 try:
     import ctypes
-    import sys as _sys
 
     if _sys.implementation.name != "cpython":  # pragma: no cover
         raise ImportError
@@ -319,15 +439,40 @@ def coalesce(parts: list) -> list:
 
 
 class FrameReader:
-    """Reads handshakes and messages from a :class:`Stream`, with limits."""
+    """Reads handshakes and messages from a :class:`Stream`, with limits.
 
-    __slots__ = ("stream", "peer", "_buf", "_pos")
+    ``trusted``: whether the peer is proven from the start; by default it is
+    when the stream is authenticated (see :func:`_authenticated`), and
+    otherwise once :meth:`prove_by`'s session has delivered a message."""
 
-    def __init__(self, stream: Stream) -> None:
+    __slots__ = ("stream", "peer", "_buf", "_pos", "_proven", "_proof", "_trust", "_held")
+
+    def __init__(self, stream: Stream, trusted: bool | None = None) -> None:
         self.stream = stream
         self.peer = getattr(stream, "peer", "?")
         self._buf = bytearray()
         self._pos = 0
+        self._proven = _authenticated(stream) if trusted is None else trusted
+        self._proof: tuple[Any, Any] | None = None
+        self._trust = self._proven  # of the message under way
+        self._held = 0  # bytes charged to the unproven limits for the message under way
+
+    def prove_by(self, delivered: Callable[[], bool]) -> None:
+        """The peer counts as proven once ``delivered()`` is true (its session
+        has delivered a message, on this connection or an earlier one)."""
+        self._proof = delivered
+
+    @property
+    def proven(self) -> bool:
+        """Whether the peer has shown it is one of ours: its stream is
+        authenticated, or its session has delivered a message (a valid first
+        message, or an earlier connection's).  Until then its large parts are
+        received into buffers that grow as bytes arrive, within the limits."""
+        if not self._proven:
+            p = self._proof
+            if (p is not None and p()) or getattr(self.stream, "authenticated", None):
+                self._proven = True  # (TLS declares it once its handshake is done)
+        return self._proven
 
     def buffered(self) -> int:
         return len(self._buf) - self._pos
@@ -349,51 +494,133 @@ class FrameReader:
         self._pos = p + n
         return out
 
-    async def _read_big(self, n: int) -> Any:
-        # Allocate up front (so the bytes land in place, no copy) only up to
-        # _EAGER; beyond that grow as data actually arrives, so a peer cannot
-        # make us allocate gigabytes by announcing them.  Up front, the memory
-        # is not zero-filled first (a writable view of a fresh ``bytes``): the
-        # received data is its first write.
-        if _POOL is not None and POOL_MIN <= n <= _EAGER:
-            mv = _POOL.take(n)
-            await self._read_into(mv)
-            return mv
-        if n <= _EAGER:
-            made = _new_bytes_writable(n)
-            if made is not None:
-                await self._read_into(made[1])
-                return made[1]
-        size = n if n <= _EAGER else _EAGER
-        out = bytearray(size)
+    # ------------------------------------------------------------ unproven peers
+    def _charge(self, n: int) -> None:
+        """Count ``n`` more bytes of buffers for the message under way against
+        the limits on unproven peers; over either, the connection is dropped."""
+        global _unproven
+        held = self._held + n
+        if held > UNPROVEN_CONN_MAX:
+            raise ProtocolError(
+                f"peer {self.peer} has not delivered a message yet and its message under way needs more than "
+                f"{UNPROVEN_CONN_MAX} bytes of buffers (MONARCH_UNPROVEN_CONN_BYTES_MAX); raise it if this "
+                "peer is legitimate and its first message is that large"
+            )
+        with _unproven_lock:
+            total = _unproven + n
+            if total > UNPROVEN_MAX:
+                raise ProtocolError(
+                    f"peer {self.peer} has not delivered a message yet and peers like it would hold more than "
+                    f"{UNPROVEN_MAX} bytes of buffers in this process (MONARCH_UNPROVEN_BYTES_MAX)"
+                )
+            _unproven = total
+        self._held = held
+
+    def _uncharge(self) -> None:
+        global _unproven
+        with _unproven_lock:
+            _unproven -= self._held
+        self._held = 0
+
+    async def _read_growing(self, n: int) -> tuple[mmap.mmap, list]:
+        """Receive ``n`` bytes into an anonymous mapping that starts small and
+        doubles (``mremap``: no copy) as the bytes arrive; from an unproven
+        peer each growth is charged to the limits.  On failure the mapping is
+        unmapped at once."""
         have = min(n, len(self._buf) - self._pos)
-        if have:
-            out[:have] = self._buf[self._pos : self._pos + have]
-            self._pos += have
-        recv_into = self.stream.receive_into
-        while have < n:
-            if have == len(out):
-                out.extend(bytes(min(n - len(out), len(out))))
-            with memoryview(out) as mv:
-                got = await recv_into(mv[have:])
-            if not got:
-                raise ConnectionClosed(f"connection from {self.peer} closed mid-message")
-            have += got
-        return out
+        size = min(n, max(_GROW_FROM, have))
+        charge = not self._trust
+        if charge:
+            self._charge(size)
+        m, cell = _new_map(size, _ANON)
+        try:
+            if have:
+                m[:have] = self._buf[self._pos : self._pos + have]
+                self._pos += have
+            recv_into = self.stream.receive_into
+            while have < n:
+                if have == size:
+                    new = min(n, 2 * size)
+                    if charge:
+                        self._charge(new - size)
+                    _resize_map(m, cell, new)
+                    size = new
+                view = memoryview(m)
+                part = view[have:size]
+                try:
+                    got = await recv_into(part)
+                finally:
+                    part.release()
+                    view.release()
+                if not got:
+                    raise ConnectionClosed(f"connection from {self.peer} closed mid-message")
+                have += got
+        except BaseException:
+            try:
+                m.close()
+            except BufferError:  # pragma: no cover - a view escaped; the GC unmaps it
+                pass
+            raise
+        return m, cell
+
+    # ------------------------------------------------------------ large parts
+    async def _read_big(self, n: int) -> Any:
+        # Every part lands in place (no copy) and takes memory as its bytes
+        # arrive, whatever was announced.  A proven peer's part up to _EAGER
+        # gets a buffer of its size up front (a pooled mapping, or a fresh one
+        # whose pages come as the data is written; below POOL_MIN a writable
+        # view of a fresh, not zero-filled ``bytes``).  An unproven peer's
+        # part, and any part over _EAGER, goes into a mapping that grows as
+        # the bytes arrive (_read_growing), so announcing gigabytes reserves
+        # nothing.
+        if n >= POOL_MIN and (not self._trust or n > _EAGER):
+            m, _cell = await self._read_growing(n)
+            if _POOL is not None and n <= _EAGER:
+                return _POOL.lend(m, n)  # complete: reusable like a pooled one
+            return memoryview((ctypes.c_char * n).from_buffer(m)).cast("B")
+        if not self._trust:
+            self._charge(n)  # under POOL_MIN: allocated up front, charged as such
+        if n >= POOL_MIN and _POOL is not None:
+            mv = _POOL.take(n)
+        else:
+            made = _new_bytes_writable(n)
+            if made is None:  # pragma: no cover - not CPython
+                mv = memoryview(bytearray(n))
+            else:
+                mv = made[1]
+                made = None
+        try:
+            await self._read_into(mv)
+        except BaseException:
+            mv.release()  # back to the pool (or freed) now, whoever keeps the traceback
+            raise
+        return mv
 
     async def _read_bytes(self, n: int) -> bytes:
-        """Read ``n`` bytes into a new ``bytes`` object (in place when small
-        enough to allocate up front)."""
-        if n < _BIG or n > _EAGER:
-            if n < _BIG:
-                return await self.read_exactly(n)
-            return bytes(await self._read_big(n))
+        """Read ``n`` bytes into a new ``bytes`` object (in place when it can
+        be allocated up front: a proven peer's part up to _EAGER)."""
+        if n < _BIG:
+            return await self.read_exactly(n)
+        if n >= POOL_MIN and (not self._trust or n > _EAGER):
+            m, _cell = await self._read_growing(n)
+            try:
+                return m[:]  # one copy: a ``bytes`` cannot grow
+            finally:
+                m.close()
+        if not self._trust:
+            self._charge(n)
         made = _new_bytes_writable(n)
         if made is None:  # pragma: no cover
             return bytes(await self._read_big(n))
         out, mv = made
-        with mv:
+        made = None
+        try:
             await self._read_into(mv)
+        except BaseException:
+            out = None
+            raise
+        finally:
+            mv.release()
         return out
 
     async def _read_into(self, mv: memoryview) -> None:
@@ -406,46 +633,69 @@ class FrameReader:
             self._pos += have
         recv_into = self.stream.receive_into
         while have < n:
-            got = await recv_into(mv[have:])
+            part = mv[have:]
+            try:
+                got = await recv_into(part)
+            finally:
+                part.release()  # a traceback through recv_into must not pin the buffer
             if not got:
                 raise ConnectionClosed(f"connection from {self.peer} closed mid-message")
             have += got
 
     async def read_message(self) -> tuple[int, int, int, bytes, Any, list]:
-        """Return ``(kind, flags, seq, header, payload, buffers)``."""
-        await self._fill(FIXED_SIZE)
-        kind, flags, nbufs, hlen, plen, seq = FIXED.unpack_from(self._buf, self._pos)
-        if not 1 <= kind <= K_BYE:
-            raise ProtocolError(f"peer {self.peer} sent a frame of unknown kind {kind}")
-        if nbufs > MAX_BUFS or hlen > MAX_HEADER or plen > MAX_MESSAGE:
-            raise ProtocolError(
-                f"peer {self.peer} sent an oversized frame (header {hlen} B, payload {plen} B, "
-                f"{nbufs} buffers; limits {MAX_HEADER} B, {MAX_MESSAGE} B, {MAX_BUFS})"
-            )
-        self._pos += FIXED_SIZE
-        lens: tuple[int, ...] = ()
-        if nbufs:
-            raw = await self.read_exactly(8 * nbufs)
-            lens = struct.unpack(f"<{nbufs}Q", raw)
-            kinds = [n & BYTES_BIT for n in lens]
-            lens = tuple(n & ~BYTES_BIT for n in lens)
-            if sum(lens) + plen > MAX_MESSAGE:
+        """Return ``(kind, flags, seq, header, payload, buffers)``.
+
+        If the read fails, what was received of the message is released before
+        the exception leaves: neither this frame nor the finished frames of
+        its traceback keep any of it."""
+        self._trust = self.proven
+        outer = _sys.exc_info()[1]  # what the caller was handling: not this read's business
+        payload: Any = b""
+        bufs: list = []
+        try:
+            await self._fill(FIXED_SIZE)
+            kind, flags, nbufs, hlen, plen, seq = FIXED.unpack_from(self._buf, self._pos)
+            if not 1 <= kind <= K_BYE:
+                raise ProtocolError(f"peer {self.peer} sent a frame of unknown kind {kind}")
+            if nbufs > MAX_BUFS or hlen > MAX_HEADER or plen > MAX_MESSAGE:
                 raise ProtocolError(
-                    f"peer {self.peer} announced a {sum(lens) + plen}-byte message (limit {MAX_MESSAGE}); "
-                    "raise MONARCH_MAX_MESSAGE_BYTES if this is intended"
+                    f"peer {self.peer} sent an oversized frame (header {hlen} B, payload {plen} B, "
+                    f"{nbufs} buffers; limits {MAX_HEADER} B, {MAX_MESSAGE} B, {MAX_BUFS})"
                 )
-        header = await self.read_exactly(hlen) if hlen else b""
-        if plen >= _BIG:
-            payload: Any = await self._read_big(plen)
-        else:
-            payload = await self.read_exactly(plen) if plen else b""
-        bufs = []
-        for i, n in enumerate(lens):
-            if kinds[i]:
-                bufs.append(await self._read_bytes(n))
-            else:
-                bufs.append(await self._read_big(n) if n >= _BIG else bytearray(await self.read_exactly(n)))
-        return kind, flags, seq, header, payload, bufs
+            self._pos += FIXED_SIZE
+            lens: tuple[int, ...] = ()
+            if nbufs:
+                raw = await self.read_exactly(8 * nbufs)
+                lens = struct.unpack(f"<{nbufs}Q", raw)
+                kinds = [n & BYTES_BIT for n in lens]
+                lens = tuple(n & ~BYTES_BIT for n in lens)
+                if sum(lens) + plen > MAX_MESSAGE:
+                    raise ProtocolError(
+                        f"peer {self.peer} announced a {sum(lens) + plen}-byte message (limit {MAX_MESSAGE}); "
+                        "raise MONARCH_MAX_MESSAGE_BYTES if this is intended"
+                    )
+            header = await self.read_exactly(hlen) if hlen else b""
+            if plen >= _BIG:
+                payload = await self._read_big(plen)
+            elif plen:
+                payload = await self.read_exactly(plen)
+            for i, n in enumerate(lens):
+                if kinds[i]:
+                    bufs.append(await self._read_bytes(n))
+                else:
+                    bufs.append(await self._read_big(n) if n >= _BIG else bytearray(await self.read_exactly(n)))
+            return kind, flags, seq, header, payload, bufs
+        except BaseException as e:
+            _release(payload)
+            for x in bufs:
+                _release(x)
+            payload = bufs = x = None
+            drop_frames(e, outer)
+            outer = None
+            raise
+        finally:
+            if self._held:
+                self._uncharge()
 
 
 _PORT_H = struct.Struct("<qqB")  # port id, rank, status

@@ -14,6 +14,7 @@ test machine down.
 from __future__ import annotations
 
 import array
+import gc
 import json
 import marshal
 import os
@@ -59,9 +60,10 @@ def _run(afn, *args, timeout: float = 20.0):  # type: ignore[no-untyped-def]
     return trio.run(main)
 
 
-async def _roundtrip(messages: list[tuple]) -> list[tuple]:
+async def _roundtrip(messages: list[tuple], trusted: bool | None = None) -> list[tuple]:
     """Write ``messages`` (kind, flags, seq, header, payload, buffers) with
-    ``write_parts`` on one end and read them back with ``FrameReader``."""
+    ``write_parts`` on one end and read them back with ``FrameReader``
+    (``trusted=False``: as from a peer not yet proven)."""
     w, r = _pair()
     out: list[tuple] = []
     async with trio.open_nursery() as nursery:
@@ -71,7 +73,7 @@ async def _roundtrip(messages: list[tuple]) -> list[tuple]:
                 await W.write_parts(w, W.encode_message(kind, flags, seq, header, payload, bufs))
 
         nursery.start_soon(writer)
-        reader = W.FrameReader(r)
+        reader = W.FrameReader(r, trusted=trusted)
         for _ in messages:
             out.append(await reader.read_message())
         assert reader.buffered() == 0
@@ -184,6 +186,134 @@ def test_pickle5_payload_with_out_of_band_buffers_is_rebuilt_after_the_wire() ->
     assert bytes(back["tensor"]) == bytes(big)
     assert back["small"] == bytearray(b"in-band")
     assert back["n"] == 42
+
+
+# ---------------------------------------------------------------- peers not yet proven
+
+
+def test_who_counts_as_proven() -> None:
+    async def go() -> None:
+        a, b = trio.socket.socketpair()  # AF_UNIX, this user on both ends (SO_PEERCRED)
+        assert W.FrameReader(SocketStream(a, "x")).proven
+        assert not W.FrameReader(SocketStream(a, "x"), trusted=False).proven
+        lst = trio.socket.socket()
+        await lst.bind(("127.0.0.1", 0))
+        lst.listen(1)
+        c = trio.socket.socket()
+        await c.connect(lst.getsockname())
+        srv, _ = await lst.accept()
+        reader = W.FrameReader(SocketStream(srv, "tcp-peer"))  # tcp: nobody is authenticated
+        assert not reader.proven
+        delivered: dict[str, int] = {}
+        reader.prove_by(lambda: "session-1" in delivered)
+        assert not reader.proven
+        delivered["session-1"] = 1  # the session delivered a message
+        assert reader.proven
+
+        class Declared(SocketStream):
+            authenticated = True  # e.g. TLS once its handshake is done
+
+        assert W.FrameReader(Declared(c, "declared")).proven
+        from monarch_transport_tcp._tcp import _TlsStream
+
+        tls = _TlsStream(None, "tls-peer")  # type: ignore[arg-type]
+        tls_reader = W.FrameReader(tls)
+        assert not tls.authenticated and not tls_reader.proven  # the handshake comes with the first read
+        tls._handshaken = True
+        assert tls.authenticated and tls_reader.proven
+        for x in (a, b, lst, c, srv):
+            x.close()
+
+    _run(go)
+
+
+UNPROVEN_SETS = {
+    "payload-3MiB": (3 << 20, []),
+    "over-eager": (W._EAGER + 12345, []),
+    "mixed-buffers": (W._BIG + 1, [os.urandom(2 << 20), bytearray(os.urandom(W.POOL_MIN + 7)), b"x" * 100,
+                                   os.urandom(W._BIG), bytearray(os.urandom(5 << 20))]),
+    "bytes-over-eager": (10, [os.urandom(W._EAGER + 1)]),
+}
+
+
+@pytest.mark.parametrize("case", list(UNPROVEN_SETS), ids=list(UNPROVEN_SETS))
+def test_an_unproven_peer_s_large_parts_grow_as_they_arrive_and_round_trip_exactly(case: str) -> None:
+    plen, bufs = UNPROVEN_SETS[case]
+    payload = os.urandom(plen)
+    before = W.receive_stats()
+    (got,) = _run(_roundtrip, [(W.K_PORT, 0, 1, marshal.dumps((1, 0, 0)), payload, bufs)], False, timeout=60)
+    _k, _f, _s, _h, p, b = got
+    assert _as_bytes(p) == payload
+    assert [_as_bytes(x) for x in b] == [bytes(x) for x in bufs]
+    for x, o in zip(b, bufs):
+        assert type(x) is bytes if type(o) is bytes else not memoryview(x).readonly
+    assert W.receive_stats()["unproven"] == before["unproven"] == 0  # charged only while under way
+
+
+def test_an_unproven_peer_s_announced_payload_is_not_allocated_and_is_returned_on_failure() -> None:
+    """64 MiB announced, 100 kB sent: a 1 MiB buffer, charged; when the
+    connection ends, it is unmapped at once (the cyclic GC is off)."""
+    seen: list[dict] = []
+
+    async def go() -> BaseException:
+        w, r = _pair()
+        reader = W.FrameReader(r, trusted=False)
+        await w.send_all(W.FIXED.pack(W.K_PORT, 0, 0, 0, 64 << 20, 1) + b"\0" * 100_000)
+        failure: list[BaseException] = []
+
+        async def read() -> None:
+            try:
+                await reader.read_message()
+            except ConnectionClosed as e:
+                failure.append(e)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            while W.receive_stats()["unproven"] < 1 << 20:
+                await trio.sleep(0.01)
+            seen.append(W.receive_stats())
+            await w.aclose()
+        await r.aclose()
+        return failure[0]
+
+    gc.collect()
+    gc.disable()
+    try:
+        base = W.receive_stats()
+        e = _run(go, timeout=20)
+        after = W.receive_stats()
+    finally:
+        gc.enable()
+    assert "closed mid-message" in str(e)
+    assert seen[0]["unproven"] == 1 << 20 and seen[0]["mapped"] - base["mapped"] == 1 << 20
+    assert after["unproven"] == 0 and after["maps"] == base["maps"] and after["mapped"] == base["mapped"]
+
+
+@pytest.mark.parametrize("which", ["connection", "process"])
+def test_unproven_limits_are_protocol_errors_naming_the_peer_and_the_setting(which: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(W, "UNPROVEN_CONN_MAX" if which == "connection" else "UNPROVEN_MAX", 4 << 20)
+    data = W.FIXED.pack(W.K_PORT, 0, 0, 0, 64 << 20, 1) + os.urandom(5 << 20)
+
+    async def go() -> BaseException:
+        w, r = _pair()
+        reader = W.FrameReader(r, trusted=False)
+        got: list[BaseException] = []
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.send_all, data)
+            try:
+                await reader.read_message()
+            except ProtocolError as e:
+                got.append(e)
+            nursery.cancel_scope.cancel()
+        await r.aclose()
+        await w.aclose()
+        assert got, "read past the limit"
+        return got[0]
+
+    e = _run(go, timeout=20)
+    setting = "MONARCH_UNPROVEN_CONN_BYTES_MAX" if which == "connection" else "MONARCH_UNPROVEN_BYTES_MAX"
+    assert str(e).startswith("peer writer has not delivered a message yet") and setting in str(e)
+    assert W.receive_stats()["unproven"] == 0
 
 
 def test_coalesce_joins_small_parts_and_keeps_large_ones_separate() -> None:
@@ -500,7 +630,7 @@ def _fuzz_main(what: str, seed: int, n: int) -> dict:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_send_then_close, w, data)
-                reader = W.FrameReader(r)
+                reader = W.FrameReader(r, trusted=False if what == "unproven" else None)
                 try:
                     with trio.fail_after(5):
                         if hs:
@@ -531,7 +661,7 @@ def _fuzz_main(what: str, seed: int, n: int) -> dict:
             outcomes[res] = outcomes.get(res, 0) + 1
 
     trio.run(main)
-    return {"outcomes": outcomes, "violations": violations}
+    return {"outcomes": outcomes, "violations": violations, "stats": W.receive_stats()}
 
 
 def _run_fuzz(what: str, seed: int, n: int) -> dict:
@@ -558,6 +688,17 @@ def test_fuzz_frame_reader_only_raises_protocol_error_or_connection_closed() -> 
     assert out["violations"] == [], (
         f"{len(out['violations'])} of {total} inputs raised something else ({kinds}); first: {out['violations'][:3]}"
     )
+
+
+def test_fuzz_frame_reader_of_an_unproven_peer_only_raises_protocol_error_or_connection_closed() -> None:
+    """The same inputs, read as from a peer not yet proven (buffers that grow
+    as bytes arrive, the limits): the same endings, and nothing left charged."""
+    out = _run_fuzz("unproven", seed=20240601, n=2400)
+    assert sum(out["outcomes"].values()) == 2400
+    assert out["outcomes"].get("ProtocolError", 0) > 100, out["outcomes"]
+    assert out["outcomes"].get("ConnectionClosed", 0) > 100, out["outcomes"]
+    assert out["violations"] == [], out["violations"][:3]
+    assert out["stats"]["unproven"] == 0 and out["stats"]["maps"] == 0, out["stats"]
 
 
 def test_fuzz_frame_reader_plus_header_decoding_only_raises_protocol_error_or_connection_closed() -> None:

@@ -373,6 +373,11 @@ class _TlsStream(Stream):
             "a tcp:// client dialling this tls:// port?"
         )
 
+    @property
+    def authenticated(self) -> bool:
+        """The peer presented a certificate of our CA (the handshake is done)."""
+        return self._handshaken
+
     async def _flush_alert(self) -> None:
         """After a failed handshake, send the TLS alert the SSL object queued, so
         the peer learns why (trio closes without sending it)."""
