@@ -124,6 +124,8 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_ALLOCATE_TIMEOUT", "seconds", 300.0, "seconds a scheduler's allocation (and its workers' readiness) may take in `hosts_from_config`", minimum=0.001),
         _s("MONARCH_RELEASE_TIMEOUT", "seconds", 30.0, "seconds a scheduler's `release()` may take at shutdown or exit", minimum=0.001),
         _s("MONARCH_MAX_MESSAGE_BYTES", "int", 1 << 36, "largest message a kernel accepts, in bytes", minimum=1, default_text="64 GiB"),
+        _s("MONARCH_UNPROVEN_CONN_BYTES_MAX", "int", 1 << 30, "bytes one connection whose peer has not proven itself (no message delivered, not authenticated) may make a proc hold; beyond, it is dropped", minimum=0, default_text="1 GiB"),
+        _s("MONARCH_UNPROVEN_BYTES_MAX", "int", 2 << 30, "the same for all such connections of a process together", minimum=0, default_text="2 GiB"),
         _s("MONARCH_HANDSHAKE_TIMEOUT", "seconds", 10.0, "seconds a new connection may take to send its handshake", minimum=0.001),
         _s("MONARCH_TLS_CERT", "credential", None, "this process's TLS certificate for the `tls` transport (may be in the key file)", owner=_TCP),
         _s("MONARCH_TLS_KEY", "credential", None, "this process's TLS private key for the `tls` transport", owner=_TCP),
@@ -141,6 +143,7 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_MALLOC_REUSE_MB", "mib", 256, "procs: allocations up to this many MiB reuse freed heap pages, with one malloc arena (0: glibc defaults); a client applies it only when the variable is set", minimum=0),
         # ------------------------------------------------------------ internal tuning knobs
         _s("MONARCH_DIRECT_GAP_US", "float", 100.0, "µs after a direct write during which a session's next messages go through the loop, batched", public=False, minimum=0),
+        _s("MONARCH_DROP_LOG_INTERVAL", "seconds", 10.0, "seconds between two WARNING lines about connections dropped from one peer host for one reason (the next line counts those left out); 0 logs every one", public=False, minimum=0),
         _s("MONARCH_THREADED_INBOUND", "bool", True, "0 reads plain-socket sessions on the trio loop (the path TLS takes) instead of the poller thread: for diagnosing the poller and testing that path over plain sockets", public=False),
         # ------------------------------------------------------------ set by monarch-core for its own children
         _s("MONARCH_PROC_ID", "str", None, "set in every proc: its proc id (read it, do not set it)", public=False),

@@ -15,8 +15,11 @@ import threading
 import time
 from collections.abc import Callable
 
-#: Seconds between two log lines about the same peer host and reason.
-REJECTION_LOG_INTERVAL = 10.0
+from monarch_core import settings
+
+#: Seconds between two log lines about the same peer host and reason
+#: (``MONARCH_DROP_LOG_INTERVAL``; 0 logs every one).
+REJECTION_LOG_INTERVAL: float = settings.get("MONARCH_DROP_LOG_INTERVAL")
 
 _PORT = re.compile(r":\d+$")
 

@@ -42,6 +42,8 @@ import traceback
 import weakref
 from typing import Any, Callable
 
+from monarch_core import settings
+from monarch_core._compat import BaseExceptionGroup
 from monarch_core.errors import ConnectionClosed, ProtocolError
 from typing import TYPE_CHECKING
 
@@ -75,7 +77,7 @@ S_BATCH = 3  # replies gathered by a cast tree: see ``monarch_core._actor._tree.
 MAX_HEADER = 1 << 20
 MAX_HANDSHAKE = 1 << 16
 MAX_BUFS = 1 << 14
-MAX_MESSAGE = int(os.environ.get("MONARCH_MAX_MESSAGE_BYTES", str(1 << 36)))
+MAX_MESSAGE: int = settings.get("MONARCH_MAX_MESSAGE_BYTES")
 _BIG = 1 << 16  # parts at least this large are read straight into their own buffer
 _EAGER = (64 << 20) + 4096  # a proven peer's parts up to this size are allocated before their bytes arrive
 _COALESCE = 1 << 16  # parts smaller than this are joined into one write
@@ -85,19 +87,12 @@ _ANON = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
 _GROW_FROM = 1 << 20  # first size of a buffer that grows as its bytes arrive
 
 
-def _env_bytes(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name) or default)
-    except ValueError:
-        return default
-
-
 #: Bytes one connection whose peer is not yet proven may hold in buffers of a
 #: message still arriving (they grow with the bytes received, so at most about
 #: twice those); beyond, the connection is dropped.
-UNPROVEN_CONN_MAX = _env_bytes("MONARCH_UNPROVEN_CONN_BYTES_MAX", 1 << 30)
+UNPROVEN_CONN_MAX: int = settings.get("MONARCH_UNPROVEN_CONN_BYTES_MAX")
 #: The same for all such connections of this process together.
-UNPROVEN_MAX = _env_bytes("MONARCH_UNPROVEN_BYTES_MAX", 2 << 30)
+UNPROVEN_MAX: int = settings.get("MONARCH_UNPROVEN_BYTES_MAX")
 _unproven = 0  # bytes held now by readers of unproven peers (all of this process)
 _unproven_lock = threading.Lock()
 _maps = [0, 0]  # anonymous mappings made here for received parts still alive, and their bytes
@@ -157,11 +152,16 @@ def _authenticated(stream: Any) -> bool:
 
 
 def drop_frames(e: BaseException | None, outer: BaseException | None = None) -> None:
-    """Release the locals of the finished frames in ``e``'s tracebacks (and
-    those of its causes and contexts): a traceback kept for a log message or
-    by a session's error must not keep a partly received buffer alive.  The
-    chain is cut at ``outer`` (the exception the caller was handling when the
-    read began): that one is neither cleared nor kept."""
+    """Release the locals of the finished frames in ``e``'s traceback (and
+    those of the members of an exception group): a traceback kept for a log
+    message or by a session's error must not keep a partly received buffer
+    alive.  ``e``'s context is cut at ``outer`` (the exception the caller was
+    handling when the read began), which is neither cleared nor kept.
+
+    Only the tracebacks of ``e`` and its group members are cleared: their
+    frames below the handler have all been unwound.  Those of its causes and
+    contexts are not, since a frame there may belong to a coroutine that is
+    suspended, not finished (clearing it would finalize that coroutine)."""
     seen: set[int] = set()
     todo = [e]
     while todo:
@@ -169,10 +169,9 @@ def drop_frames(e: BaseException | None, outer: BaseException | None = None) -> 
         if x is None or x is outer or id(x) in seen:
             continue
         seen.add(id(x))
-        traceback.clear_frames(x.__traceback__)  # skips frames still running
+        traceback.clear_frames(x.__traceback__)  # skips the frames still running (the handler's)
         if outer is not None and x.__context__ is outer:
             x.__context__ = None  # nor kept through the chain (the poller's StopIteration holds a message)
-        todo += (x.__cause__, x.__context__)
         if isinstance(x, BaseExceptionGroup):
             todo += x.exceptions
 
@@ -258,10 +257,7 @@ except (ImportError, AttributeError):  # pragma: no cover
 
 
 def _pool_limit() -> int:
-    try:
-        return int(os.environ.get("MONARCH_BUFFER_POOL_MB", "256")) << 20
-    except ValueError:
-        return 256 << 20
+    return settings.get("MONARCH_BUFFER_POOL_MB") << 20
 
 
 _POOL: _BufferPool | None = _BufferPool(_pool_limit()) if _pool_limit() > 0 else None

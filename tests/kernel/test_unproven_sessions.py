@@ -57,6 +57,13 @@ class Port:
             return list(self.got)
 
 
+@pytest.fixture(autouse=True)
+def every_drop_logged(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests count dropped connections by their log lines: one each
+    (the kernel otherwise writes one per peer host and reason every 10 s)."""
+    monkeypatch.setattr(_runtime._dropped, "interval", 0.0)
+
+
 @pytest.fixture(params=["poller", "loop"])
 def server(request, monkeypatch) -> Iterator[Kernel]:  # type: ignore[no-untyped-def]
     monkeypatch.setattr(_runtime, "THREADED_INBOUND", request.param == "poller")

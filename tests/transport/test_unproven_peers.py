@@ -271,7 +271,8 @@ def _dropped(loop: Loop, setting: str, want: int, timeout: float = 60) -> set[st
 
 
 def test_the_per_process_limit_drops_the_unproven_connections_beyond_it(start_loop) -> None:  # type: ignore[no-untyped-def]
-    loop = start_loop(MONARCH_UNPROVEN_BYTES_MAX=str(64 * MiB), MONARCH_UNPROVEN_CONN_BYTES_MAX=str(48 * MiB))
+    loop = start_loop(MONARCH_UNPROVEN_BYTES_MAX=str(64 * MiB), MONARCH_UNPROVEN_CONN_BYTES_MAX=str(48 * MiB),
+                      MONARCH_DROP_LOG_INTERVAL="0")  # a line per dropped connection: the test counts them
     base = loop.rss()
     # a 24 MiB payload, 20 MiB of it sent: its buffer has grown to the full 24 MiB (1, 2, ... 16, 24),
     # so two such connections fit under 64 MiB and a third does not
@@ -302,7 +303,7 @@ def test_the_per_process_limit_drops_the_unproven_connections_beyond_it(start_lo
 
 
 def test_the_per_connection_limit_drops_an_unproven_connection_not_a_proven_one(start_loop) -> None:  # type: ignore[no-untyped-def]
-    loop = start_loop(MONARCH_UNPROVEN_CONN_BYTES_MAX=str(8 * MiB))
+    loop = start_loop(MONARCH_UNPROVEN_CONN_BYTES_MAX=str(8 * MiB), MONARCH_DROP_LOG_INTERVAL="0")
     stranger = Peer(loop.port, "stranger")
     stranger.send(hello(stranger.name) + big_header() + b"\x06" * (20 * MiB))
     assert _dropped(loop, "MONARCH_UNPROVEN_CONN_BYTES_MAX", 1) == {stranger.local}
