@@ -6,7 +6,6 @@ import itertools
 import logging
 import marshal
 import math
-import os
 import threading
 import time
 import uuid
@@ -17,6 +16,7 @@ if TYPE_CHECKING:
     from monarch_core.hookspecs import Allocation, HostHandle
 
 
+from monarch_core import settings
 from monarch_core._actor import _serial, _state, _tree
 from monarch_core._launch._bootstrap import (
     BootstrapCommand,
@@ -39,7 +39,7 @@ logger = logging.getLogger("monarch.mesh")
 T = TypeVar("T")
 #: Seconds to wait for a proc to report its address when a reference to it
 #: must be serialized before it has started.
-START_TIMEOUT = float(os.environ.get("MONARCH_PROC_START_TIMEOUT", "60"))
+START_TIMEOUT: float = settings.get("MONARCH_PROC_START_TIMEOUT")
 _names = itertools.count()
 _EMPTY_REGION = Extent([], []).region
 
@@ -757,7 +757,7 @@ class HostMesh(MeshTrait):
         host_roots = host_region.root_ranks()
 
         kernel = rt.kernel
-        level = os.environ.get("MONARCH_LOG_LEVEL") or logging.getLevelName(
+        level = settings.get("MONARCH_LOG_LEVEL") or logging.getLevelName(
             logging.getLogger("monarch").getEffectiveLevel()
         )
         slots: list[_ProcSlot] = []
@@ -1138,7 +1138,7 @@ def spawn_local_controller(agent: Any, name: str, payload: Any, buffers: list) -
 
 # ====================================================================== worker loops
 
-ATTACH_TIMEOUT = float(os.environ.get("MONARCH_ATTACH_TIMEOUT", "10"))
+ATTACH_TIMEOUT: float = settings.get("MONARCH_ATTACH_TIMEOUT")
 
 
 def _live_session(kernel: Kernel, proc_id: str) -> Any:

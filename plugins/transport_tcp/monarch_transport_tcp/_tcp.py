@@ -37,6 +37,7 @@ from typing import Any
 
 import trio
 
+from monarch_core import settings
 from monarch_core.errors import AuthenticationError, ConnectError, ConnectionClosed, TransportError
 from monarch_core.hookspecs import Listener, Stream, Transport
 from monarch_core.streams import SocketStream
@@ -44,8 +45,8 @@ from monarch_core.streams import SocketStream
 logger = logging.getLogger("monarch.transport.tcp")
 
 FORMS = "{s}://host:port, {s}://*:port, {s}://[::1]:port, {s}://PUBLIC:PORT@{s}://BIND:PORT"
-CONNECT_TIMEOUT = float(os.environ.get("MONARCH_CONNECT_TIMEOUT", "5"))
-TLS_HANDSHAKE_TIMEOUT = float(os.environ.get("MONARCH_TLS_HANDSHAKE_TIMEOUT", "10"))
+CONNECT_TIMEOUT: float = settings.get("MONARCH_CONNECT_TIMEOUT")
+TLS_HANDSHAKE_TIMEOUT: float = settings.get("MONARCH_TLS_HANDSHAKE_TIMEOUT")
 _HOSTPORT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.%a-zA-Z]+)\]|(?P<host>[^\[\]:/@]*)):(?P<port>\d{1,5})$")
 _warned_loopback = False
 _warn_lock = threading.Lock()
@@ -109,7 +110,7 @@ def _format(scheme: str, host: str, port: int) -> str:
 
 
 def advertised_host() -> str:
-    return os.environ.get("MONARCH_ADVERTISE_HOST") or _stdsocket.gethostname()
+    return settings.get("MONARCH_ADVERTISE_HOST") or _stdsocket.gethostname()
 
 
 def _resolves_only_to_loopback(host: str) -> bool:

@@ -1,0 +1,108 @@
+"""monarch_core.settings: one declaration per MONARCH_* variable, one parse,
+one error style, and the README tables generated from the declarations."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+from monarch_core import settings
+from monarch_core.errors import ConfigError
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+SOURCES = [p for p in (REPO / "monarch_core").rglob("*.py")] + [
+    p for p in (REPO / "plugins").glob("*/monarch_*/**/*.py")
+]
+
+
+def _block(text: str, tag: str) -> str:
+    m = re.search(rf"<!-- settings:{tag} -->\n(.*?)<!-- /settings:{tag} -->", text, re.S)
+    assert m, f"README.md has no <!-- settings:{tag} --> block"
+    return m.group(1)
+
+
+def write_readme_tables() -> None:
+    """Regenerate the README blocks (run this module: python tests/kernel/test_settings.py)."""
+    path = REPO / "README.md"
+    text = path.read_text()
+    for tag, public in (("user", True), ("internal", False)):
+        text = re.sub(rf"(<!-- settings:{tag} -->\n).*?(<!-- /settings:{tag} -->)",
+                      lambda m: m.group(1) + settings.markdown_table(public) + m.group(2), text, flags=re.S)
+    path.write_text(text)
+
+
+def test_readme_tables_are_generated_from_the_declarations() -> None:
+    text = (REPO / "README.md").read_text()
+    assert _block(text, "user") == settings.markdown_table(True), (
+        "README.md's settings table drifted from monarch_core/settings.py: run python tests/kernel/test_settings.py"
+    )
+    assert _block(text, "internal") == settings.markdown_table(False)
+
+
+def test_every_variable_the_code_names_is_declared() -> None:
+    named = set()
+    for p in SOURCES:
+        named |= set(re.findall(r"MONARCH_[A-Z][A-Z0-9_]*[A-Z0-9]", p.read_text()))
+    undeclared = sorted(
+        n for n in named
+        if n not in settings.SETTINGS
+        and n != "MONARCH_TOML"  # a constant's name, not a variable
+        and not any(s.startswith(n + "_") for s in settings.SETTINGS)  # a family in prose: MONARCH_TLS_*
+    )
+    assert undeclared == [], f"declare these in monarch_core/settings.py: {undeclared}"
+
+
+def test_no_module_but_settings_reads_a_monarch_variable_itself() -> None:
+    reads = re.compile(r"""(?:environ\.get|getenv|environ\[)\(?\s*["']MONARCH_""")
+    offenders = [
+        f"{p.relative_to(REPO)}:{i}"
+        for p in SOURCES
+        if p.name != "settings.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if reads.search(line) and "=" not in line.split("environ[", 1)[-1].split("]", 1)[-1][:3]
+    ]
+    assert offenders == [], f"read these through monarch_core.settings.get: {offenders}"
+
+
+@pytest.mark.parametrize(
+    "name,raw,message",
+    [
+        ("MONARCH_DELIVERY_TIMEOUT", "abc", "MONARCH_DELIVERY_TIMEOUT must be a number of seconds >= 0.001, got 'abc'"),
+        ("MONARCH_DELIVERY_TIMEOUT", "-1", "MONARCH_DELIVERY_TIMEOUT must be a number of seconds >= 0.001, got '-1'"),
+        ("MONARCH_DELIVERY_TIMEOUT", "nan", "MONARCH_DELIVERY_TIMEOUT must be a number of seconds >= 0.001, got 'nan'"),
+        ("MONARCH_CAST_FANOUT", "1", "MONARCH_CAST_FANOUT must be an integer >= 2, got '1'"),
+        ("MONARCH_CAST_FANOUT", "2.5", "MONARCH_CAST_FANOUT must be an integer >= 2, got '2.5'"),
+        ("MONARCH_FORK_SERVER", "maybe", "MONARCH_FORK_SERVER must be 0 or 1 (or true/false, yes/no, on/off), got 'maybe'"),
+    ],
+)
+def test_a_malformed_value_is_a_config_error_naming_the_variable_and_the_fix(name: str, raw: str, message: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        settings.get(name, {name: raw})
+    assert str(ei.value).startswith(message)
+    assert "unset it or fix its value" in str(ei.value)
+
+
+def test_values_parse_by_kind_and_blank_means_the_default() -> None:
+    assert settings.get("MONARCH_DELIVERY_TIMEOUT", {}) == 30.0
+    assert settings.get("MONARCH_DELIVERY_TIMEOUT", {"MONARCH_DELIVERY_TIMEOUT": " "}) == 30.0
+    assert settings.get("MONARCH_DELIVERY_TIMEOUT", {"MONARCH_DELIVERY_TIMEOUT": "2.5"}) == 2.5
+    assert settings.get("MONARCH_CAST_FANOUT", {"MONARCH_CAST_FANOUT": "4"}) == 4
+    assert settings.get("MONARCH_FORK_SERVER", {"MONARCH_FORK_SERVER": "off"}) is False
+    assert settings.get("MONARCH_FORK_SERVER", {"MONARCH_FORK_SERVER": "1"}) is True
+    assert settings.get("MONARCH_DISABLED_PLUGINS", {"MONARCH_DISABLED_PLUGINS": " a, ,b "}) == ("a", "b")
+    assert settings.is_set("MONARCH_CONFIG", {"MONARCH_CONFIG": "x"})
+    assert not settings.is_set("MONARCH_CONFIG", {"MONARCH_CONFIG": ""})
+    with pytest.raises(KeyError):
+        settings.get("MONARCH_NO_SUCH_THING", {})
+
+
+def test_every_declaration_is_complete() -> None:
+    for s in settings.SETTINGS.values():
+        assert s.name.startswith("MONARCH_") and s.meaning and s.kind in settings._KINDS, s
+        assert s.parse(None) == s.default
+
+
+if __name__ == "__main__":
+    write_readme_tables()
