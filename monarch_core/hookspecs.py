@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import socket
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
@@ -61,6 +62,7 @@ __all__ = [
     "SchedulerSpec",
     "Stream",
     "TelemetryEvent",
+    "TRUST_ALL",
     "TelemetrySink",
     "Transport",
     "TransportSpec",
@@ -82,6 +84,11 @@ PROJECT_NAME = "monarch"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 #: Decorator for hook *implementations*: plugins mark their functions with it.
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+#: The ``ca=`` value that means "authenticate nobody" (the reference API's);
+#: :meth:`Transport.set_credentials` of a transport without authentication
+#: accepts it, one that authenticates refuses it.
+TRUST_ALL = "trust_all_connections"
 
 
 # --------------------------------------------------------------------------
@@ -124,6 +131,20 @@ class Stream(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Close the stream.  Idempotent; never raises."""
+
+    def raw_socket(self) -> socket.socket | None:
+        """The connected, non-blocking stdlib socket under this stream, for
+        the kernel's fast path -- or ``None`` (the default).
+
+        Optional.  Return a socket only when the bytes on it *are* the
+        stream's bytes (no framing, compression or encryption of the
+        stream's own) and the kernel may therefore read and write it
+        directly, from other threads, bypassing :meth:`send_all` and
+        :meth:`receive_into` for large messages.  Called once per
+        connection, after the handshake.  A TLS or compressing stream
+        returns ``None``.
+        """
+        return None
 
 
 class Listener(abc.ABC):
@@ -180,7 +201,49 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     async def connect(self, address: str) -> Stream:
-        """Dial ``address`` (``ConnectError`` naming it on failure)."""
+        """Dial ``address`` (``ConnectError`` naming it on failure).
+
+        When the peer's machine answers that nothing listens there
+        (``ECONNREFUSED``, a missing Unix socket), raise
+        ``ConnectError(..., refused=True)``: a few refusals after a
+        connection broke tell the kernel that the proc is gone, not merely
+        unreachable (which retries until the delivery timeout)."""
+
+    def set_credentials(self, *, ca: str | None = None, cert: str | None = None, key: str | None = None) -> None:
+        """Use these credentials in this process (optional).
+
+        The core calls it with what the user passed to
+        ``attach_to_workers(ca=, private_key=, cert=)`` or
+        ``run_worker_loop_forever(...)`` (``--ca/--key/--cert``), before the
+        transport listens or dials; each value is a file path or inline PEM,
+        or ``None`` (not given: keep the transport's own default source,
+        e.g. environment variables).  Raise ``ValueError``/``TypeError``/
+        ``FileNotFoundError`` naming the bad argument.  The default accepts
+        no credentials: it allows only ``ca="trust_all_connections"`` (the
+        reference API's "no authentication") and raises ``ValueError``
+        otherwise.
+        """
+        if cert is None and key is None and ca in (None, TRUST_ALL):
+            return
+        raise ValueError(
+            f"the {self.name or type(self).__name__} transport takes no credentials (ca=, private_key=, cert=); "
+            "use a transport that authenticates, such as tls://"
+        )
+
+    def child_env(self, *, portable: bool = False) -> Mapping[str, str]:
+        """Environment variables a process started by this one needs to use
+        this transport as this process does, e.g. its credentials (optional;
+        default: none).
+
+        The core adds them to the environment of every proc this process
+        starts (under the ``BootstrapCommand`` overrides and the
+        ``monarch_proc_env`` results) and, with ``portable=True``, puts them
+        in :attr:`WorkerLaunch.credentials` for the worker loops a scheduler
+        starts, possibly on other hosts: then no value may name a file of
+        this host (inline PEM instead).  The values hold secrets: never log
+        them.
+        """
+        return {}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 :func:`start_proc` turns a :class:`~._spec.ProcSpec` into an OS process on
 the host that runs it (this process is its parent): the environment is that
-host's, plus the command's overrides, plus ``monarch_proc_env`` hook results.
+host's, plus its transport's ``child_env()`` (credentials), plus the
+command's overrides, plus ``monarch_proc_env`` hook results.
 A proc that runs the default command is forked from the spawning process's
 fork server (see ``_zygote``); any other is exec'd (``_children``).
 
@@ -50,7 +51,7 @@ async def start_proc(kernel: Any, spec: ProcSpec, *, bind_spec: str | None) -> A
 
     program = sys.executable if spec.default_program else spec.command.program
     cmd = dataclasses.replace(spec.command, program=program)
-    env = cmd.build_env()
+    env = cmd.build_env(transport_env(kernel.transport))
     hook = registry().pm.hook.monarch_proc_env
     if hook.get_hookimpls():
         coords = dict(zip(spec.labels, _coords(spec.rank, spec.sizes)))
@@ -105,6 +106,16 @@ async def start_proc(kernel: Any, spec: ProcSpec, *, bind_spec: str | None) -> A
     await trio.lowlevel.checkpoint()
     kernel.adopt_child(spec.proc_id, child, describe=spec.describe)
     return child
+
+
+def transport_env(transport: Any) -> dict[str, str]:
+    """This process's environment plus what procs need to use ``transport``
+    as this process does (``Transport.child_env()``: its credentials)."""
+    env = dict(os.environ)
+    child_env = getattr(transport, "child_env", None)
+    if child_env is not None:
+        env.update(child_env())
+    return env
 
 
 def bootstrap_env_json(info: dict) -> str:
