@@ -262,7 +262,7 @@ async def check_transport(
                 accepted[(await _read_exactly(s, 1, "accepted stream"))[0]] = s
 
         with _step(f"three concurrent {name}.connect({address!r}), listener.accept() and a 1-byte exchange each",
-                   2 * timeout, slow="connections were not accepted, or their first byte not delivered"):
+                   2 * timeout, slow="the listener accepted fewer than 3, or " + _undelivered("their first byte")):
             async with trio.open_nursery() as nursery:
                 for i in range(3):
                     nursery.start_soon(dial, i)
