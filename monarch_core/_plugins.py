@@ -176,6 +176,16 @@ class PluginRegistry:
             t = self._transports.get(spec.name)
             if t is None:
                 t = spec.load()
+                if getattr(t, "name", None) != spec.name:
+                    # Procs find their transport again by this name: a class
+                    # attribute inherited from another transport (``tcp``)
+                    # would start them on that one, unable to parse our URLs.
+                    if getattr(t, "name", ""):
+                        logger.warning(
+                            "transport %r: its object's name is %r; using %r (set Transport.name to the "
+                            "TransportSpec's name)", spec.name, t.name, spec.name,
+                        )
+                    t.name = spec.name
                 self._transports[spec.name] = t
             self._transports[name] = t
             return t

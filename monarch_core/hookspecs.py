@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import socket
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Callable
@@ -61,6 +62,7 @@ __all__ = [
     "SchedulerSpec",
     "Stream",
     "TelemetryEvent",
+    "TRUST_ALL",
     "TelemetrySink",
     "Transport",
     "TransportSpec",
@@ -82,6 +84,11 @@ PROJECT_NAME = "monarch"
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 #: Decorator for hook *implementations*: plugins mark their functions with it.
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+#: The ``ca=`` value that means "authenticate nobody" (the reference API's);
+#: :meth:`Transport.set_credentials` of a transport without authentication
+#: accepts it, one that authenticates refuses it.
+TRUST_ALL = "trust_all_connections"
 
 
 # --------------------------------------------------------------------------
@@ -132,6 +139,20 @@ class Stream(abc.ABC):
     @abc.abstractmethod
     async def aclose(self) -> None:
         """Close the stream.  Idempotent; never raises."""
+
+    def raw_socket(self) -> socket.socket | None:
+        """The connected, non-blocking stdlib socket under this stream, for
+        the kernel's fast path -- or ``None`` (the default).
+
+        Optional.  Return a socket only when the bytes on it *are* the
+        stream's bytes (no framing, compression or encryption of the
+        stream's own) and the kernel may therefore read and write it
+        directly, from other threads, bypassing :meth:`send_all` and
+        :meth:`receive_into` for large messages.  Called once per
+        connection, after the handshake.  A TLS or compressing stream
+        returns ``None``.
+        """
+        return None
 
 
 class Listener(abc.ABC):
@@ -188,7 +209,49 @@ class Transport(abc.ABC):
 
     @abc.abstractmethod
     async def connect(self, address: str) -> Stream:
-        """Dial ``address`` (``ConnectError`` naming it on failure)."""
+        """Dial ``address`` (``ConnectError`` naming it on failure).
+
+        When the peer's machine answers that nothing listens there
+        (``ECONNREFUSED``, a missing Unix socket), raise
+        ``ConnectError(..., refused=True)``: a few refusals after a
+        connection broke tell the kernel that the proc is gone, not merely
+        unreachable (which retries until the delivery timeout)."""
+
+    def set_credentials(self, *, ca: str | None = None, cert: str | None = None, key: str | None = None) -> None:
+        """Use these credentials in this process (optional).
+
+        The core calls it with what the user passed to
+        ``attach_to_workers(ca=, private_key=, cert=)`` or
+        ``run_worker_loop_forever(...)`` (``--ca/--key/--cert``), before the
+        transport listens or dials; each value is a file path or inline PEM,
+        or ``None`` (not given: keep the transport's own default source,
+        e.g. environment variables).  Raise ``ValueError``/``TypeError``/
+        ``FileNotFoundError`` naming the bad argument.  The default accepts
+        no credentials: it allows only ``ca="trust_all_connections"`` (the
+        reference API's "no authentication") and raises ``ValueError``
+        otherwise.
+        """
+        if cert is None and key is None and ca in (None, TRUST_ALL):
+            return
+        raise ValueError(
+            f"the {self.name or type(self).__name__} transport takes no credentials (ca=, private_key=, cert=); "
+            "use a transport that authenticates, such as tls://"
+        )
+
+    def child_env(self, *, portable: bool = False) -> Mapping[str, str]:
+        """Environment variables a process started by this one needs to use
+        this transport as this process does, e.g. its credentials (optional;
+        default: none).
+
+        The core adds them to the environment of every proc this process
+        starts (under the ``BootstrapCommand`` overrides and the
+        ``monarch_proc_env`` results) and, with ``portable=True``, puts them
+        in :attr:`WorkerLaunch.credentials` for the worker loops a scheduler
+        starts, possibly on other hosts: then no value may name a file of
+        this host (inline PEM instead).  The values hold secrets: never log
+        them.
+        """
+        return {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,10 +345,12 @@ class WorkerLaunch:
     scheme: str
     #: The client's Python; the default interpreter of :meth:`command`.
     python: str
-    #: Environment variables that must reach every worker loop (for ``tls``:
-    #: ``MONARCH_TLS_CA``, ``MONARCH_TLS_CERT``, ``MONARCH_TLS_KEY`` as inline
-    #: PEM, so that they can travel over an SSH channel or a job script).  A
-    #: scheduler that mints per-job certificates replaces these values.
+    #: Environment variables that must reach every worker loop: the client
+    #: transport's :meth:`Transport.child_env` ``(portable=True)`` (for
+    #: ``tls``: ``MONARCH_TLS_CA``, ``MONARCH_TLS_CERT``, ``MONARCH_TLS_KEY``
+    #: as inline PEM, so that they can travel over an SSH channel or a job
+    #: script).  A scheduler that mints per-job certificates replaces these
+    #: values.
     credentials: Mapping[str, str]
     #: Seconds the whole allocation may take (allocate, then readiness).
     timeout: float
@@ -584,43 +649,65 @@ def monarch_transports() -> Sequence[TransportSpec]:
     claimed by two plugins goes to the one registered first (built-ins first,
     then entry points in name order), and the clash is logged.
 
-    Complete example -- a transport over Unix socket pairs in a directory::
+    Complete example -- a transport over Unix sockets in a directory (it
+    passes ``monarch_core.testing.check_transport``; the project's tests run
+    this code)::
 
         # my_transport/plugin.py
+        import errno, os, uuid
         import trio
         from monarch_core.hookspecs import (
             Listener, Stream, Transport, TransportSpec, hookimpl)
-        from monarch_core.errors import ConnectError, ConnectionClosed
+        from monarch_core.errors import ConnectError, ConnectionClosed, TransportError
+
+        _BROKEN = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
         class _S(Stream):
-            def __init__(self, s): self._s, self.peer = s, "dir"
+            def __init__(self, s, peer): self._s, self.peer = s, peer
             async def send_all(self, data):
                 try: await self._s.send_all(data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
-                    raise ConnectionClosed(str(e)) from None
+                except _BROKEN as e: raise ConnectionClosed(f"{self.peer}: {e}") from None
             async def receive_some(self, max_bytes=65536):
                 try: return await self._s.receive_some(max_bytes)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as e:
-                    raise ConnectionClosed(str(e)) from None
+                except _BROKEN as e: raise ConnectionClosed(f"{self.peer}: {e}") from None
             async def aclose(self): await self._s.aclose()
 
         class _L(Listener):
-            def __init__(self, lst, address): self._l, self.address = lst, address
-            async def accept(self): return _S(await self._l.accept())
-            async def aclose(self): await self._l.aclose()
+            def __init__(self, lst, address, path):
+                self._l, self.address, self._path = lst, address, path
+            async def accept(self):
+                try: return _S(await self._l.accept(), f"client of {self.address}")
+                except _BROKEN as e: raise TransportError(f"{self.address}: {e}") from None
+            async def aclose(self):
+                path, self._path = self._path, None
+                if path is not None:
+                    try: os.unlink(path)          # leave no socket file behind
+                    except OSError: pass
+                await self._l.aclose()
 
         class DirTransport(Transport):
             name = "dir"
             def default_bind_spec(self):
-                import uuid; return f"dir:///tmp/monarch-{uuid.uuid4().hex}"
+                return f"dir:///tmp/monarch-{uuid.uuid4().hex}"
+            def normalize(self, url):
+                if not url.startswith("dir:///") or "\\0" in url:
+                    raise ValueError(f"malformed dir address {url!r}; expected dir:///absolute/path")
+                return url
             async def listen(self, spec):
-                path = spec[len("dir://"):]
+                path = self.normalize(spec)[len("dir://"):]
                 sock = trio.socket.socket(trio.socket.AF_UNIX)
-                await sock.bind(path); sock.listen()
-                return _L(trio.SocketListener(sock), spec)
+                try:
+                    await sock.bind(path); sock.listen()
+                except OSError as e:
+                    sock.close()
+                    raise TransportError(f"cannot listen on {spec}: {e}") from None
+                return _L(trio.SocketListener(sock), spec, path)
             async def connect(self, address):
-                try: return _S(await trio.open_unix_socket(address[len("dir://"):]))
-                except OSError as e: raise ConnectError(f"{address}: {e}") from None
+                path = self.normalize(address)[len("dir://"):]
+                try: return _S(await trio.open_unix_socket(path), address)
+                except OSError as e:  # refused: nothing listens there (the kernel counts these)
+                    raise ConnectError(f"cannot connect to {address}: {e}",
+                                       refused=e.errno in (errno.ECONNREFUSED, errno.ENOENT)) from None
 
         @hookimpl
         def monarch_transports():
@@ -634,7 +721,19 @@ def monarch_transports() -> Sequence[TransportSpec]:
         dir = "my_transport.plugin"
 
     after which ``enable_transport("dir")`` and ``enable_transport("dir:///tmp/x")``
-    select it.
+    select it.  Test it with the conformance kit::
+
+        import trio
+        from monarch_core.testing import check_transport
+        from my_transport.plugin import DirTransport
+
+        def test_dir_transport_conforms():
+            trio.run(check_transport, DirTransport())
+
+    ``docs/plugin-authors.md`` (section "A transport") states the rest of
+    the contract: ``child_bind_spec``, ``ConnectError(refused=True)``,
+    cancellation and concurrency of ``send_all``, and the
+    :meth:`Stream.raw_socket` fast path.
     """
 
 

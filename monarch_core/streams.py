@@ -63,6 +63,20 @@ class SocketStream(Stream):
         except (*_CLOSED, OSError) as e:
             raise self._closed_error(e) from None
 
+    def raw_socket(self) -> _stdsocket.socket | None:
+        """The stdlib socket under this stream (see :meth:`Stream.raw_socket`).
+
+        A subclass that overrides ``send_all``, ``receive_some`` or
+        ``receive_into`` (to frame, compress or encrypt) gets ``None``
+        unless it overrides this method too."""
+        cls = type(self)
+        if cls is not SocketStream and any(
+            getattr(cls, m) is not getattr(SocketStream, m) for m in ("send_all", "receive_some", "receive_into")
+        ):
+            return None
+        sock = getattr(self._sock, "_sock", None)  # a trio socket's stdlib socket
+        return sock if isinstance(sock, _stdsocket.socket) else None
+
     def _closed_error(self, e: BaseException) -> ConnectionClosed:
         if isinstance(e, OSError):
             return ConnectionClosed(f"connection to {self.peer} broke: {e.strerror or e}")

@@ -1,24 +1,43 @@
-"""Conformance checks for transport plugins (a public, supported module).
+"""Conformance checks for plugins (a public, supported module).
 
-Every transport the project ships runs these in its own tests; third-party
-transports should too::
+Every transport the project ships runs :func:`check_transport` in its own
+tests; third-party transports should too (here with the ``ipc`` transport;
+put yours in its place)::
 
     import trio
     from monarch_core.testing import check_transport
-    from my_transport.plugin import DirTransport
+    from monarch_core._builtins._ipc import IpcTransport   # your Transport here
 
     def test_conformance():
-        trio.run(check_transport, DirTransport(), "dir:///tmp/monarch-test-sock")
+        trio.run(check_transport, IpcTransport())
 
 :func:`check_transport` listens on ``bind_spec`` (default: the transport's
 ``default_bind_spec()``), connects to the advertised address, and checks:
-ordered bytes both ways; a large payload received with ``receive_into``;
-end of stream after the peer closes (``b""``/0, not an exception);
-``ConnectionClosed`` (not ``OSError``/trio errors) when writing to a closed
-stream; ``aclose`` idempotent; several concurrent connections; a bad or dead
-address raising ``ConnectError`` that names it; ``normalize`` rejecting
-garbage with ``ValueError``.  It raises ``AssertionError`` describing the
-first violation.
+``normalize`` keeps the advertised address and rejects garbage with
+``ValueError``; three concurrent connections (connect and accept overlap, so
+a transport that handshakes in ``connect`` passes); ordered bytes both ways,
+from ``bytes`` and ``memoryview``; that a small write is delivered without
+more being written (a stream that buffers, e.g. zlib without
+``Z_SYNC_FLUSH``, fails here); ``receive_some(max_bytes)`` never returning
+more than ``max_bytes``; ``send_all`` beside a pending ``receive_some`` on
+the same stream; a large payload received with ``receive_into``; a
+cancelled ``send_all`` followed by ``aclose``; ``raw_socket()``, when it
+returns a socket, carrying the stream's bytes as they are; end of stream
+after the peer closes (``b""``, not an exception); ``ConnectionClosed`` (not
+``OSError``/trio errors) when writing to a stream whose peer closed;
+``aclose`` idempotent, for streams and listeners; ``child_bind_spec``
+returning a spec the transport can listen on; no socket file left behind by
+a closed listener; and ``connect`` to the closed listener's address (or to
+``bad_address``) raising ``ConnectError`` that names it, with
+``refused=True`` for the closed listener.
+
+It raises ``AssertionError`` describing the first violation: a step that
+does not finish within ``timeout`` seconds fails with what the step waited
+for and the likely cause (never a hang), and an exception from outside
+:mod:`monarch_core.errors` (``OSError``, ``trio.BrokenResourceError`` ...)
+fails naming the method it escaped from.  ``monarch_core.errors``
+exceptions other than the ones a step expects propagate as they are (a
+``tls`` listener without credentials raises its ``TransportError``).
 
 Scheduler plugins run :func:`check_scheduler` (a blocking call, from a
 client process whose enabled transport is the one the workers should use)::
@@ -33,96 +52,273 @@ client process whose enabled transport is the one the workers should use)::
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket as _stdsocket
+from collections.abc import Iterator
 
 import trio
 
 from monarch_core.actor import Actor, endpoint
-from monarch_core.errors import ConnectError, ConnectionClosed, TransportError
+from monarch_core.errors import ConnectError, ConnectionClosed, MonarchError, TransportError
 from monarch_core.hookspecs import Stream, Transport
 
 __all__ = ["check_scheduler", "check_stream_pair", "check_transport"]
 
+#: What a library exception escaping a plugin should have been.
+_MAP_HINT = (
+    "map library errors at the plugin boundary into monarch_core.errors: ConnectError (connect), "
+    "ConnectionClosed (a broken or closed stream), TransportError (listen, accept)"
+)
 
-async def _read_exactly(stream: Stream, n: int) -> bytes:
+
+def _leaf(e: BaseException) -> BaseException:
+    """The exception of a nursery's group to report: the first kit verdict
+    (``AssertionError``), else the first other one."""
+    if not isinstance(e, BaseExceptionGroup):
+        return e
+    leaves = [_leaf(x) for x in e.exceptions]
+    leaves = [x for x in leaves if not isinstance(x, trio.Cancelled)] or leaves
+    return next((x for x in leaves if isinstance(x, AssertionError)), leaves[0])
+
+
+def _verdict(what: str, e: BaseException, timeout: float, slow: str, expect: tuple) -> BaseException:
+    """What an exception ``e`` escaping step ``what`` becomes."""
+    leaf = _leaf(e)
+    if isinstance(leaf, trio.TooSlowError):
+        return AssertionError(f"{what}: did not finish within {timeout:g}s" + (f": {slow}" if slow else ""))
+    if isinstance(leaf, (AssertionError, MonarchError, *expect)):
+        return leaf
+    return AssertionError(f"{what}: {type(leaf).__name__} escaped ({leaf}); {_MAP_HINT}")
+
+
+@contextlib.contextmanager
+def _step(what: str, timeout: float, *, slow: str = "", expect: tuple = ()) -> Iterator[None]:
+    """Run one step of a kit: ``AssertionError`` naming ``what`` when it takes
+    longer than ``timeout`` s (``slow``: the likely cause) or when an exception
+    from outside ``monarch_core.errors`` (and ``expect``) escapes it."""
+    try:
+        with trio.fail_after(timeout):
+            yield
+    except Exception as e:  # noqa: BLE001 - turned into the kit's verdict
+        _reraise(e, _verdict(what, e, timeout, slow, expect))
+
+
+@contextlib.contextmanager
+def _guard(what: str) -> Iterator[None]:
+    """Name the method a non-monarch exception escapes from."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001
+        _reraise(e, _verdict(what, e, 0, "", ()))
+
+
+def _reraise(e: BaseException, v: BaseException) -> None:
+    leaf = _leaf(e)
+    if v is e:
+        raise e
+    if v is leaf:  # unwrap a nursery's group
+        raise leaf from None
+    raise v from (None if isinstance(leaf, trio.TooSlowError) else leaf)
+
+
+async def _read_exactly(stream: Stream, n: int, who: str = "stream", *, max_bytes: int | None = None) -> bytes:
     buf = bytearray()
     while len(buf) < n:
-        chunk = await stream.receive_some(n - len(buf))
-        assert chunk, f"stream ended after {len(buf)} of {n} bytes"
+        ask = n - len(buf) if max_bytes is None else max_bytes
+        chunk = await stream.receive_some(ask)
+        assert chunk, f"{who}.receive_some() returned end of stream after {len(buf)} of {n} bytes"
+        assert len(chunk) <= ask, f"{who}.receive_some({ask}) returned {len(chunk)} bytes, more than max_bytes"
         buf += chunk
     return bytes(buf)
 
 
-async def check_stream_pair(a: Stream, b: Stream, *, big: int = 8 << 20) -> None:
-    """Checks on one connected pair of streams (``a`` dialled ``b``)."""
-    await a.send_all(b"ping")
-    assert await _read_exactly(b, 4) == b"ping", "bytes a->b differ"
-    await b.send_all(memoryview(b"pong!")[:4])
-    assert await _read_exactly(a, 4) == b"pong", "bytes b->a (from a memoryview) differ"
+def _undelivered(n: str) -> str:
+    return (
+        f"the stream did not deliver {n}: does send_all write everything before it returns, without waiting "
+        "for more data (a compressor must flush, e.g. zlib's Z_SYNC_FLUSH; a buffered writer must drain)?"
+    )
+
+
+async def check_stream_pair(a: Stream, b: Stream, *, big: int = 8 << 20, timeout: float = 5.0) -> None:
+    """Checks on one connected pair of streams (``a`` dialled ``b``); see
+    :func:`check_transport`.  Closes both."""
+    with _step("a.send_all(b'ping'), then b.receive_some()", timeout, slow=_undelivered("4 bytes")):
+        await a.send_all(b"ping")
+        assert await _read_exactly(b, 4, "b") == b"ping", "bytes a->b differ"
+    with _step("b.send_all(memoryview), then a.receive_some()", timeout, slow=_undelivered("4 bytes")):
+        await b.send_all(memoryview(b"pong!")[:4])
+        assert await _read_exactly(a, 4, "a") == b"pong", "bytes b->a (from a memoryview) differ"
+    kib = os.urandom(1024)
+    with _step("a.send_all(1 KiB), then b.receive_some(100) until all arrived", timeout, slow=_undelivered("1 KiB")):
+        await a.send_all(kib)
+        assert await _read_exactly(b, 1024, "b", max_bytes=100) == kib, "1 KiB a->b corrupted"
+    got: list[bytes] = []
+
+    async def pending_receive() -> None:
+        got.append(await _read_exactly(a, 5, "a"))
+
+    with _step("a.send_all() while a.receive_some() waits on the same stream", timeout,
+               slow="send_all must be able to run beside a pending receive_some (the kernel reads "
+                    "acknowledgements while it writes): do they share a lock?"):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pending_receive)
+            await trio.sleep(0.01)
+            await a.send_all(b"hello")
+            assert await _read_exactly(b, 5, "b") == b"hello", "bytes a->b differ"
+            await b.send_all(b"world")
+        assert got == [b"world"], f"a.receive_some() beside a.send_all() got {got!r}"
     payload = os.urandom(big)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(a.send_all, payload)
-        out = bytearray(big)
-        view = memoryview(out)
-        have = 0
-        while have < big:
-            n = await b.receive_into(view[have:])
-            assert n > 0, f"receive_into returned {n} after {have} of {big} bytes"
-            have += n
-    assert bytes(out) == payload, "large payload corrupted"
-    await a.aclose()
-    await a.aclose()  # idempotent
-    end = await b.receive_some(100)
-    assert end == b"", f"expected end of stream (b''), got {end!r}"
+    with _step(f"a.send_all({big} bytes) beside b.receive_into()", 4 * timeout, slow=_undelivered(f"{big} bytes")):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(a.send_all, payload)
+            out = bytearray(big)
+            view = memoryview(out)
+            have = 0
+            while have < big:
+                n = await b.receive_into(view[have:])
+                assert n > 0, f"b.receive_into() returned {n} after {have} of {big} bytes"
+                have += n
+        assert bytes(out) == payload, "large payload corrupted"
+    with _step("raw_socket()", timeout, slow=_undelivered("3 bytes written to the raw socket")):
+        for me, peer, name in ((a, b, "a"), (b, a, "b")):
+            raw = me.raw_socket() if hasattr(me, "raw_socket") else None
+            if raw is None:
+                continue
+            assert isinstance(raw, _stdsocket.socket), f"{name}.raw_socket() returned {raw!r}, not a socket.socket"
+            assert not raw.getblocking(), f"{name}.raw_socket() is a blocking socket; the kernel needs it non-blocking"
+            raw.send(b"raw")  # the kernel writes big messages this way
+            assert await _read_exactly(peer, 3, "peer") == b"raw", (
+                f"bytes written to {name}.raw_socket() arrive changed: a stream with its own framing, compression "
+                "or encryption must return None from raw_socket()"
+            )
+    with _step("a.aclose() (twice)", timeout):
+        await a.aclose()
+        await a.aclose()  # idempotent
+    with _step("b.receive_some() after the peer's aclose()", timeout,
+               slow="expected end of stream (b'') once the peer closed"):
+        end = await b.receive_some(100)
+        assert end == b"", f"b.receive_some() after the peer's aclose() returned {end!r}, not end of stream (b'')"
     try:
-        with trio.fail_after(5):
+        with _step("b.send_all() to a closed peer", timeout,
+                   slow="writing to a stream whose peer closed neither failed with ConnectionClosed nor finished"):
             for _ in range(100):  # the peer is gone: writes must fail with ConnectionClosed
                 await b.send_all(b"x" * 65536)
     except ConnectionClosed:
         pass
-    except trio.TooSlowError:
-        raise AssertionError("writing to a stream whose peer closed neither failed nor finished") from None
-    await b.aclose()
+    with _step("b.aclose()", timeout):
+        await b.aclose()
 
 
-async def check_transport(transport: Transport, bind_spec: str | None = None, *, bad_address: str | None = None) -> None:
-    """Run every conformance check against ``transport`` (call from ``trio.run``)."""
+async def _cancelled_send(a: Stream, b: Stream, timeout: float) -> None:
+    """A send_all the peer does not read, cancelled; then both close."""
+    with _step("a cancelled a.send_all(), then a.aclose()", timeout,
+               slow="after a cancelled send_all, aclose must still return promptly"):
+        with trio.move_on_after(0.1):
+            await a.send_all(os.urandom(1 << 20) * 16)
+        await a.aclose()
+    with _step("b.aclose()", timeout):
+        await b.aclose()
+
+
+def _socket_path(address: str) -> str | None:
+    rest = address.split("://", 1)[-1]
+    return rest if rest.startswith("/") else None
+
+
+async def check_transport(
+    transport: Transport,
+    bind_spec: str | None = None,
+    *,
+    bad_address: str | None = None,
+    timeout: float = 5.0,
+    big: int = 8 << 20,
+) -> None:
+    """Run every conformance check against ``transport`` (call from
+    ``trio.run``); see the module docstring.  ``timeout``: seconds each step
+    may take (the large payload gets four times that)."""
+    name = type(transport).__name__
     spec = bind_spec or transport.default_bind_spec()
-    listener = await transport.listen(spec)
+    with _step(f"{name}.listen({spec!r})", timeout):
+        listener = await transport.listen(spec)
     try:
         address = listener.address
         assert address, "Listener.address is empty"
-        assert transport.normalize(address) == address, "normalize() changes the advertised address"
-        dialled = [await transport.connect(address) for _ in range(3)]  # the backlog holds them
-        with trio.fail_after(10):
-            accepted = [await listener.accept() for _ in range(3)]
-        for i, a in enumerate(dialled):
-            await a.send_all(bytes([i]))
-        got = []
-        for b in accepted:
-            got.append((await _read_exactly(b, 1))[0])
-        assert sorted(got) == [0, 1, 2], f"three connections delivered {got}"
-        pairs = {g: b for g, b in zip(got, accepted)}
-        accepted = [pairs[i] for i in range(3)]
-        for s in dialled[1:] + accepted[1:]:
-            await s.aclose()
-        await check_stream_pair(dialled[0], accepted[0])
+        with _step(f"{name}.normalize({address!r})", timeout):
+            norm = transport.normalize(address)
+        assert norm == address, f"normalize() changes the advertised address {address!r} into {norm!r}"
+        dialled: dict[int, Stream] = {}
+        accepted: dict[int, Stream] = {}
+
+        async def dial(i: int) -> None:
+            with _guard(f"{name}.connect({address!r})"):
+                s = await transport.connect(address)
+            dialled[i] = s
+            with _guard("Stream.send_all() of a dialled stream"):
+                await s.send_all(bytes([i]))
+
+        async def serve(s: Stream) -> None:
+            with _guard("Stream.receive_some() of an accepted stream"):
+                accepted[(await _read_exactly(s, 1, "accepted stream"))[0]] = s
+
+        with _step(f"three concurrent {name}.connect({address!r}), listener.accept() and a 1-byte exchange each",
+                   2 * timeout, slow="the listener accepted fewer than 3, or " + _undelivered("their first byte")):
+            async with trio.open_nursery() as nursery:
+                for i in range(3):
+                    nursery.start_soon(dial, i)
+                for _ in range(3):
+                    with _guard("Listener.accept()"):
+                        nursery.start_soon(serve, await listener.accept())
+        assert sorted(accepted) == [0, 1, 2], f"three connections delivered {sorted(accepted)}"
+        await _cancelled_send(dialled[1], accepted[1], timeout)
+        with _step("Stream.aclose()", timeout):
+            await dialled[2].aclose()
+            await accepted[2].aclose()
+        await check_stream_pair(dialled[0], accepted[0], big=big, timeout=timeout)
     finally:
-        await listener.aclose()
-        await listener.aclose()
+        with _step("Listener.aclose() (twice)", timeout):
+            await listener.aclose()
+            await listener.aclose()
+    path = _socket_path(address)
+    assert path is None or not os.path.lexists(path), (
+        f"the closed listener of {address} left {path} behind: remove the socket file in Listener.aclose()"
+    )
+    with _step(f"{name}.child_bind_spec({address!r})", timeout):
+        child = transport.child_bind_spec(address)
+        assert isinstance(child, str) and child, f"child_bind_spec({address!r}) returned {child!r}, not a bind spec"
+        transport.normalize(child)
+        child_listener = await transport.listen(child)
+        child_address = child_listener.address
+        await child_listener.aclose()
+    assert child_address and child_address != address, (
+        f"a listener on child_bind_spec({address!r}) = {child!r} advertises {child_address!r}: procs need an "
+        "address of their own"
+    )
+    path = _socket_path(child_address)
+    assert path is None or not os.path.lexists(path), f"the closed listener of {child_address} left {path} behind"
+    garbage = "\0 not an address \0"
     try:
-        transport.normalize("\0 not an address \0")
+        with _step(f"{name}.normalize({garbage!r})", timeout, expect=(ValueError,)):
+            transport.normalize(garbage)
     except ValueError:
         pass
     else:
-        raise AssertionError("normalize() accepted garbage instead of raising ValueError")
+        raise AssertionError(f"normalize({garbage!r}) accepted garbage instead of raising ValueError")
     target = bad_address or address  # the closed listener's address: nothing listens there now
     try:
-        s = await transport.connect(target)
+        with _step(f"{name}.connect({target!r}) where nothing listens", timeout,
+                   slow="connecting where nothing listens must fail (ConnectError), not wait"):
+            s = await transport.connect(target)
     except ConnectError as e:
-        assert target in str(e) or target.split("://", 1)[-1] in str(e), f"ConnectError does not name {target}: {e}"
+        where = target.split("://", 1)[-1]
+        assert target in str(e) or where in str(e), f"ConnectError does not name {target}: {e}"
+        assert bad_address is not None or e.refused, (
+            f"connect() to {target} (a closed listener) raised ConnectError without refused=True: pass "
+            "refused=True when the peer's host answers that nothing listens there (ECONNREFUSED, no socket "
+            "file); the kernel counts refusals to tell a dead proc"
+        )
     except TransportError as e:
-        raise AssertionError(f"connect() to a dead address raised {type(e).__name__}, not ConnectError") from None
+        raise AssertionError(f"connect() to a dead address raised {type(e).__name__}, not ConnectError: {e}") from None
     else:
         await s.aclose()
         raise AssertionError(f"connect() to {target} (nothing listening) succeeded")

@@ -1170,7 +1170,6 @@ def attach(
 ) -> HostMesh:
     """See :func:`monarch_core.worker.attach_to_workers`."""
     from monarch_core._actor import _transport
-    from monarch_core._actor._tls import apply_credentials
     from monarch_core.errors import ConnectError
 
     if isinstance(workers, str) or not workers:
@@ -1187,10 +1186,11 @@ def attach(
     if len(schemes) != 1:
         raise ValueError(f"attach_to_workers: all workers must use one transport, got {sorted(schemes)}")
     scheme = schemes.pop()
-    apply_credentials(scheme, ca=ca, private_key=private_key, cert=cert)
     from monarch_core._plugins import registry
 
     transport = registry().transport(scheme)
+    if (ca, private_key, cert) != (None, None, None):
+        transport.set_credentials(ca=ca, cert=cert, key=private_key)
     for a in addrs:
         transport.normalize(a)
     if _state.current_runtime_or_none() is None and _transport.enabled_choice() is None:

@@ -13,6 +13,7 @@ import os
 import socket as _stdsocket
 import stat
 import uuid
+from typing import Any
 
 import trio
 
@@ -69,7 +70,7 @@ class IpcTransport(Transport):
             if e.errno == errno.EADDRINUSE:
                 hint = " (another process listens there; choose another address)"
             raise TransportError(f"cannot listen on {address}: {e.strerror or e}{hint}") from None
-        return SocketListener(sock, address)
+        return _IpcListener(sock, address, None if target.startswith("\0") else target)
 
     async def connect(self, address: str) -> Stream:
         target = _sockaddr(address)
@@ -81,6 +82,25 @@ class IpcTransport(Transport):
             refused = e.errno in (errno.ECONNREFUSED, errno.ENOENT)
             raise ConnectError(f"cannot connect to {address}: {e.strerror or e}", refused=refused) from None
         return SocketStream(sock, peer=address)
+
+
+class _IpcListener(SocketListener):
+    """Removes its socket file when closed (if it is still the one it bound)."""
+
+    def __init__(self, sock: Any, address: str, path: str | None) -> None:
+        super().__init__(sock, address)
+        self._path = path
+        self._inode = os.stat(path).st_ino if path is not None else None
+
+    async def aclose(self) -> None:
+        path, self._path = self._path, None
+        if path is not None:
+            try:
+                if os.stat(path).st_ino == self._inode:
+                    os.unlink(path)
+            except OSError:
+                pass
+        await super().aclose()
 
 
 def _remove_stale_socket(path: str) -> None:

@@ -576,13 +576,11 @@ async def _answered_in_tls(reader: W.FrameReader) -> bool:
 
 
 def _raw_socket(stream: Stream) -> Any:
-    """The non-blocking stdlib socket under a plain socket stream (None for
-    anything else, e.g. TLS, which must not be written from two threads)."""
-    from monarch_core.streams import SocketStream
-
-    if type(stream) is SocketStream:
-        return getattr(stream._sock, "_sock", None)
-    return None
+    """The non-blocking stdlib socket the kernel may read/write directly, as
+    the stream offers it (``Stream.raw_socket``; None for e.g. TLS, which
+    must not be written from two threads, or a stream without the method)."""
+    get = getattr(stream, "raw_socket", None)
+    return get() if get is not None else None
 
 
 #: Socket buffer size asked for on plain-socket sessions (the kernel caps it

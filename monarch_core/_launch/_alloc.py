@@ -317,20 +317,12 @@ def wait_ready(rt: Any, hosts: list, timeout: float, *, what: str) -> dict[str, 
 
 
 def credentials_for(transport: str) -> dict[str, str]:
-    """What worker loops need to accept this client: for ``tls``, the
-    client's ``MONARCH_TLS_*`` material as inline PEM."""
-    if transport != "tls":
-        return {}
-    out = {}
-    for var in ("MONARCH_TLS_CA", "MONARCH_TLS_CERT", "MONARCH_TLS_KEY"):
-        v = os.environ.get(var)
-        if not v:
-            continue
-        if "-----BEGIN" not in v and os.path.exists(v):
-            with open(v, encoding="ascii") as f:
-                v = f.read()
-        out[var] = v
-    return out
+    """What worker loops need to accept this client: the transport's
+    ``child_env(portable=True)`` (for ``tls``, its credentials as inline PEM)."""
+    from monarch_core._plugins import registry
+
+    child_env = getattr(registry().transport(transport), "child_env", None)
+    return dict(child_env(portable=True)) if child_env is not None else {}
 
 
 def _scheme_of(transport: str) -> str:

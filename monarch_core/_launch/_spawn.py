@@ -2,7 +2,8 @@
 
 :func:`start_proc` turns a :class:`~._spec.ProcSpec` into an OS process on
 the host that runs it (this process is its parent): the environment is that
-host's, plus the command's overrides, plus ``monarch_proc_env`` hook results.
+host's, plus its transport's ``child_env()`` (credentials), plus the
+command's overrides, plus ``monarch_proc_env`` hook results.
 A proc that runs the default command is forked from the spawning process's
 fork server (see ``_zygote``); any other is exec'd (``_children``).
 
@@ -53,7 +54,7 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
 
     program = sys.executable if spec.default_program else spec.command.program
     cmd = dataclasses.replace(spec.command, program=program)
-    env = cmd.build_env()
+    env = cmd.build_env(transport_env(kernel.transport))
     hook = registry().pm.hook.monarch_proc_env
     if hook.get_hookimpls():
         coords = dict(zip(spec.labels, _coords(spec.rank, spec.sizes)))
@@ -108,6 +109,16 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
     await trio.lowlevel.checkpoint()
     kernel.adopt_child(spec.proc_id, child, describe=spec.describe)
     return child
+
+
+def transport_env(transport: Any) -> dict[str, str]:
+    """This process's environment plus what procs need to use ``transport``
+    as this process does (``Transport.child_env()``: its credentials)."""
+    env = dict(os.environ)
+    child_env = getattr(transport, "child_env", None)
+    if child_env is not None:
+        env.update(child_env())
+    return env
 
 
 def bootstrap_env_json(info: dict) -> str:

@@ -30,7 +30,6 @@ import trio
 from monarch_core._actor import _serial
 from monarch_core._actor._agent import ProcAgent
 from monarch_core._actor._port import send_to_port
-from monarch_core._actor._tls import apply_credentials
 from monarch_core._kernel import _wire as W
 from monarch_core._launch._spawn import start_proc
 
@@ -219,7 +218,8 @@ def run_worker_loop_forever(
 
     ``ca``, ``private_key`` (and optionally ``cert``, when the key file does
     not also hold the certificate) configure TLS for ``tls://`` addresses:
-    each is a file path or inline PEM (they override ``MONARCH_TLS_*``).
+    each is a file path or inline PEM, handed to the transport's
+    ``set_credentials`` (for ``tls``: they override ``MONARCH_TLS_*``).
     ``ca="trust_all_connections"`` is accepted for plain ``tcp://`` only,
     where nothing is authenticated.
 
@@ -244,8 +244,9 @@ def run_worker_loop_forever(
         raise ValueError(f"run_worker_loop_forever(address=...): expected a URL such as 'tls://host:29500', got {address!r}")
     scheme = address.split("://", 1)[0]
     child_bind = _check_tcp_bind(address, insecure_tcp)
-    apply_credentials(scheme, ca=ca, private_key=private_key, cert=cert)
     transport = registry().transport(scheme)
+    if (ca, private_key, cert) != (None, None, None):
+        transport.set_credentials(ca=ca, cert=cert, key=private_key)
     transport.normalize(address)
     _transport.set_from_parent(transport.name)
     kernel = Kernel(proc_id=f"worker-loop-{os.getpid()}", name=f"worker loop {address}", transport=transport, bind_spec=address)

@@ -15,9 +15,12 @@ connection from another host fails with an error that names the fix.
 
 ``tls`` is TCP plus TLS 1.3 with mutual authentication: both sides present a
 certificate signed by the configured CA and both verify the other's.
-Credentials come from ``MONARCH_TLS_CERT``, ``MONARCH_TLS_KEY`` and
-``MONARCH_TLS_CA`` (each a file path or inline PEM); the key file may also
-hold the certificate.  ``MONARCH_TLS_VERIFY_HOSTNAME=0`` skips the host-name
+Credentials come from ``TlsTransport.set_credentials(ca=, cert=, key=)``
+(what the core passes from ``attach_to_workers``/``run_worker_loop_forever``)
+or else from ``MONARCH_TLS_CERT``, ``MONARCH_TLS_KEY`` and ``MONARCH_TLS_CA``
+(each a file path or inline PEM); the key file may also hold the
+certificate.  Procs and worker loops started from this process get them
+through ``child_env()``.  ``MONARCH_TLS_VERIFY_HOSTNAME=0`` skips the host-name
 check (the CA check stays).
 """
 
@@ -39,7 +42,7 @@ import trio
 
 from monarch_core import settings
 from monarch_core.errors import AuthenticationError, ConnectError, ConnectionClosed, TransportError
-from monarch_core.hookspecs import Listener, Stream, Transport
+from monarch_core.hookspecs import TRUST_ALL, Listener, Stream, Transport
 from monarch_core.streams import SocketStream
 
 logger = logging.getLogger("monarch.transport.tcp")
@@ -255,6 +258,10 @@ class TcpTransport(_TcpBase):
     name = "tcp"
     scheme = "tcp"
 
+    def set_credentials(self, *, ca: str | None = None, cert: str | None = None, key: str | None = None) -> None:
+        """Checked as for ``tls`` (``ca="trust_all_connections"`` allowed), then unused: tcp authenticates nobody."""
+        check_credentials(self.scheme, ca=ca, cert=cert, key=key)
+
     async def _wrap_accepted(self, stream: Stream) -> Stream:
         return stream
 
@@ -276,19 +283,60 @@ def _pem_or_path(value: str, what: str, temps: list[str]) -> str:
     return value
 
 
+#: The environment variables the tls transport reads its credentials from
+#: (when ``set_credentials`` did not give them), by ``set_credentials`` argument.
+TLS_VARS = {"ca": "MONARCH_TLS_CA", "cert": "MONARCH_TLS_CERT", "key": "MONARCH_TLS_KEY"}
+
+
+def check_credentials(scheme: str, *, ca: str | None, cert: str | None, key: str | None) -> dict[str, str]:
+    """Validate API credentials (``ca=``, ``private_key=``, ``cert=``) for
+    ``scheme``; return them by variable name (file paths made absolute)."""
+    if ca == TRUST_ALL:
+        if scheme == "tls":
+            raise ValueError(
+                "ca='trust_all_connections' turns authentication off, which a tls:// address cannot do; "
+                "pass the CA certificate that signed the peers' certificates (ca='ca.pem'), or use tcp://"
+            )
+        ca = None
+    out = {}
+    for value, var in ((ca, "MONARCH_TLS_CA"), (key, "MONARCH_TLS_KEY"), (cert, "MONARCH_TLS_CERT")):
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise TypeError(f"{var.split('_')[-1].lower()} must be a file path or inline PEM (str), got {value!r}")
+        if "-----BEGIN" not in value and not os.path.exists(value):
+            raise FileNotFoundError(f"{var}: {value!r} is neither inline PEM nor an existing file")
+        out[var] = os.path.abspath(value) if "-----BEGIN" not in value else value
+    return out
+
+
 class _Credentials:
-    """TLS contexts built from MONARCH_TLS_* (rebuilt when they change)."""
+    """TLS contexts built from the credentials given to ``set_credentials``,
+    else from MONARCH_TLS_* (rebuilt when they change)."""
 
     def __init__(self) -> None:
         self._key: tuple | None = None
         self.server: ssl.SSLContext | None = None
         self.client: ssl.SSLContext | None = None
+        self.given: dict[str, str] = {}
         self.lock = threading.Lock()
 
-    def contexts(self) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    def values(self) -> dict[str, str]:
+        """The credentials in effect, by variable name (given, else the environment)."""
         env = os.environ
-        key = (env.get("MONARCH_TLS_CERT"), env.get("MONARCH_TLS_KEY"), env.get("MONARCH_TLS_CA"),
-               env.get("MONARCH_TLS_VERIFY_HOSTNAME", "1"))
+        with self.lock:
+            given = dict(self.given)
+        out = {}
+        for var in TLS_VARS.values():
+            v = given.get(var) or env.get(var)
+            if v:
+                out[var] = v
+        return out
+
+    def contexts(self) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+        v = self.values()
+        key = (v.get("MONARCH_TLS_CERT"), v.get("MONARCH_TLS_KEY"), v.get("MONARCH_TLS_CA"),
+               os.environ.get("MONARCH_TLS_VERIFY_HOSTNAME", "1"))
         with self.lock:
             if key != self._key or self.server is None or self.client is None:
                 self.server, self.client = _build_contexts(*key)
@@ -327,8 +375,6 @@ def _build_contexts(cert: str | None, key: str | None, ca: str | None, verify_ho
                 pass
     return contexts[0], contexts[1]
 
-
-_credentials = _Credentials()
 
 #: The first byte of a TLS handshake record (every ClientHello starts with it).
 _TLS_HANDSHAKE = 0x16
@@ -459,12 +505,33 @@ class TlsTransport(_TcpBase):
     name = "tls"
     scheme = "tls"
 
+    def __init__(self) -> None:
+        self._credentials = _Credentials()
+
+    def set_credentials(self, *, ca: str | None = None, cert: str | None = None, key: str | None = None) -> None:
+        """Use these (file paths or inline PEM) instead of ``MONARCH_TLS_CA``/
+        ``_CERT``/``_KEY``; ``None`` keeps the variable's value."""
+        given = check_credentials(self.scheme, ca=ca, cert=cert, key=key)
+        with self._credentials.lock:
+            self._credentials.given.update(given)
+
+    def child_env(self, *, portable: bool = False) -> dict[str, str]:
+        """``MONARCH_TLS_CA``/``_CERT``/``_KEY`` in effect (``portable``: as
+        inline PEM, for a worker loop on another host)."""
+        out = self._credentials.values()
+        if portable:
+            for var, v in out.items():
+                if "-----BEGIN" not in v and os.path.exists(v):
+                    with open(v, encoding="ascii") as f:
+                        out[var] = f.read()
+        return out
+
     async def listen(self, bind_spec: str) -> Listener:
-        _credentials.contexts()  # fail at listen time when credentials are missing
+        self._credentials.contexts()  # fail at listen time when credentials are missing
         return await super().listen(bind_spec)
 
     async def _wrap_accepted(self, stream: Stream) -> Stream:
-        server_ctx, _ = _credentials.contexts()
+        server_ctx, _ = self._credentials.contexts()
         assert isinstance(stream, SocketStream)
         raw = trio.SocketStream(stream._sock)
         # The handshake happens on the first read, in the connection's own task:
@@ -472,7 +539,7 @@ class TlsTransport(_TcpBase):
         return _TlsStream(trio.SSLStream(raw, server_ctx, server_side=True), peer=stream.peer, raw=stream._sock)
 
     async def connect(self, address: str) -> Stream:
-        _, client_ctx = _credentials.contexts()
+        _, client_ctx = self._credentials.contexts()
         spec = parse(address, self.scheme)
         host = spec.adv_host or spec.bind_host
         sock = await self._connect_tcp(address)
