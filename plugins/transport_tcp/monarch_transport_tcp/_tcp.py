@@ -323,12 +323,11 @@ class _Credentials:
 
     def values(self) -> dict[str, str]:
         """The credentials in effect, by variable name (given, else the environment)."""
-        env = os.environ
         with self.lock:
             given = dict(self.given)
         out = {}
         for var in TLS_VARS.values():
-            v = given.get(var) or env.get(var)
+            v = given.get(var) or settings.get(var)
             if v:
                 out[var] = v
         return out
@@ -336,7 +335,7 @@ class _Credentials:
     def contexts(self) -> tuple[ssl.SSLContext, ssl.SSLContext]:
         v = self.values()
         key = (v.get("MONARCH_TLS_CERT"), v.get("MONARCH_TLS_KEY"), v.get("MONARCH_TLS_CA"),
-               os.environ.get("MONARCH_TLS_VERIFY_HOSTNAME", "1"))
+               settings.get("MONARCH_TLS_VERIFY_HOSTNAME"))
         with self.lock:
             if key != self._key or self.server is None or self.client is None:
                 self.server, self.client = _build_contexts(*key)
@@ -344,7 +343,7 @@ class _Credentials:
             return self.server, self.client
 
 
-def _build_contexts(cert: str | None, key: str | None, ca: str | None, verify_host: str) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+def _build_contexts(cert: str | None, key: str | None, ca: str | None, verify_host: bool) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     missing = [n for n, v in (("MONARCH_TLS_CA", ca), ("MONARCH_TLS_KEY", key or cert)) if not v]
     if missing:
         raise TransportError(
@@ -363,7 +362,7 @@ def _build_contexts(cert: str | None, key: str | None, ca: str | None, verify_ho
             ctx.verify_mode = ssl.CERT_REQUIRED
             ctx.load_cert_chain(cert_path, key_path)
             if purpose is ssl.Purpose.SERVER_AUTH:
-                ctx.check_hostname = verify_host not in ("0", "false", "no")
+                ctx.check_hostname = verify_host
             contexts.append(ctx)
     except (ssl.SSLError, OSError, ValueError) as e:
         raise TransportError(f"cannot load TLS credentials (MONARCH_TLS_CERT/KEY/CA): {e}") from None
