@@ -34,6 +34,8 @@ from monarch_core._kernel import _wire as W
 from monarch_core.errors import ConnectionClosed, ProtocolError
 from monarch_core.streams import SocketStream
 
+from _helpers import run_async as _run
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -49,14 +51,6 @@ def _pair() -> tuple[SocketStream, SocketStream]:
 async def _send_then_close(stream: SocketStream, data: bytes) -> None:
     await stream.send_all(data)
     await stream.aclose()
-
-
-def _run(afn, *args, timeout: float = 20.0):  # type: ignore[no-untyped-def]
-    async def main():  # type: ignore[no-untyped-def]
-        with trio.fail_after(timeout):
-            return await afn(*args)
-
-    return trio.run(main)
 
 
 async def _roundtrip(messages: list[tuple]) -> list[tuple]:
