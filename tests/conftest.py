@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -23,6 +24,10 @@ import pytest
 HERE = str(Path(__file__).resolve().parent)
 if HERE not in sys.path:  # whatever the import mode: ``import _helpers`` works everywhere
     sys.path.insert(0, HERE)
+# ... and in child interpreters (they import test modules, which import ``_helpers``),
+# also those a test starts with this environment rather than ``_helpers.clients.child_env``
+if HERE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)
 
 from _helpers import poll_until, run_async  # noqa: E402
 from _helpers.clients import run_script, write_script  # noqa: E402

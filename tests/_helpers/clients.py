@@ -3,7 +3,8 @@
 A child gets the caller's environment with its ``PYTHONPATH`` kept, and the
 repository root ahead of it, so it imports the same ``monarch_core`` (and
 plugins) as the test process: a checkout tests its own code, never the one
-the virtual environment was installed from.
+the virtual environment was installed from.  ``tests`` is on it too, so a
+child can import test modules (which import ``_helpers``).
 """
 
 from __future__ import annotations
@@ -18,18 +19,21 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 REPO = Path(__file__).resolve().parents[2]
+#: the folder that holds ``_helpers``: test modules import it, and children
+#: import test modules (actors are found by module name)
+TESTS = REPO / "tests"
 PY = sys.executable
 
 
 def child_env(extra: Mapping[str, str | None] | None = None, *, path: Iterable[str | os.PathLike] = (),
               drop: Iterable[str] = ("MONARCH_CONFIG",)) -> dict[str, str]:
     """This environment for a child interpreter: ``path`` entries, the
-    repository root and then the caller's ``PYTHONPATH``; without the
+    repository root, ``tests`` and then the caller's ``PYTHONPATH``; without the
     variables whose names start with one of ``drop`` (by default the project
     configuration of the outer run); plus ``extra`` (None removes a variable)."""
     drop = tuple(drop)
     env = {k: v for k, v in os.environ.items() if not (drop and k.startswith(drop))}
-    parts = [str(p) for p in path] + [str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    parts = [str(p) for p in path] + [str(REPO), str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     env["PYTHONUNBUFFERED"] = "1"
     for k, v in (extra or {}).items():
