@@ -24,10 +24,19 @@ import pytest
 HERE = str(Path(__file__).resolve().parent)
 if HERE not in sys.path:  # whatever the import mode: ``import _helpers`` works everywhere
     sys.path.insert(0, HERE)
-# ... and in child interpreters (they import test modules, which import ``_helpers``),
-# also those a test starts with this environment rather than ``_helpers.clients.child_env``
-if HERE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, os.environ.get("PYTHONPATH")) if p)
+from _helpers.clients import code_roots  # noqa: E402
+
+# Child interpreters a test starts with the inherited environment (rather than
+# ``_helpers.clients.child_env``) run the code this process runs, and find
+# ``_helpers`` (they import test modules, which import it).
+_CODE = code_roots()
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    dict.fromkeys([*_CODE, HERE, *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)])
+)
+
+
+def pytest_report_header() -> str:
+    return "monarch code under test: " + ", ".join(_CODE)
 
 from _helpers import poll_until, run_async  # noqa: E402
 from _helpers.clients import run_script, write_script  # noqa: E402

@@ -1,9 +1,9 @@
 """Child interpreters ("clients") that test this checkout.
 
 A child gets the caller's environment with its ``PYTHONPATH`` kept, and the
-repository root ahead of it, so it imports the same ``monarch_core`` (and
-plugins) as the test process: a checkout tests its own code, never the one
-the virtual environment was installed from.  ``tests`` is on it too, so a
+folders this process imported ``monarch_core`` and the tcp plugin from ahead
+of it, so it runs the same code as the test process (a checkout tests its
+own code, not the one the virtual environment was installed from).  ``tests`` is on it too, so a
 child can import test modules (which import ``_helpers``).
 """
 
@@ -25,15 +25,32 @@ TESTS = REPO / "tests"
 PY = sys.executable
 
 
+def code_roots() -> list[str]:
+    """The folders this process imports ``monarch_core`` and the bundled
+    transport plugin from (where installed editable, the installed
+    checkout's may differ from this one's): put first on a child's path, they
+    make it run the same code as the test process."""
+    import importlib
+
+    roots = []
+    for name in ("monarch_core", "monarch_transport_tcp"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        roots.append(str(Path(mod.__file__).resolve().parents[1]))
+    return list(dict.fromkeys(roots))
+
+
 def child_env(extra: Mapping[str, str | None] | None = None, *, path: Iterable[str | os.PathLike] = (),
               drop: Iterable[str] = ("MONARCH_CONFIG",)) -> dict[str, str]:
     """This environment for a child interpreter: ``path`` entries, the
-    repository root, ``tests`` and then the caller's ``PYTHONPATH``; without the
+    :func:`code_roots`, ``tests`` and then the caller's ``PYTHONPATH``; without the
     variables whose names start with one of ``drop`` (by default the project
     configuration of the outer run); plus ``extra`` (None removes a variable)."""
     drop = tuple(drop)
     env = {k: v for k, v in os.environ.items() if not (drop and k.startswith(drop))}
-    parts = [str(p) for p in path] + [str(REPO), str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    parts = [str(p) for p in path] + [*code_roots(), str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(parts))
     env["PYTHONUNBUFFERED"] = "1"
     for k, v in (extra or {}).items():
