@@ -52,7 +52,6 @@ class EndpointProperty(Generic[P, R]):
         self._explicit_response_port = explicit_response_port
         self._instrument = instrument
         self._concurrent = concurrent
-        self._is_async = inspect.iscoroutinefunction(method)
         self._name = getattr(method, "__name__", "endpoint")
         self._owner_name = ""
         self._signature: inspect.Signature | None = None

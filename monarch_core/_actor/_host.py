@@ -14,9 +14,7 @@ import collections
 import contextvars
 import inspect
 import logging
-import marshal
 import threading
-import time
 from _thread import get_ident as _get_ident
 from typing import TYPE_CHECKING, Any
 
@@ -616,11 +614,3 @@ def _coords(p: Point) -> str:
     if not len(p.extent):
         return ""
     return str(p)
-
-
-def encode_actor_header(key: str, method: str, reply: tuple | None, rank: int, labels: tuple, sizes: tuple, sender: str) -> bytes:
-    return marshal.dumps((key, method, reply, rank, labels, sizes, sender))
-
-
-def now_ns() -> int:
-    return time.time_ns()

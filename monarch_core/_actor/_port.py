@@ -74,13 +74,12 @@ class Port(Generic[R]):
     receivers); when ``None`` the sender's current message rank is used.
     """
 
-    __slots__ = ("_ref", "_rank", "_once", "_used")
+    __slots__ = ("_ref", "_rank", "_once")
 
     def __init__(self, port_ref: tuple, instance: Any = None, rank: int | None = None) -> None:
         self._ref = tuple(port_ref)
         self._rank = rank
         self._once = False
-        self._used = False
 
     def _stamp(self) -> int | None:
         if self._rank is not None:
@@ -154,7 +153,6 @@ class _QueueHandler(PortHandler):
         self._items: collections.deque = collections.deque()
         self._waiters: collections.deque[tuple[Cell, bool]] = collections.deque()
         self._once = once
-        self._closed_exc: BaseException | None = None
         self.port_id = 0
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:

@@ -161,9 +161,3 @@ def set_from_parent(name: str) -> None:
         if _enabled is None:
             t = registry().transport(name)
             _enabled = TransportChoice(t.name, None, repr(name))
-
-
-def _reset_for_tests() -> None:
-    global _enabled, _in_use
-    with _lock:
-        _enabled, _in_use = None, False

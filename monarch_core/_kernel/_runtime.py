@@ -55,8 +55,6 @@ from monarch_core.hookspecs import Listener, Stream, Transport
 
 logger = logging.getLogger("monarch.kernel")
 
-_ACK_NONE = W.FIXED.pack(W.K_ACK, 0, 0, 0, 0, 0)
-
 
 #: Seconds a message may stay unacknowledged (reconnecting included) before it
 #: is returned to its sender as undeliverable.
@@ -720,7 +718,7 @@ class Kernel:
         self._dead_events: dict[str, trio.Event] = {}
         self._expected_exits: set[str] = set()
         self._peers: dict[str, str] = {}  # procs that opened sessions to us -> their addresses
-        self._shutdown = trio.Event() if False else None  # created on the loop
+        self._shutdown: trio.Event | None = None  # created on the loop
         self._poller: Poller | None = None
         self._poller_lock = threading.Lock()
 

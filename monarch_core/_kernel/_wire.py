@@ -71,7 +71,6 @@ F_ACK_SOON = 4  # the sender is near its send window: acknowledge this message a
 # port message status
 S_VALUE = 0
 S_ERROR = 1  # payload: an exception to raise at the receiver (ActorError ...)
-S_CLOSE = 2  # the sender of a stream of values is done
 S_BATCH = 3  # replies gathered by a cast tree: see ``monarch_core._actor._tree.encode_batch``
 
 MAX_HEADER = 1 << 20
@@ -418,17 +417,15 @@ def coalesce(parts: list) -> list:
     """Join runs of small parts so that a batch costs few ``send`` calls."""
     out: list = []
     run: list = []
-    run_len = 0
     for p in parts:
         n = p.nbytes if isinstance(p, memoryview) else len(p)
         if n >= _COALESCE:
             if run:
                 out.append(b"".join(run))
-                run, run_len = [], 0
+                run = []
             out.append(p)
         else:
             run.append(p)
-            run_len += n
     if run:
         out.append(b"".join(run) if len(run) > 1 else run[0])
     return out

@@ -1,37 +1,20 @@
 """Shared fixtures of the acceptance suite for ``monarch_core.actor``.
 
-Everything here goes through the public API only.  Proc meshes cost real
-worker processes (~0.5 s each to start), so they are shared per session and
-stopped at teardown.  Test modules spawn fresh actor meshes (cheap) on them.
+Everything in ``tests/api`` goes through the public API only (tests that need
+internals live in the folder of the layer they reach into: ``tests/actor``,
+``tests/kernel`` ...).  Proc meshes cost real worker processes (~0.5 s each to
+start), so they are shared per session and stopped at teardown.  Test modules
+spawn fresh actor meshes (cheap) on them.  The recording fault hook
+(``faults``) comes from ``tests/conftest.py``.
 """
 
 from __future__ import annotations
 
-import os
-import textwrap
-
 import pytest
 
-import monarch_core.actor as mactor
-from monarch_core.actor import hosts_from_config, this_host
+from monarch_core.actor import this_host
 
-#: Supervision failures that reached the client during the session.  The
-#: spec's default ``unhandled_fault_hook`` exits the client; the suite installs
-#: a recorder (the documented way to customise it) so that a test which makes
-#: an actor fail on purpose cannot take the whole pytest process down.
-UNHANDLED_FAILURES: list = []
-
-
-def _recording_fault_hook(failure) -> None:  # noqa: ANN001
-    UNHANDLED_FAILURES.append(failure)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _record_unhandled_faults():
-    saved = mactor.unhandled_fault_hook
-    mactor.unhandled_fault_hook = _recording_fault_hook
-    yield UNHANDLED_FAILURES
-    mactor.unhandled_fault_hook = saved
+from _helpers.config import configured_host_mesh
 
 
 @pytest.fixture(scope="session")
@@ -54,24 +37,6 @@ def procs2d():
 def hosts2(tmp_path_factory):
     """A two-host mesh (``{"hosts": 2}``) from the project configuration
     (the built-in ``local`` scheduler), named through ``MONARCH_CONFIG``."""
-    cfg = tmp_path_factory.mktemp("monarch_cfg") / "monarch.toml"
-    cfg.write_text(
-        textwrap.dedent(
-            """
-            [hosts.api_two]
-            scheduler = "local"
-            hosts = 2
-            """
-        )
-    )
-    saved = os.environ.get("MONARCH_CONFIG")
-    os.environ["MONARCH_CONFIG"] = str(cfg)
-    try:
-        hm = hosts_from_config("api_two")
-    finally:
-        if saved is None:
-            os.environ.pop("MONARCH_CONFIG", None)
-        else:
-            os.environ["MONARCH_CONFIG"] = saved
+    hm = configured_host_mesh(tmp_path_factory.mktemp("monarch_cfg"), "api_two", hosts=2)
     yield hm
     hm.shutdown().get()

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 
 import pytest
@@ -20,11 +19,7 @@ from monarch_core.actor import (
     send,
 )
 
-_names = itertools.count()
-
-
-def fresh(prefix: str) -> str:
-    return f"{prefix}{next(_names)}"
+from _helpers import fresh
 
 
 class Worker(Actor):

@@ -3,7 +3,6 @@ client and from inside actors, and actors that spawn their own procs."""
 
 from __future__ import annotations
 
-import itertools
 import os
 
 from monarch_core.actor import (
@@ -20,11 +19,7 @@ from monarch_core.actor import (
     this_proc,
 )
 
-_names = itertools.count()
-
-
-def fresh(prefix: str) -> str:
-    return f"{prefix}{next(_names)}"
+from _helpers import fresh
 
 
 class Registry(Actor):

@@ -3,7 +3,6 @@ bad arguments fail at the call site, bad spawns, failing ``__init__``."""
 
 from __future__ import annotations
 
-import itertools
 import threading
 
 import pytest
@@ -12,11 +11,7 @@ import monarch_core.actor as mactor
 import monarch_core.errors as merrors
 from monarch_core.actor import Actor, ActorError, endpoint
 
-_names = itertools.count()
-
-
-def fresh(prefix: str) -> str:
-    return f"{prefix}{next(_names)}"
+from _helpers import fresh
 
 
 class Fragile(Actor):

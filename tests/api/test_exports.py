@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import itertools
 
 import pytest
 
 import monarch_core.actor as mactor
 from monarch_core.actor import Actor, endpoint, traced
+
+from _helpers import fresh
+
 
 #: every ``monarch.actor.X`` documented in the reference page
 SPEC_NAMES = {
@@ -48,8 +50,6 @@ SPEC_NAMES = {
     "traced",
     "unhandled_fault_hook",
 }
-
-_names = itertools.count()
 
 
 class Plain(Actor):
@@ -113,7 +113,7 @@ def test_documented_classes_and_functions() -> None:
 
 
 def test_endpoint_rref_is_not_implemented(procs) -> None:
-    m = procs.spawn(f"plain{next(_names)}", Plain)
+    m = procs.spawn(fresh("plain"), Plain)
     with pytest.raises(NotImplementedError):
         m.one.rref()
     assert m.one.call().get().values() == [1, 1, 1, 1]

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 
 import pytest
 import trio
@@ -21,11 +20,7 @@ from monarch_core.actor import (
     endpoint,
 )
 
-_names = itertools.count()
-
-
-def fresh(prefix: str) -> str:
-    return f"{prefix}{next(_names)}"
+from _helpers import fresh
 
 
 class Echo(Actor):

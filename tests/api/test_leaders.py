@@ -9,7 +9,6 @@ and Ctrl-C during ``get`` interrupts it without damaging the connection.
 
 from __future__ import annotations
 
-import itertools
 import os
 import signal
 import subprocess
@@ -19,7 +18,8 @@ import threading
 
 from monarch_core.actor import Actor, Channel, Future, endpoint, this_host
 
-_names = itertools.count()
+from _helpers import fresh
+
 
 # Shared by the actors of one worker process (module globals of the worker).
 _released = threading.Event()
@@ -53,8 +53,8 @@ class Echo(Actor):
 def test_busy_first_actor_does_not_starve_its_proc() -> None:
     pm = this_host().spawn_procs(per_host={"p": 1})
     try:
-        blocker = pm.spawn(f"blocker{next(_names)}", Blocker)  # the proc's first actor: it reads while idle
-        helper = pm.spawn(f"helper{next(_names)}", Helper)
+        blocker = pm.spawn(fresh("blocker"), Blocker)  # the proc's first actor: it reads while idle
+        helper = pm.spawn(fresh("helper"), Helper)
         pid = blocker.pid.call_one().get(timeout=30)
         blocked = blocker.block.call_one()
         # Only a reader other than the blocked actor's loop can deliver this.
@@ -66,7 +66,7 @@ def test_busy_first_actor_does_not_starve_its_proc() -> None:
 
 
 def test_many_threads_waiting_at_once_each_get_their_own_result(procs) -> None:
-    mesh = procs.spawn(f"echo{next(_names)}", Echo)
+    mesh = procs.spawn(fresh("echo"), Echo)
     n_threads, n_calls = 8, 150
     errors: list[BaseException] = []
     bad: list[tuple] = []
@@ -110,7 +110,7 @@ def test_future_resolved_by_another_thread_wakes_a_waiting_caller(procs) -> None
 
     assert Future(coro=later()).get(timeout=30) == 42
     # ... and the caller still leads afterwards: remote replies keep arriving.
-    mesh = procs.spawn(f"echo{next(_names)}", Echo)
+    mesh = procs.spawn(fresh("echo"), Echo)
     assert mesh.slice(gpus=0).echo.call_one("x").get(timeout=30) == "x"
 
 
@@ -158,97 +158,3 @@ def test_ctrl_c_interrupts_get_and_the_client_keeps_working(tmp_path) -> None:
     assert "STILL WORKS" in r.stdout
     assert "Traceback" not in r.stderr, r.stderr
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-
-
-class Sink(Actor):
-    @endpoint
-    def noop(self) -> None:
-        return None
-
-
-def _settle_stopped(pm) -> None:  # type: ignore[no-untyped-def]
-    """Wait until this process has seen the procs of ``pm`` end, and has run
-    the fault hook for anything that ending returned as undeliverable."""
-    import time
-
-    from monarch_core._actor import _state
-
-    kernel = _state.runtime().kernel
-    procs = [slot.proc_id for slot in pm._slots]
-    deadline = time.monotonic() + 30
-    while not all(p in kernel.dead for p in procs):
-        assert time.monotonic() < deadline, "the stopped procs were never seen to end"
-        time.sleep(0.01)  # polling the kernel's record with a deadline
-
-    async def barrier() -> None:
-        return None
-
-    for _ in range(2):  # what their end set off on the loop has run
-        kernel.run(barrier)
-    for t in threading.enumerate():  # and so has any fault hook it started
-        if t.name == "monarch-fault-hook":
-            t.join(30)
-
-
-def test_stopping_procs_right_after_a_burst_of_broadcasts_is_not_a_failure(_record_unhandled_faults) -> None:
-    # Acknowledgements of small messages are lazy; a proc that stops must
-    # acknowledge what it handled, or its sender counts it as undeliverable.
-    UNHANDLED_FAILURES = _record_unhandled_faults
-    before = len(UNHANDLED_FAILURES)
-    for _round in range(3):
-        pm = this_host().spawn_procs(per_host={"p": 4})
-        mesh = pm.spawn(f"sink{next(_names)}", Sink)
-        mesh.noop.call().get(timeout=30)
-        for _ in range(200):
-            mesh.noop.broadcast()
-        mesh.noop.call().get(timeout=30)
-        pm.stop().get(timeout=60)
-        _settle_stopped(pm)
-    assert UNHANDLED_FAILURES[before:] == []
-
-
-STOP_AFTER_BROADCASTS_CLIENT = """
-from monarch_core.actor import Actor, endpoint, this_host
-
-class Sink(Actor):
-    @endpoint
-    def noop(self) -> None:
-        return None
-
-for _round in range(3):
-    pm = this_host().spawn_procs(per_host={"p": 4})
-    mesh = pm.spawn("sink", Sink)
-    mesh.noop.call().get(timeout=30)
-    for _ in range(200):
-        mesh.noop.broadcast()
-    mesh.noop.call().get(timeout=30)
-    pm.stop().get(timeout=60)
-    # wait until the procs' ends are seen and what they set off has run
-    import threading, time
-    from monarch_core._actor import _state
-    kernel = _state.runtime().kernel
-    deadline = time.monotonic() + 30
-    while not all(slot.proc_id in kernel.dead for slot in pm._slots):
-        assert time.monotonic() < deadline, "the stopped procs were never seen to end"
-        time.sleep(0.01)
-    async def barrier():
-        return None
-    for _ in range(2):
-        kernel.run(barrier)
-    for t in threading.enumerate():
-        if t.name == "monarch-fault-hook":
-            t.join(30)
-print("CLEAN", flush=True)
-"""
-
-
-def test_stopping_right_after_broadcasts_is_not_a_failure_on_the_loop_read_path_either(tmp_path) -> None:
-    # Same as above with every session read by the trio loop (as TLS sessions are):
-    # the default fault hook would end this client with exit code 1.
-    script = tmp_path / "client.py"
-    script.write_text(textwrap.dedent(STOP_AFTER_BROADCASTS_CLIENT))
-    env = {**os.environ, "MONARCH_THREADED_INBOUND": "0"}
-    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
-                       cwd=str(tmp_path), env=env)
-    assert r.returncode == 0 and "CLEAN" in r.stdout, f"rc={r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
-    assert "could not be delivered" not in r.stderr, r.stderr

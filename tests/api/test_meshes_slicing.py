@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 
 import pytest
@@ -21,11 +20,7 @@ from monarch_core.actor import (
     this_host,
 )
 
-_names = itertools.count()
-
-
-def fresh(prefix: str) -> str:
-    return f"{prefix}{next(_names)}"
+from _helpers import fresh
 
 
 class Pid(Actor):

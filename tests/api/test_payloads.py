@@ -7,7 +7,6 @@ import os
 
 import pytest
 
-from monarch_core._actor import _serial
 from monarch_core.actor import Actor, endpoint, this_host
 
 
@@ -29,16 +28,6 @@ def test_64_mib_bytes_round_trip_intact(echo) -> None:
     data = os.urandom(64 << 20)
     out = echo.echo.call_one(data).get(timeout=60)
     assert type(out) is bytes and out == data
-
-
-def test_plain_cpu_tensor_is_sent_out_of_band_and_rebuilt_without_torch_save() -> None:
-    torch = pytest.importorskip("torch")
-    x = torch.arange(1 << 16, dtype=torch.float32).reshape(256, 256)
-    payload, bufs = _serial.dumps(x)
-    assert len(bufs) == 1 and memoryview(bufs[0]).nbytes == x.nbytes
-    assert len(payload) < 1024  # the data is not in the pickle
-    y = _serial.loads(payload, [bytearray(memoryview(b)) for b in bufs])
-    assert y.dtype == x.dtype and y.shape == x.shape and torch.equal(x, y)
 
 
 @pytest.mark.parametrize("kind", ["uint8-64MiB", "float64-2d", "bool", "empty", "noncontiguous", "requires_grad", "int16-scalar"])

@@ -3,7 +3,6 @@ endpoint arguments (actor-to-actor messaging across procs)."""
 
 from __future__ import annotations
 
-import itertools
 import os
 
 import pytest
@@ -19,11 +18,7 @@ from monarch_core.actor import (
     endpoint,
 )
 
-_names = itertools.count()
-
-
-def fresh(prefix: str) -> str:
-    return f"{prefix}{next(_names)}"
+from _helpers import fresh
 
 
 class Sender(Actor):

@@ -4,7 +4,6 @@ and ``shutdown_context()`` (in a subprocess, since it ends the context)."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import subprocess
 import sys
@@ -13,15 +12,12 @@ import time
 
 from monarch_core.actor import Actor, ProcMesh, endpoint, this_host
 
-_names = itertools.count()
+from _helpers import fresh
+
 
 BOOT_VAR = "MC_API_BOOTSTRAP_MARK"
 #: set by the bootstrap functions inside the worker procs
 BOOT_LOG: list = []
-
-
-def fresh(prefix: str) -> str:
-    return f"{prefix}{next(_names)}"
 
 
 def sync_bootstrap() -> None:

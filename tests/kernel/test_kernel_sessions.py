@@ -11,6 +11,7 @@ bounded by ``trio.fail_after`` / ``Event.wait(timeout)``.
 from __future__ import annotations
 
 import contextlib
+import functools
 import marshal
 import os
 import signal
@@ -31,6 +32,8 @@ from monarch_core._launch._children import start_child
 from monarch_core._plugins import registry
 from monarch_core.errors import ConnectionClosed, SupervisionError
 from monarch_core._builtins._ipc import IpcTransport
+
+from _helpers import run_async
 
 N_FIFO = 10_000
 TRANSPORTS = ["inproc", "ipc"]
@@ -149,12 +152,7 @@ def _wait_threaded(ev: threading.Event, *kernels: Kernel, timeout: float) -> Non
         assert time.monotonic() < deadline, f"not done within {timeout}s"
 
 
-def _run(afn, timeout: float = 60.0):  # type: ignore[no-untyped-def]
-    async def main():  # type: ignore[no-untyped-def]
-        with trio.fail_after(timeout):
-            return await afn()
-
-    return trio.run(main)
+_run = functools.partial(run_async, timeout=60.0)  # afn() in a fresh trio run
 
 
 # ---------------------------------------------------------------- FIFO, exactly once

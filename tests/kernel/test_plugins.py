@@ -26,6 +26,8 @@ from monarch_core._plugins import PluginRegistry
 from monarch_core.actor import Actor, endpoint
 from monarch_core.errors import PluginError, UnknownSchedulerError, UnknownTransportError
 
+from _helpers.clients import child_env
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORE_VERSION = metadata.version("monarch-core")
 TCP_VERSION = metadata.version("monarch-transport-tcp")
@@ -49,13 +51,11 @@ class WhereAmI(Actor):
 
 
 def _env(**extra: str | None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("MONARCH_DISABLED_PLUGINS", "PYTHONPATH")}
-    for k, v in extra.items():
-        if v is None:
-            env.pop(k, None)
-        else:
-            env[k] = v
-    return env
+    """The environment of a child: without ``MONARCH_DISABLED_PLUGINS``, with
+    ``extra``; a ``PYTHONPATH`` given goes ahead of this checkout and the
+    caller's (so the child runs this checkout's code, not the installed one)."""
+    path = extra.pop("PYTHONPATH", None)
+    return child_env(extra, path=[path] if path else (), drop=("MONARCH_DISABLED_PLUGINS",))
 
 
 def _py(code: str, timeout: float = 120, **env: str | None) -> subprocess.CompletedProcess:

@@ -35,6 +35,8 @@ from monarch_core._kernel import _wire as W
 from monarch_core.errors import ConnectionClosed, ProtocolError
 from monarch_core.streams import SocketStream
 
+from _helpers import run_async as _run
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 

@@ -30,34 +30,14 @@ from monarch_core.errors import AllocationError, ConfigError
 from monarch_core.hookspecs import Allocation, AllocationRequest, HostHandle, Scheduler
 from monarch_core.testing import check_scheduler
 
+from _helpers.procs import wait_pids_gone
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "plugin-authors.md"
 
 
 def _kill_worker(host: HostHandle) -> None:
     os.kill(int(host.labels["pid"]), signal.SIGKILL)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (not yet reaped) counts as gone
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_gone(pids: list[int], timeout: float) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        alive = [p for p in pids if _pid_alive(p)]
-        if not alive:
-            return []
-        time.sleep(0.1)
-    return [p for p in pids if _pid_alive(p)]
 
 
 def _request(params: dict, name: str = "t") -> AllocationRequest:
@@ -174,7 +154,7 @@ def test_readiness_fails_naming_the_host_that_did_not_answer_and_releases() -> N
     msg = str(ei.value)
     assert "1 of 2 worker loops did not answer" in msg and "ghost-host" in msg and "local0" not in msg
     assert s.released
-    assert _wait_gone([s.inner.procs[0].pid], 10) == []
+    assert wait_pids_gone([s.inner.procs[0].pid], 10) == []
 
 
 class WrongScheme(Scheduler):
@@ -387,7 +367,7 @@ def test_the_client_releases_its_hosts_when_it_ends_on_a_fault_or_sigterm(tmp_pa
         err = p.stderr.read()
         assert rc == (1 if how == "fault" else 128 + signal.SIGTERM), err
         assert marker.exists(), f"Allocation.release() did not run before the client exited:\n{err}"
-        assert _wait_gone(pids, 10) == []
+        assert wait_pids_gone(pids, 10) == []
     finally:
         if p.poll() is None:
             p.kill()

@@ -17,7 +17,9 @@ import pytest
 from monarch_core.actor import Actor, ActorError, current_rank, endpoint, this_host
 from monarch_core.errors import SupervisionError
 
-from supervision_helpers import T, fresh, join_hook_threads, kill_leftovers, wait_pids_gone
+from _helpers import T, fresh
+from _helpers.faults import join_hook_threads
+from _helpers.procs import kill_pids, wait_pids_gone
 
 NPROCS = 8
 CALLS_PER_THREAD = 150
@@ -200,4 +202,4 @@ def test_random_sigkills_during_calls(faults, seed) -> None:
             assert mesh.slice(gpus=r).echo.call_one(7).get(timeout=T) == (0, 7)
     finally:
         pm.stop().get(timeout=60)
-        kill_leftovers(wait_pids_gone(pids, 5.0))
+        kill_pids(wait_pids_gone(pids, 5.0))

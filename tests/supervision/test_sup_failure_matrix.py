@@ -23,7 +23,8 @@ import pytest
 from monarch_core.actor import Actor, ActorError, Channel, MeshFailure, endpoint, this_host
 from monarch_core.errors import SupervisionError
 
-from supervision_helpers import T, fresh, join_hook_threads
+from _helpers import T, fresh
+from _helpers.faults import join_hook_threads
 
 
 class Fatal(BaseException):

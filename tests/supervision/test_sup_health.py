@@ -13,7 +13,8 @@ import pytest
 from monarch_core.actor import Actor, Channel, endpoint, this_host
 from monarch_core.errors import SupervisionError
 
-from supervision_helpers import RECORDER, T, fresh, join_hook_threads
+from _helpers import T, fresh
+from _helpers.faults import RECORDER, join_hook_threads
 
 
 class Worker(Actor):

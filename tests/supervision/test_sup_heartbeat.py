@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from supervision_helpers import kill_leftovers, run_client, wait_pids_gone, write_script
+from _helpers.procs import kill_pids, wait_pids_gone
 
 HUNG_CLIENT = """
 import json, os, signal, sys, threading
@@ -66,9 +66,8 @@ print("RESULT " + json.dumps(out), flush=True)
 """
 
 
-def test_hung_proc_is_killed_and_reported_as_hung(tmp_path) -> None:
-    script = write_script(tmp_path, HUNG_CLIENT)
-    r = run_client(script, MONARCH_HEARTBEAT_INTERVAL="0.2", MONARCH_HEARTBEAT_TIMEOUT="1")
+def test_hung_proc_is_killed_and_reported_as_hung(client_script) -> None:
+    r = client_script(HUNG_CLIENT, env={"MONARCH_HEARTBEAT_INTERVAL": "0.2", "MONARCH_HEARTBEAT_TIMEOUT": "1"})
     pids = []
     try:
         lines = {ln.split(" ", 1)[0]: ln.split(" ", 1)[1] for ln in r.stdout.splitlines() if " " in ln}
@@ -88,4 +87,4 @@ def test_hung_proc_is_killed_and_reported_as_hung(tmp_path) -> None:
         assert res["healthy"] == "fine"  # the other proc was not touched
         assert r.returncode == 0, r.stderr
     finally:
-        kill_leftovers(wait_pids_gone(pids, 5.0))
+        kill_pids(wait_pids_gone(pids, 5.0))

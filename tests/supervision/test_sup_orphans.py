@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from supervision_helpers import client_env, kill_leftovers, run_client, wait_pids_gone, write_script
+from _helpers.clients import child_env, write_script
+from _helpers.procs import kill_pids, wait_pids_gone
 
 ORPHAN_CLIENT = """
 import json, os, sys, threading
@@ -61,8 +62,8 @@ def _pids(stdout: str) -> list[int]:
 
 
 @pytest.mark.parametrize("mode,rc", [("normal", 0), ("raise", 1)])
-def test_no_orphans_after_client_exit(tmp_path, mode, rc) -> None:
-    r = run_client(write_script(tmp_path, ORPHAN_CLIENT), mode)
+def test_no_orphans_after_client_exit(client_script, mode, rc) -> None:
+    r = client_script(ORPHAN_CLIENT, mode)
     pids = _pids(r.stdout)
     assert len(pids) == 4  # 2 workers + 2 grandchildren
     try:
@@ -72,7 +73,7 @@ def test_no_orphans_after_client_exit(tmp_path, mode, rc) -> None:
         alive = wait_pids_gone(pids, 5.0)
         assert alive == [], f"worker pids still alive 5s after the client exited: {alive}"
     finally:
-        kill_leftovers(pids)
+        kill_pids(pids)
 
 
 def test_no_orphans_after_client_is_sigkilled(tmp_path) -> None:
@@ -80,7 +81,7 @@ def test_no_orphans_after_client_is_sigkilled(tmp_path) -> None:
     p = subprocess.Popen(
         [sys.executable, str(script), "sigkill"],
         cwd=str(tmp_path),
-        env=client_env(),
+        env=child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -107,4 +108,4 @@ def test_no_orphans_after_client_is_sigkilled(tmp_path) -> None:
         if p.poll() is None:
             p.kill()
             p.wait()
-        kill_leftovers(pids)
+        kill_pids(pids)

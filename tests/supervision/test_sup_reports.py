@@ -10,10 +10,11 @@ import signal
 
 import pytest
 
-from monarch_core.actor import Actor, ActorError, endpoint, hosts_from_config, this_proc
+from monarch_core.actor import Actor, ActorError, endpoint, this_proc
 from monarch_core.errors import SupervisionError
 
-from supervision_helpers import T, fresh
+from _helpers import T, fresh
+from _helpers.config import configured_host_mesh
 
 
 class Fatal(BaseException):
@@ -37,17 +38,7 @@ class TrainerActor(Actor):
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
     """``{'hosts': 2, 'gpus': 2}`` procs on a configured two-host mesh."""
-    cfg = tmp_path_factory.mktemp("reports_cfg") / "monarch.toml"
-    cfg.write_text('[hosts.two]\nscheduler = "local"\nhosts = 2\n')
-    saved = os.environ.get("MONARCH_CONFIG")
-    os.environ["MONARCH_CONFIG"] = str(cfg)
-    try:
-        hm = hosts_from_config("two")
-    finally:
-        if saved is None:
-            os.environ.pop("MONARCH_CONFIG", None)
-        else:
-            os.environ["MONARCH_CONFIG"] = saved
+    hm = configured_host_mesh(tmp_path_factory.mktemp("reports_cfg"), "two", hosts=2)
     pm = hm.spawn_procs(per_host={"gpus": 2})
     pm.initialized.get(timeout=60)
     yield pm
@@ -98,24 +89,10 @@ def test_user_failure_report_uses_user_names_and_2d_coordinates(grid, faults) ->
     assert "{'hosts': 1/2, 'gpus': 1/2}" in str(exc) and "TrainerActor" in str(exc)
 
 
-def test_infrastructure_failure_report_uses_user_names(faults) -> None:
+def test_infrastructure_failure_report_uses_user_names(faults, configured_hosts) -> None:
     """A proc killed by a signal: category infrastructure, coordinates and
     names the user gave, not internal ids."""
-    import tempfile
-
-    with tempfile.TemporaryDirectory() as d:
-        cfg = os.path.join(d, "monarch.toml")
-        with open(cfg, "w") as fh:
-            fh.write('[hosts.two]\nscheduler = "local"\nhosts = 2\n')
-        saved = os.environ.get("MONARCH_CONFIG")
-        os.environ["MONARCH_CONFIG"] = cfg
-        try:
-            hm = hosts_from_config("two")
-        finally:
-            if saved is None:
-                os.environ.pop("MONARCH_CONFIG", None)
-            else:
-                os.environ["MONARCH_CONFIG"] = saved
+    hm = configured_hosts("two", hosts=2)
     try:
         pm = hm.spawn_procs(per_host={"gpus": 2}, name="workers")
         name = fresh("infra")

@@ -7,23 +7,16 @@ from __future__ import annotations
 
 import os
 import signal
-import textwrap
 
 import pytest
 
-from monarch_core.actor import Actor, Channel, endpoint, hosts_from_config, this_host, this_proc
+from monarch_core.actor import Actor, Channel, endpoint, this_host, this_proc
 from monarch_core.errors import SupervisionError
 
-from supervision_helpers import (
-    T,
-    fresh,
-    join_hook_threads,
-    kill_leftovers,
-    pid_gone,
-    run_client,
-    wait_pids_gone,
-    write_script,
-)
+from _helpers import T, fresh
+from _helpers.config import configured_host_mesh
+from _helpers.faults import join_hook_threads
+from _helpers.procs import kill_pids, pid_gone, wait_pids_gone
 
 
 class Fatal(BaseException):
@@ -122,7 +115,7 @@ def test_stopping_an_actor_mesh_stops_everything_it_owns(procs, faults) -> None:
         still = [p for p in grandchildren if not pid_gone(p)]
         assert still == [], f"grandchildren still running after stop() completed: {still}"
     finally:
-        kill_leftovers(wait_pids_gone(grandchildren, 5.0))
+        kill_pids(wait_pids_gone(grandchildren, 5.0))
     got = _drain(notes, 4)  # 2 remote leaves, 1 local leaf, the spawner
     kinds = sorted(k for k, _pid, _exc in got)
     assert kinds == ["leaf-cleanup", "leaf-cleanup", "leaf-cleanup", "spawner-cleanup"]
@@ -144,7 +137,7 @@ def test_a_failed_actor_stops_what_it_owns(procs, faults) -> None:
     try:
         assert wait_pids_gone(grandchildren, 5.0) == []
     finally:
-        kill_leftovers(grandchildren)
+        kill_pids(grandchildren)
     got = _drain(notes, 4)
     spawner_note = [n for n in got if n[0] == "spawner-cleanup"]
     assert len(spawner_note) == 1
@@ -166,7 +159,7 @@ def test_stopping_an_actor_right_after_it_failed_still_cleans_up(procs, faults) 
         still = [p for p in grandchildren if not pid_gone(p)]
         assert still == [], f"grandchildren still running after stop() completed: {still}"
     finally:
-        kill_leftovers(wait_pids_gone(grandchildren, 5.0))
+        kill_pids(wait_pids_gone(grandchildren, 5.0))
     got = _drain(notes, 4)
     spawner_note = [n for n in got if n[0] == "spawner-cleanup"]
     assert len(spawner_note) == 1, got
@@ -186,7 +179,7 @@ def test_an_actor_whose_proc_is_killed_leaves_no_grandchildren(faults) -> None:
         try:
             assert wait_pids_gone(grandchildren, 5.0) == []
         finally:
-            kill_leftovers(grandchildren)
+            kill_pids(grandchildren)
     finally:
         pm.stop().get(timeout=30)
 
@@ -207,10 +200,20 @@ def test_cleanup_runs_on_stop_with_none(procs, tmp_path, faults) -> None:
     assert faults.for_mesh(name) == []
 
 
-def test_stop_is_idempotent(procs) -> None:
-    mesh = procs.spawn(fresh("twice"), PidActor)
-    mesh.stop().get(timeout=T)
-    mesh.stop().get(timeout=T)
+def test_stop_is_idempotent(procs, faults) -> None:
+    name = fresh("twice")
+    mesh = procs.spawn(name, PidActor)
+    assert len(mesh.pid.call().get(timeout=T).values()) == 2
+    first = mesh.stop().get(timeout=T)
+    second = mesh.stop().get(timeout=T)  # resolves too, to the same, and raises nothing
+    assert second == first
+    # the mesh is stopped (calls fail saying so), the procs it ran on are not
+    exc = mesh.pid.call().exception(timeout=T)
+    assert type(exc) is SupervisionError and "stopped" in str(exc), f"got {type(exc).__name__}: {exc}"
+    assert len(procs.spawn(fresh("after_twice"), PidActor).pid.call().get(timeout=T).values()) == 2
+    # neither stop is a failure
+    join_hook_threads()
+    assert faults.for_mesh(name) == []
 
 
 # ====================================================================== ProcMesh / HostMesh
@@ -236,7 +239,7 @@ def test_proc_mesh_stop_ends_the_procs_without_a_failure(faults, tmp_path) -> No
     try:
         assert wait_pids_gone(pids, 5.0) == []
     finally:
-        kill_leftovers(pids)
+        kill_pids(pids)
     exc = mesh.pid.call().exception(timeout=T)
     assert type(exc) is SupervisionError, f"got {type(exc).__name__}: {exc}"
     with pytest.raises(RuntimeError):
@@ -254,7 +257,7 @@ def test_host_mesh_stop_keeps_the_hosts_usable(faults) -> None:
     try:
         assert wait_pids_gone(pids, 5.0) == []
     finally:
-        kill_leftovers(pids)
+        kill_pids(pids)
     pm2 = hm.spawn_procs(per_host={"gpus": 1})
     pids2 = pm2.spawn(fresh("hm_again"), PidActor).pid.call().get(timeout=30).values()
     assert pids2 != pids
@@ -262,48 +265,20 @@ def test_host_mesh_stop_keeps_the_hosts_usable(faults) -> None:
     try:
         assert wait_pids_gone(pids2, 5.0) == []
     finally:
-        kill_leftovers(pids2)
+        kill_pids(pids2)
     with pytest.raises(RuntimeError):
         hm.spawn_procs(per_host={"gpus": 1})
 
 
 @pytest.fixture(scope="module")
 def two_hosts(tmp_path_factory):
-    cfg = tmp_path_factory.mktemp("sup_cfg") / "monarch.toml"
-    cfg.write_text(
-        textwrap.dedent(
-            """
-            [hosts.two]
-            scheduler = "local"
-            hosts = 2
-            """
-        )
-    )
-    saved = os.environ.get("MONARCH_CONFIG")
-    os.environ["MONARCH_CONFIG"] = str(cfg)
-    try:
-        hm = hosts_from_config("two")
-    finally:
-        if saved is None:
-            os.environ.pop("MONARCH_CONFIG", None)
-        else:
-            os.environ["MONARCH_CONFIG"] = saved
+    hm = configured_host_mesh(tmp_path_factory.mktemp("sup_cfg"), "two", hosts=2)
     yield hm
     hm.shutdown().get(timeout=60)
 
 
-def test_configured_host_mesh_shutdown_then_spawn_raises(tmp_path) -> None:
-    cfg = tmp_path / "monarch.toml"
-    cfg.write_text('[hosts.two]\nscheduler = "local"\nhosts = 2\n')
-    saved = os.environ.get("MONARCH_CONFIG")
-    os.environ["MONARCH_CONFIG"] = str(cfg)
-    try:
-        hm = hosts_from_config("two")
-    finally:
-        if saved is None:
-            os.environ.pop("MONARCH_CONFIG", None)
-        else:
-            os.environ["MONARCH_CONFIG"] = saved
+def test_configured_host_mesh_shutdown_then_spawn_raises(configured_hosts) -> None:
+    hm = configured_hosts("two", hosts=2)
     pm = hm.spawn_procs()
     pids = pm.spawn(fresh("cfg_hm"), PidActor).pid.call().get(timeout=30).values()
     assert len(pids) == 2
@@ -311,7 +286,7 @@ def test_configured_host_mesh_shutdown_then_spawn_raises(tmp_path) -> None:
     try:
         assert wait_pids_gone(pids, 5.0) == []
     finally:
-        kill_leftovers(pids)
+        kill_pids(pids)
     with pytest.raises(RuntimeError):
         hm.spawn_procs()
     with pytest.raises(RuntimeError):
@@ -407,8 +382,8 @@ print("DONE", flush=True)
 """
 
 
-def test_shutdown_context_is_idempotent(tmp_path) -> None:
-    r = run_client(write_script(tmp_path, SHUTDOWN_CLIENT))
+def test_shutdown_context_is_idempotent(client_script) -> None:
+    r = client_script(SHUTDOWN_CLIENT)
     out = dict(ln.split(" ", 1) for ln in r.stdout.splitlines() if " " in ln)
     assert r.returncode == 0, f"stdout:\n{r.stdout}\nstderr:\n{r.stderr}"
     assert "DONE" in r.stdout
@@ -419,7 +394,7 @@ def test_shutdown_context_is_idempotent(tmp_path) -> None:
         assert json.loads(out["GONE_AFTER_FIRST"]) == [True, True]
         assert out["SPAWN_AFTER"] == "RuntimeError"
     finally:
-        kill_leftovers(wait_pids_gone(pids, 5.0))
+        kill_pids(wait_pids_gone(pids, 5.0))
 
 
 # ====================================================================== undeliverable messages

@@ -12,7 +12,8 @@ import monarch_core.actor as mactor
 from monarch_core.actor import Actor, Channel, MeshFailure, endpoint, this_host, this_proc
 from monarch_core.errors import SupervisionError
 
-from supervision_helpers import T, fresh, join_hook_threads, run_client, write_script
+from _helpers import T, fresh
+from _helpers.faults import join_hook_threads
 
 
 class Fatal(BaseException):
@@ -477,9 +478,8 @@ except KeyboardInterrupt:
 
 
 @pytest.mark.parametrize("mode", ["default", "raising_hook", "sys_exit_0_hook", "blocked_recv"])
-def test_unhandled_fault_ends_the_client_with_exit_code_1(tmp_path, mode) -> None:
-    script = write_script(tmp_path, DEFAULT_HOOK_CLIENT)
-    r = run_client(script, mode)
+def test_unhandled_fault_ends_the_client_with_exit_code_1(client_script, mode) -> None:
+    r = client_script(DEFAULT_HOOK_CLIENT, mode)
     assert r.returncode == 1, f"rc={r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
     assert "INTERRUPTED" in r.stdout and "NOT INTERRUPTED" not in r.stdout
     # the report is logged
@@ -490,9 +490,8 @@ def test_unhandled_fault_ends_the_client_with_exit_code_1(tmp_path, mode) -> Non
         assert "HOOK CALLED crashy_mesh" in r.stdout
 
 
-def test_hook_returning_normally_drops_the_fault(tmp_path) -> None:
-    script = write_script(tmp_path, DEFAULT_HOOK_CLIENT)
-    r = run_client(script, "dropping_hook")
+def test_hook_returning_normally_drops_the_fault(client_script) -> None:
+    r = client_script(DEFAULT_HOOK_CLIENT, "dropping_hook")
     assert r.returncode == 0, f"rc={r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
     assert "HOOK DROPPED crashy_mesh" in r.stdout
     assert "CLIENT CONTINUES" in r.stdout

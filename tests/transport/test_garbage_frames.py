@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import free_port
+from _helpers.transport import free_port
 from monarch_core._kernel import _wire as W
 
 MIN_FRAMES = 10_000

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import (
+from _helpers.transport import (
     NHOSTS,
     ROOT_ADDR,
     TCP_PORT,
@@ -162,7 +162,7 @@ REJECT_PORT = 29520  # the shared TLS worker's own port: no other test's worker 
 def tls_h1(netns, pki):  # type: ignore[no-untyped-def]
     """One TLS worker loop on h1 shared by the rejection tests: each must
     leave it serving."""
-    from conftest import WorkerSet
+    from _helpers.transport import WorkerSet
 
     ws = WorkerSet()
     try:

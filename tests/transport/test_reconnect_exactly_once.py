@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_client
+from _helpers.transport import run_client
 
 CALLS = 20_000
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from conftest import LISTENING, PY, LineReader, child_env, kill_tree
+from _helpers.transport import LISTENING, PY, LineReader, child_env, kill_tree
 
 ATTACH_S = 3  # attach_to_workers(timeout=...) in the clients below
 AFTER_S = 2.0  # how long to watch for connections after a failed attach

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from conftest import PY, child_env, run_client_full, tls_env
+from _helpers.transport import PY, child_env, run_client_full, tls_env
 
 
 def _ipv6_loopback() -> bool:

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import REPO, free_port, pid_running, tls_env, wait_pids_gone
+from _helpers.transport import REPO, free_port, pid_running, tls_env, wait_pids_gone
 
 HEARTBEAT_ENV = {"MONARCH_HEARTBEAT_INTERVAL": "0.2", "MONARCH_HEARTBEAT_TIMEOUT": "1"}
 IDLE_S = 3.5  # the client sends nothing for this long: three and a half heartbeat timeouts

@@ -18,7 +18,7 @@ import textwrap
 
 import pytest
 
-from conftest import LISTENING, PY, LineReader, child_env, free_port, kill_tree, run_client
+from _helpers.transport import LISTENING, PY, LineReader, child_env, free_port, kill_tree, run_client
 from test_tcp_tls_local import NEEDS_V6
 from transport_actors import listening_on
 

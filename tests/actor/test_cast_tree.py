@@ -9,11 +9,9 @@ each message, so nothing has to be configured in the procs.
 
 from __future__ import annotations
 
-import itertools
 import marshal
 import os
 import signal
-import time
 from collections import Counter
 
 import pytest
@@ -23,7 +21,7 @@ from monarch_core._kernel import _wire as W
 from monarch_core.actor import Actor, current_rank, endpoint, this_host
 from monarch_core.errors import ProtocolError, SupervisionError
 
-_names = itertools.count()
+from _helpers import fresh, poll_until
 
 
 # ---------------------------------------------------------------- the layout
@@ -139,7 +137,7 @@ def small_tree(monkeypatch: pytest.MonkeyPatch):
 
 
 def test_every_adverb_reaches_the_right_members_through_the_tree(small_tree) -> None:
-    m = small_tree.spawn(f"node{next(_names)}", Node)
+    m = small_tree.spawn(fresh("node"), Node)
     everyone = m.who.call().get(timeout=30)
     ranks = [r for r, _pid in everyone.values()]
     pids = [pid for _r, pid in everyone.values()]
@@ -157,7 +155,7 @@ def test_every_adverb_reaches_the_right_members_through_the_tree(small_tree) -> 
 
 
 def test_order_from_one_sender_holds_across_broadcasts_calls_and_slices(small_tree) -> None:
-    m = small_tree.spawn(f"node{next(_names)}", Node)
+    m = small_tree.spawn(fresh("node"), Node)
     rounds = 40
     for i in range(rounds):
         m.record.broadcast(("all", i))
@@ -180,13 +178,11 @@ def test_order_from_one_sender_holds_across_broadcasts_calls_and_slices(small_tr
 
 
 def test_a_dead_forwarder_fails_the_calls_that_need_it_and_is_routed_around(small_tree) -> None:
-    m = small_tree.spawn(f"node{next(_names)}", Node)
+    m = small_tree.spawn(fresh("node"), Node)
     pids = [pid for _r, pid in m.who.call().get(timeout=30).values()]
     os.kill(pids[0], signal.SIGKILL)  # member 0 forwards to 2 and 3 (and they to 6, 7, 8)
     kernel = _state.runtime().kernel
-    deadline = time.monotonic() + 30
-    while not any(p for p in kernel.dead if p == small_tree._slots[0].proc_id) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    poll_until(lambda: small_tree._slots[0].proc_id in kernel.dead, 30, what="the killed forwarder's end")
     with pytest.raises(SupervisionError):
         m.who.call().get(timeout=30)
     # members below the dead forwarder are still reachable, in order
@@ -206,7 +202,7 @@ def test_tree_messages_are_refused_by_a_proc_without_a_forwarder() -> None:
 
 
 def test_stop_reaches_each_actor_after_what_was_cast_to_it_before(small_tree, tmp_path) -> None:
-    m = small_tree.spawn(f"node{next(_names)}", Node)
+    m = small_tree.spawn(fresh("node"), Node)
     m.who.call().get(timeout=30)
     for i in range(25):
         m.append_to.broadcast(str(tmp_path), i)
@@ -245,7 +241,7 @@ def test_a_bad_tree_setting_is_a_clear_error(name: str, value: str) -> None:
 
 
 def test_call_replies_are_gathered_per_subtree(small_tree) -> None:
-    m = small_tree.spawn(f"node{next(_names)}", Node)
+    m = small_tree.spawn(fresh("node"), Node)
     before = list(m.batches.call().get(timeout=30).values())
     for i in range(5):
         assert [r for r, _pid in m.who.call().get(timeout=30).values()] == list(range(9))
@@ -258,7 +254,7 @@ def test_call_replies_are_gathered_per_subtree(small_tree) -> None:
 def test_an_error_deep_in_the_tree_fails_the_call_and_every_member_still_runs_it(small_tree, tmp_path) -> None:
     from monarch_core.actor import ActorError
 
-    m = small_tree.spawn(f"node{next(_names)}", Node)
+    m = small_tree.spawn(fresh("node"), Node)
     with pytest.raises(ActorError, match="member 6 refuses"):
         m.fail_on.call(6, str(tmp_path)).get(timeout=30)
     m.who.call().get(timeout=30)  # in order after the failed call: every member has run it
@@ -266,7 +262,7 @@ def test_an_error_deep_in_the_tree_fails_the_call_and_every_member_still_runs_it
 
 
 def test_a_member_dying_during_a_call_fails_it_promptly(small_tree) -> None:
-    m = small_tree.spawn(f"node{next(_names)}", Node)
+    m = small_tree.spawn(fresh("node"), Node)
     m.who.call().get(timeout=30)
     with pytest.raises(SupervisionError):
         m.exit_on.call(8).get(timeout=20)  # a leaf under forwarders 0 and 3

@@ -19,6 +19,8 @@ import pytest
 
 from monarch_core.actor import Actor, endpoint
 
+from _helpers.clients import child_env
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -32,7 +34,7 @@ class Probe(Actor):
 
 
 def _py(code: str, timeout: float = 120) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("MONARCH_DISABLED_PLUGINS",)}
+    env = child_env(drop=("MONARCH_DISABLED_PLUGINS",))
     prelude = f"import sys; sys.path.insert(0, {HERE!r})\n"
     res = subprocess.run(
         [sys.executable, "-c", prelude + textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout, env=env
@@ -206,8 +208,8 @@ _ACCEPTED = {
 
 @pytest.fixture(scope="module")
 def accepted() -> dict:
-    """Every accepted value, each in a fresh choice (``_reset_for_tests``
-    between them; nothing is bound, so the addresses need not exist): the
+    """Every accepted value, each in a fresh choice (the module's choice is
+    cleared between them; nothing is bound, so the addresses need not exist): the
     choice, whether enabling it again is a no-op, and what enabling a
     different transport then raises."""
     cases = ",\n".join(f"    {k!r}: lambda: {v[0]}" for k, v in _ACCEPTED.items())
@@ -216,9 +218,12 @@ def accepted() -> dict:
         "from monarch_core.actor import ChannelTransport, enable_transport\n"
         "from monarch_core._actor import _transport as T\n"
         f"cases = {{\n{cases}\n}}\n"
+        "def forget_choice():\n"  # as if no transport was ever enabled in this process
+        "    with T._lock:\n"
+        "        T._enabled, T._in_use = None, False\n"
         "out = {}\n"
         "for key, make in cases.items():\n"
-        "    T._reset_for_tests()\n"
+        "    forget_choice()\n"
         "    enable_transport(make())\n"
         "    c = T.enabled_choice()\n"
         "    enable_transport(make())\n"

@@ -15,20 +15,14 @@ import trio
 from monarch_core.errors import ConnectError, ConnectionClosed, TransportError
 from monarch_core._builtins._ipc import FORMS, IpcTransport
 
+from _helpers import run_async as _run
+
 
 @pytest.fixture
 def short_dir():  # type: ignore[no-untyped-def]
     d = tempfile.mkdtemp(prefix="mc-ipc-", dir="/tmp")
     yield d
     shutil.rmtree(d, ignore_errors=True)
-
-
-def _run(afn, *args):  # type: ignore[no-untyped-def]
-    async def main():  # type: ignore[no-untyped-def]
-        with trio.fail_after(20):
-            return await afn(*args)
-
-    return trio.run(main)
 
 
 def test_default_bind_spec_is_a_fresh_abstract_name_per_call() -> None:

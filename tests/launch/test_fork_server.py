@@ -17,12 +17,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
 
-import monarch_core.actor as mactor
 from monarch_core._actor import _state
 from monarch_core._launch import _zygote
 from monarch_core._launch._bootstrap import PROC_MODULE
@@ -35,6 +33,9 @@ from monarch_core.actor import (
     this_host,
 )
 from monarch_core.errors import SupervisionError
+
+from _helpers import poll_until
+from _helpers.procs import children_of, parent_of, pid_gone, wait_pids_gone
 
 T = 30.0
 pytestmark = pytest.mark.skipif(not _zygote.enabled() and os.environ.get(_zygote.OPT_OUT_ENV) is None,
@@ -71,50 +72,6 @@ class Probe(Actor):
         return "ok"
 
 
-class _Recorder:
-    def __init__(self) -> None:
-        self.failures: list = []
-        self.cond = threading.Condition()
-
-    def __call__(self, failure) -> None:  # type: ignore[no-untyped-def]
-        with self.cond:
-            self.failures.append(failure)
-            self.cond.notify_all()
-
-    def wait_for(self, text: str, timeout: float = T) -> str:
-        deadline = time.monotonic() + timeout
-        with self.cond:
-            while True:
-                for f in self.failures:
-                    if text in str(f):
-                        return str(f)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise AssertionError(f"no failure mentioning {text!r}; got {[str(f) for f in self.failures]}")
-                self.cond.wait(left)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def faults():
-    """Failures made on purpose must not end pytest (the default hook exits)."""
-    rec = _Recorder()
-    saved = mactor.unhandled_fault_hook
-    mactor.unhandled_fault_hook = rec
-    yield rec
-    mactor.unhandled_fault_hook = saved
-
-
-@pytest.fixture
-def meshes():  # type: ignore[no-untyped-def]
-    made: list = []
-    yield made
-    for pm in made:
-        try:
-            pm.stop().get(timeout=30)
-        except Exception:  # noqa: BLE001, S110 - best-effort cleanup
-            pass
-
-
 @pytest.fixture(autouse=True)
 def _fork_server_on(monkeypatch):  # type: ignore[no-untyped-def]
     monkeypatch.delenv(_zygote.OPT_OUT_ENV, raising=False)
@@ -147,31 +104,6 @@ def _cmdline(pid: int) -> list[str]:
         return [a.decode() for a in f.read().split(b"\0") if a]
 
 
-def _ppid(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
-
-
-def _children_of(pid: int) -> list[int]:
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                if _ppid(int(d)) == pid and not _gone(int(d)):
-                    out.append(int(d))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
-
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-
-
 def _kill_all(client: subprocess.Popen, pids: list[int]) -> None:
     """Clean-up after a test that ran a client: the client and ``pids``, if still there."""
     if client.poll() is None:
@@ -182,15 +114,6 @@ def _kill_all(client: subprocess.Popen, pids: list[int]) -> None:
             os.kill(q, signal.SIGKILL)
         except OSError:
             pass
-
-
-def _wait_gone(pids: list[int], timeout: float = 10.0) -> list[int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = [p for p in pids if not _gone(p)]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.02)  # polling /proc with a deadline
 
 
 # ---------------------------------------------------------------------- forking
@@ -204,7 +127,7 @@ def test_procs_are_forked_from_a_zygote_that_imported_the_kernel_but_not_torch(m
     assert zpid != os.getpid()
     assert {i["ppid"] for i in infos} == {zpid}, infos
     assert _cmdline(zpid)[1:3] == ["-m", "monarch_core._launch._zygote"]
-    assert _ppid(zpid) == os.getpid()
+    assert parent_of(zpid) == os.getpid()
     # each proc leads its own session, as with start_new_session=True
     assert all(i["sid"] == i["pid"] for i in infos)
     info = _zygote_info()
@@ -271,14 +194,12 @@ def test_a_changed_startup_variable_replaces_the_zygote(meshes: list, monkeypatc
     assert after["ppid"] not in (before["ppid"], os.getpid())
     assert probe2.env.call_one("MONARCH_FS_TEST_KNOB").get(timeout=T) == "1"
     # the old zygote still serves its live proc
-    assert not _gone(before["ppid"]) and not _gone(before["pid"])
+    assert not pid_gone(before["ppid"]) and not pid_gone(before["pid"])
     meshes.pop(0).stop().get(timeout=T)
-    assert _wait_gone([before["pid"]]) == []
+    assert wait_pids_gone([before["pid"]], 10.0) == []
     # the old zygote exits once it has no procs left (other tests' procs may still run on it)
-    deadline = time.monotonic() + 10
-    while not _gone(before["ppid"]) and not _children_of(before["ppid"]):
-        assert time.monotonic() < deadline, "the replaced zygote did not exit after its last proc"
-        time.sleep(0.02)  # polling /proc with a deadline
+    poll_until(lambda: pid_gone(before["ppid"]) or children_of(before["ppid"]), 10,
+               what="the replaced zygote's exit after its last proc")
 
 
 # ---------------------------------------------------------------------- exec path
@@ -314,9 +235,9 @@ def test_sigkilled_forked_proc_is_reported_killed_by_sigkill(meshes: list, fault
     exc = probe.slice(gpus=1).ok.call_one().exception(timeout=T)
     assert type(exc) is SupervisionError, exc
     assert f"(pid {victim}) was killed by SIGKILL" in str(exc)
-    faults.wait_for(f"(pid {victim}) was killed by SIGKILL")
+    faults.wait_text(f"(pid {victim}) was killed by SIGKILL")
     assert probe.slice(gpus=0).ok.call_one().get(timeout=T) == "ok"
-    assert _wait_gone([victim]) == []
+    assert wait_pids_gone([victim], 10.0) == []
 
 
 def test_exit_code_of_a_forked_proc_is_reported(meshes: list, faults) -> None:  # type: ignore[no-untyped-def]
@@ -337,11 +258,11 @@ def test_killing_the_zygote_fails_its_procs_and_the_next_spawn_gets_a_new_one(me
     os.kill(zpid, signal.SIGKILL)
     # its procs die of their parent-death signal a moment later
     reason = f"was killed by SIGKILL (the fork server that started it (pid {zpid}) was killed by SIGKILL"
-    faults.wait_for(reason)
+    faults.wait_text(reason)
     exc = probe.ok.call().exception(timeout=T)
     assert type(exc) is SupervisionError, exc
     assert reason in str(exc)
-    assert _wait_gone([i["pid"] for i in infos] + [zpid]) == []
+    assert wait_pids_gone([i["pid"] for i in infos] + [zpid], 10.0) == []
     _pm2, probe2 = _spawn(meshes, 2)
     infos2 = _infos(probe2)
     assert {i["ppid"] for i in infos2} - {zpid, os.getpid()} == {infos2[0]["ppid"]}
@@ -393,13 +314,13 @@ def test_no_zygote_or_proc_is_left_behind(tmp_path, mode: str) -> None:  # type:
         ids = json.loads(line[4:])
         pids = sorted({x for pair in ids for x in pair})
         zpid = ids[0][1]
-        assert zpid != p.pid and _ppid(zpid) == p.pid
+        assert zpid != p.pid and parent_of(zpid) == p.pid
         if mode == "sigkill":
             p.kill()
         _out, err = p.communicate(timeout=60)
         if mode != "sigkill":
             assert p.returncode == 0, err[-3000:]
-        assert _wait_gone(pids, 10.0) == [], f"left behind after the client ended ({mode})"
+        assert wait_pids_gone(pids, 10.0) == [], f"left behind after the client ended ({mode})"
     finally:
         _kill_all(p, pids)
 
@@ -425,13 +346,13 @@ def test_this_host_starts_the_zygote_before_any_spawn_and_exit_stops_it(tmp_path
         assert line.startswith("PID "), line
         deadline = time.monotonic() + 10
         while not zygotes:
-            zygotes = [c for c in _children_of(p.pid) if "monarch_core._launch._zygote" in _cmdline(c)]
+            zygotes = [c for c in children_of(p.pid) if "monarch_core._launch._zygote" in _cmdline(c)]
             assert time.monotonic() < deadline, "this_host() started no fork server"
             time.sleep(0.02)  # polling /proc with a deadline
         assert len(zygotes) == 1
         _out, err = p.communicate("\n", timeout=60)
         assert p.returncode == 0, err[-3000:]
-        assert _wait_gone(zygotes) == []
+        assert wait_pids_gone(zygotes, 10.0) == []
     finally:
         _kill_all(p, zygotes)
 

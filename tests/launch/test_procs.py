@@ -14,7 +14,6 @@ import os
 import pathlib
 import select
 import signal
-import stat
 import subprocess
 import sys
 import textwrap
@@ -33,6 +32,9 @@ from monarch_core.actor import (
     this_host,
 )
 from monarch_core.errors import ConfigError, SupervisionError, UnknownSchedulerError
+
+from _helpers.clients import child_env
+from _helpers.procs import pid_running, start_time, start_times, wait_pids_gone
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -69,62 +71,6 @@ class Spawner(Actor):
     def spawn_children(self) -> list[int]:
         self.pm = this_host().spawn_procs(per_host={"k": 2})
         return self.pm.spawn("leaf", Inspect).pid.call().get(timeout=60).values()
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time) of ``pid``, or None if there is no such process."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    rest = data.rsplit(")", 1)[1].split()
-    return rest[0], int(rest[19])
-
-
-def _running(pid: int, start: int) -> bool:
-    s = _stat(pid)
-    return s is not None and s[0] != "Z" and s[1] == start
-
-
-def _wait_gone(procs: dict[int, int], timeout: float) -> list[int]:
-    """Poll /proc until none of ``procs`` (pid -> start time) runs; return the survivors."""
-    deadline = time.monotonic() + timeout
-    while True:
-        alive = [p for p, st in procs.items() if _running(p, st)]
-        if not alive or time.monotonic() > deadline:
-            return alive
-        time.sleep(0.02)  # polling a condition with a deadline
-
-
-def _starts(pids: list[int]) -> dict[int, int]:
-    out = {}
-    for p in pids:
-        s = _stat(p)
-        assert s is not None and s[0] != "Z", f"pid {p} is not running when first seen"
-        out[p] = s[1]
-    return out
-
-
-@pytest.fixture
-def meshes():  # type: ignore[no-untyped-def]
-    """Proc meshes a test spawns; stopped at the end of the test."""
-    made: list = []
-    yield made
-    for pm in made:
-        try:
-            pm.stop().get(timeout=20)
-        except Exception:  # noqa: BLE001 - best effort cleanup
-            pass
-
-
-def _child_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "MONARCH_DISABLED_PLUGINS"}
-    env.update(extra)
-    return env
 
 
 # ---------------------------------------------------------------- BootstrapCommand
@@ -327,10 +273,10 @@ def test_hosts_from_config_with_a_bad_host_count_names_the_file(project: pathlib
 def test_proc_mesh_stop_makes_its_processes_disappear(meshes: list) -> None:
     pm = this_host().spawn_procs(per_host={"gpus": 3})
     pids = pm.spawn("i", Inspect).pid.call().get(timeout=60).values()
-    procs = _starts(pids)
+    procs = start_times(pids)
     pm.stop().get(timeout=30)
-    assert [p for p, st in procs.items() if _running(p, st)] == []  # gone when stop() resolves
-    assert all(_stat(p) is None for p in pids)  # and reaped: no zombies left behind
+    assert [p for p, st in procs.items() if pid_running(p, st)] == []  # gone when stop() resolves
+    assert all(start_time(p) is None for p in pids)  # and reaped: no zombies left behind
 
 
 def test_stopping_actor_mesh_then_proc_mesh_is_prompt_and_both_futures_resolve(meshes: list) -> None:
@@ -344,7 +290,7 @@ def test_stopping_actor_mesh_then_proc_mesh_is_prompt_and_both_futures_resolve(m
             pm = this_host().spawn_procs(per_host={"gpus": 2})
             meshes.append(pm)
             pairs.append((pm, pm.spawn("i", Inspect)))
-        procs = _starts([p for _pm, a in pairs for p in a.pid.call().get(timeout=60).values()])
+        procs = start_times([p for _pm, a in pairs for p in a.pid.call().get(timeout=60).values()])
         t0 = time.monotonic()
         futs = [(a.stop(), pm.stop()) for pm, a in pairs]
         for fa, fp in futs:
@@ -356,7 +302,7 @@ def test_stopping_actor_mesh_then_proc_mesh_is_prompt_and_both_futures_resolve(m
             except TimeoutError:
                 actor_stop = "never resolved"
             outcome.append((proc_stop, actor_stop))
-        assert _wait_gone(procs, 0) == []
+        assert wait_pids_gone(procs, 0) == []
     assert all(ps < 5.0 and a == "resolved" for ps, a in outcome), (
         f"(seconds until ProcMesh.stop resolved, ActorMesh.stop outcome) per mesh: {outcome}"
     )
@@ -399,16 +345,16 @@ def test_worker_processes_never_outlive_a_sigkilled_client() -> None:
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        env=_child_env(),
+        env=child_env(drop=("MONARCH_DISABLED_PLUGINS",)),
     )
     try:
         info = json.loads(_read_line(client, 90))
         workers = info["children"] + info["grandchildren"]
         assert len(set(workers)) == 6
-        procs = _starts(workers)
+        procs = start_times(workers)
         client.send_signal(signal.SIGKILL)
         assert client.wait(10) == -signal.SIGKILL
-        survivors = _wait_gone(procs, 5.0)
+        survivors = wait_pids_gone(procs, 5.0)
         assert survivors == [], f"workers {survivors} outlived the SIGKILLed client"
     finally:
         if client.poll() is None:
@@ -430,7 +376,7 @@ def _exit_normally(n: int = 1) -> list[tuple[dict, str, str, int, float]]:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            env=_child_env(),
+            env=child_env(drop=("MONARCH_DISABLED_PLUGINS",)),
         )
         for _ in range(n)
     ]
@@ -447,10 +393,9 @@ def test_shutdown_context_at_interpreter_exit_leaves_no_worker_processes() -> No
     assert stdout.splitlines()[1] == "bye"
     workers = info["children"] + info["grandchildren"]
     assert len(set(workers)) == 6
-    procs = {p: st for p, st in ((p, _stat(p)) for p in workers) if st is not None}
-    survivors = [p for p, st in procs.items() if st[0] != "Z"]
+    survivors = {p: st for p in workers if pid_running(p) and (st := start_time(p)) is not None}
     # the client has exited: any worker still running now outlived it
-    assert _wait_gone({p: procs[p][1] for p in survivors}, 5.0) == []
+    assert wait_pids_gone(survivors, 5.0) == []
 
 
 def test_shutdown_context_at_interpreter_exit_completes_cleanly() -> None:
@@ -496,7 +441,7 @@ def test_shutdown_context_stops_owned_procs_and_is_idempotent() -> None:
         print(json.dumps({{"at_return": at_return, "gone": gone, "after": after}}))
         """
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=_child_env())
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=child_env(drop=("MONARCH_DISABLED_PLUGINS",)))
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.strip().splitlines()[-1])
     # "gone": exited and reaped; "Z": exited but never reaped by the client
