@@ -28,7 +28,7 @@ from typing import Iterator
 
 import pytest
 
-from conftest import PY, LineReader, child_env, free_port, kill_tree
+from _helpers.transport import PY, LineReader, child_env, free_port, kill_tree
 from monarch_core._kernel import _wire as W
 
 MiB = 1 << 20
