@@ -209,3 +209,19 @@ class Hanger(Actor):
         # may come a moment after kill() returns: never reply in that window.
         threading.Event().wait()
         return "resumed?!"
+
+
+def reset_connections_forever(ports: list[int], seed: int, stop, resets: list) -> None:  # type: ignore[no-untyped-def]
+    """Reset (``ss -K``, from outside the sockets' owners: both ends get
+    ECONNRESET) every TCP connection to one of ``ports``, picked at random,
+    every 5-50 ms until ``stop`` is set (needs root; the tls exactly-once
+    test).  Appends to ``resets`` the number of connections each reset hit."""
+    import random
+    import subprocess
+
+    rnd = random.Random(seed)
+    while not stop.wait(rnd.uniform(0.005, 0.05)):
+        port = rnd.choice(ports)
+        r = subprocess.run(["ss", "-K", "dst", "127.0.0.1", "dport", "=", f":{port}"],
+                           capture_output=True, text=True, timeout=10)
+        resets.append(r.stdout.count("ESTAB"))
