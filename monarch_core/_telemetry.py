@@ -15,9 +15,10 @@ import inspect
 import logging
 import threading
 import time
-from typing import Any, Callable, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, overload
 
-from monarch_core.hookspecs import TelemetryEvent, TelemetrySink
+if TYPE_CHECKING:  # hookspecs imports pluggy: not at ``import monarch_core.actor``
+    from monarch_core.hookspecs import TelemetryEvent, TelemetrySink
 
 logger = logging.getLogger("monarch.telemetry")
 
@@ -87,11 +88,17 @@ class _Recorder:
 recorder = _Recorder()
 
 
+def _event(*args: Any) -> TelemetryEvent:
+    from monarch_core.hookspecs import TelemetryEvent
+
+    return TelemetryEvent(*args)
+
+
 def lifecycle(name: str, **attributes: Any) -> None:
     """Record a lifecycle event (proc/actor spawned, stopped, failed)."""
     if recorder.sinks == []:
         return
-    recorder.record(TelemetryEvent("lifecycle", name, time.time_ns(), 0, attributes))
+    recorder.record(_event("lifecycle", name, time.time_ns(), 0, attributes))
 
 
 #: The context variable holding the running actor (set by ``_actor._state``,
@@ -128,7 +135,7 @@ def traced(fn: Any = None, /, *, name: str | None = None) -> Any:
                     return await f(*args, **kwargs)
                 finally:
                     recorder.buffer.append(
-                        TelemetryEvent("span", span, t0, time.perf_counter_ns() - p0, _span_attrs())
+                        _event("span", span, t0, time.perf_counter_ns() - p0, _span_attrs())
                     )
 
             return awrapper
@@ -142,7 +149,7 @@ def traced(fn: Any = None, /, *, name: str | None = None) -> Any:
             try:
                 return f(*args, **kwargs)
             finally:
-                recorder.buffer.append(TelemetryEvent("span", span, t0, time.perf_counter_ns() - p0, _span_attrs()))
+                recorder.buffer.append(_event("span", span, t0, time.perf_counter_ns() - p0, _span_attrs()))
 
         return wrapper
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 import subprocess
+from typing import TYPE_CHECKING
 
-import trio
+if TYPE_CHECKING:
+    import trio
 
 __all__ = ["Child", "start_child"]
 
@@ -39,6 +41,8 @@ class Child:
 
     async def wait(self) -> int:
         """Wait for the exit (any number of tasks may wait at once)."""
+        import trio  # (lazily: this module is imported by ``import monarch_core.actor``)
+
         if self._exited is None:
             self._exited = trio.Event()
         while self._waiting:
@@ -54,6 +58,8 @@ class Child:
         return rc
 
     async def _wait(self) -> int:
+        import trio
+
         if self._pidfd is not None:
             if self._popen.poll() is None:
                 await trio.lowlevel.wait_readable(self._pidfd)

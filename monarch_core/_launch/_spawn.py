@@ -25,8 +25,6 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
-import trio
-
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
 from monarch_core._launch._children import start_child
@@ -106,6 +104,8 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
     executable = cmd.program if cmd.arg0 is not None and argv[0] == cmd.arg0 else None
     kernel.expect_proc(spec.proc_id)
     child = start_child(argv, env, executable=executable)
+    import trio  # (lazily: ``import monarch_core.actor`` must not load trio)
+
     await trio.lowlevel.checkpoint()
     kernel.adopt_child(spec.proc_id, child, describe=spec.describe)
     return child
@@ -178,6 +178,8 @@ async def spawn_local(rt: Any, entries: list, status: ProcStatus, boot_payload: 
             status.fail(SupervisionError(msg), slot.proc_id)
             return
         send_init(kernel, slot, spec, boot_payload, status)
+
+    import trio
 
     # All at once: the fork server gets every request in one go (no round
     # trip between two forks), and exec'd procs start their imports together.

@@ -87,3 +87,19 @@ def test_the_launch_package_library_modules_do_not_import_the_mesh_layer() -> No
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_importing_the_actor_api_loads_no_kernel_machinery() -> None:
+    """``import monarch_core.actor`` stays light (the benchmark's import row):
+    trio, asyncio and pluggy load when the runtime starts, not before.  A
+    top-level ``import trio`` in a module the façade imports breaks this."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, monarch_core.actor;"
+        "print(sorted(m for m in ('trio', 'asyncio', 'pluggy', 'monarch_core.hookspecs') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", f"import monarch_core.actor loaded {out.stdout.strip()}"
