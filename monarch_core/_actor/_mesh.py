@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import marshal
 import math
 import threading
 import time
@@ -28,6 +27,7 @@ from monarch_core._launch._spec import ProcSpec
 from monarch_core._actor._endpoint import Endpoint, EndpointProperty, NotAnEndpoint
 from monarch_core._actor._future import Cell, Future
 from monarch_core._actor._port import GatherReplies, OneReply, StreamIterator, StreamReplies
+from monarch_core._kernel import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
 from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
@@ -389,7 +389,7 @@ class ActorMesh(MeshTrait, Generic[T]):
             if slot.proc_id in kernel.dead:
                 h.deliver(i, W.S_VALUE, _NONE_PAYLOAD, [])
                 continue
-            header = marshal.dumps(("stop_actor", self._key, reply, reason))
+            header = C.encode(C.StopActor(self._key, reply, reason))
             kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0, header, b"", [],
                         h.port_id)
             h.procs.append(slot.proc_id)
@@ -518,9 +518,7 @@ class ProcMesh(MeshTrait):
         )
         procs = []
         for i, slot in enumerate(members):
-            header = marshal.dumps(
-                ("spawn", key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner)
-            )
+            header = C.encode(C.Spawn(key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner))
             kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0, header,
                         payload, bufs, gather.port_id)
             procs.append(slot.proc_id)
@@ -602,7 +600,7 @@ async def _stop_procs(kernel: Kernel, slots: list[_ProcSlot], reason: str, cell:
     escalate to SIGTERM then SIGKILL (through their worker loop for procs on
     remote hosts), resolve ``cell`` when all are gone."""
     import trio
-    header = marshal.dumps(("stop_proc", reason, max(0.5, grace - 0.5)))
+    header = C.encode(C.StopProc(reason, max(0.5, grace - 0.5)))
     for s in slots:
         kernel.expect_exit(s.proc_id)
         if s.proc_id not in kernel.dead:
@@ -625,7 +623,7 @@ async def _stop_procs(kernel: Kernel, slots: list[_ProcSlot], reason: str, cell:
                 getattr(child, sig_name)()
             elif s.host is not None:
                 kernel.send(host_proc_id(s.host), s.host, W.K_CONTROL, 0,
-                            marshal.dumps(("host_kill", [s.proc_id], sig_name)), b"", [], None)
+                            C.encode(C.HostKill([s.proc_id], sig_name)), b"", [], None)
         with trio.move_on_after(1.0):
             await all_gone()
     cell.set_result(None)
@@ -848,7 +846,7 @@ class HostMesh(MeshTrait):
         async def release() -> None:
             kernel = rt.kernel
             for a in remote:  # worker loops exit (and kill anything left)
-                kernel.send(host_proc_id(a), a, W.K_CONTROL, 0, marshal.dumps(("host_shutdown",)), b"", [], None)
+                kernel.send(host_proc_id(a), a, W.K_CONTROL, 0, C.encode(C.HostShutdown()), b"", [], None)
             await kernel.flush(2.0)
             if alloc is not None:  # off the loop: a scheduler's release may block
                 import trio
@@ -1090,7 +1088,7 @@ def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any
     kernel = rt.kernel
     h = OneReply(kernel, "")
     reply = (rt.proc_id, kernel.address, h.port_id)
-    header = marshal.dumps(("controller", name, reply))
+    header = C.encode(C.Controller(name, reply))
     root_id, root_addr = rt.root
     h.proc_id = root_id
     kernel.send(root_id, root_addr, W.K_CONTROL, 0, header, payload, bufs, h.port_id)
@@ -1127,13 +1125,13 @@ def spawn_local_controller(agent: Any, name: str, payload: Any, buffers: list) -
 
     port_id = kernel.add_port(_Init())
     owner = (kernel.proc_id, kernel.address, "")
-    h = ("spawn", key, name, 0, (), (), (kernel.proc_id, kernel.address, port_id), "controller", owner)
+    spawn = C.Spawn(key, name, 0, (), (), (kernel.proc_id, kernel.address, port_id), "controller", owner)
     from monarch_core._actor._agent import Supervised
 
     agent.register_supervised(
         Supervised(key, name, "controller", None, None, {}, [_ProcSlot(kernel.proc_id, kernel.address)])
     )
-    agent._op_spawn(h, payload, buffers, kernel.proc_id)
+    agent._on_spawn(spawn, payload, buffers, kernel.proc_id)
 
 
 # ====================================================================== worker loops
@@ -1214,7 +1212,7 @@ def attach(
         opened = {hid for _a, hid, _h in waits if _live_session(kernel, hid) is None}
         for a, hid, h in waits:
             kernel.send(hid, a, W.K_CONTROL, 0,
-                        marshal.dumps(("host_hello", (rt.proc_id, kernel.address, h.port_id))), b"", [], h.port_id)
+                        C.encode(C.HostHello((rt.proc_id, kernel.address, h.port_id))), b"", [], h.port_id)
         return opened
 
     opened = kernel.run(say_hello)
