@@ -197,12 +197,12 @@ def _optional(f: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 _port_ref = _record(_str, _opt_str, _int)
-_proc_ref = _record(_str, _str)
+_proc_ref = _record(_str, _opt_str)
 
 #: op name -> (message type, a check per field, in order).
 _SPEC: dict[str, tuple[type, tuple]] = {
     "spawn": (Spawn, (_str, _str, _int, _seq(_str), _seq(_int), _optional(_port_ref), _str,
-                      _optional(_record(_str, _str, _str)))),
+                      _optional(_record(_str, _opt_str, _str)))),
     "stop_actor": (StopActor, (_str, _optional(_port_ref), _str)),
     "init": (Init, (_port_ref, _int)),
     "stop_proc": (StopProc, (_str, _number)),
