@@ -59,6 +59,7 @@ from collections.abc import Iterator
 
 import trio
 
+from monarch_core._compat import BaseExceptionGroup
 from monarch_core.actor import Actor, endpoint
 from monarch_core.errors import ConnectError, ConnectionClosed, MonarchError, TransportError
 from monarch_core.hookspecs import Stream, Transport

@@ -10,18 +10,18 @@ meshes this process created outside any actor.  A worker loop's agent
 from __future__ import annotations
 
 import collections
-import marshal
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 
 from monarch_core import settings
 from monarch_core._actor import _serial, _state
 from monarch_core._actor._port import ReturnPort, send_to_port, wrap_exception
+from monarch_core._kernel import _control as C
 from monarch_core._kernel import _wire as W
-from monarch_core.errors import SupervisionError, UndeliverableMessageError
+from monarch_core.errors import ProtocolError, SupervisionError, UndeliverableMessageError
 
 if TYPE_CHECKING:
     from monarch_core._actor._host import ActorHost
@@ -84,41 +84,51 @@ class ProcAgent:
         self._heartbeat_started = False
         self._last_pong: dict[str, float] = {}
         kernel.on_proc_failed.append(self._on_proc_failed)
+        self._control = self.control_handlers()
 
     # ---------------------------------------------------------------- dispatch (loop thread)
+    def control_handlers(self) -> dict[type, Callable[[Any, Any, list, str], None]]:
+        """The control messages this agent answers: message type -> handler."""
+        return {
+            C.Spawn: self._on_spawn,
+            C.StopActor: self._on_stop_actor,
+            C.Init: self._on_init,
+            C.StopProc: self._on_stop_proc,
+            C.Controller: self._on_controller,
+            C.Supervise: self._on_supervise,
+            C.RegisterOwner: self._on_register_owner,
+            C.ProcStopping: self._on_proc_stopping,
+            C.ProcDied: self._on_proc_died,
+            C.Ping: self._on_ping,
+        }
+
     def handle_control(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         op = h[0]
-        try:
-            handler = getattr(self, "_op_" + op)
-        except AttributeError:
+        handler = self._control.get(C.op_type(op))  # type: ignore[arg-type]
+        if handler is None:
             logger.warning("unknown control op %r from %s", op, sender)
             return
         try:
-            handler(h, payload, buffers, sender)
+            msg = C.decode(h)
+        except ProtocolError as e:
+            logger.warning("malformed control message %r from %s dropped: %s", op, sender, e)
+            return
+        try:
+            handler(msg, payload, buffers, sender)
         except (ValueError, TypeError, IndexError, KeyError, AttributeError) as e:
             logger.warning("malformed control message %r from %s dropped: %s", op, sender, e)
         except Exception:
             logger.exception("control op %r from %s failed", op, sender)
 
-    def _op_spawn(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+    def _on_spawn(self, m: C.Spawn, payload: Any, buffers: list, sender: str) -> None:
         from monarch_core._actor._host import ActorHost
 
-        _op, key, mesh_name, rank, labels, sizes, init_reply, class_name, owner = h
+        key, owner = m.key, m.owner
         if key in self.kernel.actors:
             logger.warning("duplicate spawn of actor %s from %s ignored", key, sender)
             return
         host = ActorHost(
-            self,
-            key,
-            mesh_name,
-            rank,
-            tuple(labels),
-            tuple(sizes),
-            tuple(init_reply) if init_reply else None,
-            payload,
-            buffers,
-            class_name,
-            tuple(owner) if owner else None,
+            self, key, m.mesh_name, m.rank, m.labels, m.sizes, m.init_reply, payload, buffers, m.class_name, owner
         )
         with self.hold_lock:  # what was held goes first; then the actor is visible to the readers
             held = self.held.pop(key, None)
@@ -131,20 +141,18 @@ class ProcAgent:
             # An owner other than our parent: the parent (which sees our exit
             # status) tells it when this proc ends.
             self.kernel.send(parent[0], parent[1], W.K_CONTROL, 0,
-                             marshal.dumps(("register_owner", self.kernel.proc_id, tuple(owner[:2]))), b"", [])
+                             C.encode(C.RegisterOwner(self.kernel.proc_id, owner[:2])), b"", [])
 
-    def _op_stop_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        _op, key, reply, reason = h
-        host = self.kernel.actors.get(key)
+    def _on_stop_actor(self, m: C.StopActor, payload: Any, buffers: list, sender: str) -> None:
+        host = self.kernel.actors.get(m.key)
         if host is None:
-            if reply:
-                send_to_port(tuple(reply), -1, W.S_VALUE, None)
+            if m.reply:
+                send_to_port(m.reply, -1, W.S_VALUE, None)
             return
-        host.request_stop(reason, tuple(reply) if reply else None)
+        host.request_stop(m.reason, m.reply)
 
-    def _op_init(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        _op, reply, rank = h
-        reply = tuple(reply)
+    def _on_init(self, m: C.Init, payload: Any, buffers: list, sender: str) -> None:
+        reply, rank = m.reply, m.rank
 
         def run() -> None:
             try:
@@ -172,13 +180,12 @@ class ProcAgent:
 
         threading.Thread(target=run, name="monarch-proc-bootstrap", daemon=True).start()
 
-    def _op_stop_proc(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        _op, reason, grace = h
+    def _on_stop_proc(self, m: C.StopProc, payload: Any, buffers: list, sender: str) -> None:
         if self.stopping:
             return
         self.stopping = True
         threading.Thread(
-            target=self._stop_proc, args=(reason, float(grace)), name="monarch-proc-stop", daemon=True
+            target=self._stop_proc, args=(m.reason, m.grace), name="monarch-proc-stop", daemon=True
         ).start()
 
     def _stop_proc(self, reason: str, grace: float) -> None:
@@ -199,13 +206,12 @@ class ProcAgent:
 
     def _announce_stopping(self) -> None:
         """Tell every proc that talks to us that our end will be a stop, not a crash."""
-        header = marshal.dumps(("proc_stopping", self.kernel.proc_id))
+        header = C.encode(C.ProcStopping(self.kernel.proc_id))
         for peer, addr in list(self.kernel.peers().items()):
             self.kernel.send(peer, addr, W.K_CONTROL, 0, header, b"", [])
 
-    def _op_controller(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        _op, name, reply = h
-        reply = tuple(reply)
+    def _on_controller(self, m: C.Controller, payload: Any, buffers: list, sender: str) -> None:
+        name, reply = m.name, m.reply
         existing = self.controllers.get(name)
         if existing is not None:
             send_to_port(reply, -1, W.S_VALUE, existing)
@@ -323,9 +329,9 @@ class ProcAgent:
             self.handle_report(report)
             return
         payload, bufs = _serial.dumps(report)
-        self.kernel.send(owner[0], owner[1], W.K_CONTROL, 0, marshal.dumps(("supervise",)), payload, bufs)
+        self.kernel.send(owner[0], owner[1], W.K_CONTROL, 0, C.encode(C.Supervise()), payload, bufs)
 
-    def _op_supervise(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+    def _on_supervise(self, m: C.Supervise, payload: Any, buffers: list, sender: str) -> None:
         try:
             report = _serial.loads(payload, buffers)
         except Exception:
@@ -366,22 +372,22 @@ class ProcAgent:
         else:
             S.proc_level_unhandled(failure)
 
-    def _op_register_owner(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        _op, proc_id, owner = h
-        self.proc_owners.setdefault(proc_id, set()).add(tuple(owner))
+    def _on_register_owner(self, m: C.RegisterOwner, payload: Any, buffers: list, sender: str) -> None:
+        proc_id = m.proc_id
+        self.proc_owners.setdefault(proc_id, set()).add(m.owner)
         if proc_id in self.kernel.dead:  # already gone: tell it now
             self._tell_owners(proc_id, self.kernel.dead[proc_id], proc_id in self.kernel._expected_exits)
 
     def _tell_owners(self, proc_id: str, reason: str, stopped: bool) -> None:
         for owner in self.proc_owners.pop(proc_id, ()):
             self.kernel.send(owner[0], owner[1], W.K_CONTROL, 0,
-                             marshal.dumps(("proc_died", proc_id, reason, stopped)), b"", [])
+                             C.encode(C.ProcDied(proc_id, reason, stopped)), b"", [])
 
-    def _op_proc_stopping(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+    def _on_proc_stopping(self, m: C.ProcStopping, payload: Any, buffers: list, sender: str) -> None:
         """A proc we talk to is stopping on purpose: its end is not a failure,
         and it waits for what it sends to be acknowledged before it goes."""
-        self.kernel.expect_exit(h[1])
-        self.kernel.ack_at_once(h[1])
+        self.kernel.expect_exit(m.proc_id)
+        self.kernel.ack_at_once(m.proc_id)
 
     def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
         """A proc died: every actor on it, of every mesh this process owns, failed."""
@@ -440,10 +446,9 @@ class ProcAgent:
         else:
             logger.error("a message sent by this proc could not be delivered: %s", exc)
 
-    def _op_proc_died(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+    def _on_proc_died(self, m: C.ProcDied, payload: Any, buffers: list, sender: str) -> None:
         """A worker loop reports that a proc it started for us ended."""
-        _op, proc_id, reason, stopped = h
-        self.kernel.proc_failed(proc_id, reason, bool(stopped))
+        self.kernel.proc_failed(m.proc_id, m.reason, m.stopped)
 
     # ---------------------------------------------------------------- heartbeats
     def watch_child(self, proc_id: str) -> None:
@@ -460,7 +465,7 @@ class ProcAgent:
         pong = _Pong(self)
         port_id = kernel.add_port(pong)
         ref = (kernel.proc_id, kernel.address, port_id)
-        header = marshal.dumps(("ping", ref))
+        header = C.encode(C.Ping(ref))
         while True:
             await trio.sleep(HEARTBEAT_INTERVAL)
             now = time.monotonic()
@@ -474,9 +479,8 @@ class ProcAgent:
                     continue
                 kernel.send(proc_id, None, W.K_CONTROL, 0, header, b"", [], None)
 
-    def _op_ping(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        _op, reply = h
-        send_to_port(tuple(reply), -1, W.S_VALUE, self.kernel.proc_id)
+    def _on_ping(self, m: C.Ping, payload: Any, buffers: list, sender: str) -> None:
+        send_to_port(m.reply, -1, W.S_VALUE, self.kernel.proc_id)
 
     # ---------------------------------------------------------------- lifecycle of actors
 

@@ -14,7 +14,7 @@ from monarch_core._actor._port import Port, StreamIterator
 if TYPE_CHECKING:
     from monarch_core._mesh._value_mesh import ValueMesh
 
-#: An ``_mesh.ActorMesh`` (that module imports this one, so it is not named here).
+#: An ``_actor_mesh.ActorMesh`` (that module imports this one, so it is not named here).
 ActorMesh = Any
 
 try:  # Python >= 3.10

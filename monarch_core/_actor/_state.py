@@ -60,7 +60,7 @@ class Upper:
     client_agent: Callable[[Kernel], ProcAgentProtocol] | None = None
     #: ``() -> ProcMesh``: ``_mesh.this_proc``.
     this_proc: Callable[[], Any] | None = None
-    #: ``(agent, name, payload, buffers)``: ``_mesh.spawn_local_controller``.
+    #: ``(agent, name, payload, buffers)``: ``_controller.spawn_local_controller`` (set by ``_mesh``).
     spawn_local_controller: Callable[..., None] | None = None
     #: ``_endpoint.EndpointProperty``: what marks an endpoint on an actor class.
     endpoint_property: type | None = None

@@ -32,7 +32,7 @@ class ProcAgentProtocol(Protocol):
     """The proc agent (``Kernel.agent``)."""
 
     def handle_control(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        """Handle one control message (``h[0]`` is the op name); on the kernel loop."""
+        """Handle one control message (``h[0]`` is the op name; ``_control.decode(h)`` its message); on the kernel loop."""
 
     def no_such_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         """An actor message for an actor this proc does not (yet) run; any thread."""

@@ -59,7 +59,7 @@ FIXED_SIZE = FIXED.size
 # message kinds
 K_ACTOR = 1  # to an actor: (actor_key, endpoint, reply, rank, labels, sizes, sender)
 K_PORT = 2  # to a port: (port_id, rank, status)
-K_CONTROL = 3  # to the proc's agent: (op, *args)
+K_CONTROL = 3  # to the proc's agent: (op, *fields), the named messages of _control.py
 K_ACK = 4  # cumulative acknowledgement: seq field = last delivered seq
 K_BYE = 5  # orderly end of a session: receiver forgets it
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import marshal
 import os
 import signal
 import threading
@@ -282,6 +281,7 @@ def wait_ready(rt: Any, hosts: list, timeout: float, *, what: str) -> dict[str, 
     within ``timeout`` s, else ``AllocationError`` naming those that did not.
     Returns each answering host's info (hostname, pid, address) by name."""
     from monarch_core._actor._port import OneReply
+    from monarch_core._kernel import _control as C
     from monarch_core._kernel import _wire as W
     from monarch_core._launch._spawn import host_proc_id
 
@@ -294,7 +294,7 @@ def wait_ready(rt: Any, hosts: list, timeout: float, *, what: str) -> dict[str, 
         hid = host_proc_id(h.address)
         r.proc_id = hid
         kernel.send(hid, h.address, W.K_CONTROL, 0,
-                    marshal.dumps(("host_hello", (rt.proc_id, kernel.address, r.port_id))), b"", [], r.port_id)
+                    C.encode(C.HostHello((rt.proc_id, kernel.address, r.port_id))), b"", [], r.port_id)
         waits.append((h, hid, r))
     deadline = time.monotonic() + timeout
     missing, info = [], {}

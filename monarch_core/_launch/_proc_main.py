@@ -63,6 +63,7 @@ def main() -> None:
 
     from monarch_core._actor import _serial, _state, _transport
     from monarch_core._actor._agent import ProcAgent
+    from monarch_core._kernel import _control as C
     from monarch_core._kernel import _wire as W
     from monarch_core._kernel._runtime import Kernel
     from monarch_core._mesh._shape import Extent, Point
@@ -101,7 +102,7 @@ def main() -> None:
         worker_loop = info.get("worker_loop")
         if worker_loop:  # our parent process, which heartbeats us, hears our address from us
             kernel.send(worker_loop[0], worker_loop[1], W.K_CONTROL, 0,
-                        marshal.dumps(("child_hello", kernel.proc_id, kernel.address)), b"", [])
+                        C.encode(C.ChildHello(kernel.proc_id, kernel.address)), b"", [])
         kernel.on_proc_failed.append(_exit_if_parent(parent[0]))
         kernel.start_task(_watch_parent_pid, info["parent_pid"])
 

@@ -19,12 +19,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import marshal
 import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
+from monarch_core._kernel import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
 from monarch_core._launch._children import start_child
@@ -189,7 +189,7 @@ async def spawn_local(rt: Any, entries: list, status: ProcStatus, boot_payload: 
 
 
 def send_init(kernel: Kernel, slot: Any, spec: ProcSpec, boot_payload: tuple, status: ProcStatus) -> None:
-    header = marshal.dumps(("init", tuple(spec.status), spec.rank))
+    header = C.encode(C.Init(tuple(spec.status), spec.rank))
     kernel.send(slot.proc_id, None, W.K_CONTROL, 0, header, boot_payload[0], boot_payload[1], status.port_id)
 
 
@@ -202,7 +202,7 @@ def spawn_remote(rt: Any, address: str, entries: list, status: ProcStatus, boot_
     for slot, _spec in entries:
         kernel.expect_proc(slot.proc_id)
     payload, bufs = _serial.dumps([spec for _slot, spec in entries])
-    kernel.send(host_id, address, W.K_CONTROL, 0, marshal.dumps(("host_spawn",)), payload, bufs, status.port_id)
+    kernel.send(host_id, address, W.K_CONTROL, 0, C.encode(C.HostSpawn()), payload, bufs, status.port_id)
     for slot, spec in entries:
         send_init(kernel, slot, spec, boot_payload, status)
 

@@ -18,20 +18,23 @@ import functools
 import getpass
 import ipaddress
 import logging
-import marshal
 import os
 import re
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 
 from monarch_core._actor import _serial
 from monarch_core._actor._agent import ProcAgent
 from monarch_core._actor._port import send_to_port
+from monarch_core._kernel import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core._launch._spawn import start_proc
+
+if TYPE_CHECKING:
+    from monarch_core._kernel._runtime import Kernel
 
 logger = logging.getLogger("monarch.worker")
 
@@ -49,20 +52,29 @@ class WorkerLoopAgent(ProcAgent):
         self.client_procs: dict[str, set[str]] = {}  # client proc id -> procs started for it
         self.proc_spawner: dict[str, tuple] = {}  # proc id -> (client proc id, address)
 
+    def control_handlers(self) -> dict[type, Callable[[Any, Any, list, str], None]]:
+        return {
+            **super().control_handlers(),
+            C.HostHello: self._on_host_hello,
+            C.HostSpawn: self._on_host_spawn,
+            C.ChildHello: self._on_child_hello,
+            C.HostKill: self._on_host_kill,
+            C.HostShutdown: self._on_host_shutdown,
+        }
+
     def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
         self._host_proc_gone(proc_id, reason, stopped)
         super()._on_proc_failed(proc_id, reason, stopped)
 
-    def _op_host_hello(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+    def _on_host_hello(self, m: C.HostHello, payload: Any, buffers: list, sender: str) -> None:
         import socket
 
-        _op, reply = h
         send_to_port(
-            tuple(reply), -1, W.S_VALUE,
+            m.reply, -1, W.S_VALUE,
             {"hostname": socket.gethostname(), "pid": os.getpid(), "address": self.kernel.address},
         )
 
-    def _op_host_spawn(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+    def _on_host_spawn(self, m: C.HostSpawn, payload: Any, buffers: list, sender: str) -> None:
         specs = _serial.loads(payload, buffers)
         self.kernel.start_task(self._host_spawn, specs, sender)
 
@@ -89,11 +101,11 @@ class WorkerLoopAgent(ProcAgent):
             for spec in specs:
                 nursery.start_soon(start, spec)
 
-    def _op_child_hello(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+    def _on_child_hello(self, m: C.ChildHello, payload: Any, buffers: list, sender: str) -> None:
         """A proc this worker loop started says where it listens (its hello
         goes to the client): from now on our heartbeats reach it."""
-        _op, proc_id, address = h
-        if sender != proc_id or proc_id not in self.proc_spawner or not isinstance(address, str):
+        proc_id, address = m
+        if sender != proc_id or proc_id not in self.proc_spawner:
             logger.warning("child_hello for %r from %s, which is not a proc this worker loop started", proc_id, sender)
             return
         self.kernel.learn_address(proc_id, address)
@@ -106,7 +118,7 @@ class WorkerLoopAgent(ProcAgent):
             for procs in self.client_procs.values():
                 procs.discard(proc_id)
             self.kernel.send(
-                spawner[0], spawner[1], W.K_CONTROL, 0, marshal.dumps(("proc_died", proc_id, reason, stopped)), b"", []
+                spawner[0], spawner[1], W.K_CONTROL, 0, C.encode(C.ProcDied(proc_id, reason, stopped)), b"", []
             )
             return
         procs = self.client_procs.pop(proc_id, None)
@@ -118,14 +130,14 @@ class WorkerLoopAgent(ProcAgent):
                     self.kernel.expect_exit(p)
                     child.kill()
 
-    def _op_host_kill(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        _op, proc_ids, sig_name = h
-        for p in proc_ids:
+    def _on_host_kill(self, m: C.HostKill, payload: Any, buffers: list, sender: str) -> None:
+        sig_name = m.sig_name
+        for p in m.proc_ids:
             child = self.kernel.child(p)
             if child is not None and sig_name in ("terminate", "kill"):
                 getattr(child, sig_name)()
 
-    def _op_host_shutdown(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+    def _on_host_shutdown(self, m: C.HostShutdown, payload: Any, buffers: list, sender: str) -> None:
         logger.info("worker loop %s shut down by %s", self.kernel.address, sender)
         self.kill_all_children()
         self.kernel.stop_loop()

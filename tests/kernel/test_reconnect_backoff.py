@@ -21,7 +21,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from monarch_core._kernel import _runtime as R
+from monarch_core._kernel import _outbound
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._runtime import Kernel
 from monarch_core._kernel._throttle import ThrottledLog, peer_host
@@ -164,7 +164,7 @@ def test_messages_to_a_peer_that_drops_every_connection_fail_after_the_delivery_
 
 
 def test_a_peer_that_never_answers_the_handshake_is_a_connect_error_not_a_crash(kernel, peer, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setattr(R, "HANDSHAKE_TIMEOUT", 0.3)
+    monkeypatch.setattr(_outbound, "HANDSHAKE_TIMEOUT", 0.3)  # the outbound session's wait for the answer
     p = peer("silent")
     _send(kernel, "peer-x", p.address)
     _wait_first(p)

@@ -31,7 +31,7 @@ import uuid
 
 import pytest
 
-from monarch_core._kernel import _runtime
+from monarch_core._kernel import _outbound, _runtime
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._runtime import Kernel
 from monarch_core._plugins import registry
@@ -71,7 +71,8 @@ class _Sockets:
                     (self.outbound if caller == "_session" else self.inbound).append(sock)
             return sock
 
-        monkeypatch.setattr(_runtime, "_raw_socket", recording)
+        monkeypatch.setattr(_runtime, "_raw_socket", recording)  # inbound sessions (Kernel)
+        monkeypatch.setattr(_outbound, "_raw_socket", recording)  # outbound ones (_Outbound._session)
 
     def inbound_of(self, b: Kernel) -> list[socket.socket]:
         """Inbound sockets, the trio-read ones included (their ackers hold them)."""

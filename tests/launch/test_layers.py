@@ -83,7 +83,8 @@ def test_the_launch_package_library_modules_do_not_import_the_mesh_layer() -> No
         "import json, sys; import monarch_core._launch._spec, monarch_core._launch._children, "
         "monarch_core._launch._spawn, monarch_core._launch._bootstrap; "
         "print(json.dumps(sorted(m for m in sys.modules if m.startswith(('monarch_core._actor._mesh', "
-        "'monarch_core._mesh')))))"
+        "'monarch_core._actor._actor_mesh', 'monarch_core._actor._proc_mesh', 'monarch_core._actor._host_mesh', "
+        "'monarch_core._actor._controller', 'monarch_core._actor._attach', 'monarch_core._mesh')))))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []

@@ -1,0 +1,80 @@
+"""Controllers: the program-wide singleton actors of ``get_or_spawn_controller``, spawned on the root client."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, TypeVar
+
+from monarch_core._actor import _serial, _state
+from monarch_core._actor._actor_mesh import ActorMesh
+from monarch_core._actor._future import Cell, Future
+from monarch_core._actor._mesh_base import _EMPTY_REGION, _ProcSlot
+from monarch_core._actor._port import OneReply
+from monarch_core._kernel import _control as C
+from monarch_core._kernel import _wire as W
+from monarch_core._kernel._ports import PortHandler
+
+T = TypeVar("T")
+
+
+def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any) -> Future[T]:
+    """The singleton actor ``name`` for the whole program, spawned (on the
+    root client's process) from ``Class(*args, **kwargs)`` the first time.
+    Works from the client and from inside actors."""
+    from monarch_core._actor._actor import Actor
+
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"get_or_spawn_controller(name, ...): name must be a non-empty str, got {name!r}")
+    if not (isinstance(Class, type) and issubclass(Class, Actor)):
+        raise ValueError(
+            f"get_or_spawn_controller({name!r}, {getattr(Class, '__name__', Class)!r}): the class must subclass Actor"
+        )
+    payload, bufs = _serial.dumps((Class, args, kwargs))
+    rt = _state.runtime()
+    kernel = rt.kernel
+    h = OneReply(kernel, "")
+    reply = (rt.proc_id, kernel.address, h.port_id)
+    header = C.encode(C.Controller(name, reply))
+    root_id, root_addr = rt.root
+    h.proc_id = root_id
+    kernel.send(root_id, root_addr, W.K_CONTROL, 0, header, payload, bufs, h.port_id)
+
+    def build(ref: Any) -> Any:
+        key, proc_id, address = ref
+        c = Cell()
+        c.set_result(True)
+        return ActorMesh(Class, name, key, [_ProcSlot(proc_id, address)], _EMPTY_REGION, None, c, False)
+
+    from monarch_core._actor._endpoint import _map_future
+
+    return _map_future(Future._of(h.cell), build)
+
+
+def spawn_local_controller(agent: Any, name: str, payload: Any, buffers: list) -> None:
+    """On the root proc (kernel loop): spawn controller ``name`` here."""
+    kernel = agent.kernel
+    key = f"controller-{name}-{uuid.uuid4().hex[:8]}"
+
+    class _Init(PortHandler):
+        def deliver(self, rank: int, status: int, p: Any, b: list) -> None:
+            kernel.remove_port(port_id)
+            err = None
+            if status != W.S_VALUE:
+                try:
+                    err = _serial.loads(p, b)
+                except Exception as e:  # noqa: BLE001
+                    err = e
+            agent.controller_ready(name, (key, kernel.proc_id, kernel.address), err)
+
+        def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+            agent.controller_ready(name, None, exc)
+
+    port_id = kernel.add_port(_Init())
+    owner = (kernel.proc_id, kernel.address, "")
+    spawn = C.Spawn(key, name, 0, (), (), (kernel.proc_id, kernel.address, port_id), "controller", owner)
+    from monarch_core._actor._agent import Supervised
+
+    agent.register_supervised(
+        Supervised(key, name, "controller", None, None, {}, [_ProcSlot(kernel.proc_id, kernel.address)])
+    )
+    agent._on_spawn(spawn, payload, buffers, kernel.proc_id)

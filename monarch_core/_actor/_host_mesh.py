@@ -1,0 +1,364 @@
+"""``HostMesh``: a mesh of hosts that spawns proc meshes (building the ``ProcSpec`` s of ``spawn_procs``), losing hosts, shutting down."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from monarch_core._kernel._runtime import Kernel
+    from monarch_core.hookspecs import Allocation, HostHandle
+
+from monarch_core import settings
+from monarch_core._actor import _serial, _state
+from monarch_core._actor._future import Cell, Future
+from monarch_core._actor._mesh_base import _owner_check, _ProcSlot
+from monarch_core._actor._proc_mesh import ProcMesh
+from monarch_core._kernel import _control as C
+from monarch_core._kernel import _wire as W
+from monarch_core._launch._bootstrap import (
+    BootstrapCommand,
+    default_bootstrap_cmd,
+    validate_proc_bind,
+)
+from monarch_core._launch._spawn import (
+    ProcStatus,
+    host_proc_id,
+    spawn_local,
+    spawn_remote,
+)
+from monarch_core._launch._spec import ProcSpec
+from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
+from monarch_core.errors import SupervisionError
+
+logger = logging.getLogger("monarch.mesh")
+
+_names = itertools.count()
+
+
+class HostMesh(MeshTrait):
+    """A mesh of hosts that can spawn proc meshes.
+
+    As an async context manager it shuts the hosts down on exit."""
+
+    def __init__(
+        self,
+        hosts: list[HostHandle],
+        region: Region,
+        *,
+        owner: bool,
+        allocation: Allocation | None = None,
+        python_executable: str | None = None,
+        name: str = "hosts",
+        shared: dict | None = None,
+    ) -> None:
+        self._hosts = hosts
+        self._region_ = region
+        self._owner = owner
+        self._allocation = allocation
+        self._python = python_executable
+        self._name = name
+        # state shared by views of the same host mesh
+        self._shared = shared if shared is not None else {"procs": [], "shutdown": False, "lost": {}}
+
+    @property
+    def _region(self) -> Region:
+        return self._region_
+
+    def _with_region(self, region: Region) -> HostMesh:
+        return HostMesh(self._hosts, region, owner=False, allocation=self._allocation, python_executable=self._python,
+                        name=self._name, shared=self._shared)
+
+    @property
+    def region(self) -> Region:
+        return self._region_
+
+    @property
+    def stream_logs(self) -> bool:
+        """Worker output goes to the client's stdout/stderr (always true here)."""
+        return True
+
+    @property
+    def is_fake_in_process(self) -> bool:
+        return False
+
+    @property
+    def initialized(self) -> Future[bool]:
+        return Future._resolved(True)
+
+    @property
+    def hosts(self) -> list[HostHandle]:
+        """The hosts of this view, in rank order (name, worker address, labels)."""
+        return [self._hosts[r] for r in self._region_.root_ranks()]
+
+    def to_table(self) -> str:
+        """A text table: rank, coordinates, host name, worker-loop address, labels."""
+        rows = [f"{'rank':>4}  {'coords':<28} {'host':<20} {'address':<40} labels"]
+        ext = self._region_.extent
+        lost = self._shared["lost"]
+        for i, root in enumerate(self._region_.root_ranks()):
+            h = self._hosts[root]
+            labels = " ".join(f"{k}={v}" for k, v in h.labels.items())
+            if h.name in lost:
+                labels = (labels + " " if labels else "") + f"LOST ({lost[h.name]})"
+            rows.append(f"{i:>4}  {str(Point(i, ext)):<28} {h.name:<20} {h.address or '(this process)':<40} {labels}")
+        return "\n".join(rows)
+
+    def _host_lost(self, host_name: str, reason: str) -> None:
+        """A scheduler reported ``host_name`` lost (any thread): every proc on
+        it fails, nothing else does."""
+        self._shared["lost"][host_name] = reason
+        rt = _state.current_runtime_or_none()
+        if rt is not None:
+            rt.kernel.call_soon(_procs_of_host_lost, rt.kernel, self._shared, self._hosts, host_name, reason)
+
+    def with_python_executable(self, python_executable: str) -> HostMesh:
+        """A view of these hosts that starts procs with ``python_executable``."""
+        if not isinstance(python_executable, str) or not python_executable:
+            raise TypeError("with_python_executable() needs the path of a Python executable")
+        return HostMesh(self._hosts, self._region_, owner=False, allocation=self._allocation,
+                        python_executable=python_executable, name=self._name, shared=self._shared)
+
+    def spawn_procs(
+        self,
+        per_host: dict[str, int] | None = None,
+        bootstrap: Callable[[], Any] | None = None,
+        name: str | None = None,
+        proc_bind: list[dict[str, str]] | None = None,
+        bootstrap_command: BootstrapCommand | Callable[[Point], BootstrapCommand] | None = None,
+    ) -> ProcMesh:
+        """Start ``per_host`` procs on every host of this mesh.
+
+        Returns immediately; the procs start in the background
+        (``ProcMesh.initialized`` resolves when all have run ``bootstrap``).
+        The proc mesh's dimensions are this host mesh's, then ``per_host``'s.
+        """
+        if self._shared["shutdown"]:
+            raise RuntimeError(f"host mesh {self._name!r} has been shut down; allocate hosts again")
+        per_host = _check_per_host(per_host, self._region_.labels)
+        if bootstrap is not None and not callable(bootstrap):
+            raise TypeError(f"bootstrap must be a callable run on each new proc, got {type(bootstrap).__name__}")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise TypeError(f"name must be a non-empty str, got {name!r}")
+        if bootstrap_command is not None and not (
+            isinstance(bootstrap_command, BootstrapCommand) or callable(bootstrap_command)
+        ):
+            raise TypeError("bootstrap_command must be a BootstrapCommand or a callable Point -> BootstrapCommand")
+        nper = math.prod(per_host.values()) if per_host else 1
+        binds = validate_proc_bind(proc_bind, nper)
+        try:
+            boot_payload = _serial.dumps(bootstrap)
+        except Exception as e:
+            raise TypeError(f"bootstrap callable could not be pickled: {e}") from e
+        name = name or f"procs{next(_names)}"
+        rt = _state.runtime()
+        host_region = self._region_
+        labels = host_region.labels + tuple(per_host)
+        sizes = host_region.sizes + tuple(per_host.values())
+        extent = Extent(labels, sizes)
+        host_roots = host_region.root_ranks()
+
+        kernel = rt.kernel
+        level = settings.get("MONARCH_LOG_LEVEL") or logging.getLevelName(
+            logging.getLogger("monarch").getEffectiveLevel()
+        )
+        slots: list[_ProcSlot] = []
+        per_host_entries: list[tuple[HostHandle, list]] = []
+        for hi, hroot in enumerate(host_roots):
+            host = self._hosts[hroot]
+            entries = []
+            for j in range(nper):
+                rank = hi * nper + j
+                point = Point(rank, extent)
+                default = False
+                if callable(bootstrap_command) and not isinstance(bootstrap_command, BootstrapCommand):
+                    cmd = bootstrap_command(point)
+                    if not isinstance(cmd, BootstrapCommand):
+                        raise TypeError(f"bootstrap_command({point}) returned {type(cmd).__name__}, not a BootstrapCommand")
+                elif bootstrap_command is not None:
+                    cmd = bootstrap_command
+                else:
+                    cmd = default_bootstrap_cmd(self._python or rt.python_executable)
+                    default = self._python is None and host.address is not None
+                slot = _ProcSlot(f"{name}-{rank}-{uuid.uuid4().hex[:8]}")
+                slot.host = host.address
+                slot.host_name = host.name
+                slot.describe = f"proc {name}{point if len(extent) else ''}"
+                if host.address is not None:
+                    slot.describe += f" on host {host.name}"
+                slots.append(slot)
+                entries.append((slot, dict(
+                    proc_id=slot.proc_id,
+                    name=name,
+                    rank=rank,
+                    labels=labels,
+                    sizes=sizes,
+                    describe=slot.describe,
+                    command=cmd,
+                    default_program=default,
+                    bind=binds[j] if binds else None,
+                    parent=(rt.proc_id, kernel.address),
+                    root=tuple(rt.root),
+                    transport=rt.transport,
+                    log_level=level,
+                )))
+            per_host_entries.append((host, entries))
+        status = ProcStatus(kernel, slots, lambda r: f"{name}{Point(r, extent)}")
+        sref = (rt.proc_id, kernel.address, status.port_id)
+        per_host_entries = [
+            (host, [(slot, ProcSpec(status=sref, **fields)) for slot, fields in entries])
+            for host, entries in per_host_entries
+        ]
+        pm = ProcMesh(name, slots, extent.region, self, status.cell, True)
+        self._shared["procs"].append(pm)
+        rt.agent.register_owned(pm)
+        lost = self._shared["lost"]
+        for host, entries in per_host_entries:
+            if host.name in lost:
+                kernel.call_soon(_fail_lost, kernel, [slot for slot, _ in entries], host.name, lost[host.name], status)
+            elif host.address is None:
+                kernel.call_soon(kernel.start_task, spawn_local, rt, entries, status, boot_payload)
+            else:
+                kernel.call_soon(spawn_remote, rt, host.address, entries, status, boot_payload)
+        return pm
+
+    def stop(self) -> Future[None]:
+        """Stop every proc spawned on these hosts; keep the hosts for reuse."""
+        _owner_check(self, "stop")
+        return self._stop_procs()
+
+    def _stop_procs(self, grace: float | None = None) -> Future[None]:
+        procs = list(self._shared["procs"])
+        self._shared["procs"].clear()
+        futs = [p._stop_owned("its host mesh was stopped", grace) for p in procs]
+        return _all_done(futs)
+
+    def shutdown(self) -> Future[None]:
+        """Stop every proc and give the hosts back; the mesh is unusable after."""
+        _owner_check(self, "shut down")
+        fut = self._stop_procs()
+        self._shared["shutdown"] = True
+        alloc = self._allocation
+        if alloc is not None:
+            alloc.closing = True  # worker loops ending from now on are not lost hosts
+        remote = [h.address for h in self._hosts if h.address is not None]
+        if alloc is None and not remote:
+            return fut
+        rt = _state.runtime()
+        out = Cell()
+
+        async def release() -> None:
+            kernel = rt.kernel
+            for a in remote:  # worker loops exit (and kill anything left)
+                kernel.send(host_proc_id(a), a, W.K_CONTROL, 0, C.encode(C.HostShutdown()), b"", [], None)
+            await kernel.flush(2.0)
+            if alloc is not None:  # off the loop: a scheduler's release may block
+                import trio
+
+                await trio.to_thread.run_sync(alloc.release, abandon_on_cancel=True)
+            out.set_result(None)
+
+        def after() -> None:
+            rt.kernel.call_soon(rt.kernel.start_task, release)
+
+        c = fut._ensure()
+        if not c.add_callback(after):
+            after()
+        return Future._of(out)
+
+    async def sync_workspace(self, workspace: Any, conda: bool = False, auto_reload: bool = False) -> None:
+        raise NotImplementedError("sync_workspace is not supported by monarch-core; install your code on every host")
+
+    async def __aenter__(self) -> HostMesh:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._owner and not self._shared["shutdown"]:
+            await self.shutdown()
+
+    def __reduce__(self) -> Any:
+        return (_rebuild_host_mesh, (self._hosts, self._region_, self._python, self._name))
+
+    def __repr__(self) -> str:
+        return f"<HostMesh {self._name!r} {self._region_.extent}>"
+
+
+def _rebuild_host_mesh(hosts: list, region: Region, python: str | None, name: str) -> HostMesh:
+    return HostMesh(hosts, region, owner=False, python_executable=python, name=name)
+
+
+def _all_done(futs: list[Future[Any]]) -> Future[None]:
+    out = Cell()
+    if not futs:
+        out.set_result(None)
+        return Future._of(out)
+    remaining = [len(futs)]
+    lock = threading.Lock()
+
+    def one() -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            out.set_result(None)
+
+    for f in futs:
+        if not f._ensure().add_callback(one):
+            one()
+    return Future._of(out)
+
+
+def _fail_lost(kernel: Kernel, slots: list, host_name: str, reason: str, status: ProcStatus) -> None:
+    """Procs asked for on a host already lost fail at once (kernel loop)."""
+    for slot in slots:
+        msg = f"{slot.describe} could not start: its host {host_name} was lost ({reason})"
+        slot.failed = msg
+        kernel.proc_failed(slot.proc_id, msg)
+        status.fail(SupervisionError(msg), slot.proc_id)
+
+
+def _procs_of_host_lost(kernel: Kernel, shared: dict, hosts: list, host_name: str, reason: str) -> None:
+    """Fail every proc of the host meshes sharing ``shared`` that runs on
+    ``host_name``, and the session to its worker loop (kernel loop)."""
+    for pm in list(shared["procs"]):
+        for slot in pm._slots:
+            if slot.host_name == host_name and slot.proc_id not in kernel.dead:
+                kernel.proc_failed(slot.proc_id, f"{slot.describe}: its host {host_name} was lost: {reason}")
+    for h in hosts:
+        if h.name == host_name and h.address is not None:
+            kernel.proc_failed(host_proc_id(h.address), f"host {host_name} was lost: {reason}")
+
+
+def _check_per_host(per_host: Any, host_labels: tuple) -> dict[str, int]:
+    if per_host is None:
+        return {}
+    if not isinstance(per_host, dict):
+        raise TypeError(f"per_host must be a dict like {{'gpus': 4}}, got {type(per_host).__name__}")
+    out = {}
+    for k, v in per_host.items():
+        if not isinstance(k, str) or not k:
+            raise TypeError(f"per_host keys must be dimension names (str), got {k!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"per_host[{k!r}] must be an int >= 1, got {v!r}")
+        if k in host_labels:
+            raise ValueError(f"per_host dimension {k!r} clashes with a host mesh dimension {list(host_labels)}")
+        out[k] = v
+    return out
+
+
+class _HostMeshOwnership:
+    """Lets the agent shut a configured host mesh down at exit."""
+
+    def __init__(self, hm: HostMesh) -> None:
+        self.hm = hm
+
+    def _stop_owned(self, reason: str, grace: float | None = None) -> Future[None]:
+        if self.hm._shared["shutdown"]:
+            return Future._resolved(None)
+        if self.hm._allocation is None:  # attached worker loops outlive their clients
+            return self.hm._stop_procs(grace)
+        return self.hm.shutdown()

@@ -1,0 +1,218 @@
+"""``ProcMesh``: a mesh of procs that spawns actor meshes, and stopping procs."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from monarch_core._kernel._runtime import Kernel
+
+from monarch_core._actor import _serial, _state
+from monarch_core._actor._actor_mesh import ActorMesh
+from monarch_core._actor._future import Cell, Future
+from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
+from monarch_core._actor._port import GatherReplies
+from monarch_core._kernel import _control as C
+from monarch_core._kernel import _wire as W
+from monarch_core._launch._spawn import host_proc_id
+from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
+
+logger = logging.getLogger("monarch.mesh")
+
+T = TypeVar("T")
+#: A ``HostMesh`` (``_host_mesh`` imports this module, so it is not named here).
+HostMesh = Any
+
+
+class ProcMesh(MeshTrait):
+    """A mesh of processes that can spawn actor meshes."""
+
+    def __init__(
+        self,
+        name: str,
+        slots: list[_ProcSlot],
+        region: Region,
+        host_mesh: HostMesh | None,
+        init_cell: Cell,
+        owner: bool,
+    ) -> None:
+        self._name = name
+        self._slots = slots
+        self._region_ = region
+        self._host_mesh = host_mesh
+        self._init_cell = init_cell
+        self._owner = owner
+        self._stopped: Cell | None = None
+
+    @property
+    def _region(self) -> Region:
+        return self._region_
+
+    def _with_region(self, region: Region) -> ProcMesh:
+        return ProcMesh(self._name, self._slots, region, self._host_mesh, self._init_cell, False)
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Resolves to True once every proc has started and run its bootstrap."""
+        return Future._of(self._init_cell)
+
+    @property
+    def host_mesh(self) -> HostMesh | None:
+        return self._host_mesh
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def spawn(self, name: str, Class: type[T], *args: Any, **kwargs: Any) -> T:
+        """Spawn an actor mesh of ``Class`` on every proc of this mesh.
+
+        Returns immediately; each actor's ``__init__`` runs before its first
+        endpoint call.  ``ValueError`` if ``Class`` is not an ``Actor``
+        subclass."""
+        from monarch_core._actor._actor import Actor
+
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"spawn(name, Class, ...): name must be a non-empty str, got {name!r}")
+        if not (isinstance(Class, type) and issubclass(Class, Actor)):
+            raise ValueError(
+                f"spawn({name!r}, {getattr(Class, '__name__', Class)!r}): the class must subclass "
+                "monarch_core.actor.Actor"
+            )
+        if self._stopped is not None:
+            raise RuntimeError(f"proc mesh {self._name!r} has been stopped; spawn procs again")
+        try:
+            payload, bufs = _serial.dumps((Class, args, kwargs))
+        except Exception as e:
+            raise TypeError(f"constructor arguments of {Class.__qualname__} could not be pickled: {e}") from e
+        rt = _state.runtime()
+        kernel = rt.kernel
+        region = self._region_
+        key = f"{name}-{uuid.uuid4().hex[:10]}"
+        gather = GatherReplies(kernel, region.extent, "", lambda e, v: True)
+        reply = (rt.proc_id, kernel.address, gather.port_id)
+        owner_host = _state.current_actor.get()
+        owner = (rt.proc_id, kernel.address, owner_host.key if owner_host is not None else "")
+        members = [self._slots[root] for root in region.root_ranks()]
+        mesh: ActorMesh[Any] = ActorMesh(
+            Class, name, key, members, Extent(region.labels, region.sizes).region, self, gather.cell, True
+        )
+        from monarch_core._actor._agent import Supervised
+
+        # Register before sending: a failing __init__ reports back at once.
+        rt.agent.register_supervised(
+            Supervised(key, name, Class.__qualname__, mesh, owner_host, mesh._health, members)
+        )
+        procs = []
+        for i, slot in enumerate(members):
+            header = C.encode(C.Spawn(key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner))
+            kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0, header,
+                        payload, bufs, gather.port_id)
+            procs.append(slot.proc_id)
+        gather.procs = procs
+        rt.agent.register_owned(mesh)
+        return mesh  # type: ignore[return-value]
+
+    def stop(self, reason: str = "stopped by client") -> Future[None]:
+        """Stop every proc (and actor) of this mesh and release it.  Only the
+        owner may stop it."""
+        _owner_check(self, "stop")
+        return self._stop_owned(reason)
+
+    def _stop_owned(self, reason: str, grace: float | None = None) -> Future[None]:
+        if self._stopped is not None:
+            return Future._of(self._stopped)
+        from monarch_core._actor._agent import STOP_GRACE
+
+        cell = self._stopped = Cell()
+        rt = _state.runtime()
+        rt.agent.unregister_owned(self)
+        slots = [s for s in self._slots if s.proc_id != rt.proc_id]
+        if not slots:
+            cell.set_result(None)
+            return Future._of(cell)
+        rt.kernel.call_soon(
+            rt.kernel.start_task, _stop_procs, rt.kernel, slots, reason, cell, STOP_GRACE if grace is None else grace
+        )
+        return Future._of(cell)
+
+    async def __aenter__(self) -> ProcMesh:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._owner:
+            await self.stop()
+
+    def activate(self) -> Any:
+        raise NotImplementedError("ProcMesh.activate() needs the distributed tensor engine, which monarch-core does not provide yet")
+
+    def rank_tensor(self, dim: str) -> Any:
+        raise NotImplementedError("ProcMesh.rank_tensor() needs the distributed tensor engine, which monarch-core does not provide yet")
+
+    def rank_tensors(self) -> Any:
+        raise NotImplementedError("ProcMesh.rank_tensors() needs the distributed tensor engine, which monarch-core does not provide yet")
+
+    def to_table(self) -> str:
+        """A text table: rank, coordinates, proc id, pid, address, host name."""
+        rows = [f"{'rank':>4}  {'coords':<28} {'proc':<40} {'pid':>8}  {'address':<40} host"]
+        ext = self._region_.extent
+        for i, root in enumerate(self._region_.root_ranks()):
+            s = self._slots[root]
+            rows.append(f"{i:>4}  {str(Point(i, ext)):<28} {s.proc_id:<40} {s.pid or '-':>8}  "
+                        f"{s.address or '(starting)':<40} {s.host_name or '-'}")
+        return "\n".join(rows)
+
+    @classmethod
+    def from_host_mesh(cls, host_mesh: HostMesh, hy_proc_mesh: Any = None, region: Any = None, setup: Any = None,
+                       _attach_controller_controller: bool = True) -> ProcMesh:
+        """Spawn one proc per host of ``host_mesh`` (``setup`` as bootstrap)."""
+        return host_mesh.spawn_procs(bootstrap=setup)
+
+    def __reduce__(self) -> Any:
+        refs = [self._slots[r].ref() for r in self._region_.root_ranks()]
+        return (_rebuild_proc_mesh, (self._name, refs, Extent(self._region_.labels, self._region_.sizes).region))
+
+    def __repr__(self) -> str:
+        return f"<ProcMesh {self._name!r} {self._region_.extent}>"
+
+
+def _rebuild_proc_mesh(name: str, refs: list, region: Region) -> ProcMesh:
+    c = Cell()
+    c.set_result(True)
+    return ProcMesh(name, [_slot_from_ref(r) for r in refs], region, None, c, False)
+
+
+async def _stop_procs(kernel: Kernel, slots: list[_ProcSlot], reason: str, cell: Cell, grace: float) -> None:
+    """Ask procs to stop (they get ``grace`` seconds to run ``__cleanup__``),
+    escalate to SIGTERM then SIGKILL (through their worker loop for procs on
+    remote hosts), resolve ``cell`` when all are gone."""
+    import trio
+    header = C.encode(C.StopProc(reason, max(0.5, grace - 0.5)))
+    for s in slots:
+        kernel.expect_exit(s.proc_id)
+        if s.proc_id not in kernel.dead:
+            kernel.send(s.proc_id, None, W.K_CONTROL, 0, header, b"", [], None)
+
+    async def all_gone() -> None:
+        for s in slots:
+            await kernel.wait_dead(s.proc_id)
+
+    with trio.move_on_after(grace):
+        await all_gone()
+    for sig_name in ("terminate", "kill"):
+        alive = [s for s in slots if s.proc_id not in kernel.dead]
+        if not alive:
+            break
+        for s in alive:
+            logger.warning("%s did not stop within the grace period; sending %s", s.proc_id, sig_name)
+            child = kernel.child(s.proc_id)
+            if child is not None:
+                getattr(child, sig_name)()
+            elif s.host is not None:
+                kernel.send(host_proc_id(s.host), s.host, W.K_CONTROL, 0,
+                            C.encode(C.HostKill([s.proc_id], sig_name)), b"", [], None)
+        with trio.move_on_after(1.0):
+            await all_gone()
+    cell.set_result(None)
