@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import signal
 import threading
 import time
