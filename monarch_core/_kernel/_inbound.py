@@ -117,8 +117,28 @@ class SessionFence:
             old()  # free the superseded connection now, not at its next read
         return epoch, last
 
-    def superseded(self, peer: str) -> ConnectionClosed:
-        return ConnectionClosed(f"connection from {peer} was superseded by a newer one of its session")
+    def deliver(self, epoch: int, peer: str, route: Any, kind: int, flags: int, seq: int, header: bytes,
+                payload: Any, buffers: list, sender: str) -> bool | None:
+        """Route one message that the connection holding ``epoch`` read, if it
+        is the next one of the session (any reading thread; both read paths).
+
+        True: routed.  False: a retransmission already delivered (dropped).
+        None: the sender ended the session (``K_BYE``).  Raises
+        :class:`ConnectionClosed` when a newer connection has taken the fence,
+        and :class:`ProtocolError` when the peer skipped a sequence number."""
+        with self.lock:
+            if self.epoch != epoch:
+                raise ConnectionClosed(f"connection from {peer} was superseded by a newer one of its session")
+            if kind == W.K_BYE:
+                return None
+            last = self.last
+            if seq <= last:
+                return False
+            if seq != last + 1:
+                raise ProtocolError(f"peer {peer} skipped from seq {last} to {seq}")
+            self.last = seq
+            route(kind, flags, header, payload, buffers, sender)
+            return True
 
 
 class _Acks:
@@ -349,21 +369,14 @@ class InboundSession:
 
     def _deliver(self, kind: int, flags: int, seq: int, header: bytes, payload: Any, buffers: list) -> bool:
         """Route one message; True at the end of the session (BYE)."""
-        fence = self.fence
-        with fence.lock:
-            if fence.epoch != self.epoch:
-                raise fence.superseded(self.reader.peer)
-            if kind == W.K_BYE:
-                self.kernel.end_session(self.session, fence)
-                self.bye = True
-                return True
-            last = fence.last
-            if seq <= last:
-                return False  # a retransmission we already delivered
-            if seq != last + 1:
-                raise ProtocolError(f"peer {self.reader.peer} skipped from seq {last} to {seq}")
-            fence.last = self.acks.last = seq
-            self.kernel.route(kind, flags, header, payload, buffers, self.sender)
+        routed = self.fence.deliver(self.epoch, self.reader.peer, self.kernel.route, kind, flags, seq, header,
+                                    payload, buffers, self.sender)
+        if routed:
+            self.acks.last = seq
+        elif routed is None:
+            self.kernel.end_session(self.session, self.fence)
+            self.bye = True
+            return True
         return False
 
     def _failed(self, e: BaseException) -> None:

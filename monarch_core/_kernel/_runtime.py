@@ -614,25 +614,16 @@ class Kernel:
                 self._ackers.add(acker)
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(acker.run)
-                    route = self.route
-                    lock = fence.lock
+                    route, deliver = self.route, fence.deliver
                     while True:
                         kind, flags, seq, header, payload, buffers = await reader.read_message()
-                        with lock:
-                            if fence.epoch != epoch:
-                                raise fence.superseded(peer)
-                            if kind == W.K_BYE:
-                                self.end_session(session, fence)
-                                nursery.cancel_scope.cancel()
-                                return
-                            last = fence.last
-                            if seq <= last:
-                                continue  # a retransmission we already delivered
-                            if seq != last + 1:
-                                raise ProtocolError(f"peer {peer} skipped from seq {last} to {seq}")
-                            fence.last = seq
-                            route(kind, flags, header, payload, buffers, sender)
-                        acker.delivered(seq, reader.buffered() < W.FIXED_SIZE)
+                        routed = deliver(epoch, peer, route, kind, flags, seq, header, payload, buffers, sender)
+                        if routed:
+                            acker.delivered(seq, reader.buffered() < W.FIXED_SIZE)
+                        elif routed is None:
+                            self.end_session(session, fence)
+                            nursery.cancel_scope.cancel()
+                            return
         except BaseExceptionGroup as eg:
             W.drop_frames(eg)  # frames of route() & co in these tracebacks hold the message being routed
             e = first_leaf(eg, skip=(trio.Cancelled,))
