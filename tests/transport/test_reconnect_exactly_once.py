@@ -22,6 +22,18 @@ from _helpers.transport import run_client, tls_env
 
 CALLS = 20_000
 
+
+def _assert_ran_exactly_once_in_order(out: dict, calls: int) -> None:
+    """The actor ran calls 0..calls-1 once each, in order (after the warm-up
+    call), and every reply was right."""
+    seen = out["seen"][1:]
+    dups = len(seen) - len(set(seen))
+    inversions = sum(1 for x, y in zip(seen, seen[1:]) if y < x)
+    lost = len(set(range(calls)) - set(seen))
+    assert (dups, inversions, lost) == (0, 0, 0), f"{dups} duplicate runs, {inversions} inversions, {lost} lost"
+    assert seen == list(range(calls))
+    assert out["replies_ok"]
+
 CLIENT = """
 import json, threading
 from monarch_core.actor import enable_transport, this_host
@@ -51,13 +63,7 @@ print(json.dumps({{"seen": seen, "replies_ok": replies == [2 * i for i in range(
 @pytest.mark.parametrize("seed", [5, 6])
 def test_pipelined_calls_run_exactly_once_in_order_while_both_ends_break_connections(transport: str, seed: int) -> None:
     out = run_client(CLIENT.format(transport=transport, seed=seed, calls=CALLS), timeout=300)
-    seen = out["seen"][1:]
-    dups = len(seen) - len(set(seen))
-    inversions = sum(1 for x, y in zip(seen, seen[1:]) if y < x)
-    lost = len(set(range(CALLS)) - set(seen))
-    assert (dups, inversions, lost) == (0, 0, 0), f"{dups} duplicate runs, {inversions} inversions, {lost} lost"
-    assert seen == list(range(CALLS))
-    assert out["replies_ok"]
+    _assert_ran_exactly_once_in_order(out, CALLS)
 
 
 TLS_CLIENT = """
@@ -96,10 +102,4 @@ def test_pipelined_calls_run_exactly_once_in_order_while_tls_connections_are_res
     calls = out["n"]
     assert len(out["ports"]) >= 2, out["ports"]  # the client's and the proc's
     assert out["resets"] >= 10, f"only {out['resets']} connections were reset: the test tested little"
-    seen = out["seen"][1:]
-    dups = len(seen) - len(set(seen))
-    inversions = sum(1 for x, y in zip(seen, seen[1:]) if y < x)
-    lost = len(set(range(calls)) - set(seen))
-    assert (dups, inversions, lost) == (0, 0, 0), f"{dups} duplicate runs, {inversions} inversions, {lost} lost"
-    assert seen == list(range(calls))
-    assert out["replies_ok"]
+    _assert_ran_exactly_once_in_order(out, calls)
