@@ -13,12 +13,23 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import trio
 
-__all__ = ["Child", "start_child"]
+__all__ = ["Child", "close_pidfd", "start_child"]
+
+
+def close_pidfd(child: Any) -> None:
+    """Close ``child._pidfd`` once its process has been reaped (this
+    module's :class:`Child` and the fork server's ``ForkedChild``)."""
+    if child._pidfd is not None:
+        try:
+            os.close(child._pidfd)
+        except OSError:
+            pass
+        child._pidfd = None
 
 
 class Child:
@@ -67,12 +78,7 @@ class Child:
             while self._popen.poll() is None:
                 await trio.sleep(0.05)
         rc = self._popen.wait()
-        if self._pidfd is not None:
-            try:
-                os.close(self._pidfd)
-            except OSError:
-                pass
-            self._pidfd = None
+        close_pidfd(self)
         return rc
 
     def terminate(self) -> None:

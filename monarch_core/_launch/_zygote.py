@@ -51,6 +51,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
 from monarch_core import settings
+from monarch_core._launch._children import close_pidfd
 
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
@@ -363,16 +364,8 @@ class ForkedChild:
             return
         self._rc = rc
         self.exit_note = note
-        self._close()
+        close_pidfd(self)
         self._done.set()
-
-    def _close(self) -> None:
-        if self._pidfd is not None:
-            try:
-                os.close(self._pidfd)
-            except OSError:
-                pass
-            self._pidfd = None
 
     def _signal(self, sig: int) -> None:
         if self._rc is None and self._pidfd is not None:
