@@ -5,10 +5,12 @@
 # system packages later suites need).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# System packages: iproute2 for the network-namespace hosts of tests/transport
-# (they skip without root or `ip`).
-if [ "$(id -u)" = 0 ] && ! command -v ip >/dev/null 2>&1; then
-  apt-get update -qq && apt-get install -y -qq iproute2 >/dev/null
+# System packages of the multi-host testbed (tests/_helpers/testbed.py):
+# iproute2 for the network-namespace hosts, OpenSSH server, Slurm + munge.
+# The suites that need them start the services themselves and skip, saying
+# why, without root.
+if [ "$(id -u)" = 0 ]; then
+  bash scripts/testbed/install.sh
 fi
 PY="${PYTHON:-python3}"
 VENV="${VENV:-.venv}"

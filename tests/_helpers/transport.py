@@ -19,12 +19,10 @@ import datetime
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
 import textwrap
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -34,13 +32,14 @@ import pytest
 from _helpers import clients as _clients
 from _helpers.clients import LineReader
 from _helpers.procs import descendants, kill_tree, pid_running, wait_pids_gone
+from _helpers.testbed import TESTBED, Testbed, links_up, netns  # noqa: F401 - fixtures, re-exported
 
-__all__ = ["LineReader", "descendants", "kill_tree", "pid_running", "wait_pids_gone"]  # re-exported
+__all__ = ["LineReader", "Testbed", "descendants", "kill_tree", "links_up", "netns", "pid_running", "wait_pids_gone"]  # re-exported
 
 #: the transport suite's folder (``transport_actors`` is imported from there, also by children)
 HERE = Path(__file__).resolve().parents[1] / "transport"
 REPO = HERE.parents[1]
-TESTBED = REPO / "scripts" / "testbed"
+
 PY = sys.executable
 NHOSTS = 3
 NET = "10.250.0"
@@ -350,65 +349,7 @@ def tls_env(c: Creds, inline: bool = False) -> dict[str, str | None]:
 # ---------------------------------------------------------------- namespace hosts
 
 
-@dataclass
-class Testbed:
-    n: int
-
-    def link(self, i: int, state: str) -> None:
-        res = subprocess.run([str(TESTBED / "netns-link.sh"), str(i), state], capture_output=True, text=True,
-                             timeout=30)
-        assert res.returncode == 0, f"netns-link.sh {i} {state} failed: {res.stderr}"
-
-    def ns_pids(self, i: int) -> list[int]:
-        res = subprocess.run(["ip", "netns", "pids", f"rt-h{i}"], capture_output=True, text=True, timeout=30)
-        return [int(p) for p in res.stdout.split()]
-
-
-def _netns_skip_reason() -> str | None:
-    if sys.platform != "linux":
-        return "network-namespace hosts need Linux"
-    if os.geteuid() != 0:
-        return "network-namespace hosts need root (ip netns, /etc/hosts); run the suite as root"
-    for tool in ("ip", "unshare"):
-        if shutil.which(tool) is None:
-            return f"network-namespace hosts need `{tool}` (apt-get install iproute2 util-linux)"
-    return None
-
-
-@pytest.fixture(scope="session")
-def netns() -> Iterator[Testbed]:
-    """Hosts h1..h3 as network namespaces (made here, removed at the end)."""
-    reason = _netns_skip_reason()
-    if reason:
-        pytest.skip(reason)
-    # a clean slate: leftovers of an interrupted run (processes still in the
-    # namespaces, links left down) would hold ports or cut hosts off
-    subprocess.run([str(TESTBED / "netns-down.sh"), "--kill"], capture_output=True, timeout=60)
-    res = subprocess.run([str(TESTBED / "netns-up.sh"), str(NHOSTS)], capture_output=True, text=True, timeout=60)
-    if res.returncode != 0:
-        subprocess.run([str(TESTBED / "netns-down.sh"), "--kill"], capture_output=True, timeout=60)
-        pytest.fail(f"netns-up.sh {NHOSTS} failed (rc {res.returncode}):\n{res.stdout}\n{res.stderr}")
-    assert res.stdout.split() == [x for i in range(1, NHOSTS + 1) for x in (f"rt-h{i}", host_addr(i))]
-    tb = Testbed(NHOSTS)
-    try:
-        yield tb
-    finally:
-        leftovers = {f"rt-h{i}": tb.ns_pids(i) for i in range(1, NHOSTS + 1)}
-        leftovers = {k: v for k, v in leftovers.items() if v}
-        if leftovers:  # every test kills what it started: this is a bug of the suite or of the library
-            warnings.warn(f"processes left in the namespace hosts (killed now): {leftovers}", stacklevel=1)
-        for i in range(1, NHOSTS + 1):
-            subprocess.run([str(TESTBED / "netns-link.sh"), str(i), "up"], capture_output=True, timeout=30)
-        down = subprocess.run([str(TESTBED / "netns-down.sh"), "--kill"], capture_output=True, text=True, timeout=60)
-        assert down.returncode == 0, f"netns-down.sh failed: {down.stderr}"
-
-
-@pytest.fixture
-def links_up(netns: Testbed) -> Iterator[Testbed]:
-    """The testbed, with every link put back up after the test."""
-    yield netns
-    for i in range(1, netns.n + 1):
-        netns.link(i, "up")
+# ---------------------------------------------------------------- (the namespace hosts: _helpers.testbed)
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -62,6 +62,9 @@ try:
     other = fine.slice(gpus=0).echo.call_one("still here").get(timeout=30)
 except Exception as e:
     other = "%s: %s" % (type(e).__name__, e)
+end = time.monotonic() + 30  # the fault reaches the hook after the caller's error: wait for it
+while not any("hung" in f for f in faults) and time.monotonic() < end:
+    time.sleep(0.05)
 print(json.dumps({{"hung": {{"call": call, "other": other, "faults": faults, "detected_s": detected}}}}), flush=True)
 os._exit(0)  # keep the worker loop running (a clean exit would shut the attached hosts down)
 """

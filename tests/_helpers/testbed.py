@@ -1,0 +1,266 @@
+"""The multi-host testbed: network-namespace hosts, and the real services in
+them (an OpenSSH server per host, a Slurm cluster), shared by every suite.
+
+Made by the scripts in ``scripts/testbed/`` (plain bash, idempotent):
+
+* ``netns-up.sh N``: host ``hI`` is namespace ``rt-hI`` at ``10.250.0.(10+I)``;
+  the root namespace (this process, the clients) is ``10.250.0.1`` (``rtctl``).
+* ``ssh-up.sh N``: an sshd in every host (port 22, own host key, key-only
+  root login) plus one on ``127.0.0.1:2222`` (``lo``); client key,
+  ``known_hosts`` and ``ssh_config`` under ``$RT_RUN/ssh``.
+* ``slurm-up.sh netns 3 4``: munged + slurmctld (root namespace) + one slurmd
+  per host ``h1..h3`` (4 declared CPUs each); ``SLURM_CONF`` names its config.
+
+The fixtures are **non-destructive**: what is already up (a developer's
+testbed, another suite's) is reused and left running; what a fixture brings up
+itself it takes down at the end of the session.  Tests that break things on
+purpose (a cut link, a killed sshd or slurmd) put them back before they end.
+
+Host layout: :data:`HOSTS` namespaces.  The transport suite uses ``h1..h3``,
+Slurm runs on ``h1..h3``, sshd on every host; ``h4`` is the spare a test may
+cut off without disturbing the others.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+TESTBED = REPO / "scripts" / "testbed"
+RT_RUN = Path(os.environ.get("RT_RUN", "/tmp/rt"))
+NET = "10.250.0"
+ROOT_ADDR = f"{NET}.1"
+#: namespace hosts of the testbed (h1..h4)
+HOSTS = 4
+#: Slurm nodes (h1..h3) and CPUs declared per node
+SLURM_NODES = 3
+SLURM_CPUS = 4
+
+
+def host_addr(i: int) -> str:
+    return f"{NET}.{10 + i}"
+
+
+def _run(argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+def _script(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return _run([str(TESTBED / name), *args], timeout=timeout)
+
+
+def pid_alive(name: str) -> bool:
+    """Is the service ``name`` (``sshd-h2``, ``slurmd-h1``, ``slurmctld``) the
+    live process a testbed script started?  (PID and start time, as lib.sh.)"""
+    f = RT_RUN / "pids" / f"{name}.pid"
+    try:
+        pid = int(f.read_text())
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (OSError, ValueError):
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return False
+    start = RT_RUN / "pids" / f"{name}.pid.start"
+    return not start.exists() or start.read_text().strip() == fields[19]
+
+
+def service_pids() -> set[int]:
+    """PIDs of every live service the testbed scripts started."""
+    out = set()
+    for f in (RT_RUN / "pids").glob("*.pid"):
+        if pid_alive(f.stem):
+            try:
+                out.add(int(f.read_text()))
+            except (OSError, ValueError):
+                pass
+    return out
+
+
+@dataclass
+class Testbed:
+    """The namespace hosts: cut or restore a link, list a host's processes."""
+
+    n: int
+
+    def link(self, i: int, state: str) -> None:
+        res = _script("netns-link.sh", str(i), state, timeout=30)
+        assert res.returncode == 0, f"netns-link.sh {i} {state} failed: {res.stderr}"
+
+    def ns_pids(self, i: int) -> list[int]:
+        res = _run(["ip", "netns", "pids", f"rt-h{i}"], timeout=30)
+        return [int(p) for p in res.stdout.split()]
+
+    def test_pids(self, i: int) -> list[int]:
+        """Processes in host ``i`` other than the testbed's services (and their children)."""
+        services = service_pids()
+        keep = []
+        for pid in self.ns_pids(i):
+            if pid in services or _ancestor_in(pid, services):
+                continue
+            keep.append(pid)
+        return keep
+
+
+def _ancestor_in(pid: int, pids: set[int]) -> bool:
+    seen = 0
+    while pid > 1 and seen < 64:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+        if pid in pids:
+            return True
+        seen += 1
+    return False
+
+
+def netns_skip_reason() -> str | None:
+    if sys.platform != "linux":
+        return "network-namespace hosts need Linux"
+    if os.geteuid() != 0:
+        return "network-namespace hosts need root (ip netns, /etc/hosts); run the suite as root"
+    for tool in ("ip", "unshare", "nsenter"):
+        if shutil.which(tool) is None:
+            return f"network-namespace hosts need `{tool}` (apt-get install iproute2 util-linux)"
+    return None
+
+
+def _netns_up() -> bool:
+    return all(Path(f"/run/netns/rt-h{i}").exists() for i in range(1, HOSTS + 1))
+
+
+@pytest.fixture(scope="session")
+def netns() -> Iterator[Testbed]:
+    """Hosts h1..h4 as network namespaces (reused when up, else made here and
+    removed at the end of the session)."""
+    reason = netns_skip_reason()
+    if reason:
+        pytest.skip(reason)
+    mine = not _netns_up()
+    res = _script("netns-up.sh", str(HOSTS), timeout=60)
+    if res.returncode != 0:
+        pytest.fail(f"netns-up.sh {HOSTS} failed (rc {res.returncode}):\n{res.stdout}\n{res.stderr}")
+    assert res.stdout.split() == [x for i in range(1, HOSTS + 1) for x in (f"rt-h{i}", host_addr(i))]
+    tb = Testbed(HOSTS)
+    for i in range(1, HOSTS + 1):  # a link an interrupted run left down
+        tb.link(i, "up")
+    try:
+        yield tb
+    finally:
+        for i in range(1, HOSTS + 1):
+            tb.link(i, "up")
+        if mine:
+            leftovers = {f"rt-h{i}": tb.test_pids(i) for i in range(1, HOSTS + 1)}
+            leftovers = {k: v for k, v in leftovers.items() if v}
+            if leftovers:  # every test kills what it started: a bug of the suite or of the library
+                warnings.warn(f"processes left in the namespace hosts (killed now): {leftovers}", stacklevel=1)
+            down = _script("netns-down.sh", "--kill", timeout=60)
+            assert down.returncode == 0, f"netns-down.sh failed: {down.stderr}"
+
+
+@pytest.fixture
+def links_up(netns: Testbed) -> Iterator[Testbed]:
+    """The testbed, with every link put back up after the test."""
+    yield netns
+    for i in range(1, netns.n + 1):
+        netns.link(i, "up")
+
+
+# ---------------------------------------------------------------- sshd
+
+
+@dataclass(frozen=True)
+class SshTestbed:
+    """An sshd in every namespace host (``h1..h4``, port 22) and one on
+    ``127.0.0.1:2222`` (``lo``); ``key`` is authorized for root on all of them,
+    ``known_hosts`` holds every host key, ``config`` is an ``ssh_config`` with
+    ``Host h1`` ... aliases."""
+
+    dir: Path
+    key: Path
+    known_hosts: Path
+    config: Path
+    hosts: int
+
+    def restart(self, name: str) -> None:
+        """Start the sshd of host ``name`` again (after a test killed it)."""
+        res = _script("ssh-up.sh", str(self.hosts), timeout=120)
+        assert res.returncode == 0, f"ssh-up.sh failed: {res.stderr[-2000:]}"
+
+
+def _ssh_names(n: int) -> list[str]:
+    return ["lo", *(f"h{i}" for i in range(1, n + 1))]
+
+
+@pytest.fixture(scope="session")
+def sshd(netns: Testbed) -> Iterator[SshTestbed]:
+    """Real OpenSSH servers in the namespace hosts (reused when running)."""
+    if shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists() and os.geteuid() != 0:
+        pytest.skip("no OpenSSH server (apt-get install openssh-server), and not root to install it")
+    mine = not all(pid_alive(f"sshd-{n}") for n in _ssh_names(HOSTS))
+    res = _script("ssh-up.sh", str(HOSTS), timeout=300)
+    if res.returncode != 0:
+        pytest.fail(f"ssh-up.sh {HOSTS} failed (rc {res.returncode}):\n{res.stderr[-3000:]}")
+    d = RT_RUN / "ssh"
+    try:
+        yield SshTestbed(d, d / "id_ed25519", d / "known_hosts", d / "ssh_config", HOSTS)
+    finally:
+        if mine:
+            _script("ssh-down.sh", timeout=60)
+
+
+# ---------------------------------------------------------------- slurm
+
+
+@dataclass(frozen=True)
+class SlurmTestbed:
+    """A real Slurm 22.05 cluster: slurmctld in the root namespace, one slurmd
+    in each of ``h1..h<nodes>`` (partition ``debug``, ``cpus`` each).  Its
+    config is ``conf`` (also in ``SLURM_CONF`` for the session)."""
+
+    conf: Path
+    nodes: int
+    cpus: int
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf)}
+
+    def restart(self) -> None:
+        """Start any daemon a test killed (slurmd of a node) again and wait for idle nodes."""
+        res = _script("slurm-up.sh", "netns", str(self.nodes), str(self.cpus), timeout=120)
+        assert res.returncode == 0, f"slurm-up.sh failed: {res.stderr[-2000:]}"
+
+
+@pytest.fixture(scope="session")
+def slurm(netns: Testbed) -> Iterator[SlurmTestbed]:
+    """The Slurm cluster on h1..h3 (reused when running, else started here)."""
+    if shutil.which("slurmctld") is None and os.geteuid() != 0:
+        pytest.skip("no Slurm (apt-get install slurm-wlm munge), and not root to install it")
+    names = ["munged", "slurmctld", *(f"slurmd-h{i}" for i in range(1, SLURM_NODES + 1))]
+    mine = not all(pid_alive(n) for n in names)
+    res = _script("slurm-up.sh", "netns", str(SLURM_NODES), str(SLURM_CPUS), timeout=300)
+    if res.returncode != 0:
+        pytest.fail(f"slurm-up.sh failed (rc {res.returncode}):\n{res.stderr[-3000:]}")
+    conf = RT_RUN / "slurm" / "slurm.conf"
+    old = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = str(conf)
+    try:
+        yield SlurmTestbed(conf, SLURM_NODES, SLURM_CPUS)
+    finally:
+        if old is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old
+        if mine:
+            _script("slurm-down.sh", timeout=120)
