@@ -58,6 +58,7 @@ __all__ = [
     "AllocationRequest",
     "HostHandle",
     "Listener",
+    "SESSION_CREDENTIALS",
     "Scheduler",
     "SchedulerSpec",
     "Stream",
@@ -89,6 +90,15 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 #: :meth:`Transport.set_credentials` of a transport without authentication
 #: accepts it, one that authenticates refuses it.
 TRUST_ALL = "trust_all_connections"
+
+#: The ``ca=`` value that asks an authenticating transport for *session*
+#: credentials, unless the user configured credentials of their own: a
+#: short-lived CA in this process's memory that signs this process's
+#: certificate and, through :meth:`Transport.worker_credentials`, one for each
+#: worker loop a scheduler starts.  The core passes it before the client's
+#: runtime starts when a scheduler that declares :attr:`Scheduler.transport`
+#: allocates hosts.  A transport without authentication ignores it.
+SESSION_CREDENTIALS = "session"
 
 
 # --------------------------------------------------------------------------
@@ -228,10 +238,14 @@ class Transport(abc.ABC):
         e.g. environment variables).  Raise ``ValueError``/``TypeError``/
         ``FileNotFoundError`` naming the bad argument.  The default accepts
         no credentials: it allows only ``ca="trust_all_connections"`` (the
-        reference API's "no authentication") and raises ``ValueError``
-        otherwise.
+        reference API's "no authentication") and ``ca=SESSION_CREDENTIALS``
+        (nothing to make), and raises ``ValueError`` otherwise.
+
+        ``ca=SESSION_CREDENTIALS`` (:data:`SESSION_CREDENTIALS`): make
+        credentials for this session if none are configured (``tls`` does,
+        see ``docs/transports.md``); configured ones win.
         """
-        if cert is None and key is None and ca in (None, TRUST_ALL):
+        if cert is None and key is None and ca in (None, TRUST_ALL, SESSION_CREDENTIALS):
             return
         raise ValueError(
             f"the {self.name or type(self).__name__} transport takes no credentials (ca=, private_key=, cert=); "
@@ -252,6 +266,22 @@ class Transport(abc.ABC):
         them.
         """
         return {}
+
+    def worker_credentials(self, host: str) -> Mapping[str, str]:
+        """Environment variables for one worker loop that will listen on
+        ``host`` (the name or address passed to :meth:`WorkerLaunch.command`),
+        possibly on another machine: what it needs to accept this process
+        and be accepted by it (optional).
+
+        The default is ``child_env(portable=True)``: every worker gets this
+        process's own credentials.  ``tls`` with session credentials
+        (:data:`SESSION_CREDENTIALS`) instead issues a key and certificate
+        for that worker alone, valid for ``host``.  Schedulers call it through
+        :meth:`WorkerLaunch.credentials_for`.  The values hold secrets: pass
+        them over the scheduler's own channel (an SSH session's stdin, a file
+        only the job's user can read), never on a command line.
+        """
+        return self.child_env(portable=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -332,8 +362,8 @@ class WorkerLaunch:
 
     The scheduler starts one worker loop per host *by its own means* (a local
     subprocess, an SSH exec, a Slurm step), running exactly
-    :meth:`command` with :meth:`environment` (at least :attr:`credentials`)
-    in its environment, reads each worker's address from its readiness line
+    :meth:`command` with the worker's credentials (:meth:`credentials_for`
+    ``(host)``, or :meth:`environment` ``(host=...)``) in its environment, reads each worker's address from its readiness line
     (:func:`wait_worker_address`) and returns them in an :class:`Allocation`.
     The core then waits until every worker answers (the readiness step: the
     scheduler does not have to), and fails naming the hosts that did not.
@@ -365,6 +395,20 @@ class WorkerLaunch:
     #: ``async def allocate`` is cancelled instead.)  Whatever it returns
     #: after that is released at once.
     cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
+    #: The client transport's :meth:`Transport.worker_credentials` (set by
+    #: the core; schedulers call :meth:`credentials_for`).
+    issue_credentials: Callable[[str], Mapping[str, str]] | None = dataclasses.field(default=None, repr=False)
+
+    def credentials_for(self, host: str) -> dict[str, str]:
+        """The credentials one worker loop listening on ``host`` needs (the
+        name or address given to :meth:`command`): with ``tls`` session
+        credentials a key and certificate for that worker alone (valid for
+        ``host`` and the addresses it resolves to here), otherwise
+        :attr:`credentials`.  Secrets: never log them, never put them on a
+        command line (``ps`` shows it to every user of the host)."""
+        if self.issue_credentials is None:
+            return dict(self.credentials)
+        return dict(self.issue_credentials(host))
 
     def command(
         self,
@@ -401,12 +445,14 @@ class WorkerLaunch:
             argv.append("--exit-with-parent")
         return argv
 
-    def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        """``base`` (default: this process's environment) plus :attr:`credentials`."""
+    def environment(self, base: Mapping[str, str] | None = None, *, host: str | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) plus the worker's
+        credentials: :meth:`credentials_for` ``(host)`` when ``host`` is
+        given, else :attr:`credentials`."""
         import os
 
         env = dict(os.environ if base is None else base)
-        env.update(self.credentials)
+        env.update(self.credentials if host is None else self.credentials_for(host))
         return env
 
     def shell_command(self, host: str = "127.0.0.1", **kwargs: Any) -> str:
@@ -529,12 +575,14 @@ class Scheduler(abc.ABC):
 
     Contract, in the order the core calls it (``hosts_from_config``):
 
+    0. :attr:`transport` / :meth:`client_address` -- when the client has not
+       enabled a transport yet, the core enables the scheduler's.
     1. :meth:`validate` -- on the caller's thread; raise ``ConfigError``.
     2. :meth:`allocate` -- on a thread of its own, never on the kernel's trio
        loop, so it may block (``subprocess``, ``time.sleep``, a blocking SSH
        library) or be an ``async def`` (run by ``trio.run`` on that thread).
        It starts one worker loop per host, running
-       ``launch.command(...)`` with ``launch.credentials`` in its
+       ``launch.command(host)`` with ``launch.credentials_for(host)`` in its
        environment, and returns an :class:`Allocation` of their addresses.
        It may raise :class:`~monarch_core.errors.AllocationError` (or
        ``ConfigError``); any other exception becomes an ``AllocationError``
@@ -555,6 +603,15 @@ class Scheduler(abc.ABC):
     """
 
     name: str = ""
+    #: The transport this scheduler's hosts need (``"tls"`` for hosts on
+    #: other machines), or ``None`` (whatever the client enabled).  When the
+    #: client has not enabled a transport yet, ``hosts_from_config`` enables
+    #: this one, at :meth:`client_address` if that gives one, and asks it for
+    #: session credentials (:data:`SESSION_CREDENTIALS`) unless the user
+    #: configured their own.  A client already running on a transport that
+    #: cannot leave this machine (``ipc``) gets a ``ConfigError`` saying to
+    #: call ``enable_transport`` first.
+    transport: str | None = None
     #: The configuration keys this scheduler accepts.  When set, ``validate``
     #: and ``allocate`` see only these keys: an entry's own key outside it is
     #: a ``ConfigError`` naming it, a ``[defaults]`` key outside it is left
@@ -565,6 +622,15 @@ class Scheduler(abc.ABC):
         """Raise :class:`~monarch_core.errors.ConfigError` naming
         ``request.source`` when the parameters are wrong.  Called before
         :meth:`allocate`."""
+
+    def client_address(self, request: AllocationRequest) -> str | None:
+        """The URL the client should listen on so that this request's hosts
+        can reach it (e.g. ``"tls://10.1.2.3:0"``: the local address of a
+        route to the first host), or ``None`` for the transport's default.
+        Called on the caller's thread, before :meth:`allocate`, only when the
+        core enables :attr:`transport` itself; keep it quick (no connection
+        that waits longer than a connect timeout)."""
+        return None
 
     @abc.abstractmethod
     def allocate(self, request: AllocationRequest, launch: WorkerLaunch) -> Allocation:
@@ -749,8 +815,8 @@ def monarch_schedulers() -> Sequence[SchedulerSpec]:
 
     The contract of the objects it returns is :class:`Scheduler`'s docstring
     (and ``docs/plugin-authors.md``): ``allocate`` runs on its own thread,
-    starts one worker loop per host with ``launch.command()`` and
-    ``launch.credentials``, reads each address from the readiness line; the
+    starts one worker loop per host with ``launch.command(host)`` and
+    ``launch.credentials_for(host)``, reads each address from the readiness line; the
     core waits for the workers, turns ``launch.report_lost`` into failures of
     that host's procs, and calls ``Allocation.release()`` once.
 

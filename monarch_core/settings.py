@@ -130,6 +130,7 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_TLS_CERT", "credential", None, "this process's TLS certificate for the `tls` transport (may be in the key file)", owner=_TCP),
         _s("MONARCH_TLS_KEY", "credential", None, "this process's TLS private key for the `tls` transport", owner=_TCP),
         _s("MONARCH_TLS_CA", "credential", None, "the CA the `tls` transport's peers must chain to", owner=_TCP),
+        _s("MONARCH_TLS_SESSION_DAYS", "float", 8.0, "days the session CA a client makes for its scheduled hosts (and its certificates) stays valid", minimum=0.01, owner=_TCP),
         _s("MONARCH_TLS_VERIFY_HOSTNAME", "bool", True, "0 skips the host-name check of TLS peers (the CA check stays)", owner=_TCP),
         _s("MONARCH_ADVERTISE_HOST", "str", None, "host name or address `tcp`/`tls` procs advertise (default: the host name)", owner=_TCP),
         _s("MONARCH_CONNECT_TIMEOUT", "seconds", 5.0, "seconds a TCP connect may take", minimum=0.001, owner=_TCP),

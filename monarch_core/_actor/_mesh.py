@@ -97,6 +97,7 @@ def hosts_from_config(name: str, *, timeout: float | None = None) -> HostMesh:
     request = AllocationRequest(name=name, params=params, source=cfg.source)
     scheduler.validate(request)
     _check_params(scheduler, request)
+    _alloc.prepare_transport(scheduler, request)
     rt = _state.runtime()
     record = _alloc.allocate(scheduler, request, rt, timeout)
     return host_mesh_of(record, name)

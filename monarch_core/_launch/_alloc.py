@@ -139,6 +139,7 @@ def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None
         credentials=credentials_for(rt.transport),
         timeout=limit,
         report_lost=record.report_lost,
+        issue_credentials=_issuer(rt.transport),
     )
     deadline = time.monotonic() + limit
     allocation = _run_allocate(scheduler, request, launch, record, limit)
@@ -322,6 +323,56 @@ def credentials_for(transport: str) -> dict[str, str]:
 
     child_env = getattr(registry().transport(transport), "child_env", None)
     return dict(child_env(portable=True)) if child_env is not None else {}
+
+
+def _issuer(transport: str) -> Any:
+    """The transport's ``worker_credentials`` (per-worker credentials), if it has one."""
+    from monarch_core._plugins import registry
+
+    return getattr(registry().transport(transport), "worker_credentials", None)
+
+
+#: Transports whose addresses cannot leave this machine.
+_LOCAL_ONLY = ("ipc", "inproc")
+
+
+def prepare_transport(scheduler: Any, request: Any) -> None:
+    """Step 0 of the scheduler contract, before the client's runtime starts:
+    enable ``scheduler.transport`` when the client enabled none (at
+    ``scheduler.client_address(request)`` if it names one) and ask it for
+    session credentials; a client already on a local-only transport gets a
+    ``ConfigError`` that says what to call instead."""
+    from monarch_core._actor import _transport
+    from monarch_core._plugins import registry
+    from monarch_core.hookspecs import SESSION_CREDENTIALS
+
+    want = getattr(scheduler, "transport", None)
+    if not want:
+        return
+    what = f"scheduler {scheduler.name or type(scheduler).__name__!r} ({request.source})"
+    choice = _transport.enabled_choice()
+    if choice is None:
+        address = None
+        pick = getattr(scheduler, "client_address", None)
+        if pick is not None:
+            try:
+                address = pick(request)
+            except (ConfigError, AllocationError):
+                raise
+            except Exception as e:  # noqa: BLE001 - a plugin's bug or an unreachable host
+                raise AllocationError(f"{what} could not find this client's address: {type(e).__name__}: {e}") from e
+        _transport.enable_transport(address or want)
+        choice = _transport.enabled_choice()
+        logger.info("%s: enabled transport %s for its hosts", what, address or want)
+    elif choice.name in _LOCAL_ONLY and want not in _LOCAL_ONLY:
+        raise ConfigError(
+            f"{what} starts hosts on other machines, which need the {want!r} transport, but this process "
+            f"already uses {choice.label} (it cannot leave this machine). Call "
+            f"enable_transport({want!r}) (or a URL such as '{want}://<an address the hosts can reach>:0') "
+            "before any other monarch call, or leave the transport to hosts_from_config"
+        )
+    if choice is not None and choice.name == want:
+        registry().transport(want).set_credentials(ca=SESSION_CREDENTIALS)
 
 
 def _scheme_of(transport: str) -> str:
