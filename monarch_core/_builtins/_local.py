@@ -68,7 +68,8 @@ class LocalScheduler(Scheduler):
         alloc.extent = {"hosts": n}
         try:
             for _ in range(n):  # all start at once; their imports overlap
-                procs.append(subprocess.Popen(launch.command(), env=launch.environment(), stdout=subprocess.PIPE))
+                procs.append(subprocess.Popen(launch.command("127.0.0.1"), env=launch.environment(host="127.0.0.1"),
+                                              stdout=subprocess.PIPE))
             for i, p in enumerate(procs):
                 name = f"local{i}"
                 address = wait_worker_address(p.stdout, launch.timeout, host=name)
