@@ -34,6 +34,7 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import logging
 import os
 import pathlib
 import re
@@ -54,10 +55,13 @@ __all__ = [
     "HostMeshConfig",
     "MONARCH_TOML",
     "PYPROJECT_TOML",
+    "default_host_mesh",
     "find_config_file",
     "load_config",
     "lookup_host_mesh",
 ]
+
+logger = logging.getLogger("monarch.config")
 
 #: Environment variable that, when set (non-empty), names the configuration
 #: file to use and disables the directory search.
@@ -473,3 +477,52 @@ def lookup_host_mesh(
                 )
         raise ConfigError(msg)
     return entry
+
+
+# ---------------------------------------------------------------------------
+# Zero-config defaults
+# ---------------------------------------------------------------------------
+
+#: The ``source`` of a :class:`HostMeshConfig` made by :func:`default_host_mesh`.
+DEFAULT_SOURCE = "<no configuration file: the default host mesh>"
+
+
+def default_host_mesh(
+    name: str,
+    *,
+    installed_schedulers: Sequence[str],
+    environ: Mapping[str, str] | None = None,
+) -> HostMeshConfig:
+    """The host mesh ``name`` when no configuration file exists at all
+    (:func:`find_config_file` returned ``None``).
+
+    Contract:
+        * Inside a Slurm allocation (``SLURM_JOB_ID`` set) with the ``slurm``
+          scheduler installed: the allocation itself (``scheduler =
+          "slurm"``, no parameters: one host per node of the job).
+        * Otherwise: the reference's stand-in, two hosts on this machine
+          (``scheduler = "local"``, ``hosts = 2``).
+        * Logs one INFO line on ``monarch.config`` saying which, and how to
+          configure ``name`` instead.
+
+    A file that exists but does not define ``name`` is not this case:
+    :func:`lookup_host_mesh` raises (a typo must not silently become local
+    hosts).
+    """
+    env = os.environ if environ is None else environ
+    job = env.get("SLURM_JOB_ID", "").strip()
+    how = (f"define [hosts.{_toml_key(name)}] in {MONARCH_TOML} (or [tool.monarch.hosts.{_toml_key(name)}] in "
+           f"{PYPROJECT_TOML}, or name a file with {CONFIG_ENV_VAR}) to choose its hosts")
+    if job and "slurm" in installed_schedulers:
+        logger.info("hosts_from_config(%r): no configuration file found; inside Slurm job %s, using its allocation "
+                    "(one host per node); %s", name, job, how)
+        return HostMeshConfig(name=name, scheduler="slurm", params={}, source=DEFAULT_SOURCE)
+    extra = ""
+    if job:
+        from monarch_core._plugins import KNOWN_SCHEDULER_PACKAGES, install_hint
+
+        pkg = KNOWN_SCHEDULER_PACKAGES["slurm"]
+        extra = f" (inside Slurm job {job}, but the 'slurm' scheduler is not installed: {install_hint(pkg)})"
+    logger.info("hosts_from_config(%r): no configuration file found; using the default, two hosts on this machine "
+                "(scheduler \"local\", hosts = 2)%s; %s", name, extra, how)
+    return HostMeshConfig(name=name, scheduler="local", params={"hosts": 2}, source=DEFAULT_SOURCE)

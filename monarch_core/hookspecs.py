@@ -398,6 +398,20 @@ class WorkerLaunch:
     #: The client transport's :meth:`Transport.worker_credentials` (set by
     #: the core; schedulers call :meth:`credentials_for`).
     issue_credentials: Callable[[str], Mapping[str, str]] | None = dataclasses.field(default=None, repr=False)
+    #: Where :meth:`report_notice` goes (set by the core).
+    notice_sink: Callable[[str | None, str], None] | None = dataclasses.field(default=None, repr=False)
+
+    def report_notice(self, host: str | None, message: str) -> None:
+        """Tell the owner of the host mesh something it should act on before
+        it becomes a failure (any thread, any time until release): ``"Slurm
+        job 12 will reach its time limit in about 60 s"``.  ``host`` names
+        the host it concerns, ``None`` the whole allocation.  Nothing fails:
+        the owner's ``__supervise__`` (or, on the client, the
+        ``unhandled_fault_hook``) gets a ``MeshFailure`` whose ``notice`` is
+        true and whose ``report()`` is ``message``; one nobody handles is
+        logged (WARNING), never fatal.  Report each event once."""
+        if self.notice_sink is not None:
+            self.notice_sink(host, str(message))
 
     def credentials_for(self, host: str) -> dict[str, str]:
         """The credentials one worker loop listening on ``host`` needs (the
@@ -569,6 +583,17 @@ class Allocation(abc.ABC):
         hosts that are already gone."""
         return None
 
+    def detach(self) -> Any:
+        """Called *instead of* :meth:`release` when the client ends while
+        its host mesh is stopped (``HostMesh.stop()`` was the last thing done
+        to it, not ``shutdown()``): the core has told the worker loops to
+        exit; an allocation that can outlive its client (a batch job) ends
+        what is left of this client's workers and keeps the hosts, so that a
+        later client can allocate them again (the spec's *persistent
+        allocations*).  Same conditions as :meth:`release` (once, off the
+        loop, with a timeout).  The default is :meth:`release`."""
+        return self.release()
+
 
 class Scheduler(abc.ABC):
     """Turns an :class:`AllocationRequest` into running, answering worker loops.
@@ -594,8 +619,10 @@ class Scheduler(abc.ABC):
        within what is left of ``launch.timeout``, else ``AllocationError``
        naming the hosts that did not, and the allocation is released.
     4. while in use -- ``launch.report_lost(host, reason)`` for a host that is
-       gone.
-    5. :meth:`Allocation.release` -- see there.
+       gone; ``launch.report_notice(host, message)`` for what the owner
+       should hear before it happens (a job about to end).
+    5. :meth:`Allocation.release` -- see there (or :meth:`Allocation.detach`
+       when the client ends with its host mesh stopped).
 
     (Schedulers written for the first contract, ``async def allocate(self,
     request)``, still work: the core passes ``launch`` only to an

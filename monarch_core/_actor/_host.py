@@ -543,6 +543,9 @@ class ActorHost:
         if handled:
             logger.info("actor %s handled the failure of its mesh %r", self.display_name, failure.mesh_name)
             return
+        if getattr(failure, "notice", False):  # nothing failed: an unhandled notice is only logged
+            logger.warning("actor %s did not handle a %s", self.display_name, failure.report())
+            return
         first = failure.events[0]
         self._die(
             SupervisionError(

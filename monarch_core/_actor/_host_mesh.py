@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import math
@@ -116,6 +117,26 @@ class HostMesh(MeshTrait):
         if rt is not None:
             rt.kernel.call_soon(_procs_of_host_lost, rt.kernel, self._shared, self._hosts, host_name, reason)
 
+    def _host_notice(self, host_name: str | None, message: str) -> None:
+        """A scheduler's notice (any thread): a ``MeshFailure`` with
+        ``notice`` set for this host mesh's owner (its ``__supervise__``, or
+        the client's ``unhandled_fault_hook``); nothing fails."""
+        from monarch_core._actor import _supervision as S
+
+        coords = "{}"
+        for i, root in enumerate(self._region_.root_ranks()):
+            if self._hosts[root].name == host_name:
+                coords = str(Point(i, self._region_.extent))
+        failure = S.make_notice(self, self._name, host_name, coords, message)
+        owner = self._shared.get("owner")
+        rt = _state.current_runtime_or_none()
+        if owner is not None:
+            owner.supervise(failure)
+        elif rt is not None and rt.is_client:
+            S.deliver_to_root(failure)
+        else:
+            logger.warning("%s", failure.report())
+
     def with_python_executable(self, python_executable: str) -> HostMesh:
         """A view of these hosts that starts procs with ``python_executable``."""
         if not isinstance(python_executable, str) or not python_executable:
@@ -140,6 +161,8 @@ class HostMesh(MeshTrait):
         if self._shared["shutdown"]:
             raise RuntimeError(f"host mesh {self._name!r} has been shut down; allocate hosts again")
         per_host = _check_per_host(per_host, self._region_.labels)
+        if self._allocation is not None:  # in use again: the client's end releases it
+            self._allocation.stopped = False
         if bootstrap is not None and not callable(bootstrap):
             raise TypeError(f"bootstrap must be a callable run on each new proc, got {type(bootstrap).__name__}")
         if name is not None and (not isinstance(name, str) or not name):
@@ -227,8 +250,15 @@ class HostMesh(MeshTrait):
         return pm
 
     def stop(self) -> Future[None]:
-        """Stop every proc spawned on these hosts; keep the hosts for reuse."""
+        """Stop every proc spawned on these hosts; keep the hosts for reuse.
+
+        If the client ends while the mesh is stopped (no ``spawn_procs``
+        since), its allocation is *detached* rather than released
+        (``Allocation.detach``): a scheduler whose hosts can outlive the
+        client (a Slurm job) keeps them for a later client."""
         _owner_check(self, "stop")
+        if self._allocation is not None:
+            self._allocation.stopped = True
         return self._stop_procs()
 
     def _stop_procs(self, grace: float | None = None) -> Future[None]:
@@ -240,6 +270,11 @@ class HostMesh(MeshTrait):
     def shutdown(self) -> Future[None]:
         """Stop every proc and give the hosts back; the mesh is unusable after."""
         _owner_check(self, "shut down")
+        return self._end(detach=False)
+
+    def _end(self, *, detach: bool) -> Future[None]:
+        """Stop the procs, tell the worker loops to exit, then release the
+        allocation (``detach``: through ``Allocation.detach``, keeping the hosts)."""
         fut = self._stop_procs()
         self._shared["shutdown"] = True
         alloc = self._allocation
@@ -259,7 +294,8 @@ class HostMesh(MeshTrait):
             if alloc is not None:  # off the loop: a scheduler's release may block
                 import trio
 
-                await trio.to_thread.run_sync(alloc.release, abandon_on_cancel=True)
+                release = functools.partial(alloc.release, detach=True) if detach else alloc.release
+                await trio.to_thread.run_sync(release, abandon_on_cancel=True)
             out.set_result(None)
 
         def after() -> None:
@@ -361,4 +397,4 @@ class _HostMeshOwnership:
             return Future._resolved(None)
         if self.hm._allocation is None:  # attached worker loops outlive their clients
             return self.hm._stop_procs(grace)
-        return self.hm.shutdown()
+        return self.hm._end(detach=self.hm._allocation.stopped)

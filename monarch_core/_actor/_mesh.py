@@ -82,8 +82,12 @@ def hosts_from_config(name: str, *, timeout: float | None = None) -> HostMesh:
     See ``docs/configuration.md``.  Errors name the file and list what is
     configured and installed; ``AllocationError`` when the scheduler fails or
     a host does not answer (naming it).
+
+    With no configuration file at all, the zero-config default
+    (``_config.default_host_mesh``, one INFO line): inside a Slurm
+    allocation the allocation itself, elsewhere two hosts on this machine.
     """
-    from monarch_core._config import lookup_host_mesh
+    from monarch_core._config import default_host_mesh, find_config_file, lookup_host_mesh
     from monarch_core._launch import _alloc
     from monarch_core._plugins import registry
     from monarch_core.hookspecs import AllocationRequest
@@ -91,7 +95,11 @@ def hosts_from_config(name: str, *, timeout: float | None = None) -> HostMesh:
     if not isinstance(name, str) or not name:
         raise TypeError(f"hosts_from_config(name): name must be a non-empty str, got {name!r}")
     reg = registry()
-    cfg = lookup_host_mesh(name, installed_schedulers=sorted(reg.scheduler_specs()))
+    installed = sorted(reg.scheduler_specs())
+    if find_config_file() is None:
+        cfg = default_host_mesh(name, installed_schedulers=installed)
+    else:
+        cfg = lookup_host_mesh(name, installed_schedulers=installed)
     scheduler = reg.scheduler(cfg.scheduler)
     params = _scheduler_params(scheduler, cfg)
     request = AllocationRequest(name=name, params=params, source=cfg.source)
@@ -107,9 +115,12 @@ def host_mesh_of(record: Any, name: str) -> HostMesh:
     """The owning ``HostMesh`` over an allocation (``_launch._alloc.allocate``)."""
     region = Extent(list(record.labels), list(record.sizes)).region
     hm = HostMesh(list(record.hosts), region, owner=True, allocation=record, name=name)
+    hm._shared["owner"] = _state.current_actor.get()  # who hears its notices (None: this process)
     record.on_lost = hm._host_lost
     for host_name, reason in list(record.lost.items()):  # reported while allocating
         hm._host_lost(host_name, reason)
+    for host_name, message in record.listen_notices(hm._host_notice):  # reported while allocating
+        hm._host_notice(host_name, message)
     _state.runtime().agent.register_owned(_HostMeshOwnership(hm))
     return hm
 

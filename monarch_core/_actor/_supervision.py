@@ -17,6 +17,12 @@ At the root (the client) an unhandled failure goes to
 ``monarch_core.actor.unhandled_fault_hook``; its default logs the report and
 ends the client with exit code 1 (``KeyboardInterrupt`` in the main thread).
 Each failed rank is reported at most once.
+
+*Notices* take the same way without anything having failed: a scheduler's
+``WorkerLaunch.report_notice`` ("Slurm job 12 will reach its time limit in
+about 60 s") becomes a ``MeshFailure`` with ``notice = True`` for the owner
+of the host mesh (its ``__supervise__``, or the client's hook).  One nobody
+handles is logged at WARNING and dropped: a notice never ends anything.
 """
 
 from __future__ import annotations
@@ -86,6 +92,10 @@ class MeshFailure:
         self._report = report
         self.ranks: list[str] = [report["coords"]]
         self.category: str = report["category"]
+        #: True for a *notice* (``WorkerLaunch.report_notice``): nothing has
+        #: failed yet, but the owner should act (a Slurm job ends in 60 s:
+        #: checkpoint).  Unhandled, it is logged, never fatal.
+        self.notice: bool = bool(report.get("notice", False))
 
     @property
     def events(self) -> list[dict]:
@@ -94,6 +104,9 @@ class MeshFailure:
         return [*self._report["chain"], {k: v for k, v in self._report.items() if k != "chain"}]
 
     def report(self) -> str:
+        if self.notice:
+            where = f" (host {self._report['proc']})" if self._report["proc"] else ""
+            return f"notice for host mesh {self.mesh_name!r}{where}: {self._report['cause']}"
         evs = self.events
         first, rest = evs[0], evs[1:]
         ranks = ", ".join("its only rank" if r == "{}" else r for r in self.ranks)
@@ -109,7 +122,19 @@ class MeshFailure:
         return self.report()
 
     def __repr__(self) -> str:
-        return f"MeshFailure(mesh_name={self.mesh_name!r}, ranks={self.ranks!r}, category={self.category!r})"
+        extra = ", notice=True" if self.notice else ""
+        return f"MeshFailure(mesh_name={self.mesh_name!r}, ranks={self.ranks!r}, category={self.category!r}{extra})"
+
+
+def make_notice(mesh: Any, mesh_name: str, host: str | None, coords: str, message: str) -> MeshFailure:
+    """A notice about host mesh ``mesh`` (``host``: the host it concerns,
+    ``None``: all of them) as the ``MeshFailure`` its owner receives."""
+    report = make_report(
+        mesh_key="", mesh_name=mesh_name, class_name="HostMesh", rank=-1, coords=coords,
+        actor=f"host mesh {mesh_name}", proc=host or "", cause=message, category=INFRASTRUCTURE,
+    )
+    report["notice"] = True
+    return MeshFailure(mesh, report)
 
 
 # ------------------------------------------------------------------ the root
@@ -137,6 +162,9 @@ def _run_hook(failure: MeshFailure) -> None:
     # ``monarch_core.actor.unhandled_fault_hook``); this layer does not import it.
     api = sys.modules.get("monarch_core.actor")
     hook = getattr(api, "unhandled_fault_hook", unhandled_fault_hook)
+    if getattr(failure, "notice", False):
+        _run_notice_hook(hook, failure)
+        return
     try:
         hook(failure)
     except BaseException as e:  # noqa: BLE001 - any exception means "unhandled"
@@ -148,6 +176,20 @@ def _run_hook(failure: MeshFailure) -> None:
         _end_client()
         return
     logger.warning("supervision failure dropped by unhandled_fault_hook:\n%s", failure.report())
+
+
+def _run_notice_hook(hook: Any, failure: MeshFailure) -> None:
+    """A notice at the root: the user's hook sees it; nobody's (the default
+    hook, or one that raises) leaves a WARNING, never an exit."""
+    if hook is unhandled_fault_hook:
+        logger.warning("%s (nobody handles it: assign monarch_core.actor.unhandled_fault_hook, or handle it in the "
+                       "owner's __supervise__, to act on it)", failure.report())
+        return
+    try:
+        hook(failure)
+    except BaseException as e:  # noqa: BLE001 - a notice is never fatal
+        logger.warning("unhandled_fault_hook raised %s on a notice (a notice is never fatal): %s",
+                       type(e).__name__, failure.report())
 
 
 def _end_client() -> None:

@@ -5,9 +5,11 @@ the kernel's trio loop: a blocking scheduler stalls nothing), with a timeout
 and cancellation, checks what it returned, runs the readiness step (every
 worker loop must answer ``host_hello``), and returns an :class:`AllocationRecord`.
 The record turns ``report_lost`` calls into proc failures of the host mesh
-built on it, and releases the allocation exactly once: on
-``HostMesh.shutdown()``, on a failed allocation, at interpreter exit, after an
-unhandled supervision failure, on SIGTERM (:func:`release_all`).
+built on it, passes ``report_notice`` calls to the host mesh's owner, and
+releases the allocation exactly once: on ``HostMesh.shutdown()``, on a failed
+allocation, at interpreter exit, after an unhandled supervision failure, on
+SIGTERM (:func:`release_all`) -- through ``Allocation.detach()`` instead when
+the client ends with the host mesh stopped (``HostMesh.stop()``).
 """
 
 from __future__ import annotations
@@ -72,9 +74,16 @@ class AllocationRecord:
         self.sizes: tuple[int, ...] = ()
         self.lost: dict[str, str] = {}
         self.on_lost: Any = None  # set by the host mesh: (host name, reason) -> None, any thread
+        #: set by the host mesh: (host name or None, message) -> None, any thread
+        self.on_notice: Any = None
+        #: notices reported before the host mesh existed (delivered by it)
+        self.notices: list[tuple[str | None, str]] = []
         self._released = False
         #: The host mesh is shutting down: workers ending now are not lost.
         self.closing = False
+        #: ``HostMesh.stop()`` was the last thing done to the host mesh: the
+        #: client's end detaches (``Allocation.detach``) instead of releasing.
+        self.stopped = False
         self._lock = threading.Lock()
 
     @property
@@ -94,9 +103,33 @@ class AllocationRecord:
         if cb is not None:
             cb(host, str(reason))
 
+    # -- notices (any thread) ------------------------------------------
+    def report_notice(self, host: str | None, message: str) -> None:
+        """``WorkerLaunch.report_notice``: to the host mesh's owner (kept
+        until the host mesh exists); dropped once released."""
+        if host is not None and not isinstance(host, str):
+            host = getattr(host, "name", str(host))
+        with self._lock:
+            if self._released:
+                return
+            cb = self.on_notice
+            if cb is None:
+                self.notices.append((host, str(message)))
+        logger.warning("%s: %s", self.what, message)
+        if cb is not None:
+            cb(host, str(message))
+
+    def listen_notices(self, cb: Any) -> list[tuple[str | None, str]]:
+        """From now on notices go to ``cb``; returns those reported before."""
+        with self._lock:
+            self.on_notice = cb
+            pending, self.notices = self.notices, []
+        return pending
+
     # -- release (any thread but the kernel's) -------------------------
-    def release(self, timeout: float | None = None) -> None:
-        """Release the allocation once (later calls return at once)."""
+    def release(self, timeout: float | None = None, *, detach: bool = False) -> None:
+        """Release the allocation once (later calls return at once); with
+        ``detach``, through ``Allocation.detach()`` (the hosts are kept)."""
         with self._lock:
             if self._released:
                 return
@@ -109,10 +142,11 @@ class AllocationRecord:
         limit = RELEASE_TIMEOUT if timeout is None else timeout
         done = threading.Event()
         err: list[BaseException] = []
+        fn = (getattr(alloc, "detach", None) if detach else None) or alloc.release
 
         def run() -> None:
             try:
-                _call(alloc.release)
+                _call(fn)
             except BaseException as e:  # noqa: BLE001
                 err.append(e)
             finally:
@@ -139,6 +173,7 @@ def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None
         credentials=credentials_for(rt.transport),
         timeout=limit,
         report_lost=record.report_lost,
+        notice_sink=record.report_notice,
         issue_credentials=_issuer(rt.transport),
     )
     deadline = time.monotonic() + limit
@@ -445,10 +480,12 @@ def _scheme_of(transport: str) -> str:
 
 def release_all(timeout: float | None = None) -> None:
     """Release every live allocation (interpreter exit, shutdown_context,
-    SIGTERM), each within ``timeout`` s, in parallel."""
+    SIGTERM), each within ``timeout`` s, in parallel; one whose host mesh
+    was stopped is detached (``Allocation.detach``)."""
     with _live_lock:
         records = list(_live.values())
-    threads = [threading.Thread(target=r.release, args=(timeout,), daemon=True) for r in records]
+    threads = [threading.Thread(target=r.release, args=(timeout,), kwargs={"detach": r.stopped}, daemon=True)
+               for r in records]
     for t in threads:
         t.start()
     limit = RELEASE_TIMEOUT if timeout is None else timeout

@@ -389,7 +389,9 @@ def test_every_name_monarch_transport_tcp_promises_is_provided() -> None:
     assert [reg.transport(n).name for n in promised] == ["tcp", "tls"]
 
 
-def test_unknown_scheduler_names_list_the_installed_ones() -> None:
+def test_unknown_scheduler_names_list_the_installed_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    # as a user without the project's scheduler plugins sees it (this environment may have them)
+    monkeypatch.setenv("MONARCH_DISABLED_PLUGINS", "scheduler_slurm,scheduler_ssh")
     reg = PluginRegistry()
     with pytest.raises(UnknownSchedulerError) as ei:
         reg.scheduler("kubernetes")
@@ -398,8 +400,8 @@ def test_unknown_scheduler_names_list_the_installed_ones() -> None:
         reg.scheduler("slurm")
     assert str(ei.value) == (
         "no installed plugin provides the scheduler 'slurm'. Installed schedulers: ['local']. "
-        "'slurm' is provided by monarch-scheduler-slurm: monarch-scheduler-slurm is not part of this monarch-core "
-        "release yet."
+        "'slurm' is provided by monarch-scheduler-slurm: pip install ./plugins/scheduler_slurm (in a monarch-core "
+        "checkout)."
     )
 
 
