@@ -84,6 +84,8 @@ class SlurmAllocation(Allocation):
         self.hosts: list[HostHandle] = []
         self.extent: dict[str, int] | None = None
         self.released = threading.Event()
+        #: the hosts were handed to the core: losses are reported from now on
+        self.live = threading.Event()
 
     def _end_step(self) -> None:
         self.released.set()
@@ -106,7 +108,8 @@ class SlurmAllocation(Allocation):
             info = None
         if info is not None and info.finished:
             return
-        if self.requeue and info is not None and info.waiting:
+        requeued = info is not None and (info.waiting or (self.step is not None and self.step.requeued))
+        if self.requeue and requeued:
             logger.warning("Slurm job %s was requeued (%s) and is kept (requeue = true): a restarted client attaches "
                            "to it with job_id = %s or MONARCH_SLURM_JOB_ID=%s; `scancel %s` ends it",
                            self.job_id, info.describe(), self.job_id, self.job_id, self.job_id)
@@ -209,7 +212,12 @@ class SlurmScheduler(Scheduler):
             info = self.api.job(job_id, timeout=10)
             if info is not None and info.nodes:
                 return info.nodes[0]
-        nodes = self.api.partition_nodes(p.partition, timeout=10)
+        try:
+            nodes = self.api.partition_nodes(p.partition, timeout=10)
+        except SlurmCommandError:  # a partition sinfo does not know: sbatch will say so; any node gives the route
+            nodes = []
+        if not nodes and p.partition:
+            nodes = self.api.partition_nodes(None, timeout=10)
         return nodes[0] if nodes else None
 
     def _submit(self, p: SlurmParams, launch: WorkerLaunch, deadline: float) -> str:
@@ -281,8 +289,8 @@ class SlurmScheduler(Scheduler):
         env = slurm_env()
         env["PYTHONUNBUFFERED"] = "1"
 
-        def lost(node: str, reason: str) -> None:
-            if not alloc.released.is_set():
+        def lost(node: str, reason: str) -> None:  # while allocating, a loss is the allocation's error
+            if alloc.live.is_set() and not alloc.released.is_set():
                 launch.report_lost(node, reason)
 
         def notice(message: str) -> None:
@@ -300,6 +308,9 @@ class SlurmScheduler(Scheduler):
             bar.close()
         alloc.hosts = [HostHandle(name=n, address=urls[n], labels={"job": job_id, "node": n}) for n in nodes]
         alloc.extent = {"hosts": len(nodes)}
+        alloc.live.set()
+        for node, reason in list(step.lost.items()):  # lost between its address and now
+            launch.report_lost(node, reason)
 
     def _abandon(self, alloc: SlurmAllocation) -> None:
         """An allocation that failed: give back what it holds (its job, if ours)."""

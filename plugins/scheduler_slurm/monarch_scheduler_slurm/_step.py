@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from monarch_core.errors import AllocationError
 from monarch_core.hookspecs import WORKER_READY_PREFIX
 
-from monarch_scheduler_slurm._cli import SlurmAPI, time_left_seconds
+from monarch_scheduler_slurm._cli import JobInfo, SlurmAPI, time_left_seconds
 from monarch_scheduler_slurm._node import MARK
 
 logger = logging.getLogger("monarch.slurm")
@@ -43,6 +43,8 @@ _LABEL = re.compile(rb"^\s*(\d+): ?(.*)$", re.S)
 _TASK_END = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.*)$")
 _NODE_FAIL = re.compile(r"^srun: error: Node failure on (\S+)")
 _DUE = re.compile(r"\*\*\* STEP \S+ ON \S+ CANCELLED AT \S+( DUE TO ([A-Z ]+?))? \*\*\*")
+_DUE_WHAT = {"TIME LIMIT": "reached its time limit", "PREEMPTION": "was preempted", "NODE FAILURE": "lost a node",
+             "JOB REQUEUE": "was requeued"}
 #: lines of srun's stderr kept for error messages
 TAIL = 20
 
@@ -93,13 +95,17 @@ class WorkerStep:
         self.step_id: str | None = None
         self.addresses: dict[str, str] = {}
         self.errors: dict[str, str] = {}  # node -> what its launcher said
-        self.lost: set[str] = set()
+        self.lost: dict[str, str] = {}  # node -> why
         self.returncode: int | None = None
+        #: the step ended because Slurm requeued the job
+        self.requeued = False
         self.stopping = threading.Event()
         self._task_node: dict[int, str] = {}
         self._tail: collections.deque[str] = collections.deque(maxlen=TAIL)
         self._due: str | None = None  # "TIME LIMIT", "PREEMPTION" ... from slurmstepd's cancel line
         self._noticed = False
+        self._verdict: tuple[float, JobInfo | None] | None = None
+        self._verdict_lock = threading.Lock()
         self._cond = threading.Condition()
         self._started = threading.Event()
         self._start_error: BaseException | None = None
@@ -143,7 +149,10 @@ class WorkerStep:
 
     # -- output ---------------------------------------------------------
     def _node_of(self, task: int) -> str:
-        return self._task_node.get(task, f"task{task}")
+        # before its hello (slurmstepd's own errors): block distribution puts task i on the i-th node
+        if task in self._task_node:
+            return self._task_node[task]
+        return self.nodes[task] if 0 <= task < len(self.nodes) else f"task{task}"
 
     def _stdout_line(self, raw: bytes) -> None:
         m = _LABEL.match(raw)
@@ -179,7 +188,7 @@ class WorkerStep:
             self._notice(words[2] if len(words) > 2 else "a signal")
         elif kind == "exit":
             rc = words[2] if len(words) > 2 else "?"
-            self._lose(node, f"its worker loop exited with code {rc}")
+            self._judge_loss(node, f"its worker loop exited with code {rc}")
         elif kind == "error":
             message = " ".join(words[2:])
             with self._cond:
@@ -216,7 +225,7 @@ class WorkerStep:
             return
         m = _TASK_END.match(line)
         if m:
-            self._lose(m.group(1), f"its worker step task ended ({m.group(3).strip()})")
+            self._judge_loss(m.group(1), f"its worker step task ended ({m.group(3).strip()})")
 
     def _forward(self, fd: int, node: str | None, body: bytes) -> None:
         data = body if body.endswith(b"\n") else body + b"\n"
@@ -234,7 +243,7 @@ class WorkerStep:
         with self._cond:
             if node in self.lost:
                 return
-            self.lost.add(node)
+            self.lost[node] = reason
             self._cond.notify_all()
         self.on_lost(node, reason)
 
@@ -266,23 +275,33 @@ class WorkerStep:
         for node in self.nodes:
             self._lose(node, why)
 
-    def why_ended(self, rc: int | None) -> str:
-        """Why the step ended, from the job's state in ``squeue`` (polled
-        briefly while it is COMPLETING) and slurmstepd's last words."""
-        info = None
-        deadline = time.monotonic() + 5.0
-        while True:
-            try:
-                info = self.api.job(self.job_id, timeout=10)
-            except AllocationError as e:
-                logger.debug("squeue after the worker step of job %s ended: %s", self.job_id, e)
-                break
-            if info is None or info.state != "COMPLETING" or time.monotonic() >= deadline:
-                break
-            time.sleep(0.2)
+    def _settled_job(self) -> JobInfo | None:
+        """The job as ``squeue`` shows it once it is not COMPLETING (polled
+        up to 5 s); one query serves every loss of a burst (2 s)."""
+        with self._verdict_lock:
+            cached = self._verdict
+            if cached is not None and time.monotonic() - cached[0] < 2.0:
+                return cached[1]
+            info = None
+            deadline = time.monotonic() + 5.0
+            while True:
+                try:
+                    info = self.api.job(self.job_id, timeout=10)
+                except AllocationError as e:
+                    logger.debug("squeue for job %s: %s", self.job_id, e)
+                    break
+                if info is None or info.state != "COMPLETING" or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.2)  # squeue has nothing to wait on
+            self._verdict = (time.monotonic(), info)
+            return info
+
+    def job_reason(self) -> str | None:
+        """Why the job no longer runs this step (cancelled, time limit,
+        preempted, requeued ...), or ``None`` while it runs."""
+        info = self._settled_job()
         job = f"Slurm job {self.job_id}"
-        due = {"TIME LIMIT": "reached its time limit", "PREEMPTION": "was preempted",
-               "NODE FAILURE": "lost a node"}.get(self._due or "")
+        due = _DUE_WHAT.get(self._due or "")
         if info is not None:
             what = {
                 "CANCELLED": due or "was cancelled (scancel)",
@@ -293,15 +312,35 @@ class WorkerStep:
                 "BOOT_FAIL": "failed to boot its nodes",
                 "OUT_OF_MEMORY": "ran out of memory",
             }.get(info.state)
-            if what is None and info.waiting:
+            if what is None and (info.waiting or self._due == "JOB REQUEUE"):
+                self.requeued = True
                 what = (f"was requeued ({info.describe()}): a client can attach to it again with job_id = "
                         f"{self.job_id} once it runs")
+            if what is None and info.finished:
+                what = "ended"
             if what is not None:
                 return f"{job} {what} ({info.describe()})"
         if due:
+            if self._due == "JOB REQUEUE":
+                self.requeued = True
             return f"{job} {due}"
+        return None
+
+    def why_ended(self, rc: int | None) -> str:
+        """Why the step ended: the job's reason, or srun's exit code and last output."""
+        why = self.job_reason()
+        if why is not None:
+            return why
         step = f"{self.job_id}.{self.step_id}" if self.step_id else f"of job {self.job_id}"
         return f"the worker step {step} ended (srun exit code {rc})" + self.tail_text()
+
+    def _judge_loss(self, node: str, fallback: str) -> None:
+        """A worker (or its task) ended: because the job ended (cancel, time
+        limit, requeue: Slurm signals every process) -- say that -- or on its own."""
+        def judge() -> None:
+            self._lose(node, self.job_reason() or fallback)
+
+        threading.Thread(target=judge, name=f"monarch-slurm-loss-{node}", daemon=True).start()
 
     def tail_text(self) -> str:
         lines = list(self._tail)
@@ -324,6 +363,10 @@ class WorkerStep:
                 if left <= 0 or cancelled.is_set():
                     break
                 self._cond.wait(min(left, 0.2))
+            if bad or gone:  # srun says why last (slurmstepd's lines come after the task's end): let it finish
+                end = time.monotonic() + 3.0
+                while self.returncode is None and time.monotonic() < end:
+                    self._cond.wait(0.1)
         missing = [n for n in self.nodes if n not in self.addresses]
         if self.errors:
             first = next(iter(self.errors.items()))

@@ -1,0 +1,223 @@
+"""A running job's failures on the real cluster, each reported at the owner
+(the client's ``unhandled_fault_hook``) and none hanging: ``scancel``, the
+time limit (after the warning signal's notice), a requeue (the job is kept),
+and a killed slurmd on h3 (only h3's procs fail).
+
+The time-limit test takes about a minute and a half: Slurm's smallest time
+limit is one minute (``--time=1``), its background loop checks limits every
+~15-30 s, and the warning (``--signal=USR2@50``) comes ~10 s after the start.
+The slurmd test takes ~40 s: slurmctld declares a silent node down after
+``SlurmdTimeout`` (30 s in the testbed).  Daemons are killed on h3 only and
+restarted in ``finally``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import slurm_helpers as H
+from _helpers.clients import PY, LineReader
+from _helpers.testbed import RT_RUN, pid_alive
+
+pytest.importorskip("hostlist")
+
+PROGRAM = r'''
+import json, os, socket, subprocess, sys, threading, time
+import monarch_core.actor as api
+from monarch_core.actor import Actor, endpoint, hosts_from_config
+
+events, cond = [], threading.Condition()
+
+
+def hook(failure):  # records every supervision event (failures and notices) that reaches the client
+    with cond:
+        events.append({"notice": failure.notice, "report": failure.report(),
+                       "proc": failure.events[0]["proc"], "cause": failure.events[0]["cause"]})
+        cond.notify_all()
+
+
+api.unhandled_fault_hook = hook
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.monotonic() + timeout
+    with cond:
+        while not any(pred(e) for e in events):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise SystemExit(f"no {what} within {timeout}s; events: {events}")
+            cond.wait(left)
+
+
+def say(kind, **kw):
+    print(kind + " " + json.dumps(kw), flush=True)
+
+
+class Where(Actor):
+    @endpoint
+    def where(self):
+        return socket.gethostname()
+
+
+scenario = sys.argv[1]
+hm = hosts_from_config(scenario)
+job = hm.hosts[0].labels["job"]
+pm = hm.spawn_procs()
+w = pm.spawn("where", Where)
+say("READY", job=job, where=w.where.call().get(timeout=120).values())
+if scenario == "cancel":
+    subprocess.run(["timeout", "30", "scancel", job], check=True)
+    wait_for(lambda e: "was cancelled" in e["cause"], 60, "failure naming the cancel")
+    time.sleep(1)  # any other report comes now
+elif scenario == "timelimit":
+    wait_for(lambda e: e["notice"], 90, "notice")
+    t_notice = time.monotonic()
+    after_notice = w.where.call().get(timeout=60).values()  # a notice fails nothing
+    wait_for(lambda e: "reached its time limit" in e["cause"], 120, "failure naming the time limit")
+    say("TIMES", after_notice=after_notice, notice_to_end=time.monotonic() - t_notice)
+elif scenario == "requeue":
+    subprocess.run(["timeout", "30", "scontrol", "requeue", job], check=True)
+    wait_for(lambda e: "was requeued" in e["cause"], 60, "failure naming the requeue")
+elif scenario == "slurmd":
+    sys.stdin.readline()  # the test has killed h3's slurmd
+    wait_for(lambda e: "node failure on h3" in e["cause"], 120, "failure naming h3's node failure")
+    time.sleep(1)
+    say("REST", h1=w.slice(hosts=0).where.call().get(timeout=60).values(),
+        h2=w.slice(hosts=1).where.call().get(timeout=60).values(), table=hm.to_table())
+say("EVENTS", events=events)
+hm.shutdown().get(timeout=60)
+'''
+
+TOML = f"""
+[defaults]
+scheduler = "slurm"
+job_name = "{H.JOB_NAME}"
+time = "00:05:00"
+
+[hosts.cancel]
+nodes = 2
+
+[hosts.timelimit]
+nodes = 2
+time = 1
+signal = "USR2@50"
+
+[hosts.requeue]
+nodes = 2
+requeue = true
+
+[hosts.slurmd]
+nodes = 3
+"""
+
+
+class Client:
+    """The program in a child interpreter, its output read as it comes."""
+
+    def __init__(self, d: Path, scenario: str) -> None:
+        self.p = subprocess.Popen([PY, "prog.py", scenario], cwd=d, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True, env=H.env())
+        self.out = LineReader(self.p.stdout, f"slurm-{scenario}")
+        self.err = LineReader(self.p.stderr, f"slurm-{scenario}-err")
+
+    def get(self, kind: str, timeout: float) -> dict:
+        try:
+            _, line = self.out.wait_for(lambda s: s if s.startswith(kind + " ") else None, timeout)
+        except (EOFError, TimeoutError) as e:
+            raise AssertionError(f"no {kind} line ({e}); rc {self.p.poll()}\nstdout:\n{self.out.text()[-3000:]}\n"
+                                 f"stderr:\n{self.err.text()[-6000:]}") from None
+        return json.loads(line[len(kind) + 1:])
+
+    def finish(self, timeout: float = 90) -> int:
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            raise AssertionError(f"the client did not end; stderr:\n{self.err.text()[-6000:]}") from None
+
+
+@pytest.fixture
+def project(cluster: Any, tmp_path: Path) -> Path:
+    H.write_project(tmp_path, PROGRAM, TOML)
+    return tmp_path
+
+
+def _failures(events: list[dict]) -> list[dict]:
+    return [e for e in events if not e["notice"]]
+
+
+def test_a_job_cancelled_while_running_fails_every_host_saying_it_was_cancelled(project: Path) -> None:
+    c = Client(project, "cancel")
+    job = c.get("READY", H.CLIENT_TIMEOUT)["job"]
+    events = c.get("EVENTS", 90)["events"]
+    assert c.finish() == 0, c.err.text()[-4000:]
+    fails = _failures(events)
+    assert {e["proc"].rsplit(" ", 1)[-1] for e in fails} == {"h1", "h2"}, events
+    for e in fails:
+        assert f"Slurm job {job} was cancelled" in e["cause"], e
+    assert H.job_state(job) == "CANCELLED"
+
+
+def test_the_time_limit_warns_first_then_fails_every_host_saying_so(project: Path) -> None:
+    c = Client(project, "timelimit")
+    job = c.get("READY", H.CLIENT_TIMEOUT)["job"]
+    times = c.get("TIMES", 200)
+    events = c.get("EVENTS", 30)["events"]
+    assert c.finish() == 0, c.err.text()[-4000:]
+    notices = [e for e in events if e["notice"]]
+    assert len(notices) == 1, events
+    assert f"Slurm job {job} will be preempted or end soon" in notices[0]["report"], notices
+    assert "SIGUSR2" in notices[0]["report"] and "--signal=USR2@50" in notices[0]["report"], notices
+    assert sorted(times["after_notice"]) == ["h1", "h2"]  # the notice failed nothing
+    assert times["notice_to_end"] > 5
+    fails = _failures(events)
+    assert {e["proc"].rsplit(" ", 1)[-1] for e in fails} == {"h1", "h2"}, events
+    assert all(f"Slurm job {job} reached its time limit" in e["cause"] for e in fails), events
+    assert H.job_state(job) == "TIMEOUT"
+
+
+def test_a_requeued_job_fails_its_hosts_saying_so_and_is_kept_for_a_restarted_client(project: Path) -> None:
+    c = Client(project, "requeue")
+    job = c.get("READY", H.CLIENT_TIMEOUT)["job"]
+    try:
+        events = c.get("EVENTS", 90)["events"]
+        assert c.finish() == 0, c.err.text()[-4000:]
+        fails = _failures(events)
+        assert fails and all(f"Slurm job {job} was requeued" in e["cause"] for e in fails), events
+        assert f"job_id = {job}" in fails[0]["cause"]
+        assert "is kept (requeue = true)" in c.err.text(), c.err.text()[-3000:]
+        assert H.job_state(job) in ("PENDING", "REQUEUED", "RUNNING", "CONFIGURING")
+    finally:
+        H.run(["scancel", job], 30, env=H.env())
+
+
+def test_a_killed_slurmd_fails_only_the_procs_of_its_node(project: Path, cluster: Any) -> None:
+    c = Client(project, "slurmd")
+    try:
+        ready = c.get("READY", H.CLIENT_TIMEOUT)
+        assert sorted(ready["where"]) == ["h1", "h2", "h3"]
+        pid = int((RT_RUN / "pids" / "slurmd-h3.pid").read_text())
+        assert pid_alive("slurmd-h3")
+        os.kill(pid, signal.SIGKILL)
+        c.p.stdin.write("go\n")
+        c.p.stdin.flush()
+        rest = c.get("REST", 150)
+        events = c.get("EVENTS", 30)["events"]
+        assert c.finish() == 0, c.err.text()[-4000:]
+    finally:
+        cluster.restart()
+        if c.p.poll() is None:
+            c.p.kill()
+    assert rest["h1"] == ["h1"] and rest["h2"] == ["h2"]
+    fails = _failures(events)
+    assert fails and {e["proc"].rsplit(" ", 1)[-1] for e in fails} == {"h3"}, events
+    assert "Slurm reports a node failure on h3" in fails[0]["cause"], fails
+    assert "LOST (Slurm reports a node failure on h3" in rest["table"], rest["table"]

@@ -1,0 +1,178 @@
+"""From outside an allocation (the root namespace is the login node): the
+entry's job parameters become a real ``sbatch`` job whose steps run the
+worker loops.  The scheduler passes ``check_scheduler``; ``stop()`` leaves
+the job running and a new client reattaches (``MONARCH_SLURM_JOB_ID``);
+``shutdown()`` cancels it; a bad partition, a job that waits too long and a
+failing worker step each give an ``AllocationError`` that says so.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import slurm_helpers as H
+
+pytest.importorskip("hostlist")
+
+CONFORMANCE = r'''
+import os, signal, subprocess, sys
+from monarch_core._plugins import registry
+from monarch_core.actor import enable_transport
+from monarch_core.hookspecs import SESSION_CREDENTIALS
+from monarch_core.testing import check_scheduler
+from monarch_scheduler_slurm import SlurmScheduler
+
+enable_transport("tls://10.250.0.1:0")
+registry().transport("tls").set_credentials(ca=SESSION_CREDENTIALS)
+
+
+def kill_worker(host):
+    """The host's worker loop dies on its node (SIGKILL, found in the node's namespace)."""
+    pids = subprocess.run(["ip", "netns", "pids", "rt-" + host.labels["node"]], capture_output=True, text=True,
+                          timeout=30).stdout.split()
+    for pid in pids:
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+        except OSError:
+            continue
+        if b"monarch_core.worker" in cmd:
+            os.kill(int(pid), signal.SIGKILL)
+
+
+check_scheduler(SlurmScheduler(), {"nodes": 2, "time": "00:05:00", "job_name": sys.argv[1]},
+                bad_params={"nodes": 0}, lose_host=kill_worker, timeout=120)
+print("conformant")
+'''
+
+
+def test_the_slurm_scheduler_passes_check_scheduler_with_a_job_it_submits(cluster: Any, tmp_path: Path) -> None:
+    H.write_project(tmp_path, CONFORMANCE, None)
+    res = H.client(tmp_path, H.JOB_NAME)
+    assert res.returncode == 0, res.stderr[-6000:]
+    assert res.stdout.strip().splitlines()[-1] == "conformant"
+
+
+PERSIST = r'''
+import json, logging, os, socket, sys
+logging.basicConfig(level=logging.INFO, format="LOG %(name)s %(levelname)s %(message)s")
+from monarch_core.actor import Actor, endpoint, hosts_from_config
+
+
+class Where(Actor):
+    @endpoint
+    def where(self):
+        return socket.gethostname()
+
+
+hm = hosts_from_config("cluster")
+pm = hm.spawn_procs(per_host={"gpus": 2})
+where = pm.spawn("where", Where).where.call().get(timeout=120).values()
+print("RESULT " + json.dumps({"job": hm.hosts[0].labels["job"], "where": where,
+                              "hosts": [h.name for h in hm.hosts]}), flush=True)
+if sys.argv[1] == "stop":
+    hm.stop().get(timeout=60)      # the client then ends: the job is kept
+else:
+    hm.shutdown().get(timeout=60)  # the job is cancelled
+'''
+
+
+def _result(res: Any) -> dict:
+    for line in res.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise AssertionError(f"no RESULT line; rc {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-6000:]}")
+
+
+def test_stop_keeps_the_job_a_new_client_reattaches_and_shutdown_cancels_it(cluster: Any, netns: Any,
+                                                                           tmp_path: Path) -> None:
+    H.write_project(tmp_path, PERSIST, f'''
+        [hosts.cluster]
+        scheduler = "slurm"
+        nodes = 2
+        time = "00:10:00"
+        job_name = "{H.JOB_NAME}"
+    ''')
+    first = H.client(tmp_path, "stop")
+    assert first.returncode == 0, first.stderr[-6000:]
+    out = _result(first)
+    job = out["job"]
+    assert out["hosts"] == ["h1", "h2"] and out["where"] == ["h1", "h1", "h2", "h2"]
+    assert re.search(rf"Slurm job {job} keeps running .*job_id = {job}", first.stderr), first.stderr[-3000:]
+    assert H.job_state(job) == "RUNNING"
+    for i in (1, 2):  # the client's workers ended with it; the job holds its nodes
+        assert H.worker_pids(i, netns) == [], f"worker loops left on h{i} after the client ended"
+
+    second = H.client(tmp_path, "shutdown", env_extra={"MONARCH_SLURM_JOB_ID": job})
+    assert second.returncode == 0, second.stderr[-6000:]
+    again = _result(second)
+    assert again["job"] == job and again["where"] == ["h1", "h1", "h2", "h2"]
+    assert f"attaching to Slurm job {job}" in second.stderr
+    assert H.wait_state(job, {"CANCELLED"}) == "CANCELLED"
+
+
+FAILURES = r'''
+import json, re, sys
+from monarch_core.actor import hosts_from_config
+from monarch_core.errors import AllocationError
+
+out = {}
+for name in ("badpart", "waits", "nopython"):
+    try:
+        hosts_from_config(name).shutdown().get(timeout=60)
+        out[name] = "allocated"
+    except AllocationError as e:
+        out[name] = str(e)
+print("RESULT " + json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def failures(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    d = tmp_path_factory.mktemp("failures")
+    H.write_project(d, FAILURES, f'''
+        [defaults]
+        scheduler = "slurm"
+        job_name = "{H.JOB_NAME}"
+        time = "00:05:00"
+
+        [hosts.badpart]
+        partition = "no-such-partition"
+
+        [hosts.waits]
+        sbatch_args = ["--begin=now+3600"]
+        queue_timeout = 3
+
+        [hosts.nopython]
+        nodes = 2
+        python = "/nonexistent/bin/python3"
+    ''')
+    res = H.client(d)
+    return _result(res)
+
+
+def test_a_job_slurm_refuses_fails_with_slurms_own_message(failures: dict) -> None:
+    msg = failures["badpart"]
+    assert "[hosts.badpart]" in msg and "Slurm refused the job" in msg, msg
+    assert "Invalid partition name specified" in msg, msg
+
+
+def test_a_job_that_waits_longer_than_queue_timeout_is_cancelled_and_the_error_says_so(failures: dict) -> None:
+    msg = failures["waits"]
+    m = re.search(r"Slurm job (\d+) did not start within \d+s \(state PENDING, reason BeginTime\); it was "
+                  r"cancelled\. Raise queue_timeout", msg)
+    assert m, msg
+    assert H.wait_state(m.group(1), {"CANCELLED"}) == "CANCELLED"
+
+
+def test_a_failing_worker_step_gives_srun_s_stderr_and_the_job_is_cancelled(failures: dict) -> None:
+    msg = failures["nopython"]
+    m = re.search(r"the worker step of Slurm job (\d+) ended before the worker loops of \['h1', 'h2'\] listened", msg)
+    assert m, msg
+    assert "srun exit code" in msg and "srun's last output" in msg, msg
+    assert "/nonexistent/bin/python3" in msg and "No such file or directory" in msg, msg
+    assert H.wait_state(m.group(1), {"CANCELLED"}) == "CANCELLED"
