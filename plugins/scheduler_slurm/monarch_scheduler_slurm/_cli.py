@@ -176,7 +176,7 @@ class SlurmCLI(SlurmAPI):
             res = subprocess.run(argv, input=input, capture_output=True, text=True, timeout=limit,
                                  env=self._env, stdin=None if input is not None else subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
-            raise SlurmCommandError(f"`{' '.join(argv)}` did not finish within {limit:.0f}s (is slurmctld reachable?)") from None
+            raise SlurmCommandError(f"`{' '.join(argv)}` did not finish within {limit:g}s (is slurmctld reachable?)") from None
         except OSError as e:
             raise SlurmCommandError(f"cannot run `{' '.join(argv)}`: {e}") from None
         logger.debug("slurm.command.complete %s rc=%d", " ".join(argv), res.returncode)

@@ -79,6 +79,8 @@ class SlurmAllocation(Allocation):
         #: this client submitted or attached to the job: releasing cancels it
         self.owned = owned
         self.requeue = requeue
+        #: this client submitted the job (with the entry's --signal)
+        self.submitted = False
         self.session_dir = session_dir
         self.step: WorkerStep | None = None
         self.hosts: list[HostHandle] = []
@@ -169,7 +171,7 @@ class SlurmScheduler(Scheduler):
         try:
             if mode == "submit":
                 job_id = self._submit(p, launch, deadline)
-                alloc.job_id = job_id
+                alloc.job_id, alloc.submitted = job_id, True
             elif p.submit_keys:
                 logger.info("%s: %s Slurm job %s; %s apply only when submitting a job, not used", request.source,
                             "inside" if mode == "inside" else "attaching to", job_id, p.submit_keys)
@@ -249,6 +251,8 @@ class SlurmScheduler(Scheduler):
                     raise AllocationError(f"{p.source}: Slurm job {job_id} does not exist (any more): `squeue -j "
                                           f"{job_id}` does not know it; submit a new one (remove job_id)")
                 if info.state == "RUNNING" and info.nodes:
+                    logger.info("Slurm job %s runs on %s after %.2fs in the queue", job_id, ",".join(info.nodes),
+                                time.monotonic() - t0)
                     return list(info.nodes)
                 if info.finished:
                     raise AllocationError(f"{p.source}: Slurm job {job_id} ended before it ran ({info.describe()})")
@@ -298,7 +302,9 @@ class SlurmScheduler(Scheduler):
                 launch.report_notice(None, message)
 
         step = WorkerStep(self.api, job_id, nodes, self.api.step_argv(job_id, nodes, command, p.srun_args), env,
-                          on_lost=lost, on_notice=notice, warning=p.signal)
+                          on_lost=lost, on_notice=notice,
+                          # the seconds are ours to tell only for a job we submitted (--signal=SIG@S)
+                          warning=p.signal if alloc.submitted else None)
         alloc.step = step
         step.start()
         bar = _Progress(f"Slurm job {job_id} workers", total=len(nodes))

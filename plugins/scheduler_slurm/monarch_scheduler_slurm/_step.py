@@ -261,11 +261,11 @@ class WorkerStep:
             left = time_left_seconds(info.time_left) if info is not None else None
         except AllocationError as e:
             logger.debug("squeue for the notice of job %s failed: %s", self.job_id, e)
-        warn = f"--signal={self.warning[0]}@{self.warning[1]}" if self.warning else "its --signal option"
+        warn = f"--signal={self.warning[0]}@{self.warning[1]}" if self.warning else "the job's --signal"
         when = (f"its time limit is in {_say_seconds(left)}" if left is not None
                 else "its time limit is not known")
-        message = (f"Slurm job {self.job_id} will be preempted or end soon: its nodes got {signame} ({warn}, sent "
-                   f"that long before the time limit, or at preemption); {when}. Checkpoint now")
+        message = (f"Slurm job {self.job_id} will be preempted or end soon: its nodes got {signame} ({warn}: Slurm "
+                   f"sends it that long before the time limit, or at preemption); {when}. Checkpoint now")
         if not self.stopping.is_set():
             self.on_notice(message)
 
