@@ -58,8 +58,8 @@ HOLD_SCRIPT = """#!/bin/sh
 # It ends when that client shuts its host mesh down (scancel), at its time
 # limit, or with `scancel <job id>`.
 PATH=/usr/local/bin:/usr/bin:/bin:$PATH
-trap 'exit 0' TERM
-while :; do sleep 3600 & wait $!; done
+trap 'kill "$nap" 2>/dev/null; exit 0' TERM INT
+while :; do sleep 3600 & nap=$!; wait "$nap"; done
 """
 
 #: Seconds between two ``squeue`` polls while a job waits to run.

@@ -47,10 +47,10 @@ def hook(failure):  # records every supervision event (failures and notices) tha
 api.unhandled_fault_hook = hook
 
 
-def wait_for(pred, timeout, what):
+def wait_for(pred, timeout, what, count=1):
     deadline = time.monotonic() + timeout
     with cond:
-        while not any(pred(e) for e in events):
+        while sum(1 for e in events if pred(e)) < count:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise SystemExit(f"no {what} within {timeout}s; events: {events}")
@@ -75,17 +75,17 @@ w = pm.spawn("where", Where)
 say("READY", job=job, where=w.where.call().get(timeout=120).values())
 if scenario == "cancel":
     subprocess.run(["timeout", "30", "scancel", job], check=True)
-    wait_for(lambda e: "was cancelled" in e["cause"], 60, "failure naming the cancel")
+    wait_for(lambda e: "was cancelled" in e["cause"], 60, "failures naming the cancel", count=2)
     time.sleep(1)  # any other report comes now
 elif scenario == "timelimit":
     wait_for(lambda e: e["notice"], 90, "notice")
     t_notice = time.monotonic()
     after_notice = w.where.call().get(timeout=60).values()  # a notice fails nothing
-    wait_for(lambda e: "reached its time limit" in e["cause"], 120, "failure naming the time limit")
+    wait_for(lambda e: "reached its time limit" in e["cause"], 120, "failures naming the time limit", count=2)
     say("TIMES", after_notice=after_notice, notice_to_end=time.monotonic() - t_notice)
 elif scenario == "requeue":
     subprocess.run(["timeout", "30", "scontrol", "requeue", job], check=True)
-    wait_for(lambda e: "was requeued" in e["cause"], 60, "failure naming the requeue")
+    wait_for(lambda e: "was requeued" in e["cause"], 60, "failures naming the requeue", count=2)
 elif scenario == "slurmd":
     sys.stdin.readline()  # the test has killed h3's slurmd
     wait_for(lambda e: "node failure on h3" in e["cause"], 120, "failure naming h3's node failure")
