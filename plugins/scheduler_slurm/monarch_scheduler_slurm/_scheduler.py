@@ -193,15 +193,17 @@ class SlurmScheduler(Scheduler):
 
     # -- modes --------------------------------------------------------------
     def _job_of(self, p: SlurmParams) -> tuple[str | None, str]:
-        if p.job_id is not None:
-            return p.job_id, "attach"
-        env_job = settings.get("MONARCH_SLURM_JOB_ID")
-        if env_job:
-            if not str(env_job).strip().isdigit():
-                raise AllocationError(f"MONARCH_SLURM_JOB_ID must be a Slurm job id (digits), got {env_job!r}")
-            return str(env_job).strip(), "attach"
         inside = os.environ.get("SLURM_JOB_ID", "").strip()
-        if inside:
+        job = p.job_id
+        if job is None:
+            env_job = settings.get("MONARCH_SLURM_JOB_ID")
+            if env_job:
+                if not str(env_job).strip().isdigit():
+                    raise AllocationError(f"MONARCH_SLURM_JOB_ID must be a Slurm job id (digits), got {env_job!r}")
+                job = str(env_job).strip()
+        if job is not None and job != inside:
+            return job, "attach"
+        if inside:  # (attaching to the job this client runs in is using it: it is not ours to cancel)
             return inside, "inside"
         return None, "submit"
 
@@ -278,14 +280,19 @@ class SlurmScheduler(Scheduler):
         except SlurmCommandError as e:  # sinfo missing or failing here: node names are addresses too
             logger.info("node addresses of job %s unknown (%s); the workers listen on the node names", job_id, e)
             addresses = {}
-        session = _session_dir(p, job_id)
-        alloc.session_dir = session
-        for node in nodes:
-            addr = addresses.get(node, node)
-            _write_private(os.path.join(session, f"{node}.json"), {
-                "argv": launch.command(addr, python=p.python),
-                "env": {**launch.credentials_for(addr), "PYTHONUNBUFFERED": "1"},
-            })
+        try:
+            session = _session_dir(p, job_id)
+            alloc.session_dir = session
+            for node in nodes:
+                addr = addresses.get(node, node)
+                _write_private(os.path.join(session, f"{node}.json"), {
+                    "argv": launch.command(addr, python=p.python),
+                    "env": {**launch.credentials_for(addr), "PYTHONUNBUFFERED": "1"},
+                })
+        except OSError as e:
+            raise AllocationError(f"{p.source}: cannot write the workers' launch files under state_dir "
+                                  f"{p.state_path()}: {e}; set state_dir to a writable directory every node "
+                                  "shares") from None
         python = p.python or launch.python
         command = [python, "-m", "monarch_scheduler_slurm._node", session]
         if p.signal is not None:
@@ -378,7 +385,7 @@ class _Progress:
             from tqdm import tqdm
 
             self._bar = tqdm(total=self._total, desc=self._desc, leave=False, file=sys.stderr,
-                             bar_format="{desc}: {postfix}" if self._total is None else None)
+                             bar_format="{desc}{postfix}" if self._total is None else None)
         return self._bar
 
     def show(self, status: str) -> None:

@@ -9,7 +9,10 @@ failing worker step each give an ``AllocationError`` that says so.
 from __future__ import annotations
 
 import json
+import os
 import re
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +79,9 @@ print("RESULT " + json.dumps({"job": hm.hosts[0].labels["job"], "where": where,
                               "hosts": [h.name for h in hm.hosts]}), flush=True)
 if sys.argv[1] == "stop":
     hm.stop().get(timeout=60)      # the client then ends: the job is kept
+elif sys.argv[1] == "hang":
+    import time
+    time.sleep(600)                # until the test SIGKILLs it
 else:
     hm.shutdown().get(timeout=60)  # the job is cancelled
 '''
@@ -113,6 +119,40 @@ def test_stop_keeps_the_job_a_new_client_reattaches_and_shutdown_cancels_it(clus
     assert again["job"] == job and again["where"] == ["h1", "h1", "h2", "h2"]
     assert f"attaching to Slurm job {job}" in second.stderr
     assert H.wait_state(job, {"CANCELLED"}) == "CANCELLED"
+
+
+def test_a_client_killed_by_sigkill_takes_its_workers_along(cluster: Any, netns: Any, tmp_path: Path) -> None:
+    """SIGKILL runs nothing in the client: its srun (PR_SET_PDEATHSIG) ends the
+    worker step, and the job waits for a client to attach (or its time limit)."""
+    import signal
+    import subprocess
+
+    H.write_project(tmp_path, PERSIST, f'''
+        [hosts.cluster]
+        scheduler = "slurm"
+        nodes = 2
+        time = "00:05:00"
+        job_name = "{H.JOB_NAME}"
+    ''')
+    p = subprocess.Popen([H.PY, "prog.py", "hang"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                         text=True, env=H.env())
+    try:
+        line = ""
+        assert p.stdout is not None
+        while not line.startswith("RESULT "):
+            line = p.stdout.readline()
+            assert line, f"the client ended early (rc {p.poll()})"
+        job = json.loads(line[len("RESULT "):])["job"]
+        assert H.worker_pids(1, netns) and H.worker_pids(2, netns)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+    deadline = time.monotonic() + 30
+    while (H.worker_pids(1, netns) or H.worker_pids(2, netns)) and time.monotonic() < deadline:
+        time.sleep(0.2)  # /proc has nothing to wait on
+    assert H.worker_pids(1, netns) == [] and H.worker_pids(2, netns) == [], "worker loops outlived their client"
+    assert H.job_state(job) == "RUNNING"
+    H.run(["scancel", job], 30, env=H.env())
 
 
 FAILURES = r'''
@@ -176,3 +216,68 @@ def test_a_failing_worker_step_gives_srun_s_stderr_and_the_job_is_cancelled(fail
     assert "srun exit code" in msg and "srun's last output" in msg, msg
     assert "/nonexistent/bin/python3" in msg and "No such file or directory" in msg, msg
     assert H.wait_state(m.group(1), {"CANCELLED"}) == "CANCELLED"
+
+
+BAR = r"""
+from monarch_core.actor import hosts_from_config
+hosts_from_config("held").shutdown().get(timeout=60)
+print("allocated", flush=True)
+"""
+
+
+def _release_when_held(hold_for: float) -> threading.Thread:
+    """Release this suite's held job once it has waited ``hold_for`` s."""
+    def run() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            held = [j for j, st in H.our_jobs().items() if st == "PENDING"]
+            if held:
+                time.sleep(hold_for)
+                H.run(["scontrol", "release", *held], 30, env=H.env())
+                return
+            time.sleep(0.1)  # squeue has nothing to wait on
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_the_wait_shows_a_progress_bar_on_a_terminal_only(cluster: Any, tmp_path: Path) -> None:
+    import fcntl
+    import pty
+    import struct
+    import subprocess
+    import termios
+
+    H.write_project(tmp_path, BAR, f"""
+        [hosts.held]
+        scheduler = "slurm"
+        job_name = "{H.JOB_NAME}"
+        sbatch_args = ["--hold"]
+    """)
+    master, slave = pty.openpty()  # stderr is a terminal of 120 columns
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    releaser = _release_when_held(1.5)
+    p = subprocess.Popen([H.PY, "prog.py"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=slave, env=H.env())
+    os.close(slave)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    releaser.join(60)
+    assert p.wait(120) == 0, seen.decode(errors="replace")[-4000:]
+    assert p.stdout is not None and p.stdout.read().decode().strip() == "allocated"
+    text = seen.decode(errors="replace")
+    assert re.search(r"Slurm job \d+, state PENDING, reason JobHeldUser, waited \ds", text), text[-3000:]
+    # without a terminal (every other test here): no bar
+    releaser = _release_when_held(1.5)
+    quiet = H.client(tmp_path)
+    releaser.join(60)
+    assert quiet.returncode == 0, quiet.stderr[-3000:]
+    assert "waited" not in quiet.stderr and "JobHeldUser" not in quiet.stderr, quiet.stderr[-3000:]
