@@ -8,6 +8,7 @@ The same program runs unchanged with a ``local`` entry outside Slurm.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -191,3 +192,37 @@ def test_the_same_program_runs_unchanged_with_a_local_entry(tmp_path: Path) -> N
     out = H.results(tmp_path)
     assert out["hosts"] == ["local0", "local1", "local2"]
     assert len(out["where"]) == 12 and len({pid for _, pid in out["where"]}) == 12
+
+
+ZERO = r'''
+import json, logging, os, sys
+logging.basicConfig(level=logging.INFO, format="LOG %(name)s %(levelname)s %(message)s")
+from monarch_core.actor import hosts_from_config
+from monarch_core.errors import ConfigError
+
+hm = hosts_from_config("trainers")   # no configuration file anywhere above the working directory
+out = {"hosts": [h.name for h in hm.hosts]}
+hm.shutdown().get(timeout=60)
+open("monarch.toml", "w").write('[hosts.other]\nscheduler = "local"\n')
+try:                                  # a file that does not define the name: an error, not a default
+    hosts_from_config("trainers")
+    out["configured"] = "allocated"
+except ConfigError as e:
+    out["configured"] = str(e)
+print(json.dumps(out))
+'''
+
+
+def test_without_any_configuration_outside_slurm_two_local_hosts_and_one_info_line(tmp_path: Path) -> None:
+    d = tmp_path / "empty"
+    H.write_project(d, ZERO, None)
+    res = H.client(d)
+    assert res.returncode == 0, res.stderr[-4000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["hosts"] == ["local0", "local1"]
+    lines = [ln for ln in res.stderr.splitlines() if "no configuration file found" in ln]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("LOG monarch.config INFO hosts_from_config('trainers'): no configuration file found; "
+                               'using the default, two hosts on this machine (scheduler "local", hosts = 2); '
+                               "define [hosts.trainers] in monarch.toml"), lines[0]
+    assert "Host mesh 'trainers' is not configured in" in out["configured"], out["configured"]
