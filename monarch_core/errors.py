@@ -20,7 +20,8 @@ arguments, ``IndexError``/``TypeError`` for bad slicing, ``TimeoutError`` for
     │   │   │   └── AuthenticationError  the peer failed authentication (TLS)
     │   │   └── ProtocolError            malformed frame or handshake
     │   ├── UndeliverableMessageError    a message could not be delivered
-    │   └── SupervisionError             an actor or proc this caller depends on failed
+    │   ├── SupervisionError             an actor or proc this caller depends on failed
+    │   └── RDMAError                    a buffer transfer or registration failed (monarch_core.rdma)
     └── (builtins named by the API contract)
 
 Plugins map their library exceptions (``OSError``, ``trio.BrokenResourceError``,
@@ -40,6 +41,7 @@ __all__ = [
     "MonarchError",
     "PluginError",
     "ProtocolError",
+    "RDMAError",
     "SupervisionError",
     "TransportError",
     "UndeliverableMessageError",
@@ -172,3 +174,11 @@ class ActorError(Exception):
 
 def _rebuild_actor_error(exception, message, tb, actor, endpoint) -> ActorError:
     return ActorError(exception, message, remote_traceback=tb, actor=actor, endpoint=endpoint)
+
+
+class RDMAError(MonarchError):
+    """An ``RDMABuffer`` transfer, registration or release failed: the buffer
+    was dropped, its owner stopped, no backend can reach its owner, a backend
+    refused the access.  The message names the buffer, its owner and the sizes.
+    (Size mismatches and unsuitable memory are ``ValueError``, a transfer past
+    its ``timeout`` is ``TimeoutError``, a dead owner proc ``SupervisionError``.)"""

@@ -107,6 +107,7 @@ def _s(*args: Any, **kw: Any) -> Setting:
 
 
 _TCP = "monarch-transport-tcp"
+_RDMA = "monarch-transport-rdma"
 
 SETTINGS: dict[str, Setting] = {
     s.name: s
@@ -142,10 +143,16 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_FORK_SERVER", "bool", True, "0 starts every proc with exec instead of forking it from the pre-imported fork server"),
         _s("MONARCH_BUFFER_POOL_MB", "mib", 256, "MiB of large receive buffers kept for reuse once their consumers drop them; 0 disables", minimum=0),
         _s("MONARCH_MALLOC_REUSE_MB", "mib", 256, "procs: allocations up to this many MiB reuse freed heap pages, with one malloc arena (0: glibc defaults); a client applies it only when the variable is set", minimum=0),
+        _s("MONARCH_RDMA_BACKEND", "str", "auto", "the data path of `RDMABuffer` transfers: `auto` (per owner proc, the first that reaches it of `ibverbs`, `process_vm`, `channel`) or one of those names, forced (see docs/rdma.md)"),
+        _s("MONARCH_RDMA_DEVICE", "str", None, "the ibverbs device `RDMABuffer`s use, e.g. `mlx5_0` (default: the first one found)", owner=_RDMA),
         # ------------------------------------------------------------ internal tuning knobs
         _s("MONARCH_DIRECT_GAP_US", "float", 100.0, "µs after a direct write during which a session's next messages go through the loop, batched", public=False, minimum=0),
         _s("MONARCH_DROP_LOG_INTERVAL", "seconds", 10.0, "seconds between two WARNING lines about connections dropped from one peer host for one reason (the next line counts those left out); 0 logs every one", public=False, minimum=0),
         _s("MONARCH_THREADED_INBOUND", "bool", True, "0 reads plain-socket sessions on the trio loop (the path TLS takes) instead of the poller thread: for diagnosing the poller and testing that path over plain sockets", public=False),
+        _s("MONARCH_RDMA_CHUNK_MB", "mib", 8, "MiB per request of the `channel` RDMA fallback (a large transfer is this many MiB at a time, so other messages pass between)", public=False, minimum=1),
+        _s("MONARCH_RDMA_PIPELINE", "int", 4, "requests of one `channel` RDMA transfer in flight at once", public=False, minimum=1),
+        _s("MONARCH_RDMA_THREADS", "int", 4, "threads per process that run `RDMABuffer` transfers (one transfer at a time each)", public=False, minimum=1),
+        _s("MONARCH_RDMA_RELEASE_GRACE", "seconds", 2.0, "seconds a dropped `RDMABuffer`'s memory is kept after its registration ends, for same-host transfers already past their check", public=False, minimum=0),
         # ------------------------------------------------------------ set by monarch-core for its own children
         _s("MONARCH_PROC_ID", "str", None, "set in every proc: its proc id (read it, do not set it)", public=False),
         _s("MONARCH_PROC_BOOTSTRAP", "str", None, "set by the spawner for a new proc: its start-up message (internal)", public=False),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -487,6 +488,7 @@ class ProcAgent:
     def actor_stopped(self, host: ActorHost, reason: str) -> None:
         self.gone[host.key] = f"stopped: {reason}"
         self.kernel.actors.pop(host.key, None)
+        _release_rdma(host.key, f"its owner {host.display_name} stopped ({reason})")
         tables = self.kernel.tree_tables
         for k in [k for k in tables if k[0] == host.key]:  # cast-tree addresses of its mesh
             tables.pop(k, None)
@@ -542,6 +544,7 @@ class ProcAgent:
         deadline = time.monotonic() + timeout
         for c in cells:
             c.wait(max(0.0, deadline - time.monotonic()))
+        _release_rdma(None, f"its owner's process stopped ({reason})")
 
 
 class _Pong:
@@ -585,6 +588,22 @@ def _stop_meshes(meshes: list, timeout: float) -> None:
             f.get(timeout=max(0.1, deadline - time.monotonic()))
         except Exception as e:
             logger.warning("stop did not complete cleanly: %s", e)
+
+
+def _release_rdma(owner_key: str | None, why: str) -> None:
+    """End the RDMA buffer registrations of actor ``owner_key`` (``None``: all
+    of this process's).  Nothing to do, and nothing imported, in a process
+    that never registered one."""
+    service = sys.modules.get("monarch_core._rdma._service")
+    if service is None:
+        return
+    try:
+        if owner_key is None:
+            service.release_all(why)
+        else:
+            service.release_owner(owner_key, why)
+    except Exception:  # noqa: BLE001 - stopping must go on
+        logger.exception("releasing RDMA registrations failed")
 
 
 def _run_proc_setup(rt: Any) -> None:
