@@ -1158,7 +1158,7 @@ def monarch_rdma_backends() -> Sequence[RDMABackendSpec]:
     collected; a name given twice goes to the first registration (built-ins,
     then entry points in name order).  The core orders the backends by
     ``preference`` (highest first), drops those whose
-    :meth:`RDMABackend.unavailable` gives a reason (logged at INFO), and per
+    :meth:`RDMABackend.unavailable` gives a reason (logged at DEBUG), and per
     owner proc keeps the first ones that :meth:`RDMABackend.connect`;
     ``MONARCH_RDMA_BACKEND`` forces one by name.
 

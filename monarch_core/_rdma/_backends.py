@@ -82,7 +82,7 @@ def load() -> _Loaded:
                 backend = None
             if why is not None or backend is None:
                 out.unavailable[spec.name] = str(why)
-                logger.info("RDMA backend %s is not available in this process: %s", spec.name, why)
+                logger.debug("RDMA backend %s is not available in this process: %s", spec.name, why)
                 continue
             backend.name = spec.name
             out.backends.append(backend)
@@ -235,7 +235,7 @@ def _path(info: tuple, backend: RDMABackend) -> RDMAConnection | str:
                 except Exception as e:  # noqa: BLE001 - a backend's bug: fall back, say why
                     got = f"connect failed: {type(e).__name__}: {e}"
         if isinstance(got, str):
-            logger.info("RDMA backend %s does not reach %s: %s", backend.name, proc_id, got)
+            logger.debug("RDMA backend %s does not reach %s: %s", backend.name, proc_id, got)
         _paths[k] = got
         return got
 
