@@ -28,6 +28,7 @@ loads neither trio nor pluggy nor any backend.  See docs/rdma.md.
 
 from __future__ import annotations
 
+from monarch_core._actor import _mesh  # noqa: F401 - lets a client runtime start from this API alone (light)
 from monarch_core._rdma._backends import RDMATcpFallbackWarning
 from monarch_core._rdma._buffer import (
     RDMAAction,
