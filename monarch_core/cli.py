@@ -20,7 +20,9 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
             provides.append("transports: " + ", ".join(info.transports))
         if info.schedulers:
             provides.append("schedulers: " + ", ".join(info.schedulers))
-        other = [h for h in info.hooks if h not in ("monarch_transports", "monarch_schedulers")]
+        if info.rdma_backends:
+            provides.append("rdma backends: " + ", ".join(info.rdma_backends))
+        other = [h for h in info.hooks if h not in ("monarch_transports", "monarch_schedulers", "monarch_rdma_backends")]
         if other:
             provides.append("hooks: " + ", ".join(other))
         print(f"{info.name} ({info.distribution}=={info.version})  " + ("; ".join(provides) or "(no hooks)"))

@@ -31,6 +31,14 @@ from _helpers.clients import child_env
 HERE = os.path.dirname(os.path.abspath(__file__))
 CORE_VERSION = metadata.version("monarch-core")
 TCP_VERSION = metadata.version("monarch-transport-tcp")
+#: monarch-transport-rdma (no transports: RDMA backends) when it is installed too.
+_RDMA = any(ep.name == "transport_rdma" for ep in metadata.entry_points(group="monarch"))
+RDMA_ORDER = ["transport_rdma"] if _RDMA else []
+RDMA_LISTING = (
+    [f"transport_rdma (monarch-transport-rdma=={metadata.version('monarch-transport-rdma')})  "
+     "rdma backends: ibverbs, process_vm"] if _RDMA else []
+)
+BUILTIN_LINE = f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local; rdma backends: channel"
 MONARCH_CLI = os.path.join(os.path.dirname(sys.executable), "monarch")
 
 
@@ -214,7 +222,7 @@ def test_transport_tcp_entry_point_is_loaded_and_provides_tcp_and_tls_beside_the
         "tcp_once": True,
         "names": ["ipc", "ipc", "tcp", "tls"],
         "failed": {},
-        "order": ["builtin", "transport_tcp"],
+        "order": ["builtin", *RDMA_ORDER, "transport_tcp"],
     }
 
 
@@ -239,7 +247,7 @@ def test_disabled_transport_tcp_makes_its_transports_unknown_naming_the_package_
         MONARCH_DISABLED_PLUGINS=value,
     )
     out = _json(res)
-    assert out["plugins"] == ["builtin"]
+    assert out["plugins"] == ["builtin", *RDMA_ORDER]
     assert "transport_tcp" in out["blocked"]
     assert out["inproc"] == "InprocTransport"
     assert out["ipc"] is None and out["unix"] is None, "the built-in ipc must not depend on transport_tcp"
@@ -313,7 +321,7 @@ def test_broken_plugin_becomes_a_runtime_warning_naming_it_and_the_rest_still_wo
     assert "ImportError: broken_mod needs libfoo.so.3, which is not installed" in message
     assert "MONARCH_DISABLED_PLUGINS=broken" in message
     assert out["failed"] == {"broken": "ImportError: broken_mod needs libfoo.so.3, which is not installed"}
-    assert out["plugins"] == ["builtin", "transport_tcp"]
+    assert out["plugins"] == ["builtin", *RDMA_ORDER, "transport_tcp"]
     assert (out["ipc"], out["local"], out["schemes"]) == ("IpcTransport", "LocalScheduler", ["ipc"])
 
 
@@ -324,7 +332,8 @@ def test_broken_plugin_is_listed_as_failed_by_monarch_plugins_and_silenced_by_di
     )
     assert listed.returncode == 0
     assert listed.stdout.splitlines() == [
-        f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local",
+        BUILTIN_LINE,
+        *RDMA_LISTING,
         f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: tcp, tls",
         "broken  FAILED TO LOAD: ImportError: broken_mod needs libfoo.so.3, which is not installed",
     ]
@@ -355,13 +364,12 @@ def test_unknown_transport_names_list_the_installed_ones() -> None:
     assert isinstance(ei.value, PluginError) and isinstance(ei.value, ValueError)
 
 
-def test_unknown_transport_of_a_missing_plugin_names_the_package() -> None:
+def test_rdma_asked_for_as_a_transport_says_it_is_the_data_plane() -> None:
     with pytest.raises(UnknownTransportError) as ei:
         PluginRegistry().transport("rdma")
     assert "Installed transports: ['inproc', 'ipc', 'tcp', 'tls']" in str(ei.value)
-    assert str(ei.value).endswith(
-        "'rdma' is provided by monarch-transport-rdma: monarch-transport-rdma is not part of this monarch-core release yet."
-    )
+    assert "'rdma' is not a transport: RDMA is monarch-core's data plane" in str(ei.value)
+    assert str(ei.value).endswith("Enable 'ipc', 'tcp' or 'tls' for messages.")
 
 
 def test_unknown_transport_of_an_installed_but_older_plugin_says_upgrade(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -462,8 +470,9 @@ def test_third_party_plugin_is_listed_by_monarch_plugins(tmp_path: pathlib.Path)
     )
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == [
-        f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local",
+        BUILTIN_LINE,
         "dirt (monarch-transport-dir==0.3)  transports: dir; hooks: monarch_proc_env",
+        *RDMA_LISTING,
         f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: tcp, tls",
     ]
 
@@ -472,7 +481,8 @@ def test_third_party_plugin_is_listed_by_monarch_plugins(tmp_path: pathlib.Path)
 
 
 EXPECTED_LISTING = [
-    f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local",
+    BUILTIN_LINE,
+    *RDMA_LISTING,
     f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: tcp, tls",
 ]
 
@@ -498,6 +508,7 @@ def test_monarch_plugins_shows_a_disabled_plugin() -> None:
     assert res.returncode == 0, res.stderr
     assert res.stdout.splitlines() == [
         EXPECTED_LISTING[0],
+        *RDMA_LISTING,
         "transport_tcp  disabled by MONARCH_DISABLED_PLUGINS",
     ]
 
