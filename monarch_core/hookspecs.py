@@ -1,7 +1,7 @@
-"""The plugin contract of monarch-core: pluggy hookspecs for four seams.
+"""The plugin contract of monarch-core: pluggy hookspecs for five seams.
 
 This module, together with the public types it names, is the *only* thing a
-plugin imports from monarch-core.  Four families of hooks:
+plugin imports from monarch-core.  Five families of hooks:
 
 * **transport** -- :func:`monarch_transports` yields :class:`TransportSpec`
   descriptions of byte-stream channels (``ipc``, ``tcp``, ``tls`` ...).
