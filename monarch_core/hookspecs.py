@@ -1122,7 +1122,8 @@ class RDMABackend(abc.ABC):
         pair's number and address, say); it raises ``RDMAError`` /
         ``SupervisionError`` / ``TimeoutError``.  Raise ``RDMAError`` saying
         why when the peer cannot be reached this way (``process_vm_readv`` is
-        refused by ptrace policy ...): the core then uses the next backend."""
+        refused by ptrace policy ...): the core then uses the next backend.
+        Raise ``SupervisionError`` when the peer's process is gone."""
 
     def accept(self, request: Mapping[str, Any]) -> Mapping[str, Any]:
         """Owner side of a holder's ``exchange`` (on the owner proc's RDMA

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from monarch_core import settings
 from monarch_core._rdma import _proto
-from monarch_core.errors import ConfigError, RDMAError
+from monarch_core.errors import ConfigError, RDMAError, SupervisionError
 
 if TYPE_CHECKING:  # the contract's types are loaded with the backends, not when monarch_core.rdma is imported
     from monarch_core.hookspecs import MemoryRegion, RDMABackend, RDMAConnection, RemoteRegion
@@ -207,6 +207,7 @@ _warned = False
 def _path(info: tuple, backend: RDMABackend) -> RDMAConnection | str:
     from monarch_core.hookspecs import RDMAPeer
 
+    _watch_deaths()
     proc_id = info[0]
     k = (proc_id, backend.name)
     got = _paths.get(k)
@@ -230,6 +231,8 @@ def _path(info: tuple, backend: RDMABackend) -> RDMAConnection | str:
                 try:
                     got = backend.connect(peer, lambda req: _proto.exchange(info, backend.name, req))
                     logger.debug("rdma.connect %s -> %s", backend.name, proc_id)
+                except SupervisionError:
+                    raise  # the owner proc is gone: no backend will reach it (nothing cached)
                 except RDMAError as e:
                     got = str(e)
                 except Exception as e:  # noqa: BLE001 - a backend's bug: fall back, say why
@@ -245,6 +248,9 @@ def route(handle: Any) -> tuple[str, RDMAConnection, RemoteRegion]:
     info = handle.proc
     name_forced = forced()
     me = _this_proc_id()
+    dead = _dead_reason(info[0])
+    if dead is not None:
+        raise SupervisionError(f"the owner proc of {handle.name()} is gone: {dead}")
     if name_forced is None and info[0] == me:
         local = handle.local_memory()
         if local is not None:
@@ -306,11 +312,34 @@ def _user_stacklevel() -> int:
     return level
 
 
+def _dead_reason(proc_id: str) -> str | None:
+    from monarch_core._actor import _state
+
+    rt = _state.current_runtime_or_none()
+    return rt.kernel.dead.get(proc_id) if rt is not None else None
+
+
 def _this_proc_id() -> str | None:
     from monarch_core._actor import _state
 
     rt = _state.current_runtime_or_none()
     return rt.proc_id if rt is not None else None
+
+
+_watching = False
+
+
+def _watch_deaths() -> None:
+    """Once per process: forget the connections to a proc when it dies."""
+    global _watching
+    if _watching:
+        return
+    _watching = True
+    from monarch_core._actor import _state
+
+    rt = _state.current_runtime_or_none()
+    if rt is not None:
+        rt.kernel.on_proc_failed.append(lambda proc_id, reason, stopped: forget_proc(proc_id))
 
 
 def forget_proc(proc_id: str) -> None:

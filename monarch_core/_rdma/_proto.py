@@ -14,6 +14,7 @@ message to that reference with the tag as its rank and :data:`OK` or
 from __future__ import annotations
 
 import marshal
+import threading
 import time
 from typing import Any
 
@@ -94,6 +95,49 @@ def call(info: tuple, request: tuple, what: str, timeout: float) -> tuple[Any, l
     if status != OK:
         raise_error(payload, what)
     return payload, buffers
+
+
+def send_request(info: tuple, request: tuple, what: str, timeout: float, *, gone_ok: bool = False) -> Cell:
+    """Send ``request`` now; the returned cell resolves with ``None`` on an
+    ``OK``, or the error (``TimeoutError`` after ``timeout`` s).  ``gone_ok``:
+    the owner proc's death counts as success (a drop: the registration went
+    with it)."""
+    kernel = _state.runtime().kernel
+    proc_id, address, port = info[0], info[1], info[2]
+    h = _OneShot(kernel, proc_id)
+    out = Cell()
+
+    def settle() -> None:
+        try:
+            status, payload, _ = h.cell.result()
+            if status != OK:
+                raise_error(payload, what)
+        except SupervisionError as e:
+            if gone_ok:
+                out.set_result(None)
+            else:
+                out.set_exception(SupervisionError(f"{what}: the owner proc is gone: {e}"))
+        except BaseException as e:  # noqa: BLE001 - the request's outcome
+            out.set_exception(e)
+        else:
+            out.set_result(None)
+
+    if not h.cell.add_callback(settle):
+        settle()
+    ref = (kernel.proc_id, kernel.address, h.port_id)
+    kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, W.port_header(port, 0, 0),
+                marshal.dumps(request + (ref, 0)), [], reply_port=h.port_id)
+
+    def expire() -> None:
+        if not h.cell.done():
+            h.done()
+            h.cell.set_exception(TimeoutError(f"{what}: the owner proc {proc_id} did not answer within {timeout:g} s"))
+
+    t = threading.Timer(timeout, expire)
+    t.daemon = True
+    t.start()
+    out.add_callback(t.cancel)
+    return out
 
 
 def exchange(info: tuple, backend: str, request: Any, timeout: float = 30.0) -> Any:

@@ -168,6 +168,8 @@ class ProcessVmBackend(RDMABackend):
         conn = _Connection(peer.proc_id, pid, start)
         word = ctypes.c_uint64(0)
         r = _transfer(_fns["process_vm_readv"], pid, ctypes.addressof(word), probe, 8)
+        if r == -errno.ESRCH or (start is not None and _start_time(pid) != start):
+            raise SupervisionError(f"the owner proc {peer.proc_id} (pid {pid}) is gone")
         if r < 0:
             raise RDMAError(conn.explain(-r, "a test read"))
         if r != 8 or word.value != _MAGIC:

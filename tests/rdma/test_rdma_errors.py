@@ -16,6 +16,18 @@ from monarch_core.rdma import RDMAAction, RDMABuffer
 from rdma_actors import Owner, Reader, pattern
 
 
+def _freeze(pid: int) -> None:
+    """SIGSTOP ``pid`` and wait until it is stopped (the signal is asynchronous)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        time.sleep(0.005)
+    raise AssertionError(f"pid {pid} did not stop")
+
+
 @pytest.fixture
 def lone_owner(meshes):
     """An owner in a proc of its own, for tests that stop, freeze or kill it."""
@@ -113,7 +125,7 @@ def test_a_read_past_its_timeout_is_a_timeout_error_naming_the_buffer(lone_owner
     monkeypatch.setenv("MONARCH_RDMA_BACKEND", "channel")
     procs, mesh, pid = lone_owner
     buf = mesh.make.call_one("bytearray", 4 << 20, 30).get(timeout=60)
-    os.kill(pid, signal.SIGSTOP)  # the owner's proc cannot serve the channel
+    _freeze(pid)  # the owner's proc cannot serve the channel
     try:
         t = time.monotonic()
         fut = buf.read_into(bytearray(4 << 20), timeout=1.0)
@@ -132,7 +144,7 @@ def test_process_vm_is_one_sided_a_frozen_owner_is_still_read(lone_owner, monkey
     procs, mesh, pid = lone_owner
     n = 8 << 20
     buf = mesh.make.call_one("bytearray", n, 31).get(timeout=60)
-    os.kill(pid, signal.SIGSTOP)
+    _freeze(pid)
     try:
         dst = bytearray(n)
         buf.read_into(dst, timeout=30).get(timeout=60)
@@ -149,7 +161,7 @@ def test_owner_death_during_a_read_is_a_supervision_error(lone_owner, backend, m
     buf = mesh.make.call_one("bytearray", n, 40).get(timeout=60)
     buf.read_into(bytearray(n)).get(timeout=60)  # connected
     if backend == "channel":
-        os.kill(pid, signal.SIGSTOP)  # the read is under way and cannot finish ...
+        _freeze(pid)  # the read is under way and cannot finish ...
         fut = buf.read_into(bytearray(n), timeout=120)
         time.sleep(0.3)
         assert not fut.done()
@@ -179,3 +191,11 @@ def test_eperm_from_ptrace_policy_falls_back_to_the_channel(lone_owner, meshes, 
     assert same and used == "channel"
     with pytest.raises(Exception, match="EPERM"):
         r.read.call_one(buf, "process_vm", n, 50).get(timeout=60)
+
+
+def test_a_drop_nobody_waits_for_still_drops(lone_owner, poll) -> None:
+    procs, mesh, _pid = lone_owner
+    buf = mesh.make.call_one("bytearray", 4096, 60).get(timeout=60)
+    assert mesh.live.call_one().get(timeout=60) == 1
+    buf.drop()  # no .get()
+    poll(lambda: mesh.live.call_one().get(timeout=60) == 0, timeout=30, what="the owner to release the buffer")
