@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     buf = owner.buf.call_one(n).get()
                     for op in ("read", "write"):
-                        fn = (lambda: buf.read_into(dst).get()) if op == "read" else (lambda: buf.write_from(src).get())
+                        fn = ((lambda b=buf, d=dst: b.read_into(d).get()) if op == "read"
+                              else (lambda b=buf, s=src: b.write_from(s).get()))
                         times = _time(fn, r)
                         if op == "read":
                             # the owner's pattern (i % 251), or what an earlier path's write put there (i % 7)
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{IMPL:13} {path:10} {n // MiB} MiB FAILED\n{traceback.format_exc()}", flush=True)
             os.environ.pop("MONARCH_RDMA_BACKEND", None)
             try:
-                times = _time(lambda: owner.take.call_one(src).get(), r)
+                times = _time(lambda s=src: owner.take.call_one(s).get(), r)
                 med = statistics.median(times)
                 result["cases"].append({"case": f"endpoint arg {n // MiB} MiB", "op": "endpoint arg", "size": n,
                                         "path": "endpoint arg", "gb_s": n / med / 1e9, "median_s": med,

@@ -86,7 +86,7 @@ def check_overlaps(ops: list[Op]) -> None:
     """Two reads of one batch into overlapping local memory would race: refuse them."""
     spans = sorted((o.local.addr, o.local.addr + o.nbytes, i) for i, o in enumerate(ops)
                    if o.kind == "r" and o.nbytes and o.local.device == "cpu")
-    for (a0, a1, i), (b0, b1, j) in zip(spans, spans[1:]):
+    for (_a0, a1, i), (b0, _b1, j) in zip(spans, spans[1:]):
         if b0 < a1:
             raise ValueError(
                 f"operations {min(i, j)} and {max(i, j)} of this RDMAAction read into overlapping local memory "
