@@ -15,7 +15,7 @@ from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable, Coroutine, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from monarch_core._kernel._inbound import Poller as _Poller
+from monarch_core._kernel._poller import Poller as _Poller
 
 if TYPE_CHECKING:
     import asyncio
