@@ -345,6 +345,17 @@ class ActorMesh(MeshTrait, Generic[T]):
         return f"<ActorMesh {self._name!r} of {self._class.__qualname__} {self._region_.extent}>"
 
 
+#: Attributes an ``ActorMesh`` instance sets in ``__init__`` (they hide an endpoint of the same name too).
+_INSTANCE_ATTRIBUTES = frozenset({
+    "_class", "_name", "_key", "_health", "_members", "_region_", "_proc_mesh", "_init_cell", "_owner",
+    "_stopped", "_endpoints", "_whole_view", "_tree_view_id", "_tree_sent",
+})
+#: Every name an ``ActorMesh`` answers itself, so that an endpoint of that name
+#: would never be reached through the mesh (``Actor.__init_subclass__`` refuses them).
+MESH_ATTRIBUTES: frozenset[str] = frozenset(
+    n for n in dir(ActorMesh) if not (n.startswith("__") and n.endswith("__"))
+) | _INSTANCE_ATTRIBUTES
+
 _NONE_PAYLOAD = _serial.dumps(None)[0]
 
 
