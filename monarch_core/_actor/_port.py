@@ -211,8 +211,18 @@ class PortReceiver(Generic[R]):
 
     def recv(self) -> Future[R]:
         """A future for the next message (raises what a sender passed to
-        ``Port.exception``)."""
-        return Future._of(self._handler.next(self._ranked))
+        ``Port.exception``).
+
+        As in the reference, the future claims a message only when it is
+        first observed (``get``, ``result``, ``exception``, ``done``,
+        ``await``, ``as_asyncio``): futures receive messages in the order
+        they are observed, not created, and one dropped unobserved claims
+        nothing.  Once observed it keeps its claim: a ``get(timeout=...)``
+        that times out does not consume it, a later ``get`` still receives
+        the message it claimed."""
+        handler, ranked = self._handler, self._ranked
+        return Future._on_observe(lambda: handler.next(ranked))
+
 
     def ranked(self) -> RankedPortReceiver[R]:
         """A view of this receiver whose ``recv`` returns ``(rank, value)``."""
