@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextvars
+import functools
 import inspect
 import logging
 import threading
@@ -223,7 +224,8 @@ class ActorHost:
     # ---------------------------------------------------------------- thread
     def _thread_main(self) -> None:
         self._ident = _get_ident()
-        asyncio.set_event_loop(self.loop)
+        # The loop is not made the thread's current event loop: sync code of the
+        # actor (endpoints, __init__, hooks) sees no asyncio loop (``_loopless``).
         try:
             self.loop.run_until_complete(self._main())
         except BaseException:  # pragma: no cover - _main handles everything
@@ -298,7 +300,7 @@ class ActorHost:
             self.class_name = cls.__qualname__
             instance = cls.__new__(cls)
             self.instance = instance
-            instance.__init__(*args, **kwargs)
+            _loopless(instance.__init__)(*args, **kwargs)
         except BaseException as e:  # any failure of __init__: the actor is stopped, the owner told
             self.init_error = wrap_exception(e, f"{self.name}.__init__")
             logger.error("actor %s failed in __init__: %r", self.display_name, e)
@@ -436,11 +438,13 @@ class ActorHost:
             if attr is None:
                 continue
             if EndpointProperty is not None and isinstance(attr, EndpointProperty):
-                self._methods[name] = (cls, attr, attr._method)
-                return attr, attr._method
+                func = _loopless(attr._method)
+                self._methods[name] = (cls, attr, func)
+                return attr, func
             if callable(attr):
-                self._methods[name] = (cls, None, attr)
-                return None, attr
+                func = _loopless(attr)
+                self._methods[name] = (cls, None, func)
+                return None, func
             break
         raise AttributeError(f"{cls.__qualname__} has no endpoint {name!r}")
 
@@ -509,7 +513,7 @@ class ActorHost:
             return
         token = _state.current_message_rank.set(self.rank)
         try:
-            res = cleanup(exc)
+            res = _loopless(cleanup)(exc)
             if inspect.isawaitable(res):
                 await asyncio.wait_for(res, CLEANUP_TIMEOUT)
         except asyncio.TimeoutError:
@@ -531,7 +535,7 @@ class ActorHost:
         handler = getattr(self.instance, "__supervise__", None)
         token = _state.current_message_rank.set(self.rank)
         try:
-            handled = handler(failure) if handler is not None else None
+            handled = _loopless(handler)(failure) if handler is not None else None
             if inspect.isawaitable(handled):
                 handled = await handled
         except BaseException as e:
@@ -572,7 +576,7 @@ class ActorHost:
         handler = getattr(self.instance, "_handle_undeliverable_message", None)
         if handler is not None:
             try:
-                res = handler(UndeliverableMessage(exc))
+                res = _loopless(handler)(UndeliverableMessage(exc))
                 if inspect.isawaitable(res):
                     res = await res
             except BaseException as e:
@@ -614,3 +618,30 @@ def _coords(p: Point) -> str:
     if not len(p.extent):
         return ""
     return str(p)
+
+
+_get_running_loop = asyncio._get_running_loop
+_set_running_loop = asyncio._set_running_loop
+
+
+def _loopless(func: Any) -> Any:
+    """``func`` itself if it is ``async def``; else a wrapper that runs it with
+    no asyncio loop visible, as in the reference: ``asyncio.get_running_loop()``
+    raises inside it, and it may run a loop of its own (``asyncio.run``) or
+    block in ``Future.get()``.  The actor's loop is hidden only for the call:
+    an awaitable it returns is awaited on the actor's loop as usual."""
+    if inspect.iscoroutinefunction(func):
+        return func
+
+    @functools.wraps(func)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        loop = _get_running_loop()
+        if loop is None:
+            return func(*args, **kwargs)
+        _set_running_loop(None)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            _set_running_loop(loop)
+
+    return run
