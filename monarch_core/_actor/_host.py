@@ -26,6 +26,7 @@ from monarch_core._actor._port import (
     ReturnPort,
     send_raw_to_port,
     send_to_port,
+    this_proc_and_host,
     wrap_exception,
 )
 from monarch_core._kernel import _wire as W
@@ -101,6 +102,8 @@ class ActorHost:
         self._stop_lock = threading.Lock()
         self._stop_replies: list[tuple] = []
         self._stop_requested = False
+        self._stop_reason = ""
+        self._chain: list[dict] = []  # the cascade that failed this actor (first failure first), if any
         self._finished = False
         self._return_ref: tuple | None = None
         self._after_death_task: asyncio.Task | None = None
@@ -138,6 +141,15 @@ class ActorHost:
     @property
     def proc(self) -> Any:
         return _state.upper.this_proc()  # type: ignore[misc] - set by _mesh
+
+    def describe(self) -> str:
+        """The actor in words, for failure texts: ``trainers{'gpus': 1/4}
+        (Trainer) on proc procs0{'gpus': 1/4} on host node7``."""
+        proc, host = this_proc_and_host()
+        where = f" on {proc}" if proc else " in the client"
+        if "on host " not in where:
+            where += f" on host {host}"
+        return f"{self.display_name} ({self.class_name}){where}"
 
     def enqueue(self, h: tuple, payload: Any, buffers: list) -> None:
         """Queue a message (any thread)."""
@@ -212,6 +224,7 @@ class ActorHost:
             if self._stop_requested:
                 return
             self._stop_requested = True
+            self._stop_reason = reason
         self._post((_STOP, reason, None))
 
     def _finish_stop(self) -> None:
@@ -335,12 +348,22 @@ class ActorHost:
         if self.init_error is not None:
             exc: BaseException = self.init_error
         elif self.failure is not None:
+            proc, host = this_proc_and_host()
+            on = f", on {proc}" if proc else ""
+            if "on host " not in on:
+                on += f" on host {host}"
+            chain = ""
+            if self._chain:  # a cascade: where it started, and how it came up to this actor
+                from monarch_core._actor import _supervision as S
+
+                chain = "\n" + S.cascade(self._chain)
             exc = SupervisionError(
-                f"actor {self.display_name} ({self.class_name}) and its descendants failed; "
-                f"{method} was not completed. Cause: {self.failure}"
+                f"actor {self.display_name} ({self.class_name}{on}) and its descendants failed; "
+                f"{method} was not completed. Cause: {self.failure}{chain}"
             )
         else:
-            exc = SupervisionError(f"actor {self.display_name} was stopped; {method} was not run")
+            reason = f" ({self._stop_reason})" if self._stop_reason else ""
+            exc = SupervisionError(f"actor {self.describe()} was stopped{reason}; {method} was not run")
         return exc
 
     def _run_message(self, h: tuple, payload: Any, buffers: list) -> Any:
@@ -368,6 +391,7 @@ class ActorHost:
                 explicit = prop._explicit_response_port
             if explicit:
                 port: Port[Any] = Port(reply_ref, None, rank) if reply_ref is not None else _DroppingPort()
+                port._where = (self.name, method_name)  # named by port.exception(e)
                 args = (port, *args)
             if prop is not None and prop._concurrent:
                 self._start_concurrent(func, args, kwargs, method_name, None if explicit else reply_ref, rank)
@@ -382,7 +406,7 @@ class ActorHost:
         except Exception as e:
             self._raised(e, reply_ref, rank, self._where(method_name), explicit)
         except BaseException as e:
-            self._die(e, f"{self._where(method_name)} raised {type(e).__name__}")
+            self._die(e, f"{self._where(method_name)} raised {type(e).__name__}", where=self._where(method_name))
         finally:
             if rest is None:
                 self._current_reply = None
@@ -404,7 +428,7 @@ class ActorHost:
         except Exception as e:
             self._raised(e, reply_ref, rank, self._where(method), explicit)
         except BaseException as e:
-            self._die(e, f"{self._where(method)} raised {type(e).__name__}")
+            self._die(e, f"{self._where(method)} raised {type(e).__name__}", where=self._where(method))
         finally:
             self._current_reply = None
             _state.current_message_rank.reset(token)
@@ -415,7 +439,7 @@ class ActorHost:
             send_to_port(reply_ref, rank, W.S_ERROR, wrap_exception(e, where))
         else:
             why = "explicit-response-port endpoint" if explicit else "broadcast (no caller to report to)"
-            self._die(e, f"{where} raised in a {why}")
+            self._die(e, f"{where} raised in a {why}", where=where)
 
     def _reply_value(self, reply_ref: tuple, rank: int, result: Any, method: str) -> None:
         try:
@@ -470,9 +494,11 @@ class ActorHost:
                 if reply_ref is not None:
                     send_to_port(reply_ref, rank, W.S_ERROR, wrap_exception(e, where))
                 else:
-                    self._die(e, f"concurrent endpoint {where} raised without forwarding it to its port", current)
+                    self._die(e, f"concurrent endpoint {where} raised without forwarding it to its port", current,
+                              where=where)
             except BaseException as e:
-                self._die(e, f"concurrent endpoint {self._where(method)} raised {type(e).__name__}", current)
+                self._die(e, f"concurrent endpoint {self._where(method)} raised {type(e).__name__}", current,
+                          where=self._where(method))
 
         t = self.loop.create_task(body())
         self._concurrent.add(t)
@@ -485,20 +511,29 @@ class ActorHost:
         current: tuple | None = None,
         category: str = "user",
         chain: list[dict] | None = None,
+        where: str | None = None,
     ) -> None:
         """The actor fails (on its own thread): whoever waits on the message
         being handled is told, later messages are refused with the cause, the
         owner is told, then its concurrent tasks are cancelled, the meshes it
-        owns are stopped and ``__cleanup__(exc)`` runs."""
+        owns are stopped and ``__cleanup__(exc)`` runs.  ``where``:
+        ``mesh.endpoint`` when an endpoint (or hook) raised."""
         if self.failure is not None:
             return
-        err = wrap_exception(exc, self.name)
+        err = wrap_exception(exc, where or self.name)
         self.failure = err
+        cause = f"{why}:\n{err.remote_traceback}" if err.remote_traceback else f"{why}: {exc!r}"
+        if chain:  # a cascade: its refusals show how it came up to this actor
+            from monarch_core._actor import _supervision as S
+
+            self._chain = [*chain, S.make_report(
+                mesh_key=self.key, mesh_name=self.name, class_name=self.class_name, rank=self.rank.rank,
+                coords=str(self.rank), actor=self.display_name, proc=this_proc_and_host()[0] or "the client",
+                cause=why, category=category, host=this_proc_and_host()[1])]
         cur = current if current is not None else self._current_reply
         if cur is not None and cur[0] is not None:
             self._refuse(cur[0], cur[1], cur[2])
         logger.error("actor %s (%s) failed: %s: %r", self.display_name, self.class_name, why, exc)
-        cause = f"{why}:\n{err.remote_traceback}" if err.remote_traceback else f"{why}: {exc!r}"
         self.agent.actor_failed(self, cause, category, chain or [])
         self._after_death_task = self.loop.create_task(self._after_death(err))
 
@@ -540,7 +575,7 @@ class ActorHost:
                 handled = await handled
         except BaseException as e:
             self._die(e, f"__supervise__ raised while handling the failure of its mesh {failure.mesh_name!r}",
-                      chain=failure.events)
+                      chain=failure.events, where=self._where("__supervise__"))
             return
         finally:
             _state.current_message_rank.reset(token)
@@ -580,7 +615,8 @@ class ActorHost:
                 if inspect.isawaitable(res):
                     res = await res
             except BaseException as e:
-                self._die(e, "_handle_undeliverable_message raised", category="system")
+                self._die(e, "_handle_undeliverable_message raised", category="system",
+                          where=self._where("_handle_undeliverable_message"))
                 return
             if res:
                 return
