@@ -85,6 +85,8 @@ class ProcAgent:
         self._last_pong: dict[str, float] = {}
         kernel.on_proc_failed.append(self._on_proc_failed)
         self._control = self.control_handlers()
+        #: seconds an actor's stop may take before it completes without the actor's thread
+        self.stop_grace: float = STOP_GRACE
 
     # ---------------------------------------------------------------- dispatch (loop thread)
     def control_handlers(self) -> dict[type, Callable[[Any, Any, list, str], None]]:
@@ -510,6 +512,10 @@ class ProcAgent:
         import asyncio
 
         await asyncio.get_running_loop().run_in_executor(None, _stop_meshes, owned, STOP_GRACE)
+
+    def stop_meshes(self, meshes: list) -> None:
+        """Stop ``meshes`` (blocking, bounded by the stop grace; not on the loop)."""
+        _stop_meshes(meshes, STOP_GRACE)
 
     def register_owned(self, mesh: Any) -> None:
         host = _state.current_actor.get()

@@ -95,6 +95,7 @@ class ActorHost:
         self.stopped = False
         self.owned: list[Any] = []  # meshes spawned by this actor (stopped with it)
         self._init = (init_reply, payload, buffers)
+        self._init_reply: tuple | None = init_reply
         self._extents: dict[tuple, Extent] = {(labels, sizes): self.mesh_extent}
         self._methods: dict[str, tuple] = {}  # endpoint name -> (class, property or None, function)
         self._concurrent: set[asyncio.Task] = set()
@@ -103,6 +104,8 @@ class ActorHost:
         self._stop_replies: list[tuple] = []
         self._stop_requested = False
         self._stop_reason = ""
+        self._abandoned = False  # stopped while its thread was stuck (see ``_stop_overdue``)
+        self._busy: str | None = None  # "__init__" while it runs (named if a stop gives up on it)
         self._chain: list[dict] = []  # the cascade that failed this actor (first failure first), if any
         self._finished = False
         self._return_ref: tuple | None = None
@@ -226,6 +229,67 @@ class ActorHost:
             self._stop_requested = True
             self._stop_reason = reason
         self._post((_STOP, reason, None))
+        grace = getattr(self.agent, "stop_grace", 0.0)
+        if grace > 0:
+            kernel = self.agent.kernel
+            try:
+                kernel.call_soon(kernel.start_task, self._stop_watchdog, grace)
+            except RuntimeError:  # the kernel is shutting down: the proc ends anyway
+                pass
+
+    async def _stop_watchdog(self, grace: float) -> None:
+        """On the kernel loop: if the stop has not completed after ``grace``
+        seconds (``MONARCH_STOP_GRACE``), stop without the actor's thread."""
+        import trio
+
+        await trio.sleep(grace)
+        if not self._finished:
+            self._stop_overdue(grace)
+
+    def _stop_overdue(self, grace: float) -> None:
+        """The actor did not stop within the grace period: its thread is stuck
+        in ``__init__`` or an endpoint (a thread cannot be killed).  Complete
+        the stop without it: the actor leaves the proc (later messages are
+        refused as for a stopped actor), the call it was handling and what was
+        queued are refused, the stop is acknowledged, and the meshes it owns
+        are stopped.  Its thread is left behind, unreachable; it never runs
+        another message, and the proc's own stop ends it (any thread)."""
+        with self._stop_lock:
+            if self._finished:
+                return
+            self._abandoned = True
+            self.stopped = True
+        cur = self._current_reply
+        busy = self._busy
+        stuck = busy if busy is not None else (f"endpoint {cur[2]}" if cur is not None else None)
+        what = f"its {stuck} did not return" if stuck else "it did not finish what it was doing"
+        reason = self._stop_reason or "stopped"
+        self._stop_reason = (
+            f"{reason}; {what} within the {grace:g}s stop grace period (MONARCH_STOP_GRACE), so it was "
+            f"stopped without it and its thread was left behind"
+        )
+        logger.warning("actor %s (%s): %s", self.display_name, self.class_name, self._stop_reason)
+        self.agent.actor_stopped(self, self._stop_reason)  # unreachable from now on
+        self._closed = True  # what still reaches this object is refused at once
+        if cur is not None and cur[0] is not None:
+            send_to_port(tuple(cur[0]), cur[1], W.S_ERROR, self._refusal(cur[2], started=True))
+        init_reply = self._init_reply
+        if init_reply is not None and busy == "__init__":
+            send_to_port(init_reply, self.rank.rank, W.S_ERROR, self._refusal("__init__", started=True))
+        while True:  # what the actor's loop had already taken (it will not get to it)
+            try:
+                item = self._pending.popleft()
+            except IndexError:
+                break
+            if type(item[0]) is tuple:
+                self._refuse_msg(item[0])
+        self._orphan_incoming()
+        self._finish_stop()  # the stop is acknowledged
+        owned = list(self.owned)
+        self.owned.clear()
+        if owned:
+            threading.Thread(target=self.agent.stop_meshes, args=(owned,), name="monarch-stop-owned",
+                             daemon=True).start()
 
     def _finish_stop(self) -> None:
         with self._stop_lock:
@@ -277,6 +341,8 @@ class ActorHost:
         pending = self._pending
         loop = self.loop
         while True:
+            if self._abandoned:  # it was stopped without this thread: run nothing more
+                return
             if not pending:
                 self._waiter = loop.create_future()
                 self._idle = True
@@ -302,6 +368,7 @@ class ActorHost:
     async def _construct(self) -> None:
         init_reply, payload, buffers = self._init
         self._init = (None, None, None)
+        self._init_reply = init_reply
         agent = self.agent
         if not agent.proc_ready.is_set():
             await asyncio.get_running_loop().run_in_executor(None, agent.proc_ready.wait)
@@ -313,8 +380,12 @@ class ActorHost:
             self.class_name = cls.__qualname__
             instance = cls.__new__(cls)
             self.instance = instance
+            self._busy = "__init__"
             _loopless(instance.__init__)(*args, **kwargs)
         except BaseException as e:  # any failure of __init__: the actor is stopped, the owner told
+            self._busy = None
+            if self._abandoned:  # its stop gave up waiting for __init__ long ago
+                return
             self.init_error = wrap_exception(e, f"{self.name}.__init__")
             logger.error("actor %s failed in __init__: %r", self.display_name, e)
             if init_reply is not None:
@@ -325,7 +396,8 @@ class ActorHost:
             return
         finally:
             _state.current_message_rank.reset(token)
-        if init_reply is not None:
+        self._busy = None
+        if init_reply is not None and not self._abandoned:
             send_to_port(init_reply, self.rank.rank, W.S_VALUE, True)
 
     def _extent(self, labels: tuple, sizes: tuple) -> Extent:
@@ -344,7 +416,9 @@ class ActorHost:
             return
         send_to_port(tuple(reply), rank, W.S_ERROR, self._refusal(method))
 
-    def _refusal(self, method: str) -> BaseException:
+    def _refusal(self, method: str, started: bool = False) -> BaseException:
+        """The error for a message this actor will not handle (``started``:
+        one it began handling and will never finish)."""
         if self.init_error is not None:
             exc: BaseException = self.init_error
         elif self.failure is not None:
@@ -363,7 +437,8 @@ class ActorHost:
             )
         else:
             reason = f" ({self._stop_reason})" if self._stop_reason else ""
-            exc = SupervisionError(f"actor {self.describe()} was stopped{reason}; {method} was not run")
+            outcome = "did not complete" if started else "was not run"
+            exc = SupervisionError(f"actor {self.describe()} was stopped{reason}; {method} {outcome}")
         return exc
 
     def _run_message(self, h: tuple, payload: Any, buffers: list) -> Any:
@@ -518,7 +593,7 @@ class ActorHost:
         owner is told, then its concurrent tasks are cancelled, the meshes it
         owns are stopped and ``__cleanup__(exc)`` runs.  ``where``:
         ``mesh.endpoint`` when an endpoint (or hook) raised."""
-        if self.failure is not None:
+        if self.failure is not None or self._abandoned:
             return
         err = wrap_exception(exc, where or self.name)
         self.failure = err
@@ -547,6 +622,7 @@ class ActorHost:
         if cleanup is None:
             return
         token = _state.current_message_rank.set(self.rank)
+        self._busy = "__cleanup__"
         try:
             res = _loopless(cleanup)(exc)
             if inspect.isawaitable(res):
@@ -556,6 +632,7 @@ class ActorHost:
         except Exception:
             logger.exception("actor %s: __cleanup__ raised", self.display_name)
         finally:
+            self._busy = None
             _state.current_message_rank.reset(token)
 
     # ---------------------------------------------------------------- supervision
@@ -630,6 +707,8 @@ class ActorHost:
             await self._cancel_concurrent()
             await self.agent.stop_owned_async(self)
             await self._run_cleanup(None)
+        if self._abandoned:  # the stop completed without this thread meanwhile
+            return
         self.agent.actor_stopped(self, reason)
         # refuse whatever is still queued
         self._pending.extend(self._incoming.popleft() for _ in range(len(self._incoming)))
