@@ -114,7 +114,8 @@ class UndeliverableMessageError(MonarchError):
     """A message could not be delivered to its destination.
 
     The message names the destination and why (the proc is gone, the actor was
-    stopped, no acknowledgement within the delivery timeout).
+    stopped, no acknowledgement within the delivery timeout); for a call, the
+    call first, as for :class:`SupervisionError`.
     """
 
 
@@ -122,7 +123,10 @@ class SupervisionError(MonarchError):
     """An actor or proc that the caller depends on has failed.
 
     Raised by calls whose destination died (process exit, signal, actor
-    failure) and by calls to an actor mesh that has already failed.
+    failure), was stopped, or belongs to an actor mesh that has already
+    failed.  The text starts with the call (adverb, endpoint, actor mesh and
+    class, each rank concerned with its coordinates, proc and host), then
+    says why; for a cascade, the chain from the first failure up.
     """
 
 
