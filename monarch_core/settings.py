@@ -117,7 +117,7 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_LOG_LEVEL", "str", None, "log level of worker processes and worker loops (default: the client's `monarch` logger level; worker loops: WARNING)"),
         _s("MONARCH_DELIVERY_TIMEOUT", "seconds", 30.0, "seconds a message may stay unacknowledged (reconnecting included) before it is returned as undeliverable", minimum=0.001),
         _s("MONARCH_PROC_START_TIMEOUT", "seconds", 60.0, "seconds to wait for a new proc to report its address", minimum=0.001),
-        _s("MONARCH_STOP_GRACE", "seconds", 10.0, "seconds a stopping proc gets before SIGTERM, then SIGKILL", minimum=0),
+        _s("MONARCH_STOP_GRACE", "seconds", 10.0, "seconds a stopping proc gets before SIGTERM, then SIGKILL; a stopping actor, before its stop completes without its thread (one stuck in `__init__` or an endpoint)", minimum=0),
         _s("MONARCH_HEARTBEAT_INTERVAL", "seconds", 2.0, "seconds between heartbeats a parent (the client, or a worker loop for the procs it starts) sends its procs; 0 disables them", minimum=0),
         _s("MONARCH_HEARTBEAT_TIMEOUT", "seconds", 30.0, "seconds of silence after which a proc is declared hung and killed", minimum=0.001),
         _s("MONARCH_ATTACH_TIMEOUT", "seconds", 10.0, "seconds `attach_to_workers` waits for each worker loop to answer", minimum=0.001),
