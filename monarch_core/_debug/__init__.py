@@ -8,7 +8,8 @@ Modules, by the process they run in:
   :mod:`._session` (the remote pdb: a ``pdb.Pdb`` whose input and output travel
   to the client's debug controller as endpoint calls);
 * the client: :mod:`._controller` (the ``DebugController`` actor, spawned on
-  the root client at the first breakpoint: the stopped sessions) and
+  the root client at the first breakpoint), :mod:`._registry` (the stopped
+  sessions it keeps, and the debugger's operations on them) and
   :mod:`._server` (the TCP server ``monarch debug`` talks to);
 * the CLI: :mod:`._cli` (the ``cmd`` command loop) and :mod:`._ranks` (the
   ``ranks(...)`` grammar);

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from monarch_core._debug import _protocol as P
 
 if TYPE_CHECKING:
-    from monarch_core._debug._controller import Registry, Session
+    from monarch_core._debug._registry import Registry, Session
 
 __all__ = ["DebugServer"]
 

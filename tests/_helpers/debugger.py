@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -160,6 +161,19 @@ class Cli:
         text = self.child.before.replace("\r\n", "\n")
         self.child.close()
         return text, int(self.child.exitstatus if self.child.exitstatus is not None else -1)
+
+    def poll_list(self, want: int, timeout: float = WAIT, post_mortem: int | None = None) -> list[dict[str, str]]:
+        """``list`` (twice a second) until it shows ``want`` rows, ``post_mortem``
+        of them post-mortem if given; the rows."""
+        deadline = time.monotonic() + timeout
+        while True:
+            rows = table_rows(self.cmd("list"))
+            pm = sum(1 for r in rows if "[post-mortem]" in r["Function"])
+            if len(rows) == want and (post_mortem is None or pm == post_mortem):
+                return rows
+            assert time.monotonic() < deadline, (
+                f"list shows {len(rows)} rows ({pm} post-mortem), expected {want} ({post_mortem}):\n{rows}")
+            time.sleep(0.5)
 
     def quit(self) -> int:
         self.child.sendline("quit")

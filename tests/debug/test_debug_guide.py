@@ -11,7 +11,6 @@ of the ranks that raised).
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 
@@ -34,18 +33,6 @@ HOST = socket.gethostname()
 #: where each branch of _debugee_actor_internal stops (the line after its breakpoint())
 STOP = {b: line_of(PROG, f"rank += {b + 1}") for b in range(4)}
 RANK_EXPR = "p __import__('monarch_core.actor').actor.current_rank().rank"
-
-
-def poll_list(cli: Cli, want: int, timeout: float = 120.0, post_mortem: int | None = None) -> list[dict[str, str]]:
-    """``list`` until it shows ``want`` rows (``post_mortem`` of them post-mortem)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = table_rows(cli.cmd("list"))
-        pm = sum(1 for r in rows if "[post-mortem]" in r["Function"])
-        if len(rows) == want and (post_mortem is None or pm == post_mortem):
-            return rows
-        assert time.monotonic() < deadline, f"list shows {len(rows)} rows ({pm} post-mortem), expected {want}:\n{rows}"
-        time.sleep(0.5)
 
 
 def cast_ranks(cli: Cli, spec: str) -> dict[int, list[str]]:
@@ -73,7 +60,7 @@ def test_the_guide_walkthrough_on_a_4x4_mesh(program, tmp_path) -> None:
         ]
 
         # list: every rank, with its coordinates, host, function and line
-        rows = poll_list(cli, 16)
+        rows = cli.poll_list(16)
         assert [int(r["Rank"]) for r in rows] == list(range(16))
         for r in rows:
             rank = int(r["Rank"])
@@ -129,7 +116,7 @@ def test_the_guide_walkthrough_on_a_4x4_mesh(program, tmp_path) -> None:
         assert cli.cmd("c") == "Detached from debug session for rank 2 (continued)\n"
 
         # post-mortem: rank 2 stops again where the error was raised
-        rows = poll_list(cli, 16, post_mortem=1)
+        rows = cli.poll_list(16, post_mortem=1)
         row2 = next(r for r in rows if r["Rank"] == "2")
         raise_line = line_of(PROG, 'raise ValueError("bad rank")')
         assert row2["Function"] == "_bad_rank [post-mortem]" and row2["Line"] == str(raise_line), row2
@@ -160,7 +147,7 @@ def test_the_guide_walkthrough_on_a_4x4_mesh(program, tmp_path) -> None:
         # continue: the other ranks that raise stop post-mortem; continue again ends the program
         out = cli.cmd("continue")
         assert out.startswith("Continued 16 ranks."), out
-        rows = poll_list(cli, 3, post_mortem=3)
+        rows = cli.poll_list(3, post_mortem=3)
         assert [int(r["Rank"]) for r in rows] == [6, 10, 14]
         assert cli.cmd("c").startswith("Continued 3 ranks.")
         values = prog.result("values")

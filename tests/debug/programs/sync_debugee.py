@@ -4,7 +4,9 @@ and of the server: ``python sync_debugee.py MODE MARKERS_DIR``.
 Each rank writes ``MARKERS_DIR/continued-<rank>`` once it runs past its
 breakpoint (so a test can tell a released rank from a killed one).
 
-MODE ``call``: call, print ``{"values": [...]}``.  ``stop``: call, wait for a
+MODE ``call``: call, print ``{"values": [...]}``; ``call_noenv``: the same, with
+``PYTHONBREAKPOINT`` removed from the procs' environment (the client keeps
+its own).  ``stop``: call, wait for a
 line on stdin, stop the proc mesh, print ``{"stopped": ..., "outcome": ...}``.
 ``wait``: call and wait for the result forever (the test ends the client).
 """
@@ -13,7 +15,7 @@ import json
 import os
 import sys
 
-from monarch_core.actor import Actor, current_rank, endpoint, this_host
+from monarch_core.actor import Actor, current_rank, default_bootstrap_cmd, endpoint, this_host
 
 
 class SyncDebugee(Actor):
@@ -32,10 +34,11 @@ class SyncDebugee(Actor):
 
 if __name__ == "__main__":
     mode, markers = sys.argv[1], sys.argv[2]
-    pm = this_host().spawn_procs(per_host={"gpu": 2})
+    cmd = default_bootstrap_cmd().with_env(PYTHONBREAKPOINT=None) if mode == "call_noenv" else None
+    pm = this_host().spawn_procs(per_host={"gpu": 2}, bootstrap_command=cmd)
     mesh = pm.spawn("syncdbg", SyncDebugee, markers)
     fut = mesh.step.call(7)
-    if mode == "call":
+    if mode in ("call", "call_noenv"):
         print(json.dumps({"values": fut.get(timeout=600).values()}), flush=True)
     elif mode == "stop":
         sys.stdin.readline()
