@@ -351,7 +351,7 @@ class _Link:
             logger.debug("could not tell the debug controller that %s ended: %r", self.id, e)
 
     def source(self, filename: str) -> list[str] | None:
-        ctrl = _get_controller(start=False)
+        ctrl = _get_controller()
         if ctrl is None:
             return None
         try:
