@@ -1,5 +1,6 @@
 """The debugging guide, end to end: its ``DebugeeActor`` on 4 x 4 procs of
 this host, debugged with the real ``monarch debug`` in a pseudo-terminal.
+The program is the example of docs/debugging.md, run as it stands there.
 
 One program run (16 real procs) serves the whole walk, in the guide's order:
 ``list``, a second CLI refused, bad input, ``attach`` with ``n``/``s``/``p``,
@@ -10,28 +11,25 @@ of the ranks that raised).
 
 from __future__ import annotations
 
+import re
 import socket
+from pathlib import Path
 
 import pytest
 
-from _helpers.debugger import (
-    PDB,
-    PROGRAMS,
-    Cli,
-    cast_lines,
-    debug_env,
-    line_of,
-    run_program,
-    table_rows,
-)
+from _helpers.debugger import PDB, Cli, Program, cast_lines, debug_env, line_of
 
 pytest.importorskip("pexpect")
 pytest.importorskip("lark")
 
-PROG = PROGRAMS / "debugee.py"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "debugging.md"
 HOST = socket.gethostname()
-#: where each branch of _debugee_actor_internal stops (the line after its breakpoint())
-STOP = {b: line_of(PROG, f"rank += {b + 1}") for b in range(4)}
+
+
+def doc_program() -> str:
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
+    assert len(blocks) == 1, "docs/debugging.md should hold one python block: the guide's program"
+    return blocks[0]
 RANK_EXPR = "p __import__('monarch_core.actor').actor.current_rank().rank"
 
 
@@ -42,14 +40,18 @@ def cast_ranks(cli: Cli, spec: str) -> dict[int, list[str]]:
 
 @pytest.fixture
 def program(tmp_path):
+    script = tmp_path / "debugee.py"
+    script.write_text(doc_program())
     env = debug_env(tmp_path / "debug.token")
-    p = run_program("debugee.py", "4", "4", env=env, cwd=tmp_path)
-    yield p, env
+    p = Program([str(script)], env, tmp_path)
+    yield p, env, script
     p.kill()
 
 
 def test_the_guide_walkthrough_on_a_4x4_mesh(program, tmp_path) -> None:
-    prog, env = program
+    prog, env, PROG = program
+    #: where each branch of _debugee_actor_internal stops (the line after its breakpoint())
+    STOP = {b: line_of(PROG, f"rank += {b + 1}") for b in range(4)}  # noqa: N806
     port = prog.port()
     cli = Cli(["--port", str(port)], env)
     try:
