@@ -73,7 +73,7 @@ class Connection:
                 "hits breakpoint(); is the program running and stopped at one? (--host/--port must match its "
                 "MONARCH_DEBUG_SERVER_HOST/MONARCH_DEBUG_SERVER_PORT; the line it printed names them)"
             ) from None
-        except socket.timeout:
+        except TimeoutError:
             raise P.CliError(f"no answer from {self.where} within {CONNECT_TIMEOUT:g}s") from None
         except OSError as e:
             raise P.CliError(f"cannot connect to {self.where}: {e.strerror or e}") from None
@@ -85,7 +85,7 @@ class Connection:
             self.sock.settimeout(wait + ANSWER_TIMEOUT)
             self.sock.sendall(P.encode({"op": op, "wait": wait, **fields}))
             line = self.file.readline(P.MAX_LINE + 1)
-        except socket.timeout:
+        except TimeoutError:
             raise Disconnected(f"the debug server at {self.where} did not answer within "
                                f"{wait + ANSWER_TIMEOUT:g}s") from None
         except OSError as e:
@@ -295,7 +295,7 @@ class DebugCli(cmd.Cmd):
 
     do_exit = do_quit
 
-    def do_EOF(self, arg: str) -> bool:  # noqa: N802 - cmd's name for end of input
+    def do_EOF(self, arg: str) -> bool:  # cmd's name for end of input
         self.say("")
         return True
 

@@ -236,9 +236,7 @@ class RemotePdb(pdb.Pdb):
     def ask(self, prompt: str) -> tuple[str, str]:
         """Show what was printed, wait for the debugger's next line after
         ``prompt``: ``(kind, line)`` (see :meth:`_Link.read`)."""
-        out = self._out.drain()
-        if out.endswith(prompt):
-            out = out[: -len(prompt)]
+        out = self._out.drain().removesuffix(prompt)
         return self._link.read({**self._where(), "prompt": prompt}, out)
 
     def _where(self) -> dict[str, Any]:

@@ -51,7 +51,7 @@ def program(tmp_path):
 def test_the_guide_walkthrough_on_a_4x4_mesh(program, tmp_path) -> None:
     prog, env, PROG = program
     #: where each branch of _debugee_actor_internal stops (the line after its breakpoint())
-    STOP = {b: line_of(PROG, f"rank += {b + 1}") for b in range(4)}  # noqa: N806
+    STOP = {b: line_of(PROG, f"rank += {b + 1}") for b in range(4)}
     port = prog.port()
     cli = Cli(["--port", str(port)], env)
     try:

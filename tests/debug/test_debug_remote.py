@@ -14,7 +14,7 @@ import json
 import pytest
 
 from _helpers.debugger import PDB, Cli, cast_lines, debug_env, run_program
-from _helpers.transport import ROOT_ADDR, free_port, host_addr, netns, pki, workers  # noqa: F401 - fixtures
+from _helpers.transport import ROOT_ADDR, free_port, host_addr
 
 pytest.importorskip("pexpect")
 pytest.importorskip("lark")
@@ -23,7 +23,7 @@ HOSTS = (1, 2, 3)
 CELL = "/no/such/dir/notebook-cell-7.py"
 
 
-def test_ranks_on_three_namespace_hosts_stop_list_attach_cast_and_post_mortem(netns, workers, pki, tmp_path) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+def test_ranks_on_three_namespace_hosts_stop_list_attach_cast_and_post_mortem(netns, workers, pki, tmp_path) -> None:  # type: ignore[no-untyped-def]
     ws = [workers(f"tls://{host_addr(i)}:{free_port()}", host=i, tls=pki.hosts[i]) for i in HOSTS]
     cfg = {"workers": [w.address for w in ws], "ca": pki.ca, "key": pki.client.key, "cert": pki.client.cert,
            "bind": f"tls://{ROOT_ADDR}:0"}
