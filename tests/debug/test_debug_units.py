@@ -163,3 +163,77 @@ def test_functions_shipped_by_value_keep_their_file_name() -> None:
     assert f(3) == [1, 2, 3]
     codes = [f.__code__, *(c for c in f.__code__.co_consts if hasattr(c, "co_filename"))]
     assert len(codes) == 3 and {c.co_filename for c in codes} == {"/client/only/cell.py"}
+
+
+def _serve(coro_fn, monkeypatch, tmp_path, **env: str):  # type: ignore[no-untyped-def]
+    """Run ``coro_fn(server)`` with a DebugServer on a fresh asyncio loop."""
+    import asyncio
+
+    from monarch_core._debug._registry import Registry
+    from monarch_core._debug._server import DebugServer
+
+    monkeypatch.setenv("MONARCH_DEBUG_TOKEN_FILE", str(tmp_path / "t.token"))
+    monkeypatch.setenv("MONARCH_DEBUG_SERVER_PORT", "0")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+
+    async def main():  # type: ignore[no-untyped-def]
+        server = DebugServer(Registry())
+        try:
+            return await asyncio.wait_for(coro_fn(server), 20)
+        finally:
+            await server.aclose()
+
+    return asyncio.run(main())
+
+
+def test_a_server_that_cannot_bind_says_so_once_and_lets_breakpoints_continue(monkeypatch, tmp_path, capsys) -> None:
+    async def check(server):  # type: ignore[no-untyped-def]
+        return server.error
+
+    error = _serve(check, monkeypatch, tmp_path, MONARCH_DEBUG_SERVER_HOST="no-such-host.invalid")
+    assert error is not None
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("monarch: the debug server could not start at no-such-host.invalid:0")
+    assert "breakpoint() in actors continues without stopping" in err[0]
+    assert not (tmp_path / "t.token").exists()
+
+
+def test_the_server_refuses_garbage_and_wrong_tokens_and_keeps_serving(monkeypatch, tmp_path) -> None:
+    import asyncio
+
+    async def exchange(port: int, *lines: bytes) -> list[dict]:
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        out = []
+        for line in lines:
+            w.write(line)
+            await w.drain()
+            got = await r.readline()
+            if not got:
+                break
+            out.append(_protocol.decode(got))
+        rest = await r.read()  # the server closes refused connections
+        w.close()
+        return out + ([{"rest": rest}] if rest else [])
+
+    async def check(server):  # type: ignore[no-untyped-def]
+        assert server.error is None and server.host == "localhost"
+        port = server.port
+        garbage = await exchange(port, b"GET / HTTP/1.0\r\n")
+        wrong = await exchange(port, _protocol.encode({"op": "hello", "token": "x" * 64, "pid": 1}))
+        good = _protocol.encode({"op": "hello", "token": server.token, "pid": 2})
+        r, w = await asyncio.open_connection("127.0.0.1", port)
+        w.write(good + _protocol.encode({"op": "list"}) + _protocol.encode({"op": "frob"}) + b"[]\n")
+        await w.drain()
+        answers = [_protocol.decode(await r.readline()) for _ in range(4)]
+        second = await exchange(port, good)  # one debugger at a time
+        w.close()
+        return garbage, wrong, answers, second
+
+    garbage, wrong, answers, second = _serve(check, monkeypatch, tmp_path)
+    assert garbage == [{"ok": False, "error": "expected a hello with the token first"}]
+    assert wrong[0]["ok"] is False and wrong[0]["error"].startswith("wrong token") and len(wrong) == 1
+    assert answers[0]["ok"] is True and answers[1] == {"ok": True, "sessions": []}
+    assert answers[2] == {"ok": False, "error": "unknown request 'frob'; known: list, attach, send, wait, cast, continue"}
+    assert answers[3]["ok"] is False and answers[3]["error"].startswith("malformed request")
+    assert second[0]["ok"] is False and "another monarch debug (pid 2) is attached" in second[0]["error"]
