@@ -142,6 +142,9 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_FORK_SERVER", "bool", True, "0 starts every proc with exec instead of forking it from the pre-imported fork server"),
         _s("MONARCH_BUFFER_POOL_MB", "mib", 256, "MiB of large receive buffers kept for reuse once their consumers drop them; 0 disables", minimum=0),
         _s("MONARCH_MALLOC_REUSE_MB", "mib", 256, "procs: allocations up to this many MiB reuse freed heap pages, with one malloc arena (0: glibc defaults); a client applies it only when the variable is set", minimum=0),
+        _s("MONARCH_DEBUG_SERVER_HOST", "str", "localhost", "host name or address the client's debug server binds at the first `breakpoint()` in an actor, and `monarch debug` connects to (loopback by default; see docs/debugging.md)"),
+        _s("MONARCH_DEBUG_SERVER_PORT", "int", 27000, "TCP port of the client's debug server (0: any free port; taken: a free one): the line the client prints names it", minimum=0),
+        _s("MONARCH_DEBUG_TOKEN_FILE", "path", None, "file (mode 0600) holding the debug server's access token, written by the client and read by `monarch debug`", default_text="~/.monarch/debug/PORT.token"),
         # ------------------------------------------------------------ internal tuning knobs
         _s("MONARCH_DIRECT_GAP_US", "float", 100.0, "µs after a direct write during which a session's next messages go through the loop, batched", public=False, minimum=0),
         _s("MONARCH_DROP_LOG_INTERVAL", "seconds", 10.0, "seconds between two WARNING lines about connections dropped from one peer host for one reason (the next line counts those left out); 0 logs every one", public=False, minimum=0),

@@ -29,6 +29,7 @@ from monarch_core._actor._port import (
     this_proc_and_host,
     wrap_exception,
 )
+from monarch_core._debug import _hook as _debug_hook
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._runtime import THREADED_INBOUND
 from monarch_core._mesh._shape import Extent, Point
@@ -509,6 +510,7 @@ class ActorHost:
             _state.current_message_rank.reset(token)
 
     def _raised(self, e: Exception, reply_ref: tuple | None, rank: int, where: str, explicit: bool) -> None:
+        _debug_hook.post_mortem(e)  # stops here if this message hit breakpoint() (docs/debugging.md)
         if reply_ref is not None and not explicit:
             logger.debug("endpoint %s raised %r", where, e)
             send_to_port(reply_ref, rank, W.S_ERROR, wrap_exception(e, where))
@@ -565,6 +567,7 @@ class ActorHost:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
+                _debug_hook.post_mortem(e)
                 where = self._where(method)
                 if reply_ref is not None:
                     send_to_port(reply_ref, rank, W.S_ERROR, wrap_exception(e, where))
