@@ -51,6 +51,7 @@ class DebugController(Actor):
             return ("release", "the client runs with PYTHONBREAKPOINT=0")
         if self.server is None or self.server.error is not None:
             return ("release", f"the debug server could not start: {self.server.error if self.server else ''}")
+        self.server.ensure_serving()
         return await self.registry.stopped(sid, info, output)
 
     @endpoint

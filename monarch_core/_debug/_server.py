@@ -52,6 +52,7 @@ class DebugServer:
         self._noticed = False
         self._server: asyncio.AbstractServer | None = None
         self._task: asyncio.Task | None = None
+        self._sock: socket.socket | None = None  # bound, not yet served
         self._inflight = 0  # requests being answered (shutdown lets them finish)
         self.taken: int | None = None  # the configured port, when another program had it
         wanted: Any = "?"
@@ -70,7 +71,16 @@ class DebugServer:
         if not _is_loopback(sock):
             logger.warning("the debug server listens on %s:%d, beyond this host's loopback: anyone who can "
                            "reach it may try the token (see docs/debugging.md)", self.host, self.port)
-        self._task = asyncio.get_running_loop().create_task(self._serve(sock))
+        # Sync __init__ of an actor runs with no asyncio loop visible: serving
+        # starts on the actor's loop, at the first stop (``ensure_serving``);
+        # the socket listens already, so a CLI that connects early waits.
+        self._sock = sock
+
+    def ensure_serving(self) -> None:
+        """Start serving the CLI on the running (the controller's) loop, once."""
+        if self._task is None and self._sock is not None:
+            sock, self._sock = self._sock, None
+            self._task = asyncio.get_running_loop().create_task(self._serve(sock))
 
     # -- binding
     @staticmethod
@@ -153,6 +163,9 @@ class DebugServer:
             self._server.close()
         if self._task is not None:
             self._task.cancel()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
         if self.token_file is not None:
             P.remove_token_file(self.token_file, self.token)
             self.token_file = None

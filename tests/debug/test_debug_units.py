@@ -179,6 +179,7 @@ def _serve(coro_fn, monkeypatch, tmp_path, **env: str):  # type: ignore[no-untyp
 
     async def main():  # type: ignore[no-untyped-def]
         server = DebugServer(Registry())
+        server.ensure_serving()  # what the controller does at the first stop
         try:
             return await asyncio.wait_for(coro_fn(server), 20)
         finally:
