@@ -13,6 +13,7 @@ import getpass
 import hashlib
 import logging
 import os
+import shlex
 import socket
 import threading
 from typing import Any
@@ -44,6 +45,9 @@ class Target:
     keepalive_interval: float = 5.0
     keepalive_count: int = 6
     allow_agent: bool = True
+    #: ssh_config ``SetEnv``: variables the SSH server is asked to set for every
+    #: command (it sets only those its ``AcceptEnv`` allows).
+    set_env: tuple[tuple[str, str], ...] = ()
 
     @property
     def where(self) -> str:
@@ -111,8 +115,14 @@ def resolve(entry: HostEntry, params: SshParams, cfg: paramiko.SSHConfig | None,
             chain.extend(jt.jumps if j == 0 else ())  # the first jump's own jumps come first
             chain.append(dataclasses.replace(jt, jumps=()))
         jumps = tuple(chain)
+    set_env = []
+    for word in shlex.split(o.get("setenv", "")):
+        k, sep, v = word.partition("=")
+        if sep and k:
+            set_env.append((k, v))
     return Target(
         name=entry.name,
+        set_env=tuple(set_env),
         hostname=hostname,
         port=port,
         user=user,
@@ -186,6 +196,14 @@ class Connection:
             except OSError:
                 return None
         return None
+
+    def exec(self, command: str, timeout: float) -> paramiko.Channel:
+        """A new session channel running ``command`` (with ssh_config's ``SetEnv``)."""
+        ch = self.transport.open_session(timeout=timeout)
+        if self.target.set_env:
+            ch.update_environment(dict(self.target.set_env))
+        ch.exec_command(command)
+        return ch
 
     def close(self) -> None:
         with self._lock:

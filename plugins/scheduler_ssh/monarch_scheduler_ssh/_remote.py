@@ -103,15 +103,10 @@ class RemoteWorker:
         self.python = python
         what = f"host {self.name!r} ({self.target.where})"
         try:
-            ch = self.conn.transport.open_session(timeout=self.io_timeout)
+            ch = self.conn.exec(_bootstrap.remote_command(python, _bootstrap.STAGE_ONE), self.io_timeout)
         except (paramiko.SSHException, OSError, EOFError) as e:
-            raise AllocationError(f"{what}: the SSH server did not open a session: {type(e).__name__}: {e}") from None
+            raise AllocationError(f"{what}: the SSH server did not run the bootstrap: {type(e).__name__}: {e}") from None
         self.channel = ch
-        ch.settimeout(None)
-        try:
-            ch.exec_command(_bootstrap.remote_command(python, _bootstrap.STAGE_ONE))
-        except (paramiko.SSHException, OSError, EOFError) as e:
-            raise AllocationError(f"{what}: the SSH server refused to run a command: {type(e).__name__}: {e}") from None
         threading.Thread(target=self._pump_stdout, name=f"monarch-ssh-out-{self.name}", daemon=True).start()
         threading.Thread(target=self._pump_stderr, name=f"monarch-ssh-err-{self.name}", daemon=True).start()
         self.hello = self._wait("hello", deadline, stop, what)

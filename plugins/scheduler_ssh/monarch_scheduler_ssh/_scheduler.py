@@ -375,9 +375,8 @@ class SSHAllocation(Allocation):
                            "that host's sshd notices the connection is gone", w.name, w.pid, e)
             return
         try:
-            ch = conn.transport.open_session(timeout=self.p.io_timeout)
+            ch = conn.exec(_bootstrap.kill_command(w.pid, self.token), self.p.io_timeout)
             ch.settimeout(self.p.io_timeout)
-            ch.exec_command(_bootstrap.kill_command(w.pid, self.token))
             out = ch.makefile().read().decode(errors="replace").strip()
             logger.info("ssh: worker loop of lost host %r (pid %s): %s", w.name, w.pid, out)
         except Exception as e:  # noqa: BLE001 - best effort, logged

@@ -6,7 +6,8 @@ same size (one exec of a small script, ``_bootstrap.HASHES``), and upload only
 files that are missing, of another size or another content -- each to a
 temporary name, then renamed over the old one (a proc importing meanwhile sees
 the old file or the new one, never half of one), with the local mode and
-modification time.  Remote files that no longer exist locally are left alone.
+modification time, and the replaced modules' stale bytecode removed.  Remote
+files that no longer exist locally are left alone.
 """
 
 from __future__ import annotations
@@ -96,9 +97,8 @@ def remote_hashes(conn: Connection, python: str, files: list[LocalFile], timeout
     if not files:
         return {}
     try:
-        ch = conn.transport.open_session(timeout=timeout)
+        ch = conn.exec(_bootstrap.remote_command(python, _bootstrap.HASHES), timeout)
         ch.settimeout(timeout)
-        ch.exec_command(_bootstrap.remote_command(python, _bootstrap.HASHES))
         ch.sendall((json.dumps({"files": [[f.remote, f.size] for f in files]}) + "\n").encode())
         ch.shutdown_write()
         out = bytearray()
@@ -155,10 +155,29 @@ def sync_host(conn: Connection, python: str, workspace: Workspace, remote_root: 
                 raise AllocationError(f"{what}: could not write {f.remote} ({f.path}): {_why(e)}") from None
             stats.uploaded += 1
             stats.bytes += f.size
+        _drop_stale_bytecode(sftp, [f.remote for f in todo if f.remote.endswith(".py")])
     finally:
         sftp.close()
     stats.seconds = time.monotonic() - t0
     return stats
+
+
+def _drop_stale_bytecode(sftp: paramiko.SFTPClient, sources: list[str]) -> None:
+    """Remove the ``__pycache__`` entries of replaced modules: a ``.pyc``
+    records its source's mtime in whole seconds and its size, so a same-size
+    edit within the same second would otherwise import the old code."""
+    by_dir: dict[str, set[str]] = {}
+    for src in sources:
+        by_dir.setdefault(posixpath.dirname(src), set()).add(posixpath.basename(src)[:-3])
+    for d, stems in by_dir.items():
+        cache = posixpath.join(d, "__pycache__")
+        try:
+            names = sftp.listdir(cache)
+        except (OSError, paramiko.SSHException):
+            continue
+        for name in names:
+            if name.endswith(".pyc") and name.split(".", 1)[0] in stems:
+                _remove(sftp, posixpath.join(cache, name))
 
 
 def _makedirs(sftp: paramiko.SFTPClient, d: str, made: set[str], what: str) -> None:
