@@ -312,7 +312,7 @@ def _map(e: BaseException, t: Target, what: str, known: str, kh: str, timeout: f
     if isinstance(e, paramiko.AuthenticationException):
         keys = ", ".join(t.identity_files) or "the default keys in ~/.ssh and ssh-agent"
         return AllocationError(
-            f"{what}: authentication as user {t.user!r} failed (tried {keys}): {str(e).rstrip(".")}. Is the public key in "
+            f"{what}: authentication as user {t.user!r} failed (tried {keys}): {str(e).rstrip('.')}. Is the public key in "
             f"~{t.user}/.ssh/authorized_keys on that host, and is the user right (user = ..., user@host in hosts, "
             "or User in ~/.ssh/config)?"
         )
