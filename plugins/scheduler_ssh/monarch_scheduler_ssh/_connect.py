@@ -21,7 +21,6 @@ from typing import Any
 import paramiko
 
 from monarch_core.errors import AllocationError
-
 from monarch_scheduler_ssh._params import HostEntry, SshParams, _entry
 
 logger = logging.getLogger("monarch.ssh")
@@ -108,8 +107,7 @@ def resolve(entry: HostEntry, params: SshParams, cfg: paramiko.SSHConfig | None,
             raise AllocationError(f"{params.source}: host {entry.name!r}: ProxyJump chain longer than 5 hosts (a loop?)")
         chain = []
         for j, spec in enumerate(s.strip() for s in jump_spec.split(",")):
-            if spec.startswith("ssh://"):
-                spec = spec[len("ssh://"):]
+            spec = spec.removeprefix("ssh://")
             je = _entry(spec, params.source, f"ProxyJump of {entry.name}")
             jt = resolve(je, params, cfg, _depth=_depth + 1, _jump=True)
             chain.extend(jt.jumps if j == 0 else ())  # the first jump's own jumps come first

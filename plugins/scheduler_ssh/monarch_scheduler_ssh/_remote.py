@@ -14,7 +14,6 @@ import json
 import logging
 import os
 import queue
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -24,7 +23,6 @@ import paramiko
 
 from monarch_core.errors import AllocationError
 from monarch_core.hookspecs import WORKER_READY_PREFIX
-
 from monarch_scheduler_ssh import _bootstrap
 from monarch_scheduler_ssh._connect import Connection, Target
 
@@ -66,6 +64,9 @@ class RemoteWorker:
         self.ready = threading.Event()
         self.closing = False  # set by release: the end is expected
         self.lost: str | None = None
+        #: the connection was given up on (keepalives unanswered): a worker may
+        #: still run there, to kill once the host answers again (release)
+        self.needs_reap = False
         self.on_lost: Callable[[str], None] | None = None
         self._events: queue.Queue = queue.Queue()
         self._stderr_tail = bytearray()
@@ -130,7 +131,7 @@ class RemoteWorker:
             with self._send_lock:
                 self.channel.settimeout(self.io_timeout)
                 self.channel.sendall(data)
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             raise AllocationError(f"{what}: writing to the SSH channel did not finish within {self.io_timeout:g}s "
                                   "(io_timeout)") from None
         except (OSError, paramiko.SSHException, EOFError) as e:
@@ -328,6 +329,7 @@ class RemoteWorker:
         limit = self.target.keepalive_interval * self.target.keepalive_count
         if since is None or self.closing or self.lost is not None or now - since < limit:
             return
+        self.needs_reap = True
         self._lose(
             f"its SSH server ({self.target.where}) did not answer keepalives for {now - since:.0f}s "
             f"(keepalive_interval={self.target.keepalive_interval:g} x keepalive_count={self.target.keepalive_count}): "
@@ -344,7 +346,8 @@ class RemoteWorker:
                        + (f": {exc}" if exc else " (sshd stopped, the host rebooted, or the network reset it)"))
             return
         status = self._exit_status(5.0)
-        self._lose(f"its worker loop (pid {self.pid}) exited with status {status}" + self._tails())
+        how = "was killed by a signal" if status in (None, -1) else f"exited with status {status}"
+        self._lose(f"its worker loop (pid {self.pid}) {how}" + self._tails())
 
     def _lose(self, reason: str) -> None:
         with self._lock:

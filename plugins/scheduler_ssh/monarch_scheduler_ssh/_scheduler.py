@@ -23,7 +23,6 @@ from monarch_core.hookspecs import (
     WorkerLaunch,
     Workspace,
 )
-
 from monarch_scheduler_ssh._params import PARAMS, SshParams, parse
 
 logger = logging.getLogger("monarch.ssh")
@@ -138,7 +137,6 @@ class SSHAllocation(Allocation):
         self._lock = threading.Lock()
         self._released = threading.Event()
         self._abort = threading.Event()
-        self._reap: list[Any] = []
 
     @property
     def python(self) -> str:
@@ -263,12 +261,8 @@ class SSHAllocation(Allocation):
 
     def _lost_callback(self, name: str) -> Any:
         def lost(reason: str) -> None:
-            if self._released.is_set():
-                return
-            w = self.workers.get(name)
-            if w is not None and not w.conn.transport.is_active():
-                self._reap.append(w)  # a worker may be left there (the link was down): killed at release
-            self.launch.report_lost(name, reason)
+            if not self._released.is_set():
+                self.launch.report_lost(name, reason)
 
         return lost
 
@@ -355,7 +349,7 @@ class SSHAllocation(Allocation):
         deadline = time.monotonic() + _END_WAIT
         for w in workers:
             w.wait_ended(max(0.0, deadline - time.monotonic()))
-        reap = [w for w in self._reap if w.pid is not None]
+        reap = [w for w in workers if w.needs_reap and w.pid is not None]
         threads = [threading.Thread(target=self._reap_one, args=(w,), daemon=True) for w in reap]
         for t in threads:
             t.start()

@@ -26,7 +26,6 @@ import paramiko
 
 from monarch_core.errors import AllocationError
 from monarch_core.hookspecs import Workspace
-
 from monarch_scheduler_ssh import _bootstrap
 from monarch_scheduler_ssh._connect import Connection
 

@@ -5,7 +5,6 @@ their OpenSSH servers (``_helpers.testbed``); the suite's helpers are in
 from __future__ import annotations
 
 import pytest
-
 from _helpers.testbed import links_up, netns, sshd  # noqa: F401 - fixtures
 
 pytest.importorskip("paramiko", reason="the ssh scheduler needs paramiko (pip install ./plugins/scheduler_ssh)")

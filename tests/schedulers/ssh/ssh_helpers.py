@@ -23,8 +23,9 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from _helpers import clients as _clients
 from _helpers.clients import LineReader
@@ -72,12 +73,10 @@ def _toml(v: Any) -> str:
 def entry(tag: str, directory: Path, **params: Any) -> dict[str, Any]:
     """An ``ssh`` entry's parameters for the testbed (tagged ssh_config, this
     checkout on the hosts' PYTHONPATH); ``params`` override."""
-    out: dict[str, Any] = {
-        "ssh_config": str(ssh_config(directory, tag)),
-        "env": {"PYTHONPATH": remote_pythonpath()},
-        "connect_timeout": 5,
-    }
+    out: dict[str, Any] = {"env": {"PYTHONPATH": remote_pythonpath()}, "connect_timeout": 5}
     out.update(params)
+    if "ssh_config" not in params:
+        out["ssh_config"] = str(ssh_config(directory, tag))
     return out
 
 
@@ -98,7 +97,7 @@ def write_config(directory: Path, entries: dict[str, dict[str, Any]]) -> Path:
 
 
 def ns_pids(i: int) -> list[int]:
-    res = subprocess.run(["ip", "netns", "pids", f"rt-h{i}"], capture_output=True, text=True, timeout=30)
+    res = subprocess.run(["ip", "netns", "pids", f"rt-h{i}"], capture_output=True, text=True, timeout=30, check=False)
     return [int(p) for p in res.stdout.split()]
 
 

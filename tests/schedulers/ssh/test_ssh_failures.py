@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 import ssh_helpers as H
 
 #: a bound for "within a bounded time" (connect_timeout is 2 s here): a hang check, not a speed test

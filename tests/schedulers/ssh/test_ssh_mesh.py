@@ -13,11 +13,11 @@ import re
 import socket
 import ssl
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-
 import ssh_helpers as H
 
 HOSTS = ("h1", "h2", "h3")
@@ -123,7 +123,7 @@ def _stranger(address: str, certfile: str | None, cafile: str | None) -> str:
 
 
 def _listening_ports(host: int, pid: int) -> list[int]:
-    out = subprocess.run(["ip", "netns", "exec", f"rt-h{host}", "ss", "-ltnpH"], capture_output=True, text=True,
+    out = subprocess.run(["ip", "netns", "exec", f"rt-h{host}", "ss", "-ltnpH"], capture_output=True, text=True, check=False,
                          timeout=30).stdout
     return [int(line.split()[3].rsplit(":", 1)[1]) for line in out.splitlines() if f"pid={pid}," in line]
 
