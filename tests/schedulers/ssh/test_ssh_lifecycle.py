@@ -220,3 +220,31 @@ def test_the_progress_bar_shows_on_a_terminal(sshd: SshTestbed, tmp_path: Path) 
     finally:
         c.kill()
         os.close(master)
+
+
+def test_a_users_own_ca_is_handed_to_the_workers_instead_of_session_credentials(
+    sshd: SshTestbed, tmp_path: Path
+) -> None:
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA(organization_name="my lab CA")
+    # one certificate for the client and the workers: valid for every address they listen on
+    leaf = ca.issue_cert("rtctl", "10.250.0.1", "h1", "10.250.0.11", "h2", "10.250.0.12")
+    (tmp_path / "ca.pem").write_bytes(ca.cert_pem.bytes())
+    (tmp_path / "me.pem").write_bytes(b"".join(b.bytes() for b in leaf.cert_chain_pems))
+    (tmp_path / "me.key").write_bytes(leaf.private_key_pem.bytes())
+    (tmp_path / "me.key").chmod(0o600)
+    tag = H.new_tag()
+    c = _client(tmp_path, {"own": H.entry(tag, tmp_path, hosts=["h1", "h2"])},
+                env={"MONARCH_TLS_CA": str(tmp_path / "ca.pem"), "MONARCH_TLS_CERT": str(tmp_path / "me.pem"),
+                     "MONARCH_TLS_KEY": str(tmp_path / "me.key")})
+    try:
+        assert [h for h, _ in c.run("result = up('own')")] == ["h1", "h2"]
+        pids = c.run("result = [int(h.labels['pid']) for h in hm.hosts]")
+        for pid in pids:
+            env = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
+            assert env[b"MONARCH_TLS_CA"].strip() == ca.cert_pem.bytes().strip()  # the user's CA, inline
+            assert env[b"MONARCH_TLS_CERT"].strip() == (tmp_path / "me.pem").read_bytes().strip()
+        c.run("hm.shutdown().get(timeout=60)")
+        H.wait_tagged_gone(tag, (1, 2), timeout=15)
+    finally:
+        c.kill()
