@@ -173,6 +173,15 @@ def sshd_sessions(i: int, listener: int | None) -> list[int]:
     return out
 
 
+def link_state(i: int) -> str:
+    """``up`` or ``down``: host ``i``'s link (``netns-link.sh I status``)."""
+    from _helpers.testbed import TESTBED
+
+    res = subprocess.run([str(TESTBED / "netns-link.sh"), str(i), "status"], capture_output=True, text=True,
+                         timeout=30, check=False)
+    return res.stdout.strip()
+
+
 def listener_pid(name: str) -> int | None:
     try:
         return int((RT_RUN / "pids" / f"sshd-{name}.pid").read_text())

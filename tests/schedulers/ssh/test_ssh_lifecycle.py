@@ -127,12 +127,25 @@ def test_link_cut_longer_than_the_keepalives_fails_only_that_hosts_procs(
     try:
         assert [h for h, _ in c.run("result = up('pair')")] == ["h1", "h4"]
         links_up.link(4, "down")
+        stop = threading.Event()
+
+        def hold_down() -> None:
+            # another suite's fixture on this shared machine may put every link back up at its
+            # teardown: keep h4 (ours) cut until the failure is seen
+            while not stop.wait(0.2):
+                if H.link_state(4) == "up":
+                    links_up.link(4, "down")
+
+        holder = threading.Thread(target=hold_down, daemon=True)
+        holder.start()
         try:
             _lost_host_checks(c, "h4's link was cut")
             reports = c.run("result = [f.report() for f in failures]")
             assert any("did not answer keepalives" in r for r in reports), reports
             assert H.tagged(tag, (4,)), "h4's worker should still run while it is cut off"
         finally:
+            stop.set()
+            holder.join(10)
             links_up.link(4, "up")
         # shutdown releases: the plugin reaches h4 again and ends the worker left there
         c.run("hm.shutdown().get(timeout=90)", timeout=150)
