@@ -200,8 +200,15 @@ class Connection:
         ch = self.transport.open_session(timeout=timeout)
         if self.target.set_env:
             ch.update_environment(dict(self.target.set_env))
-        ch.exec_command(command)
+        _bounded(ch, lambda: ch.exec_command(command), timeout, "start the command")
         return ch
+
+    def sftp(self, timeout: float) -> paramiko.SFTPClient:
+        """An SFTP session whose requests time out after ``timeout`` s."""
+        ch = self.transport.open_session(timeout=timeout)
+        _bounded(ch, lambda: ch.invoke_subsystem("sftp"), timeout, "start SFTP")
+        ch.settimeout(timeout)
+        return paramiko.SFTPClient(ch)
 
     def close(self) -> None:
         with self._lock:
@@ -213,6 +220,28 @@ class Connection:
                 c.close()
             except Exception:  # noqa: BLE001, S110 - closing what may already be broken
                 pass
+
+
+def _bounded(ch: paramiko.Channel, request: Any, timeout: float, what: str) -> None:
+    """Run a channel request (exec, subsystem) that paramiko waits on without
+    a limit: after ``timeout`` s the channel is closed, which ends the wait."""
+    expired = threading.Event()
+
+    def give_up() -> None:
+        expired.set()
+        ch.close()
+
+    timer = threading.Timer(timeout, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        request()
+    except paramiko.SSHException:
+        if expired.is_set():
+            raise TimeoutError(f"the SSH server did not {what} within {timeout:g}s") from None
+        raise
+    finally:
+        timer.cancel()
 
 
 def connect(target: Target, timeout: float) -> Connection:

@@ -128,13 +128,10 @@ def sync_host(conn: Connection, python: str, workspace: Workspace, remote_root: 
     todo = [f for f in files if have.get(f.remote) != f.sha256]
     stats = SyncStats(unchanged=len(files) - len(todo))
     try:
-        sftp = conn.client.open_sftp()
+        sftp = conn.sftp(timeout)
     except (OSError, EOFError, paramiko.SSHException) as e:
         raise AllocationError(f"{what}: the SSH server did not open SFTP (Subsystem sftp in its sshd_config?): {e}") from None
     try:
-        chan = sftp.get_channel()
-        if chan is not None:
-            chan.settimeout(timeout)
         made: set[str] = set()
         for d in dirs:
             _makedirs(sftp, d, made, what)
