@@ -65,7 +65,10 @@ def stuck_server(tmp_path: Path) -> Iterator[tuple[int, Path, Path]]:
             t = paramiko.Transport(sock)
             t.add_server_key(host_key)
             transports.append(t)
-            t.start_server(server=_Stuck(release))
+            try:
+                t.start_server(server=_Stuck(release))
+            except (paramiko.SSHException, OSError, EOFError):  # the client went away first (teardown)
+                t.close()
 
     threading.Thread(target=serve, daemon=True).start()
     try:
