@@ -51,6 +51,7 @@ KNOWN_SCHEDULER_PACKAGES = {
 #: release yet.
 PLUGIN_DIRS = {
     "monarch-transport-tcp": "plugins/transport_tcp",
+    "monarch-scheduler-ssh": "plugins/scheduler_ssh",
     "monarch-transport-rdma": "plugins/transport_rdma",
 }
 

@@ -1,6 +1,7 @@
 """The ``monarch`` command line.
 
 ``monarch plugins``  list installed plugins: name==version and what each provides.
+``monarch debug``    attach to the actors of a running program stopped at ``breakpoint()`` (docs/debugging.md).
 """
 
 from __future__ import annotations
@@ -33,11 +34,20 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _debug_cli():  # type: ignore[no-untyped-def]
+    from monarch_core._debug import _cli
+
+    return _cli
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="monarch", description="monarch-core command line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("plugins", help="list installed plugins and what they provide")
     p.set_defaults(func=_cmd_plugins)
+    p = sub.add_parser("debug", help="debug the actors of a running program that stopped at breakpoint()")
+    _debug_cli().add_arguments(p)
+    p.set_defaults(func=lambda args: _debug_cli().main(args))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -57,6 +57,8 @@ from typing import Any, Callable
 
 import pluggy
 
+from monarch_core._workspace import Workspace
+
 __all__ = [
     "PROJECT_NAME",
     "Allocation",
@@ -80,6 +82,7 @@ __all__ = [
     "TransportSpec",
     "WORKER_READY_PREFIX",
     "WorkerLaunch",
+    "Workspace",
     "hookimpl",
     "hookspec",
     "monarch_proc_env",
@@ -580,6 +583,28 @@ class Allocation(abc.ABC):
         ``async def`` (run in a trio loop of its own).  Must not raise for
         hosts that are already gone."""
         return None
+
+    def sync_workspace(
+        self, workspace: Workspace, hosts: Sequence[str], *, conda: bool = False, auto_reload: bool = False
+    ) -> Any:
+        """Copy ``workspace`` (a :class:`Workspace`: local directories and
+        their remote names) to the hosts named ``hosts`` (optional).
+
+        Called by ``HostMesh.sync_workspace`` (spec: "sync local code changes
+        to the remote hosts"), off the kernel loop, with the names of the
+        host mesh's hosts (a slice passes only its own).  Copy each directory
+        into the host's working directory under its remote name, only what
+        changed, and make the procs that host starts *from now on* import it
+        (the remote directories on their ``PYTHONPATH``); procs already
+        running are not touched.  May block, or be an ``async def``.
+
+        Schedulers whose hosts see this machine's filesystem (``local``)
+        return ``None``: there is nothing to copy.  This default raises
+        ``NotImplementedError``; the core turns it into an error naming the
+        scheduler.  Raise ``NotImplementedError`` naming the option for
+        ``conda=True`` / ``auto_reload=True`` if you do not support them,
+        ``AllocationError`` naming the host for a copy that failed."""
+        raise NotImplementedError
 
 
 class Scheduler(abc.ABC):

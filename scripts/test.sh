@@ -19,6 +19,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q -e ".[test]" -e plugins/transport_tcp
+"$VENV/bin/python" -m pip install -q -e plugins/scheduler_ssh
 "$VENV/bin/python" -m pip install -q -e plugins/transport_rdma
 # pyverbs for the ibverbs backend's discovery tests comes from the system (Debian:
 # python3-pyverbs; not installable from the package index): link it in when present.

@@ -280,6 +280,33 @@ def wait_ready(rt: Any, hosts: list, timeout: float, *, what: str) -> dict[str, 
     """The readiness step: every host's worker loop answers ``host_hello``
     within ``timeout`` s, else ``AllocationError`` naming those that did not.
     Returns each answering host's info (hostname, pid, address) by name."""
+    named = [h for h in hosts if h.address is not None]
+    answers, missing = hello_workers(rt, [h.address for h in named], timeout)
+    if missing:
+        raise AllocationError(
+            f"{what}: {len(missing)} of {len(named)} worker loops did not answer within {timeout:.0f}s: "
+            + ", ".join(f"{h.name} ({h.address}{_why(missing[h.address])})" for h in named if h.address in missing)
+            + ". Is `python -m monarch_core.worker` running there, and reachable from this host?"
+        )
+    return {h.name: answers[h.address] for h in named}
+
+
+def _why(miss: tuple[str, Any]) -> str:
+    kind, detail = miss
+    if kind == "failed":
+        return f"; {detail}"
+    return f"; last error: {detail}" if detail is not None else ""
+
+
+def hello_workers(rt: Any, addresses: list[str], timeout: float) -> tuple[dict[str, dict], dict[str, tuple[str, Any]]]:
+    """Send ``host_hello`` to the worker loops at ``addresses`` and wait up
+    to ``timeout`` s for all of them (caller's thread, never the kernel loop).
+
+    Returns ``(answers, missing)``: each answering worker's info (hostname,
+    pid, address) by address, and for each other one ``("silent", the
+    kernel's last error for it or None)`` or ``("failed", the exception its
+    answer carried)``.  When any is missing, the sessions the hellos opened are closed
+    (the caller gives up on them all: none may keep reconnecting)."""
     from monarch_core._actor._port import OneReply
     from monarch_core._kernel import _control as C
     from monarch_core._kernel import _wire as W
@@ -287,33 +314,62 @@ def wait_ready(rt: Any, hosts: list, timeout: float, *, what: str) -> dict[str, 
 
     kernel = rt.kernel
     waits = []
-    for h in hosts:
-        if h.address is None:
-            continue
+    for a in addresses:
         r = OneReply(kernel, "")
-        hid = host_proc_id(h.address)
-        r.proc_id = hid
-        kernel.send(hid, h.address, W.K_CONTROL, 0,
-                    C.encode(C.HostHello((rt.proc_id, kernel.address, r.port_id))), b"", [], r.port_id)
-        waits.append((h, hid, r))
+        r.proc_id = host_proc_id(a)
+        waits.append((a, r.proc_id, r))
+
+    async def say_hello() -> set[str]:
+        # on the loop, so that the sessions the hellos open are known exactly
+        opened = {hid for _a, hid, _r in waits if _live_session(kernel, hid) is None}
+        for a, hid, r in waits:
+            kernel.send(hid, a, W.K_CONTROL, 0,
+                        C.encode(C.HostHello((rt.proc_id, kernel.address, r.port_id))), b"", [], r.port_id)
+        return opened
+
+    opened = kernel.run(say_hello)
     deadline = time.monotonic() + timeout
-    missing, info = [], {}
-    for h, hid, r in waits:
-        if not r.cell.wait(max(0.0, deadline - time.monotonic())):
-            last = kernel.last_error(hid)
-            missing.append(f"{h.name} ({h.address}{'; last error: ' + str(last) if last is not None else ''})")
-            continue
-        try:
-            info[h.name] = r.cell.result()
-        except Exception as e:  # noqa: BLE001
-            missing.append(f"{h.name} ({h.address}; {e})")
+    answers: dict[str, dict] = {}
+    missing: dict[str, tuple[str, Any]] = {}
+    try:
+        for a, hid, r in waits:
+            if not r.cell.wait(max(0.0, deadline - time.monotonic())):
+                missing[a] = ("silent", kernel.last_error(hid))
+                continue
+            try:
+                answers[a] = r.cell.result()
+            except Exception as e:  # noqa: BLE001
+                missing[a] = ("failed", e)
+    except BaseException:  # Ctrl-C while waiting: nothing of it may live on
+        close_sessions(kernel, opened, "the wait for the worker loops was interrupted")
+        raise
     if missing:
-        raise AllocationError(
-            f"{what}: {len(missing)} of {len(waits)} worker loops did not answer within {timeout:.0f}s: "
-            + ", ".join(missing)
-            + ". Is `python -m monarch_core.worker` running there, and reachable from this host?"
-        )
-    return info
+        close_sessions(kernel, opened, "the worker loops did not all answer: " + ", ".join(sorted(missing)))
+    return answers, missing
+
+
+def _live_session(kernel: Any, proc_id: str) -> Any:
+    """The kernel's outbound session to ``proc_id`` if one runs (loop thread)."""
+    out = kernel._outbound.get(proc_id)
+    return out if out is not None and out.failed is None else None
+
+
+def close_sessions(kernel: Any, proc_ids: set[str], why: str) -> None:
+    """End the outbound sessions to ``proc_ids``: no more connection attempts,
+    and whatever they still carry fails with ``ConnectError(why)``."""
+    from monarch_core.errors import ConnectError
+
+    async def close() -> None:
+        for pid in proc_ids:
+            out = _live_session(kernel, pid)
+            if out is not None:
+                out.fail(ConnectError(why))
+
+    if proc_ids:
+        try:
+            kernel.run(close)
+        except RuntimeError:  # the kernel is gone, and its sessions with it
+            pass
 
 
 def credentials_for(transport: str) -> dict[str, str]:

@@ -131,3 +131,26 @@ def test_a_scheduler_client_without_tls_material_gets_session_credentials_and_st
     assert out["no_cert"].startswith("refused"), out["no_cert"]
     assert out["other_ca"].startswith("refused"), out["other_ca"]
     assert out["after"] == [["b", pid] for _, pid in out["first"]]
+
+
+CHECK_OVER_TLS = r'''
+import os, signal
+from monarch_core._builtins._local import LocalScheduler
+from monarch_core._plugins import registry
+from monarch_core.actor import enable_transport
+from monarch_core.hookspecs import SESSION_CREDENTIALS
+from monarch_core.testing import check_scheduler
+
+enable_transport("tls://127.0.0.1:0")
+registry().transport("tls").set_credentials(ca=SESSION_CREDENTIALS)
+check_scheduler(LocalScheduler(), {"hosts": 2}, bad_params={"hosts": 0},
+                lose_host=lambda h: os.kill(int(h.labels["pid"]), signal.SIGKILL), timeout=120)
+print("conformant over tls")
+'''
+
+
+def test_the_local_scheduler_passes_check_scheduler_over_tls_with_session_credentials(client_script) -> None:  # type: ignore[no-untyped-def]
+    env = {k: None for k in ("MONARCH_TLS_CA", "MONARCH_TLS_CERT", "MONARCH_TLS_KEY")}
+    res = client_script(CHECK_OVER_TLS, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert res.stdout.strip().splitlines()[-1] == "conformant over tls"
