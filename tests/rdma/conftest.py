@@ -7,7 +7,7 @@ import pytest
 
 from monarch_core.actor import this_host
 
-from rdma_actors import Owner, Reader
+from rdma_actors import Owner, Reader, require_backend
 
 #: Backends that can run on this machine (no RDMA device: see docs/rdma.md).
 RUNNABLE = ["process_vm", "channel"]
@@ -32,5 +32,6 @@ def reader():
 @pytest.fixture(params=RUNNABLE)
 def backend(request, monkeypatch) -> str:
     """Each backend this machine can run, forced in the client for the test."""
+    require_backend(request.param)
     monkeypatch.setenv("MONARCH_RDMA_BACKEND", request.param)
     return request.param

@@ -155,3 +155,14 @@ class Reader(Actor):
         data[0].effective &= ~bit
         data[0].permitted &= ~bit
         assert libc.capset(ctypes.byref(hdr), data) == 0, ctypes.get_errno()
+
+
+def require_backend(name: str) -> None:
+    """Skip, saying why, when backend ``name`` is not installed in this process."""
+    import pytest
+
+    from monarch_core._rdma import _backends
+
+    if name not in _backends.load().known:
+        pytest.skip(f"the {name} backend is not installed here: pip install -e plugins/transport_rdma "
+                    "(its entry point registers it; a PYTHONPATH entry does not)")

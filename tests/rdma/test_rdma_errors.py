@@ -13,7 +13,7 @@ from monarch_core.actor import this_host
 from monarch_core.errors import RDMAError, SupervisionError
 from monarch_core.rdma import RDMAAction, RDMABuffer
 
-from rdma_actors import Owner, Reader, pattern
+from rdma_actors import Owner, Reader, pattern, require_backend
 
 
 def _freeze(pid: int) -> None:
@@ -78,6 +78,7 @@ def test_unsuitable_memory_is_refused_with_the_fix() -> None:
 
 @pytest.mark.parametrize("backend", ["process_vm", "channel"])
 def test_a_dropped_buffer_fails_every_later_transfer(owner, reader, backend, monkeypatch) -> None:
+    require_backend(backend)
     monkeypatch.setenv("MONARCH_RDMA_BACKEND", backend)
     buf = owner.make.call_one("bytearray", 4096, 2).get(timeout=60)
     copy = RDMABuffer._of(type(buf._h)(*buf._h.__reduce__()[1]))  # another holder's copy of the handle
@@ -140,6 +141,7 @@ def test_a_read_past_its_timeout_is_a_timeout_error_naming_the_buffer(lone_owner
 
 
 def test_process_vm_is_one_sided_a_frozen_owner_is_still_read(lone_owner, monkeypatch) -> None:
+    require_backend("process_vm")
     monkeypatch.setenv("MONARCH_RDMA_BACKEND", "process_vm")
     procs, mesh, pid = lone_owner
     n = 8 << 20
@@ -155,6 +157,7 @@ def test_process_vm_is_one_sided_a_frozen_owner_is_still_read(lone_owner, monkey
 
 @pytest.mark.parametrize("backend", ["process_vm", "channel"])
 def test_owner_death_during_a_read_is_a_supervision_error(lone_owner, backend, monkeypatch, faults) -> None:
+    require_backend(backend)
     monkeypatch.setenv("MONARCH_RDMA_BACKEND", backend)
     procs, mesh, pid = lone_owner
     n = 64 << 20
@@ -179,6 +182,7 @@ def test_eperm_from_ptrace_policy_falls_back_to_the_channel(lone_owner, meshes, 
     """A holder that may not ptrace the owner (the owner is not dumpable, the
     holder has no CAP_SYS_PTRACE) gets EPERM from process_vm_readv: the core
     falls back to the channel and says why."""
+    require_backend("process_vm")
     procs, mesh, _pid = lone_owner
     mesh.undumpable.call_one().get(timeout=60)
     rprocs = this_host().spawn_procs(per_host={"procs": 1}, name="rdma_noptrace")

@@ -128,7 +128,7 @@ def test_without_the_plugin_the_channel_serves_and_warns_once(client_script) -> 
         print("warnings", len(fallback))
         print("says", "channel fallback" in str(fallback[0].message), fallback[0].filename.endswith("client.py"))
         procs.stop().get(timeout=30)
-    """), env={"MONARCH_DISABLED_PLUGINS": "transport_rdma", "PYTHONPATH": _tests_rdma()}, timeout=120)
+    """), env={"MONARCH_DISABLED_PLUGINS": "transport_rdma"}, path=[_tests_rdma()], timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "best channel" in out.stdout and out.stdout.count("backend channel") == 2
     assert "warnings 1" in out.stdout and "says True True" in out.stdout

@@ -10,7 +10,7 @@ import pytest
 
 from monarch_core.rdma import RDMAAction, RDMABuffer
 
-from rdma_actors import as_bytes, digest, make_memory, pattern
+from rdma_actors import as_bytes, digest, make_memory, pattern, require_backend
 
 SIZES = [1, 4097, (1 << 20) + 3, 64 << 20]
 
@@ -91,6 +91,7 @@ def test_every_kind_of_memory_as_the_buffer_and_as_dst(owner, backend, kind) -> 
 
 @pytest.mark.parametrize("reader_backend", ["process_vm", "channel"])
 def test_between_two_procs_neither_of_them_the_client(owner, reader, reader_backend) -> None:
+    require_backend(reader_backend)
     n = 64 << 20
     buf = owner.make.call_one("bytearray", n, 31).get(timeout=60)
     same, used = reader.read.call_one(buf, reader_backend, n, 31).get(timeout=120)
