@@ -213,6 +213,11 @@ class Endpoint(Generic[P, R]):
     def _describe(self) -> str:
         return f"{self._mesh._name}.{self._name}"
 
+    def _failure_context(self, adverb: str, ranks: list[int] | None, proc_id: str | None,
+                         exc: BaseException) -> str | None:
+        """The call's side of a failure text (``_port.CallSite``; only on failure)."""
+        return self._mesh._describe_call(self._name, adverb, ranks, proc_id, exc)
+
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the endpoint on the single actor of this mesh.
 
@@ -235,7 +240,7 @@ class Endpoint(Generic[P, R]):
         :class:`Endpoint`)."""
         self._prop._check_args(args, kwargs)
         n = self._mesh._region.nelements
-        return Future._of(self._mesh._call_one(self, args, kwargs, random.randrange(n)))
+        return Future._of(self._mesh._call_one(self, args, kwargs, random.randrange(n), "choose"))
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call the endpoint on every actor; the future resolves to a

@@ -59,6 +59,9 @@ def main() -> None:
         level=level if isinstance(level, int) else getattr(logging, str(level).upper(), logging.WARNING),
         format=f"[%(levelname)s {info['describe']} pid {os.getpid()}] %(name)s: %(message)s",
     )
+    from monarch_core._debug import _hook as _debug_hook
+
+    _debug_hook.install()  # breakpoint() stops for `monarch debug` (docs/debugging.md)
     import trio
 
     from monarch_core._actor import _serial, _state, _transport

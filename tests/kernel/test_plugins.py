@@ -22,7 +22,7 @@ from importlib import metadata
 import pytest
 
 from monarch_core._builtins import InprocTransport, LocalScheduler
-from monarch_core._plugins import PluginRegistry
+from monarch_core._plugins import PluginRegistry, install_hint
 from monarch_core.actor import Actor, endpoint
 from monarch_core.errors import PluginError, UnknownSchedulerError, UnknownTransportError
 
@@ -32,6 +32,35 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CORE_VERSION = metadata.version("monarch-core")
 TCP_VERSION = metadata.version("monarch-transport-tcp")
 MONARCH_CLI = os.path.join(os.path.dirname(sys.executable), "monarch")
+
+
+def _project_schedulers() -> dict[str, list[str]]:
+    """The project's scheduler plugins installed beside the core (scripts/test.sh
+    installs them): entry-point name -> the schedulers it provides.  These
+    tests are about the plugin manager: they leave those plugins out of what
+    they compare."""
+    out = {}
+    for ep in metadata.entry_points(group="monarch"):
+        if ep.name in ("scheduler_ssh", "scheduler_slurm"):
+            out[ep.name] = sorted(spec.name for spec in ep.load().monarch_schedulers())
+    return out
+
+
+OTHERS = _project_schedulers()
+OTHER_SCHEDULERS = sorted(n for names in OTHERS.values() for n in names)
+#: monarch-transport-rdma, when installed (it provides RDMA backends, no transport): left out too.
+RDMA = {ep.name for ep in metadata.entry_points(group="monarch") if ep.name == "transport_rdma"}
+BUILTIN_LINE = f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local; rdma backends: channel"
+
+
+def _mine(names: list[str]) -> list[str]:
+    """``names`` without the project's scheduler and RDMA plugins."""
+    return [n for n in names if n not in OTHERS and n not in RDMA]
+
+
+def _lines(text: str) -> list[str]:
+    """``monarch plugins`` output without the lines of the project's scheduler and RDMA plugins."""
+    return [line for line in text.splitlines() if line.split(" ", 1)[0] not in OTHERS and line.split(" ", 1)[0] not in RDMA]
 
 
 # ---------------------------------------------------------------- actors used by child clients
@@ -48,22 +77,6 @@ class WhereAmI(Actor):
 
 
 # ---------------------------------------------------------------- helpers
-
-#: The project's own optional plugins, which this environment may have installed
-#: beside monarch-core and the tcp plugin (``scripts/test.sh`` installs them).
-#: These tests are about the plugin manager itself: what they compare leaves
-#: them out (:func:`_ours`, :func:`_listing`).
-OPTIONAL_PLUGINS = ("scheduler_slurm", "scheduler_ssh")
-
-
-def _ours(names: list[str]) -> list[str]:
-    return [n for n in names if n not in OPTIONAL_PLUGINS]
-
-
-def _listing(stdout: str) -> list[str]:
-    """``monarch plugins``' lines, without those of :data:`OPTIONAL_PLUGINS`."""
-    return [ln for ln in stdout.splitlines() if ln.split(" ", 1)[0] not in OPTIONAL_PLUGINS]
-
 
 
 def _env(**extra: str | None) -> dict[str, str]:
@@ -186,7 +199,7 @@ def test_builtins_are_registered_through_the_hooks() -> None:
         """
     )
     out = _json(res)
-    out["impls"] = {h: _ours(v) for h, v in out["impls"].items()}
+    out["impls"] = {h: _mine(v) for h, v in out["impls"].items()}
     assert out == {
         "builtin_is_module": True,
         "impls": {"monarch_transports": ["builtin", "transport_tcp"], "monarch_schedulers": ["builtin"]},
@@ -222,7 +235,7 @@ def test_transport_tcp_entry_point_is_loaded_and_provides_tcp_and_tls_beside_the
         """
     )
     out = _json(res)
-    out["order"] = _ours(out["order"])
+    out["order"] = _mine(out["order"])
     assert out == {
         "plugin_module": True,
         "info": ["monarch-transport-tcp", TCP_VERSION, ["tcp", "tls"]],
@@ -258,7 +271,7 @@ def test_disabled_transport_tcp_makes_its_transports_unknown_naming_the_package_
         MONARCH_DISABLED_PLUGINS=value,
     )
     out = _json(res)
-    assert _ours(out["plugins"]) == ["builtin"]
+    assert _mine(out["plugins"]) == ["builtin"]
     assert "transport_tcp" in out["blocked"]
     assert out["inproc"] == "InprocTransport"
     assert out["ipc"] is None and out["unix"] is None, "the built-in ipc must not depend on transport_tcp"
@@ -332,7 +345,7 @@ def test_broken_plugin_becomes_a_runtime_warning_naming_it_and_the_rest_still_wo
     assert "ImportError: broken_mod needs libfoo.so.3, which is not installed" in message
     assert "MONARCH_DISABLED_PLUGINS=broken" in message
     assert out["failed"] == {"broken": "ImportError: broken_mod needs libfoo.so.3, which is not installed"}
-    assert _ours(out["plugins"]) == ["builtin", "transport_tcp"]
+    assert _mine(out["plugins"]) == ["builtin", "transport_tcp"]
     assert (out["ipc"], out["local"], out["schemes"]) == ("IpcTransport", "LocalScheduler", ["ipc"])
 
 
@@ -342,8 +355,8 @@ def test_broken_plugin_is_listed_as_failed_by_monarch_plugins_and_silenced_by_di
         [MONARCH_CLI, "plugins"], capture_output=True, text=True, timeout=60, env=_env(PYTHONPATH=str(tmp_path))
     )
     assert listed.returncode == 0
-    assert _listing(listed.stdout) == [
-        f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local",
+    assert _lines(listed.stdout) == [
+        BUILTIN_LINE,
         f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: tcp, tls",
         "broken  FAILED TO LOAD: ImportError: broken_mod needs libfoo.so.3, which is not installed",
     ]
@@ -374,13 +387,12 @@ def test_unknown_transport_names_list_the_installed_ones() -> None:
     assert isinstance(ei.value, PluginError) and isinstance(ei.value, ValueError)
 
 
-def test_unknown_transport_of_a_missing_plugin_names_the_package() -> None:
+def test_rdma_asked_for_as_a_transport_says_it_is_the_data_plane() -> None:
     with pytest.raises(UnknownTransportError) as ei:
         PluginRegistry().transport("rdma")
     assert "Installed transports: ['inproc', 'ipc', 'tcp', 'tls']" in str(ei.value)
-    assert str(ei.value).endswith(
-        "'rdma' is provided by monarch-transport-rdma: monarch-transport-rdma is not part of this monarch-core release yet."
-    )
+    assert "'rdma' is not a transport: RDMA is monarch-core's data plane" in str(ei.value)
+    assert str(ei.value).endswith("Enable 'ipc', 'tcp' or 'tls' for messages.")
 
 
 def test_unknown_transport_of_an_installed_but_older_plugin_says_upgrade(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -408,20 +420,22 @@ def test_every_name_monarch_transport_tcp_promises_is_provided() -> None:
     assert [reg.transport(n).name for n in promised] == ["tcp", "tls"]
 
 
-def test_unknown_scheduler_names_list_the_installed_ones(monkeypatch: pytest.MonkeyPatch) -> None:
-    # as a user without the project's scheduler plugins sees it (this environment may have them)
-    monkeypatch.setenv("MONARCH_DISABLED_PLUGINS", "scheduler_slurm,scheduler_ssh")
+def test_unknown_scheduler_names_list_the_installed_ones() -> None:
     reg = PluginRegistry()
     with pytest.raises(UnknownSchedulerError) as ei:
         reg.scheduler("kubernetes")
-    assert str(ei.value) == "no installed plugin provides the scheduler 'kubernetes'. Installed schedulers: ['local']."
-    with pytest.raises(UnknownSchedulerError) as ei:
-        reg.scheduler("slurm")
-    assert str(ei.value) == (
-        "no installed plugin provides the scheduler 'slurm'. Installed schedulers: ['local']. "
-        "'slurm' is provided by monarch-scheduler-slurm: pip install ./plugins/scheduler_slurm (in a monarch-core "
-        "checkout)."
-    )
+    installed = sorted(["local", *OTHER_SCHEDULERS])
+    assert str(ei.value) == f"no installed plugin provides the scheduler 'kubernetes'. Installed schedulers: {installed}."
+    for name in ("slurm", "ssh"):
+        if name in OTHER_SCHEDULERS:
+            continue
+        with pytest.raises(UnknownSchedulerError) as ei:
+            reg.scheduler(name)
+        pkg = f"monarch-scheduler-{name}"
+        assert str(ei.value) == (
+            f"no installed plugin provides the scheduler {name!r}. Installed schedulers: {installed}. "
+            f"{name!r} is provided by {pkg}: {install_hint(pkg)}."
+        )
 
 
 # ---------------------------------------------------------------- a third-party plugin
@@ -482,8 +496,8 @@ def test_third_party_plugin_is_listed_by_monarch_plugins(tmp_path: pathlib.Path)
         [MONARCH_CLI, "plugins"], capture_output=True, text=True, timeout=60, env=_env(PYTHONPATH=str(tmp_path))
     )
     assert res.returncode == 0, res.stderr
-    assert _listing(res.stdout) == [
-        f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local",
+    assert _lines(res.stdout) == [
+        BUILTIN_LINE,
         "dirt (monarch-transport-dir==0.3)  transports: dir; hooks: monarch_proc_env",
         f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: tcp, tls",
     ]
@@ -493,7 +507,7 @@ def test_third_party_plugin_is_listed_by_monarch_plugins(tmp_path: pathlib.Path)
 
 
 EXPECTED_LISTING = [
-    f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local",
+    BUILTIN_LINE,
     f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: tcp, tls",
 ]
 
@@ -504,7 +518,13 @@ EXPECTED_LISTING = [
 def test_monarch_plugins_lists_each_plugin_with_version_and_what_it_provides(argv: list[str]) -> None:
     res = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=_env())
     assert res.returncode == 0, res.stderr
-    assert _listing(res.stdout) == EXPECTED_LISTING
+    assert _lines(res.stdout) == EXPECTED_LISTING
+    if RDMA:  # monarch-transport-rdma, when installed
+        version = metadata.version("monarch-transport-rdma")
+        assert f"transport_rdma (monarch-transport-rdma=={version})  rdma backends: ibverbs, process_vm" in res.stdout
+    for name, schedulers in OTHERS.items():  # the project's scheduler plugins, when installed
+        assert any(line.startswith(f"{name} (") and f"schedulers: {', '.join(schedulers)}" in line
+                   for line in res.stdout.splitlines()), res.stdout
     assert res.stderr == ""
 
 
@@ -517,7 +537,7 @@ def test_monarch_plugins_shows_a_disabled_plugin() -> None:
         env=_env(MONARCH_DISABLED_PLUGINS="transport_tcp"),
     )
     assert res.returncode == 0, res.stderr
-    assert _listing(res.stdout) == [
+    assert _lines(res.stdout) == [
         EXPECTED_LISTING[0],
         "transport_tcp  disabled by MONARCH_DISABLED_PLUGINS",
     ]
