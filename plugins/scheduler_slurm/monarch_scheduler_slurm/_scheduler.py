@@ -164,6 +164,12 @@ class SlurmScheduler(Scheduler):
 
     def allocate(self, request: AllocationRequest, launch: WorkerLaunch) -> SlurmAllocation:
         p = parse_params(request.params, request.source)
+        if launch.transport != "tls":
+            raise AllocationError(
+                f"slurm scheduler ({p.source}): this client runs the {launch.transport!r} transport, but the job's "
+                "nodes talk to it over tls (mutually authenticated). Leave the transport to hosts_from_config (it "
+                "enables tls), or call enable_transport('tls://<an address the nodes reach>:0') first"
+            )
         deadline = time.monotonic() + launch.timeout
         job_id, mode = self._job_of(p)
         owned = mode != "inside"

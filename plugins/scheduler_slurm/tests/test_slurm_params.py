@@ -133,3 +133,24 @@ def test_a_slurm_command_that_hangs_is_cut_at_its_timeout(tmp_path: pathlib.Path
             cli.job("1")
     assert "`squeue -h -t all -j 1 -o %i|%T|%r|%L|%N` did not finish within 1.5s" in str(ei.value)
     assert "is slurmctld reachable?" in str(ei.value)
+
+
+def test_a_client_on_plain_tcp_is_told_to_leave_the_transport_to_hosts_from_config(tmp_path: pathlib.Path) -> None:
+    """Checked before anything is submitted (a child: a process enables one transport)."""
+    import subprocess
+    import sys
+
+    cfg = tmp_path / "monarch.toml"
+    cfg.write_text('[hosts.c]\nscheduler = "slurm"\nnodes = 1\n')
+    code = (
+        "from monarch_core.actor import enable_transport, hosts_from_config\n"
+        "from monarch_core.errors import AllocationError\n"
+        "enable_transport('tcp://127.0.0.1:0')\n"
+        "try:\n    hosts_from_config('c')\nexcept AllocationError as e:\n    print(e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MONARCH_"))}
+    env["MONARCH_CONFIG"] = str(cfg)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "this client runs the 'tcp' transport, but the job's nodes talk to it over tls" in res.stdout, res.stdout
+    assert "Leave the transport to hosts_from_config" in res.stdout
