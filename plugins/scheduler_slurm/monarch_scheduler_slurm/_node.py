@@ -9,7 +9,9 @@ Standard library only (it starts before anything else on the node).  It
    session directory the client made on the shared filesystem: the worker's
    command line and its TLS key and certificate, issued for this node
    alone) and removes it at once -- no secret on a command line, in the job's
-   environment (which slurmctld stores), or left on disk;
+   environment (which slurmctld stores), or left on disk; the last node to
+   read its file removes the emptied directory (a client killed outright
+   leaves nothing behind);
 3. starts the worker loop as its child with those credentials in the
    child's environment, ``PYTHONUNBUFFERED=1``, its standard streams the
    step's (so everything it and its procs print reaches the client, labelled)
@@ -64,6 +66,7 @@ def _read_launch(path: str, node: str) -> dict:
             continue
         try:
             os.unlink(path)
+            os.rmdir(os.path.dirname(path))  # the last node to read removes the (then empty) session directory
         except OSError:
             pass
         return data

@@ -56,6 +56,7 @@ def test_the_node_task_starts_its_worker_with_its_credentials_and_removes_them(t
         assert _line(p) == "usr2=ignored"  # procs must survive Slurm's warning signal
         assert _line(p) == "secret=k3y unbuffered=1"
         assert not f.exists(), "the launch file (a private key) must be gone once read"
+        assert not f.parent.exists(), "the last reader removes the emptied session directory"
         p.send_signal(signal.SIGUSR2)  # Slurm's --signal warning, twice: one notice
         assert _line(p) == f"{MARK}notice n7 SIGUSR2"
         p.send_signal(signal.SIGUSR2)

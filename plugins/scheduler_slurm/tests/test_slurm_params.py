@@ -154,3 +154,16 @@ def test_a_client_on_plain_tcp_is_told_to_leave_the_transport_to_hosts_from_conf
     assert res.returncode == 0, res.stderr[-3000:]
     assert "this client runs the 'tcp' transport, but the job's nodes talk to it over tls" in res.stdout, res.stdout
     assert "Leave the transport to hosts_from_config" in res.stdout
+
+
+def test_launch_files_are_private_in_a_private_session_directory(tmp_path: pathlib.Path) -> None:
+    from monarch_scheduler_slurm._scheduler import _session_dir, _write_private
+
+    p = parse_params({"state_dir": str(tmp_path / "state")}, SRC)
+    session = pathlib.Path(_session_dir(p, "12"))
+    assert session.parent == tmp_path / "state" and session.name.startswith("job12-")
+    assert (session.stat().st_mode & 0o777, session.parent.stat().st_mode & 0o777) == (0o700, 0o700)
+    _write_private(str(session / "h1.json"), {"env": {"MONARCH_TLS_KEY": "secret"}})
+    assert (session / "h1.json").stat().st_mode & 0o777 == 0o600
+    with pytest.raises(FileExistsError):  # never through a file someone put there first
+        _write_private(str(session / "h1.json"), {})

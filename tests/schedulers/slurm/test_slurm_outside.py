@@ -153,6 +153,7 @@ def test_a_client_killed_by_sigkill_takes_its_workers_along(cluster: Any, netns:
     assert H.worker_pids(1, netns) == [] and H.worker_pids(2, netns) == [], "worker loops outlived their client"
     assert H.job_state(job) == "RUNNING"
     H.run(["scancel", job], 30, env=H.env())
+    assert not list(Path("~/.monarch/slurm").expanduser().glob(f"job{job}-*")), "a session directory was left"
 
 
 FAILURES = r'''
