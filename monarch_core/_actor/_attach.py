@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
-from monarch_core import settings
+from monarch_core import _telemetry, settings
 from monarch_core._actor import _state
 from monarch_core._actor._host_mesh import HostMesh, _HostMeshOwnership
 from monarch_core._actor._port import OneReply
@@ -124,5 +124,6 @@ def attach(
         raise
     region = Extent(["hosts"], [len(hosts)]).region
     hm = HostMesh(hosts, region, owner=True, name="workers")
+    _telemetry.lifecycle("host_mesh.spawned", mesh="workers", hosts=[h.name for h in hosts], scheduler="attach")
     rt.agent.register_owned(_HostMeshOwnership(hm))
     return hm

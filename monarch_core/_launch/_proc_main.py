@@ -59,6 +59,8 @@ def main() -> None:
         level=level if isinstance(level, int) else getattr(logging, str(level).upper(), logging.WARNING),
         format=f"[%(levelname)s {info['describe']} pid {os.getpid()}] %(name)s: %(message)s",
     )
+    # monarch's own loggers keep this level when ProcMesh.logging_option(level=...) changes the root's
+    logging.getLogger("monarch").setLevel(logging.getLogger().level)
     import trio
 
     from monarch_core._actor import _serial, _state, _transport
@@ -91,6 +93,12 @@ def main() -> None:
     agent.runtime = rt
     _state.set_runtime(rt)
     status = tuple(info["status"])
+    from monarch_core._actor import _instrument
+
+    output = info.get("output") or "direct"
+    host_name = info.get("host_name") or None
+    _instrument.start_proc(rt, host_name=host_name, output=output,
+                           log_file=proc_log_file(host_name) if output == "file" else None)
 
     async def hello() -> None:
         import marshal
@@ -105,6 +113,7 @@ def main() -> None:
                         C.encode(C.ChildHello(kernel.proc_id, kernel.address)), b"", [])
         kernel.on_proc_failed.append(_exit_if_parent(parent[0]))
         kernel.start_task(_watch_parent_pid, info["parent_pid"])
+        kernel.start_task(_instrument.ship_loop, kernel)
 
     try:
         trio.run(functools.partial(kernel.serve, after_start=hello))
@@ -113,6 +122,19 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def proc_log_file(host_name: str | None) -> str:
+    """Where a remote proc that does not stream writes its output: one file per
+    host (worker loop), in ``MONARCH_PROC_LOG_DIR``."""
+    import socket
+    import tempfile
+
+    from monarch_core import settings
+
+    d = settings.get("MONARCH_PROC_LOG_DIR") or os.path.join(tempfile.gettempdir(), f"monarch-logs-{os.getuid()}")
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in (host_name or socket.gethostname()))
+    return os.path.join(d, f"{host}-worker{os.getppid()}.log")
 
 
 async def _watch_parent_pid(parent_pid: int) -> None:
