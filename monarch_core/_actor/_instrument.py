@@ -348,7 +348,7 @@ class Shipper:
 shipper = Shipper()
 
 
-def start_proc(rt: Any, *, host_name: Optional[str], output: str, log_file: Optional[str]) -> None:
+def start_proc(rt: Any, *, host_name: Optional[str], output: str, log_path: Optional[str]) -> None:
     """Telemetry of a new proc (``_launch._proc_main``, before its kernel serves):
     who it is, where its output goes, and the periodic batches to the root."""
     state.read_settings()
@@ -358,10 +358,10 @@ def start_proc(rt: Any, *, host_name: Optional[str], output: str, log_file: Opti
     shipper.rt = rt
     shipper.group = rt.proc_mesh_name
     shipper.group_size = point.extent.nelements
-    _output.capture.configure(label=label, send=shipper.output)
+    _output.capture.configure(label=label, send=shipper.output, log_path=log_path)
     try:
-        _output.capture.set_mode(output, log_file)
-    except OSError as e:
+        _output.capture.set_mode(output)
+    except (OSError, ValueError) as e:
         logger.warning("proc output stays where it was: %s", e)
 
 
@@ -418,10 +418,9 @@ def on_log_option(reply: tuple, stream: bool, level: int) -> None:
         if level >= 0:
             logging.getLogger().setLevel(level)
         cap = _output.capture
-        if stream:
-            cap.set_mode(_output.STREAM)
-        elif cap.mode == _output.STREAM:
-            cap.set_mode(_output.FILE if cap.log_file else _output.DIRECT, cap.log_file)
+        cap.set_mode(_output.STREAM if stream else cap.quiet_mode())
+        if cap.log_file:
+            shipper.ship(force=True)  # the root logs where this proc's output goes now
     except Exception as e:  # noqa: BLE001 - reported to the caller
         err = e
     if err is None:

@@ -97,8 +97,9 @@ def main() -> None:
 
     output = info.get("output") or "direct"
     host_name = info.get("host_name") or None
+    # a proc on a remote host (its parent a worker loop) writes to a per-host log file when it does not stream
     _instrument.start_proc(rt, host_name=host_name, output=output,
-                           log_file=proc_log_file(host_name) if output == "file" else None)
+                           log_path=proc_log_file(host_name) if info.get("worker_loop") else None)
 
     async def hello() -> None:
         import marshal

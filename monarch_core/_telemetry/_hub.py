@@ -130,8 +130,7 @@ class Hub:
         metrics = batch.get("metrics")
         if metrics:
             _metrics.merge(proc, str(batch.get("host")), metrics)
-        output = batch.get("output")
-        if output:
+        if batch.get("output") or batch.get("log_file"):
             _output.printer.add(batch)
         if self.entries and (batch.get("spans") or batch.get("events") or metrics):
             self.pending.append(batch)

@@ -105,7 +105,9 @@ class Capture:
         self.lock = threading.RLock()
         self.send: Optional[Callable[[list], None]] = None
         self.label = ""
-        self.log_file: Optional[str] = None
+        #: where mode ``file`` writes (a remote proc's per-host log file; None: no such file)
+        self.log_path: Optional[str] = None
+        self.log_file: Optional[str] = None  # the file being written now (mode ``file``)
         self._queue: collections.deque[tuple] = collections.deque()
         self._saved: dict[int, int] = {}  # fd -> a duplicate of what it was before we touched it
         self._streams: dict[int, _ProcStream] = {}
@@ -119,25 +121,32 @@ class Capture:
         self._signalled = False
 
     # -------------------------------------------------------------- set up
-    def configure(self, *, label: str, send: Callable[[list], None]) -> None:
+    def configure(self, *, label: str, send: Callable[[list], None], log_path: Optional[str] = None) -> None:
         self.label = label
         self.send = send
+        self.log_path = log_path
 
-    def set_mode(self, mode: str, log_file: Optional[str] = None) -> None:
-        """Switch to ``mode`` (draining what the old mode holds)."""
+    def set_mode(self, mode: str) -> None:
+        """Switch to ``mode`` (draining what the old mode holds); ``file``
+        needs a ``log_path`` (:meth:`configure`)."""
         if mode not in (DIRECT, FILE, STREAM):
             raise ValueError(f"unknown output mode {mode!r}")
+        if mode == FILE and self.log_path is None:
+            raise ValueError("this proc has no log file (only procs on remote hosts do)")
         with self.lock:
-            if mode == self.mode and (mode != FILE or log_file == self.log_file):
+            if mode == self.mode:
                 return
             self.drain()
             self._undo()
             if mode == FILE:
-                assert log_file is not None
-                self._to_file(log_file)
+                self._to_file(self.log_path)  # type: ignore[arg-type]
             elif mode == STREAM:
                 self._to_pipes()
             self.mode = mode
+
+    def quiet_mode(self) -> str:
+        """Where output goes when it is not streamed: the log file, or the inherited descriptors."""
+        return FILE if self.log_path is not None else DIRECT
 
     def _save(self, fd: int) -> None:
         if fd not in self._saved:
@@ -213,6 +222,7 @@ class Capture:
         if self._file_fd is not None:
             os.close(self._file_fd)
             self._file_fd = None
+            self.log_file = None
         self.mode = DIRECT
 
     # -------------------------------------------------------------- lines
@@ -349,7 +359,8 @@ class Printer:
         self.lock = threading.Lock()
         #: proc mesh name -> aggregation window in seconds (0: print at once)
         self.windows: dict[str, float] = {}
-        self.default_window = 0.0
+        #: (the window of a mesh whose logging_option was not called: 3 s, as logging_option's default)
+        self.default_window = 3.0
         #: group -> (deadline, {(stream, text): [count, first prefix]}) for windows being filled
         self._open: dict[str, tuple[float, dict]] = {}
         self._thread: Optional[threading.Thread] = None
