@@ -18,7 +18,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-"$VENV/bin/python" -m pip install -q -e ".[test]" -e plugins/transport_tcp
+"$VENV/bin/python" -m pip install -q -e ".[test]" -e plugins/transport_tcp -e plugins/telemetry_otel
 # torch (CPU build, pinned: an unpinned torch pulls a multi-GB CUDA build) for
 # the tensor payload tests; they skip, loudly, where it cannot be installed.
 "$VENV/bin/python" -m pip install -q torch==2.13.0 \
