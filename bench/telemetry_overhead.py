@@ -9,7 +9,9 @@ Each measurement runs in a fresh child interpreter (one proc, one actor, ``ipc``
   latency     ``one.noop.call_one().get()`` sequential: ``--warmup`` calls, then ``--calls``;
               p50 / p99 in µs.
   throughput  ``--burst`` ``call_one()`` issued, then ``.get()`` on each; 3 bursts after one
-              warm-up burst; the median rate in calls/s.
+              warm-up burst; the median rate in calls/s, and the CPU (user + system, client and
+              proc together, from /proc) per call in µs -- steadier than the rate on a shared
+              machine, where the rate follows the other load.
 
 Modes (environment of the child; the procs inherit it):
 
@@ -44,10 +46,18 @@ CHILD = textwrap.dedent(
         def noop(self) -> None:
             return None
 
+        @endpoint
+        def pid(self) -> int:
+            return os.getpid()
+
+    def cpu(pid):  # user + system seconds of a process, from /proc
+        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
     calls, burst, warmup = (int(x) for x in sys.argv[1:4])
     procs = this_host().spawn_procs()
     one = procs.spawn("w", W)
-    one.noop.call_one().get()
+    server = one.pid.call_one().get()
     for _ in range(warmup):
         one.noop.call_one().get()
     lat = []
@@ -57,8 +67,9 @@ CHILD = textwrap.dedent(
         one.noop.call_one().get()
         lat.append(pc() - t0)
     lat.sort()
-    rates = []
+    rates, cpus = [], []
     for i in range(4):
+        c0, s0 = cpu(os.getpid()), cpu(server)
         t0 = time.perf_counter()
         futs = [one.noop.call_one() for _ in range(burst)]
         for f in futs:
@@ -66,9 +77,10 @@ CHILD = textwrap.dedent(
         dt = time.perf_counter() - t0
         if i:
             rates.append(burst / dt)
+            cpus.append((cpu(os.getpid()) - c0 + cpu(server) - s0) / burst * 1e6)
     procs.stop().get()
     print(json.dumps({"p50_us": lat[len(lat) // 2] / 1e3, "p99_us": lat[int(len(lat) * 0.99)] / 1e3,
-                      "rate": statistics.median(rates)}))
+                      "rate": statistics.median(rates), "cpu_us": statistics.median(cpus)}))
     """
 )
 
@@ -107,16 +119,18 @@ def main() -> int:
                 res = run(m, args, tmp)
                 results[m].append(res)
                 print(f"round {r + 1} {m:8} p50 {res['p50_us']:7.1f} µs  p99 {res['p99_us']:7.1f} µs  "
-                      f"{res['rate']:9.0f} calls/s", file=sys.stderr, flush=True)
-    med = {m: {k: statistics.median(x[k] for x in results[m]) for k in ("p50_us", "p99_us", "rate")} for m in modes}
+                      f"{res['rate']:9.0f} calls/s  {res['cpu_us']:5.1f} µs CPU/call", file=sys.stderr, flush=True)
+    keys = ("p50_us", "p99_us", "rate", "cpu_us")
+    med = {m: {k: statistics.median(x[k] for x in results[m]) for k in keys} for m in modes}
     base = med.get("off")
-    print("| mode | call_one p50, µs | p99, µs | pipelined, calls/s | p50 ÷ off | calls/s ÷ off |")
-    print("|---|---|---|---|---|---|")
+    print("| mode | call_one p50, µs | p99, µs | pipelined, calls/s | CPU per pipelined call, µs "
+          "| p50 ÷ off | calls/s ÷ off | CPU ÷ off |")
+    print("|---|---|---|---|---|---|---|---|")
     for m in modes:
         v = med[m]
-        r50 = f"{v['p50_us'] / base['p50_us']:.3f}" if base else "—"
-        rr = f"{v['rate'] / base['rate']:.3f}" if base else "—"
-        print(f"| {m} | {v['p50_us']:.1f} | {v['p99_us']:.1f} | {v['rate']:.0f} | {r50} | {rr} |")
+        r = {k: f"{v[k] / base[k]:.3f}" if base else "—" for k in keys}
+        print(f"| {m} | {v['p50_us']:.1f} | {v['p99_us']:.1f} | {v['rate']:.0f} | {v['cpu_us']:.1f} "
+              f"| {r['p50_us']} | {r['rate']} | {r['cpu_us']} |")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "runs": results, "medians": med}, f, indent=1)

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("monarch.telemetry")
 
 _now = time.perf_counter_ns
+_current_span = _spans.current_span
 _S_VALUE = W.S_VALUE
 _S_ERROR = W.S_ERROR
 _S_BATCH = W.S_BATCH
@@ -81,7 +82,7 @@ def error_type(payload: Any) -> str:
 class ClientSide:
     """The instrumentation of one endpoint of one actor-mesh view, in the caller."""
 
-    __slots__ = ("mesh_key", "mesh", "endpoint", "_stats", "span_name", "_attrs")
+    __slots__ = ("mesh_key", "mesh", "endpoint", "_stats", "span_name", "_attrs", "_first")
 
     def __init__(self, mesh_key: str, mesh: str, endpoint: str) -> None:
         self.mesh_key = mesh_key
@@ -90,6 +91,7 @@ class ClientSide:
         self.span_name = f"{mesh}.{endpoint}"
         self._stats: dict[tuple, _metrics.EndpointStat] = {}
         self._attrs: dict[tuple, tuple] = {}  # (adverb, rank) -> the span attributes (one object: marshal refers to it)
+        self._first: Optional[tuple] = None  # (stat, self, "call_one") of index 0's call_one: the common case
 
     def stat(self, rank: Optional[int], adverb: str) -> _metrics.EndpointStat:
         k = (rank, adverb)
@@ -123,11 +125,15 @@ class ClientSide:
 
     def one(self, kernel: Kernel, region: Any, index: int, adverb: str, payload: Any, bufs: list) -> TimedOneReply:
         h = TimedOneReply(kernel, "")
-        h.stat = self.stat_at(region, index, adverb)
-        h.req = nbytes(payload, bufs)
-        h.side = self
-        h.adverb = adverb
-        h.sp = self.span()
+        if index == 0 and adverb == "call_one":
+            ctx = self._first
+            if ctx is None:
+                ctx = self._first = (self.stat_at(region, 0, adverb), self, adverb)
+        else:
+            ctx = (self.stat_at(region, index, adverb), self, adverb)
+        h.ctx = ctx
+        h.req = len(payload) if not bufs else nbytes(payload, bufs)
+        h.sp = None if _current_span.get() is None and not state.tracing else self.span()
         h.t0 = _now()
         return h
 
@@ -169,23 +175,26 @@ def trace_bytes(sp: Optional[list]) -> Optional[bytes]:
 
 
 class TimedOneReply(OneReply):
-    """``OneReply`` that records the call when its reply (or failure) arrives."""
+    """``OneReply`` that records the call when its reply (or failure) arrives.
+    ``ctx``: (its stat, the ``ClientSide``, the adverb)."""
 
-    __slots__ = ("stat", "req", "side", "adverb", "sp", "t0")
+    __slots__ = ("ctx", "req", "sp", "t0")
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         dt = _now() - self.t0
         err = error_type(payload) if status == _S_ERROR else None
-        self.stat.record(dt, self.req, nbytes(payload, buffers), err)
+        ctx = self.ctx
+        ctx[0].record(dt, self.req, len(payload) if not buffers else nbytes(payload, buffers), err)
         if self.sp is not None:
-            self.side.end_span(self.sp, self.adverb, self.stat.key[4], err)
+            ctx[1].end_span(self.sp, ctx[2], ctx[0].key[4], err)
         OneReply.deliver(self, rank, status, payload, buffers)
 
     def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
         err = type(exc).__name__
-        self.stat.record(_now() - self.t0, self.req, 0, err)
+        ctx = self.ctx
+        ctx[0].record(_now() - self.t0, self.req, 0, err)
         if self.sp is not None:
-            self.side.end_span(self.sp, self.adverb, self.stat.key[4], err)
+            ctx[1].end_span(self.sp, ctx[2], ctx[0].key[4], err)
         OneReply.fail(self, exc, proc_id)
 
 

@@ -65,7 +65,7 @@ def events_of(batch: dict, kinds: frozenset[str]) -> list[Any]:
     out: list[Any] = []
     if "span" in kinds:
         for name, trace, span, parent, start, dur, kind, thread, attrs in batch.get("spans", ()):
-            a = {**ident, "thread": thread, "trace_id": _hex(trace, 32), "span_id": _hex(span, 16),
+            a = {**ident, "thread": thread, "trace_id": trace.hex(), "span_id": _hex(span, 16),
                  "parent_id": _hex(parent, 16), "span_kind": kind, **attrs_dict(attrs)}
             out.append(TelemetryEvent("span", name, start, dur, a))
     if "lifecycle" in kinds:

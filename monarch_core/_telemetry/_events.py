@@ -75,3 +75,11 @@ def root_cause(events: list[dict]) -> dict[str, Any]:
     return {"actor": first.get("actor"), "mesh": first.get("mesh_name"), "coords": first.get("coords"),
             "proc": first.get("proc"), "category": first.get("category"),
             "cause": cause.splitlines()[-1] if cause else ""}
+
+
+def markdown_table() -> str:
+    """The lifecycle table of ``docs/observability.md`` (a test keeps them equal)."""
+    rows = ["| event | when | attributes |", "|---|---|---|"]
+    for name, (what, fields) in LIFECYCLE.items():
+        rows.append(f"| `{name}` | {what} | {', '.join(f'`{f}`' for f in fields)} |")
+    return "\n".join(rows) + "\n"

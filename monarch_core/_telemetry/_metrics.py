@@ -25,6 +25,7 @@ from typing import Any, Optional
 from monarch_core._telemetry._core import state
 
 NBUCKETS = 512
+_NO_MIN = 1 << 62
 CLIENT = "client"
 SERVER = "server"
 
@@ -56,7 +57,7 @@ class EndpointStat:
         self.errors: dict[str, int] = {}
         self.count = 0  # latency samples (a broadcast has none)
         self.sum = 0
-        self.min = 0
+        self.min = _NO_MIN
         self.max = 0
         self.buckets = [0] * NBUCKETS
         self.req = 0
@@ -70,18 +71,15 @@ class EndpointStat:
         i = dt if b <= 4 else ((b - 3) << 3) | ((dt >> (b - 4)) & 7)
         with self.lock:
             self.calls += 1
-            if self.count:
-                if dt < self.min:
-                    self.min = dt
-                elif dt > self.max:
-                    self.max = dt
-            else:
-                self.min = self.max = dt
             self.count += 1
             self.sum += dt
             self.buckets[i] += 1
             self.req += req
             self.rep += rep
+            if dt > self.max:
+                self.max = dt
+            if dt < self.min:
+                self.min = dt
             if err is not None:
                 self.errors[err] = self.errors.get(err, 0) + 1
 
@@ -95,8 +93,8 @@ class EndpointStat:
         """The cumulative totals as plain data (what a batch carries)."""
         with self.lock:
             buckets = {i: c for i, c in enumerate(self.buckets) if c}
-            return (self.key, self.calls, dict(self.errors), self.count, self.sum, self.min, self.max, buckets,
-                    self.req, self.rep)
+            return (self.key, self.calls, dict(self.errors), self.count, self.sum, self.min if self.count else 0,
+                    self.max, buckets, self.req, self.rep)
 
 
 _stats: dict[tuple, EndpointStat] = {}

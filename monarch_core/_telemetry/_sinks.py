@@ -186,7 +186,8 @@ class _ChromeWriter:
              thread: str, attrs: dict) -> None:
         tid = self.tid(pid, str(thread or "main"))
         ts = start / 1000.0
-        args = {"trace_id": _hex(trace, 32), "span_id": _hex(span, 16), "parent_id": _hex(parent, 16),
+        args = {"trace_id": trace.hex() if isinstance(trace, bytes) else _hex(trace, 32), "span_id": _hex(span, 16),
+                "parent_id": _hex(parent, 16),
                 **(attrs if isinstance(attrs, dict) else attrs_dict(attrs))}
         self.write({"name": name, "cat": kind, "ph": "X", "ts": ts, "dur": dur / 1000.0, "pid": pid, "tid": tid,
                     "args": args})

@@ -13,7 +13,7 @@ function defined in ``__main__`` that uses ``@traced`` pickles by value (for an
 actor class spawned on a proc) and records, over there, into that proc's own
 buffers.
 
-A recorded span is the tuple ``(name, trace_id, span_id, parent_id, start_ns,
+A recorded span is the tuple ``(name, trace_id (16 bytes), span_id, parent_id, start_ns,
 duration_ns, kind, thread, attributes)`` (attributes flat: ``(key, value, ...)``): ``start_ns`` is wall-clock time
 (``time.time_ns``), ``duration_ns`` from ``time.perf_counter_ns``, ``kind``
 ``"client"``, ``"server"`` or ``"internal"``, ``thread`` the actor's display
@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
-import struct
 import threading
 import time
 from random import getrandbits
@@ -35,14 +34,15 @@ from monarch_core._telemetry._core import MAX_BUFFERED, actor_name, state
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: ``(trace_id, span_id)`` of the span the running code is part of, or None.
+#: ``(trace_id, span_id)`` of the span the running code is part of, or None
+#: (``trace_id``: 16 bytes, ``span_id``: a 64-bit int).
 current_span: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("monarch_span", default=None)
 
-_CTX = struct.Struct("<QQQ")
 #: Bytes of a packed trace context (what a traced message's header starts with).
-CONTEXT_SIZE = _CTX.size
+CONTEXT_SIZE = 24
 _now = time.perf_counter_ns
 _wall = time.time_ns
+_from_bytes = int.from_bytes
 
 
 def new_id() -> int:
@@ -50,15 +50,21 @@ def new_id() -> int:
     return getrandbits(64) or 1
 
 
-def pack_context(trace_id: int, span_id: int) -> bytes:
+def new_trace() -> bytes:
+    """A random 16-byte trace id."""
+    return (getrandbits(128) or 1).to_bytes(16, "big")
+
+
+def pack_context(trace_id: bytes, span_id: int) -> bytes:
     """The 24 header bytes that make the receiver's span a child of ``span_id``."""
-    return _CTX.pack(trace_id >> 64, trace_id & 0xFFFFFFFFFFFFFFFF, span_id)
+    return trace_id + span_id.to_bytes(8, "big")
 
 
-def unpack_context(b: bytes) -> tuple[int, int]:
+def unpack_context(b: bytes) -> tuple[bytes, int]:
     """``(trace_id, parent_span_id)`` of :func:`pack_context`'s bytes."""
-    hi, lo, span = _CTX.unpack(b)
-    return (hi << 64) | lo, span
+    if len(b) != CONTEXT_SIZE:
+        raise ValueError(f"a trace context is {CONTEXT_SIZE} bytes, got {len(b)}")
+    return b[:16], _from_bytes(b[16:], "big")
 
 
 _local = threading.local()
@@ -67,15 +73,11 @@ _local = threading.local()
 def _thread() -> str:
     """The track of spans begun on this thread: its actor's display name (an
     actor has a thread of its own), else the thread's name (cached per thread)."""
-    try:
-        return _local.track  # type: ignore[no-any-return]
-    except AttributeError:
-        pass
-    name = actor_name()
-    if name is None:
-        return threading.current_thread().name  # a client thread may become an actor's later: not cached
-    _local.track = name
-    return name
+    track = getattr(_local, "track", None)
+    if track is None:
+        name = actor_name()
+        track = _local.track = name if name is not None else threading.current_thread().name
+    return track  # type: ignore[no-any-return]
 
 
 def begin(parent: Optional[tuple]) -> Optional[list]:
@@ -86,7 +88,7 @@ def begin(parent: Optional[tuple]) -> Optional[list]:
     if parent is None:
         if not state.tracing:
             return None
-        return [getrandbits(128) or 1, new_id(), 0, _wall(), _now(), _thread()]
+        return [new_trace(), new_id(), 0, _wall(), _now(), _thread()]
     if not state.enabled:
         return None
     return [parent[0], new_id(), parent[1], _wall(), _now(), _thread()]
