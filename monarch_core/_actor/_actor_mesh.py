@@ -248,7 +248,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         if tm:
             h = tm.one(kernel, self._region_, index, adverb, payload, bufs)
             if h.sp is not None:
-                trace = _instrument.trace_bytes(h.sp)
+                trace = h.sp[4]  # the trace context (``_instrument.trace_bytes``)
         else:
             h = OneReply(kernel, "")
         reply = (rt.proc_id, kernel.address, h.port_id)
@@ -327,7 +327,7 @@ class ActorMesh(MeshTrait, Generic[T]):
                         ep._prop._explicit_response_port, payload, bufs, None, kernel, sender, ret,
                         trace=_instrument.trace_bytes(sp) if sp is not None else None)
         if sp is not None:
-            tm.end_span(sp, adverb, None, None)
+            tm.end_cast(sp, adverb)
 
     # ------------------------------------------------------------- lifecycle
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:

@@ -370,8 +370,8 @@ class ActorHost:
         if stat is None:
             stat = self._stat_for(method_name)
         t0 = _now() if stat else 0
-        sp = _instrument.server_span(h) if len(h) > 9 or _tstate.tracing else None
-        span_token = _current_span.set((sp[0], sp[1])) if sp is not None else None
+        sp = _instrument.server_span(h) if stat and (len(h) > 9 or _tstate.tracing) else None
+        span_token = _current_span.set(sp) if sp is not None else None  # (its [0], [1]: trace and span id)
         rest: Any = None
         try:
             args, kwargs = _serial.loads(payload, buffers)
@@ -393,34 +393,42 @@ class ActorHost:
                                     (stat, t0, _nbytes(payload, buffers) if stat else 0, sp))
                 sp = None  # ``_finish`` ends it
                 return rest
-            rep = 0
+            if stat:  # recorded before the reply leaves: a caller that then reads the metrics finds the call
+                tm = (stat, t0, len(payload) if not buffers else _nbytes(payload, buffers), sp)
+                stat = False  # (recorded once, below)
+            else:
+                tm = None
             if reply_ref is not None and not explicit:
-                rep = self._reply_value(reply_ref, rank, result, method_name)
-            if stat:
-                stat.record(_now() - t0, _nbytes(payload, buffers), rep)
+                self._reply_value(reply_ref, rank, result, method_name, tm)
+            elif tm is not None:
+                self._record(tm, 0, None, method_name)
         except Exception as e:
             if stat:
-                stat.record(_now() - t0, _nbytes(payload, buffers), 0, type(e).__name__)
-            if sp is not None:
-                _instrument.end_server_span(sp, self, method_name, rank, type(e).__name__)
-                sp = None
+                self._record_error(stat, sp, t0, payload, buffers, method_name, e)
             self._raised(e, reply_ref, rank, self._where(method_name), explicit)
         except BaseException as e:
             if stat:
-                stat.record(_now() - t0, _nbytes(payload, buffers), 0, type(e).__name__)
-            if sp is not None:
-                _instrument.end_server_span(sp, self, method_name, rank, type(e).__name__)
-                sp = None
+                self._record_error(stat, sp, t0, payload, buffers, method_name, e)
             self._die(e, f"{self._where(method_name)} raised {type(e).__name__}")
         finally:
-            if sp is not None:
-                _instrument.end_server_span(sp, self, method_name, rank, None)
             if span_token is not None:
                 _current_span.reset(span_token)
             if rest is None:
                 self._current_reply = None
             _state.current_message_rank.reset(token)
         return None
+
+    def _record_error(self, stat: Any, sp: Any, t0: int, payload: Any, buffers: list, method: str,
+                      e: BaseException) -> None:
+        self._record((stat, t0, _nbytes(payload, buffers), sp), 0, type(e).__name__, method)
+
+    def _record(self, tm: tuple, rep: int, err: str | None, method: str) -> None:
+        """Record one invocation of ``method``: ``tm`` is (stat, start, request bytes, span)."""
+        stat, t0, req, sp = tm
+        dt = _now() - t0
+        stat.record(dt, req, rep, err)
+        if sp is not None:
+            _instrument.end_server_span(sp, self, method, t0, dt, err)
 
     def _stat_for(self, method: str) -> Any:
         try:
@@ -440,28 +448,25 @@ class ActorHost:
         time, request bytes and span)."""
         token = _state.current_message_rank.set(point)
         stat, t0, req, sp = tm
-        span_token = _current_span.set((sp[0], sp[1])) if sp is not None else None
-        err = None
+        span_token = _current_span.set(sp) if sp is not None else None
         try:
             result = await result
-            rep = 0
+            rec = (stat, t0, req, sp) if stat else None
+            stat = False  # (recorded once, below)
             if reply_ref is not None and not explicit:
-                rep = self._reply_value(reply_ref, rank, result, method)
-            if stat:
-                stat.record(_now() - t0, req, rep)
+                self._reply_value(reply_ref, rank, result, method, rec)
+            elif rec is not None:
+                self._record(rec, 0, None, method)
         except Exception as e:
-            err = type(e).__name__
             if stat:
-                stat.record(_now() - t0, req, 0, err)
+                self._record((stat, t0, req, sp), 0, type(e).__name__, method)
             self._raised(e, reply_ref, rank, self._where(method), explicit)
         except BaseException as e:
-            err = type(e).__name__
             if stat:
-                stat.record(_now() - t0, req, 0, err)
+                self._record((stat, t0, req, sp), 0, type(e).__name__, method)
             self._die(e, f"{self._where(method)} raised {type(e).__name__}")
         finally:
-            if sp is not None:
-                _instrument.end_server_span(sp, self, method, rank, err)
+            if span_token is not None:
                 _current_span.reset(span_token)
             self._current_reply = None
             _state.current_message_rank.reset(token)
@@ -474,16 +479,21 @@ class ActorHost:
             why = "explicit-response-port endpoint" if explicit else "broadcast (no caller to report to)"
             self._die(e, f"{where} raised in a {why}")
 
-    def _reply_value(self, reply_ref: tuple, rank: int, result: Any, method: str) -> int:
-        """Send ``result`` to the caller; its size in bytes."""
+    def _reply_value(self, reply_ref: tuple, rank: int, result: Any, method: str, tm: tuple | None = None) -> None:
+        """Send ``result`` to the caller.  ``tm`` (stat, start, request bytes,
+        span): record the invocation first -- as failed with ``TypeError`` if the
+        result cannot be pickled -- so that it is counted before the caller hears."""
         try:
             rp, rb = _serial.dumps(result)
         except Exception as e:
+            if tm is not None:
+                self._record(tm, 0, "TypeError", method)
             raise TypeError(
                 f"the result of {self._where(method)} ({type(result).__name__}) could not be pickled: {e}"
             ) from e
+        if tm is not None:
+            self._record(tm, len(rp) + (_nbytes(b"", rb) if rb else 0), None, method)
         send_raw_to_port(reply_ref, rank, W.S_VALUE, rp, rb)
-        return len(rp) + (_nbytes(b"", rb) if rb else 0)
 
     def _lookup(self, name: str) -> tuple[Any, Any]:
         found = self._methods.get(name)
@@ -519,30 +529,30 @@ class ActorHost:
 
         async def body() -> None:
             _state.current_message_rank.set(msg_rank)
-            err = None
-            rep = 0
+            tm = (stat, t0, req, sp) if stat else None
             try:
                 result = await func(self.instance, *args, **kwargs)
+                rec, tm = tm, None  # (recorded once, here)
                 if reply_ref is not None:
-                    rep = self._reply_value(reply_ref, rank, result, method)
+                    self._reply_value(reply_ref, rank, result, method, rec)
+                elif rec is not None:
+                    self._record(rec, 0, None, method)
             except asyncio.CancelledError:
-                err = "CancelledError"
+                if tm is not None:
+                    self._record(tm, 0, "CancelledError", method)
                 raise
             except Exception as e:
-                err = type(e).__name__
+                if tm is not None:
+                    self._record(tm, 0, type(e).__name__, method)
                 where = self._where(method)
                 if reply_ref is not None:
                     send_to_port(reply_ref, rank, W.S_ERROR, wrap_exception(e, where))
                 else:
                     self._die(e, f"concurrent endpoint {where} raised without forwarding it to its port", current)
             except BaseException as e:
-                err = type(e).__name__
+                if tm is not None:
+                    self._record(tm, 0, type(e).__name__, method)
                 self._die(e, f"concurrent endpoint {self._where(method)} raised {type(e).__name__}", current)
-            finally:
-                if stat:
-                    stat.record(_now() - t0, req, rep, err)
-                if sp is not None:
-                    _instrument.end_server_span(sp, self, method, rank, err)
 
         t = self.loop.create_task(body())
         self._concurrent.add(t)

@@ -39,6 +39,8 @@ logger = logging.getLogger("monarch.telemetry")
 
 _now = time.perf_counter_ns
 _current_span = _spans.current_span
+_getrandbits = _spans.getrandbits
+_MAX_SPANS = _spans.MAX_BUFFERED
 _S_VALUE = W.S_VALUE
 _S_ERROR = W.S_ERROR
 _S_BATCH = W.S_BATCH
@@ -90,7 +92,7 @@ class ClientSide:
         self.endpoint = endpoint
         self.span_name = f"{mesh}.{endpoint}"
         self._stats: dict[tuple, _metrics.EndpointStat] = {}
-        self._attrs: dict[tuple, tuple] = {}  # (adverb, rank) -> the span attributes (one object: marshal refers to it)
+        self._attrs: dict[tuple, tuple] = {}  # (adverb, rank, thread) -> the spans' meta (``_spans.meta``)
         self._first: Optional[tuple] = None  # (stat, self, "call_one") of index 0's call_one: the common case
 
     def stat(self, rank: Optional[int], adverb: str) -> _metrics.EndpointStat:
@@ -109,19 +111,32 @@ class ClientSide:
             s = self._stats[k] = self.stat(region.root_rank(index), adverb)
         return s
 
-    def span(self) -> Optional[list]:
-        """The client span of a call about to be sent (None: not traced)."""
-        cur = _spans.current_span.get()
-        if cur is None and not state.tracing:
-            return None
-        return _spans.begin(cur)
+    def span(self) -> Optional[tuple]:
+        """The client span of a call about to be sent, ``(trace_id, span_id,
+        parent_id, thread, the trace context its messages carry)`` (None: not
+        traced; ``thread``: the caller's track).  (Inlined: it runs per traced call.)"""
+        cur = _current_span.get()
+        if cur is None:
+            if not state.tracing:
+                return None
+            trace, parent = (_getrandbits(128) or 1).to_bytes(16, "big"), 0
+        else:
+            trace, parent = cur[0], cur[1]
+        sid = _getrandbits(64) or 1
+        track = getattr(_spans._local, "track", None)
+        return (trace, sid, parent, track if track is not None else _spans._thread(), trace + sid.to_bytes(8, "big"))
 
-    def end_span(self, sp: list, adverb: str, rank: Optional[int], error: Optional[str]) -> None:
-        k = (adverb, rank)
-        attrs = self._attrs.get(k)
-        if attrs is None:
-            attrs = self._attrs[k] = ("mesh", self.mesh, "endpoint", self.endpoint, "adverb", adverb, "rank", rank)
-        _spans.end(sp, self.span_name, "client", attrs, error)
+    def end_span(self, sp: tuple, adverb: str, rank: Optional[int], error: Optional[str], t0: int, dt: int) -> None:
+        k = (adverb, rank, sp[3])
+        m = self._attrs.get(k)
+        if m is None:
+            m = self._attrs[k] = (self.span_name, "client", sp[3],
+                                  ("mesh", self.mesh, "endpoint", self.endpoint, "adverb", adverb, "rank", rank))
+        spans = state.spans
+        if error is None and len(spans) < _MAX_SPANS:  # (``_spans.record``, inlined)
+            spans.append((m, sp[0], sp[1], sp[2], t0, dt))
+        else:
+            _spans.record(m, sp[0], sp[1], sp[2], t0, dt, error)
 
     def one(self, kernel: Kernel, region: Any, index: int, adverb: str, payload: Any, bufs: list) -> TimedOneReply:
         h = TimedOneReply(kernel, "")
@@ -135,7 +150,7 @@ class ClientSide:
         h.req = len(payload) if not bufs else nbytes(payload, bufs)
         h.sp = None if _current_span.get() is None and not state.tracing else self.span()
         h.t0 = _now()
-        return h
+        return h  # (the span's context, when traced: ``h.sp[4]``)
 
     def gather(self, kernel: Kernel, extent: Any, build: Any, adverb: str, payload: Any, bufs: list) -> TimedGather:
         h = TimedGather(kernel, extent, "", build)
@@ -155,10 +170,16 @@ class ClientSide:
         h.t0 = _now()
         return h
 
-    def cast(self, adverb: str, n: int, payload: Any, bufs: list) -> Optional[list]:
-        """A send with no reply to time: counted now; the span (if traced) to end after the send."""
+    def cast(self, adverb: str, n: int, payload: Any, bufs: list) -> Optional[tuple]:
+        """A send with no reply to time: counted now; the span (if traced) to end
+        after the send (:meth:`end_cast`)."""
         self.stat(None, adverb).record_send(nbytes(payload, bufs) * n)
-        return self.span()
+        sp = self.span()
+        return None if sp is None else (*sp, _now())
+
+    def end_cast(self, sp: tuple, adverb: str) -> None:
+        now = _now()
+        self.end_span(sp, adverb, None, None, sp[5], now - sp[5])
 
 
 def client_side(ep: Any) -> Any:
@@ -169,9 +190,9 @@ def client_side(ep: Any) -> Any:
     return ClientSide(ep._mesh._key, ep._mesh._name, ep._name)
 
 
-def trace_bytes(sp: Optional[list]) -> Optional[bytes]:
+def trace_bytes(sp: Optional[tuple]) -> Optional[bytes]:
     """The header prefix of a traced call's messages (None: not traced)."""
-    return None if sp is None else _spans.pack_context(sp[0], sp[1])
+    return None if sp is None else sp[4]
 
 
 class TimedOneReply(OneReply):
@@ -186,15 +207,16 @@ class TimedOneReply(OneReply):
         ctx = self.ctx
         ctx[0].record(dt, self.req, len(payload) if not buffers else nbytes(payload, buffers), err)
         if self.sp is not None:
-            ctx[1].end_span(self.sp, ctx[2], ctx[0].key[4], err)
+            ctx[1].end_span(self.sp, ctx[2], ctx[0].key[4], err, self.t0, dt)
         OneReply.deliver(self, rank, status, payload, buffers)
 
     def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
         err = type(exc).__name__
         ctx = self.ctx
-        ctx[0].record(_now() - self.t0, self.req, 0, err)
+        dt = _now() - self.t0
+        ctx[0].record(dt, self.req, 0, err)
         if self.sp is not None:
-            ctx[1].end_span(self.sp, ctx[2], ctx[0].key[4], err)
+            ctx[1].end_span(self.sp, ctx[2], ctx[0].key[4], err, self.t0, dt)
         OneReply.fail(self, exc, proc_id)
 
 
@@ -209,7 +231,7 @@ class TimedGather(GatherReplies):
         self.stat: Any = None
         self.req = 0
         self.side: Any = None
-        self.sp: Optional[list] = None
+        self.sp: Optional[tuple] = None
         self.t0 = 0
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
@@ -220,12 +242,18 @@ class TimedGather(GatherReplies):
                 if status != _S_VALUE and self.err is None:
                     self.err = error_type(payload)
         GatherReplies.deliver(self, rank, status, payload, buffers)
-        if self.cell.done():
-            self._record(None)
+
+    def _done(self) -> None:
+        # (GatherReplies calls it when the call completes, just before the result is set:
+        # recorded first, a caller that then reads the metrics finds the call)
+        self._record(None)
+        GatherReplies._done(self)
 
     def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
+        with self.lock:
+            if self.err is None:
+                self.err = type(exc).__name__
         GatherReplies.fail(self, exc, proc_id)
-        self._record(type(exc).__name__)
 
     def _record(self, err: Optional[str]) -> None:
         with self.lock:
@@ -233,9 +261,10 @@ class TimedGather(GatherReplies):
                 return
             self.recorded = True
             err = self.err or err
-        self.stat.record(_now() - self.t0, self.req, self.rep, err)
+        dt = _now() - self.t0
+        self.stat.record(dt, self.req, self.rep, err)
         if self.sp is not None:
-            self.side.end_span(self.sp, "call", None, err)
+            self.side.end_span(self.sp, "call", None, err, self.t0, dt)
 
 
 class TimedStream(StreamReplies):
@@ -249,7 +278,7 @@ class TimedStream(StreamReplies):
         self.stat: Any = None
         self.req = 0
         self.side: Any = None
-        self.sp: Optional[list] = None
+        self.sp: Optional[tuple] = None
         self.t0 = 0
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
@@ -258,13 +287,16 @@ class TimedStream(StreamReplies):
             self.rep += n
             if status != _S_VALUE and self.err is None:
                 self.err = error_type(payload)
+            last = self.next + 1 >= self.n
+        if last:  # recorded before the last reply is handed out
+            self._record(None)
         StreamReplies.deliver(self, rank, status, payload, buffers)
         if self.next >= self.n:
             self._record(None)
 
     def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
-        StreamReplies.fail(self, exc, proc_id)
         self._record(type(exc).__name__)
+        StreamReplies.fail(self, exc, proc_id)
 
     def _record(self, err: Optional[str]) -> None:
         with self.lock:
@@ -272,9 +304,10 @@ class TimedStream(StreamReplies):
                 return
             self.recorded = True
             err = self.err or err
-        self.stat.record(_now() - self.t0, self.req, self.rep, err)
+        dt = _now() - self.t0
+        self.stat.record(dt, self.req, self.rep, err)
         if self.sp is not None:
-            self.side.end_span(self.sp, "stream", None, err)
+            self.side.end_span(self.sp, "stream", None, err, self.t0, dt)
 
 
 # ------------------------------------------------------------------ the server side (helpers for ActorHost)
@@ -287,30 +320,39 @@ def server_stat(host: Any, method: str, prop: Any) -> Any:
     return _metrics.stat_for(_metrics.SERVER, host.key, host.name, method, host.rank.rank, "")
 
 
-def server_span(h: tuple) -> Optional[list]:
-    """The server span of an endpoint message (its header ``h``), or None when not traced."""
+def server_span(h: tuple) -> Optional[tuple]:
+    """The server span of an endpoint message (its header ``h``), or None when
+    not traced: ``(trace_id, span_id, what the record keeps as trace, its parent)``
+    -- a traced message's context is kept whole (24 bytes; split at the root)."""
     if len(h) > 9:
-        try:
-            parent = _spans.unpack_context(h[9])
-        except Exception:  # noqa: BLE001 - a malformed context: the call runs untraced
-            return None
-        return _spans.begin(parent)
-    return _spans.begin(None) if state.tracing else None
+        ctx = h[9]
+        if type(ctx) is not bytes or len(ctx) != _spans.CONTEXT_SIZE or not state.enabled:
+            return None  # a malformed context: the call runs untraced
+        return (ctx[:16], _spans.getrandbits(64) or 1, ctx, None)
+    if not state.tracing:
+        return None
+    b = _spans.begin(None)
+    return (b[0], b[1], b[0], 0) if b is not None else None
 
 
-#: (actor key, endpoint) -> (span name, attributes): made once, the same objects in every span
+#: (actor key, endpoint) -> the spans' meta (``_spans.meta``; an actor has a thread of its own)
 _server_meta: dict[tuple, tuple] = {}
 
 
-def end_server_span(sp: list, host: Any, method: str, rank: int, error: Optional[str]) -> None:
+def end_server_span(sp: tuple, host: Any, method: str, t0: int, dt: int, error: Optional[str]) -> None:
+    """Record the server span ``sp`` (from :func:`server_span`) of ``method`` on ``host``."""
     k = (host.key, method)
-    meta = _server_meta.get(k)
-    if meta is None:
+    m = _server_meta.get(k)
+    if m is None:
         if len(_server_meta) > 10000:
             _server_meta.clear()
-        meta = _server_meta[k] = (f"{host.name}.{method}", (
+        m = _server_meta[k] = _spans.meta(f"{host.name}.{method}", "server", (
             "mesh", host.name, "endpoint", method, "rank", host.rank.rank, "actor_id", host.actor_id))
-    _spans.end(sp, meta[0], "server", meta[1], error)
+    spans = state.spans
+    if error is None and len(spans) < _MAX_SPANS:  # (``_spans.record``, inlined)
+        spans.append((m, sp[2], sp[1], sp[3], t0, dt))
+    else:
+        _spans.record(m, sp[2], sp[1], sp[3], t0, dt, error)
 
 
 # ------------------------------------------------------------------ shipping (procs -> root)

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 from monarch_core._telemetry import _metrics
 from monarch_core._telemetry._core import state
-from monarch_core._telemetry._spans import attrs_dict
+from monarch_core._telemetry._spans import attrs_dict, clock_offset, decode
 
 VERSION = 1
 
@@ -37,15 +37,28 @@ def collect(*, force: bool = False, address: Optional[str] = None) -> Optional[d
     """The next batch of this process, or None when nothing happened since the
     last one (``force``: a batch even then, e.g. to announce this proc)."""
     metrics = _metrics.changed_snapshots()
-    spans = state.take_spans() if state.spans or state._retired else []
+    taken = state.take_spans() if state.spans or state._retired else []
+    # one ``bytes`` blob: the root keeps it as it is for the trace file (unpacking tens of
+    # thousands of tuples per second there would cost the client its garbage collector's time)
+    spans = marshal.dumps(taken) if taken else b""
     events = _drain(state.events) if state.events else []
     dropped, state.dropped = state.dropped, 0
-    if not (metrics or spans or events or dropped or force):
+    if not (metrics or taken or events or dropped or force):
         return None
     return {
         "v": VERSION, **state.identity(), "address": address, "time_ns": time.time_ns(),
-        "metrics": metrics, "spans": spans, "events": events, "dropped": dropped,
+        "metrics": metrics, "spans": spans, "nspans": len(taken), "clock_offset": clock_offset(),
+        "events": events, "dropped": dropped,
     }
+
+
+def spans_of(batch: dict) -> list:
+    """The spans of a batch, each as :func:`._spans.decode` gives it."""
+    blob = batch.get("spans")
+    if not blob:
+        return []
+    offset = int(batch.get("clock_offset") or 0)
+    return [decode(rec, offset) for rec in marshal.loads(blob)]
 
 
 def encode(batch: dict) -> bytes:
@@ -64,7 +77,7 @@ def events_of(batch: dict, kinds: frozenset[str]) -> list[Any]:
              "pid": batch.get("pid")}
     out: list[Any] = []
     if "span" in kinds:
-        for name, trace, span, parent, start, dur, kind, thread, attrs in batch.get("spans", ()):
+        for name, trace, span, parent, start, dur, kind, thread, attrs in spans_of(batch):
             a = {**ident, "thread": thread, "trace_id": trace.hex(), "span_id": _hex(span, 16),
                  "parent_id": _hex(parent, 16), "span_kind": kind, **attrs_dict(attrs)}
             out.append(TelemetryEvent("span", name, start, dur, a))

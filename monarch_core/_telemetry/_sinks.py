@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from typing import IO, Any, Optional
 
-from monarch_core._telemetry._spans import attrs_dict
+from monarch_core._telemetry._spans import attrs_dict, decode
 from monarch_core.hookspecs import TelemetryEvent, TelemetrySink
 
 logger = logging.getLogger("monarch.telemetry")
@@ -104,11 +104,12 @@ class ChromeTraceSink(TelemetrySink):
             if spill is None:
                 return
             for b in batches:
-                spans, events = b.get("spans") or [], b.get("events") or []
+                spans, events = b.get("spans") or b"", b.get("events") or []
                 if spans or events:
                     ident = (b.get("proc"), b.get("proc_name"), b.get("host"), b.get("pid"))
-                    marshal.dump(("b", ident, spans, events), spill)
-                    self.spans += len(spans)
+                    offset = int(b.get("clock_offset") or 0)
+                    marshal.dump(("b", ident, bytes(spans), offset, events), spill)  # the blob as it came
+                    self.spans += int(b.get("nspans") or 0)
 
     def emit(self, events: Sequence[TelemetryEvent]) -> None:
         with self._lock:
@@ -211,10 +212,10 @@ class _ChromeWriter:
             except EOFError:
                 break
             if rec[0] == "b":
-                _tag, (proc, name, host, opid), spans, events = rec
+                _tag, (proc, name, host, opid), spans, offset, events = rec
                 pid = self.pid(proc, name, host, opid)
-                for sp in spans:
-                    self.span(pid, *sp)
+                for sp in marshal.loads(spans) if spans else ():
+                    self.span(pid, *decode(sp, offset))
                 for ev_name, ts, attrs in events:
                     self.instant(pid, ev_name, ts, attrs)
             else:

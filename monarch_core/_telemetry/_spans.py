@@ -13,11 +13,13 @@ function defined in ``__main__`` that uses ``@traced`` pickles by value (for an
 actor class spawned on a proc) and records, over there, into that proc's own
 buffers.
 
-A recorded span is the tuple ``(name, trace_id (16 bytes), span_id, parent_id, start_ns,
-duration_ns, kind, thread, attributes)`` (attributes flat: ``(key, value, ...)``): ``start_ns`` is wall-clock time
-(``time.time_ns``), ``duration_ns`` from ``time.perf_counter_ns``, ``kind``
-``"client"``, ``"server"`` or ``"internal"``, ``thread`` the actor's display
-name or the thread's name.
+A recorded span is the small tuple of :func:`record` -- its name, kind,
+thread and attributes shared with every span of its call site (:func:`meta`),
+the trace id (or the whole trace context a server span got), its span id, its
+parent's, start (``time.perf_counter_ns``) and duration -- so that recording
+costs a tuple and an append, and a batch marshals compactly; :func:`decode`
+gives the full form.  ``kind`` is ``"client"``, ``"server"`` or
+``"internal"``, ``thread`` the actor's display name or the thread's name.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from monarch_core._telemetry._core import MAX_BUFFERED, actor_name, state
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: ``(trace_id, span_id)`` of the span the running code is part of, or None
-#: (``trace_id``: 16 bytes, ``span_id``: a 64-bit int).
+#: The span the running code is part of, or None: a tuple whose first two items
+#: are its ``trace_id`` (16 bytes) and ``span_id`` (a 64-bit int).
 current_span: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("monarch_span", default=None)
 
 #: Bytes of a packed trace context (what a traced message's header starts with).
@@ -80,52 +82,84 @@ def _thread() -> str:
     return track  # type: ignore[no-any-return]
 
 
-def begin(parent: Optional[tuple]) -> Optional[list]:
+def begin(parent: Optional[tuple]) -> Optional[tuple]:
     """Start a span under ``parent`` (``(trace_id, span_id)``, or None for a new
-    trace when this process traces everything); None when not recorded.  The
-    list is ``[trace_id, span_id, parent_id, start_ns, perf_ns, thread]``
-    (``thread``: the track of the code that starts it)."""
+    trace when this process traces everything); None when not recorded.
+    The tuple is ``(trace_id, span_id, parent_id)``; its start time is the
+    caller's (``time.perf_counter_ns``)."""
     if parent is None:
         if not state.tracing:
             return None
-        return [new_trace(), new_id(), 0, _wall(), _now(), _thread()]
+        return ((getrandbits(128) or 1).to_bytes(16, "big"), getrandbits(64) or 1, 0)
     if not state.enabled:
         return None
-    return [parent[0], new_id(), parent[1], _wall(), _now(), _thread()]
+    return (parent[0], getrandbits(64) or 1, parent[1])
 
 
-def end(sp: list, name: str, kind: str, attrs: tuple, error: Optional[str] = None) -> None:
-    """Record span ``sp`` (from :func:`begin`) as finished now; ``attrs`` is
-    flat, ``(key, value, key, value, ...)`` (a tuple of plain values is not
-    tracked by the garbage collector, however many wait for the next batch)."""
-    dur = _now() - sp[4]
-    if error is not None:
-        attrs = (*attrs, "error", error)
+_metas: dict[tuple, tuple] = {}
+
+
+def meta(name: str, kind: str, attrs: tuple = ()) -> tuple:
+    """The shared part of the spans one call site records on this thread:
+    ``(name, kind, thread, attrs)`` -- one object, so a batch's ``marshal``
+    writes it once and refers to it after."""
+    thread = _thread()
+    k = (name, kind, thread, attrs)
+    m = _metas.get(k)
+    if m is None:
+        if len(_metas) > 100_000:
+            _metas.clear()
+        m = _metas[k] = k
+    return m
+
+
+def record(m: tuple, trace: bytes, span_id: int, parent: Optional[int], t0: int, dt: int,
+           error: Optional[str] = None) -> None:
+    """Record a finished span: ``m`` from :func:`meta`, ``t0`` its start
+    (``perf_counter_ns``), ``dt`` its duration.  ``parent`` None: ``trace`` is
+    a whole 24-byte context (:func:`pack_context`) holding trace and parent."""
     spans = state.spans
     if len(spans) >= MAX_BUFFERED:
         state.dropped += 1
         return
-    spans.append((name, sp[0], sp[1], sp[2], sp[3], dur, kind, sp[5], attrs))
+    spans.append((m, trace, span_id, parent, t0, dt) if error is None else (m, trace, span_id, parent, t0, dt, error))
+
+
+def decode(rec: tuple, offset: int) -> tuple:
+    """A span record as ``(name, trace_id, span_id, parent_id, start_ns, duration_ns,
+    kind, thread, attributes)``: ``offset`` turns ``perf_counter_ns`` into wall-clock
+    ns (a batch carries it), ``attributes`` flat, with ``error`` at the end if any."""
+    (name, kind, thread, attrs), trace, span_id, parent, t0, dt = rec[:6]
+    if parent is None:
+        trace, parent = trace[:16], _from_bytes(trace[16:24], "big")
+    if len(rec) > 6:
+        attrs = (*attrs, "error", rec[6])
+    return (name, trace, span_id, parent, t0 + offset, dt, kind, thread, attrs)
+
+
+def clock_offset() -> int:
+    """Wall-clock ns minus ``perf_counter_ns`` now."""
+    return _wall() - _now()
 
 
 # ------------------------------------------------------------------ @traced
 
 
 def _enter(name: str) -> Optional[list]:
-    sp = begin(current_span.get())
-    if sp is None:
+    b = begin(current_span.get())
+    if b is None:
         return None
-    sp.append(current_span.set((sp[0], sp[1])))
-    sp.append(name)
-    return sp
+    return [b, current_span.set(b), meta(name, "internal"), _now()]
 
 
 def _exit(sp: list, error: Optional[BaseException]) -> None:
+    dt = _now() - sp[3]
     try:
-        current_span.reset(sp[6])
+        current_span.reset(sp[1])
     except ValueError:  # a generator-based coroutine resumed in another context: leave it
         pass
-    end(sp, sp[7], "internal", (), None if error is None else type(error).__name__)
+    b = sp[0]
+    record(sp[2], b[0], b[1], b[2], sp[3], dt, None if error is None else type(error).__name__)
 
 
 @overload
