@@ -497,7 +497,7 @@ def flush(timeout: float = 5.0) -> None:
         cells = []
         for proc_id in targets:
             c = Cell()
-            once = _Once(kernel, c)
+            once = _Once(kernel, c, proc_id)
             port = once.port_id = kernel.add_port(once)
             try:
                 kernel.send(proc_id, hub.sources.get(proc_id), W.K_CONTROL, 0,
@@ -526,11 +526,13 @@ def loop_barrier(kernel: Kernel, timeout: float) -> None:
 
 
 class _Once:
-    """A port that resolves a cell with the first answer (or failure)."""
+    """A port that resolves a cell with the first answer (or failure: the proc
+    is gone, and is not asked again)."""
 
-    def __init__(self, kernel: Kernel, cell: Any) -> None:
+    def __init__(self, kernel: Kernel, cell: Any, proc_id: str) -> None:
         self.kernel = kernel
         self.cell = cell
+        self.proc_id = proc_id
         self.port_id = 0
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
@@ -538,6 +540,9 @@ class _Once:
         self.cell.set_result(None)
 
     def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
+        from monarch_core._telemetry._hub import hub
+
+        hub.sources.pop(self.proc_id, None)
         self.kernel.remove_port(self.port_id)
         self.cell.set_result(None)
 
