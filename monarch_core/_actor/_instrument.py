@@ -491,7 +491,10 @@ def flush(timeout: float = 5.0) -> None:
     from monarch_core._telemetry._hub import hub
 
     rt = _state.current_runtime_or_none()
-    if rt is not None and rt.is_client:
+    if rt is not None and not rt.is_client:  # in a proc: what it holds goes to the root now
+        shipper.ship()
+        return
+    if rt is not None:
         kernel = rt.kernel
         targets = [p for p in list(hub.sources) if p not in kernel.dead]
         cells = []

@@ -136,7 +136,10 @@ class Hub:
             self.pending.append(batch)
 
     def tick(self) -> None:
-        """Hand everything recorded so far to the sinks (any thread; serialized)."""
+        """Hand everything recorded so far to the sinks (any thread; serialized).
+        Only in the root: a proc's buffers go to the root in its batches."""
+        if not state.is_root:
+            return
         with self.emit_lock:
             batches = []
             local = _batch.collect()

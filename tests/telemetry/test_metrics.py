@@ -180,3 +180,25 @@ def test_bad_arguments_are_refused_with_the_choices() -> None:
         telemetry.flush(timeout=-1)
     with pytest.raises(TypeError, match="emit"):
         telemetry.add_sink(object())
+
+
+class Peeker(Actor):
+    @endpoint
+    def peek(self) -> int:
+        # an actor may read its own process's metrics; that must not keep them from the client
+        return sum(r.calls for r in telemetry.endpoint_metrics(endpoint="peek", side="server"))
+
+
+def test_an_actor_reading_metrics_does_not_take_them_from_the_client(procs, tmp_path) -> None:
+    import json
+
+    m = procs.spawn("metrics_peek", Peeker).slice(gpus=0)
+    path = tmp_path / "peek.json"
+    with telemetry.record_trace(str(path)):
+        assert m.peek.call_one().get() == 0  # its own call is recorded once it has returned
+        assert m.peek.call_one().get() == 1  # (this flush in the proc must ship the first call's span)
+        assert m.peek.call_one().get() == 2
+    server = telemetry.endpoint_metrics(mesh="metrics_peek", side="server")
+    assert [(r.endpoint, r.calls) for r in server] == [("peek", 3)]
+    spans = [e for e in json.loads(path.read_text()) if e["ph"] == "X" and e["name"] == "metrics_peek.peek"]
+    assert sorted(e["cat"] for e in spans) == ["client"] * 3 + ["server"] * 3
