@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from _helpers.transport import clients, links_up, netns, run_client_fixture, workers  # noqa: F401 - fixtures
+from _helpers.transport import netns, workers  # noqa: F401 - fixtures
 
 
 @pytest.fixture(scope="module")
