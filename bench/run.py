@@ -369,6 +369,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--no-anchors", action="store_true",
                     help="measure monarch-core only: skip the Monarch and Ray runs")
     ap.add_argument("--no-scaling", action="store_true", help="do not run bench/scaling.py afterwards")
+    ap.add_argument("--no-rdma", action="store_true", help="do not run bench/rdma.py (the RDMABuffer table)")
+    ap.add_argument("--rdma-only", action="store_true",
+                    help="only the RDMABuffer table (bench/rdma.py, monarch-core and Monarch interleaved)")
     ap.add_argument("--timeout", type=float, default=1800.0,
                     help="seconds one benchmark process may run before it is killed (default 1800)")
     ap.add_argument("-v", "--verbose", action="store_true", help="echo every progress line of the children")
@@ -423,6 +426,15 @@ def main(argv: list[str] | None = None) -> int:
                 impls[key] = Impl(key, title, py, script_path,
                                   {"BENCH_IMPL": "monarch"} if key == "monarch" else {})
 
+    if args.rdma_only:
+        print(f"results: {out_dir}", flush=True)
+        text, ok = run_rdma(args, out_dir)
+        with open(os.path.join(out_dir, "summary.md"), "w") as f:
+            f.write(text + "\n")
+        print()
+        print(text)
+        print(f"written: {os.path.join(out_dir, 'summary.md')}")
+        return 0 if ok else 1
     active = [impl for impl in impls.values() if impl is not None]
     print(f"results: {out_dir}", flush=True)
     print(f"definitions: {definitions}", flush=True)
@@ -465,6 +477,11 @@ def main(argv: list[str] | None = None) -> int:
         print("scaling.py (monarch-core only) ...", flush=True)
         scaling, scaling_ok = run_scaling(args, out_dir)
         parts.append(scaling)
+    rdma_ok = True
+    if not args.no_rdma and impls["monarch_core"] is not None:
+        print("rdma.py (RDMABuffer: monarch-core and Monarch) ...", flush=True)
+        rdma, rdma_ok = run_rdma(args, out_dir)
+        parts.append(rdma)
     summary = "\n\n".join(parts) + "\n"
     with open(os.path.join(out_dir, "summary.md"), "w") as f:
         f.write(summary)
@@ -478,8 +495,96 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(summary)
     print(f"written: {os.path.join(out_dir, 'summary.md')}")
-    failed = any(impl.failures for impl in active) or not active or not scaling_ok
+    failed = any(impl.failures for impl in active) or not active or not scaling_ok or not rdma_ok
     return 1 if failed else 0
+
+
+# ------------------------------------------------------------------ RDMABuffer (bench/rdma.py)
+#: (path, op, MiB) -> (bound on path ÷ Monarch, absolute GB/s floor or None): the issue's targets.
+RDMA_TARGETS = {
+    ("process_vm", "read", 64): (5.0, 4.0), ("process_vm", "write", 64): (5.0, 4.0),
+    ("channel", "read", 64): (2.0, None), ("channel", "write", 64): (2.0, None),
+}
+
+
+def run_rdma(args: argparse.Namespace, out_dir: str) -> tuple[str, bool]:
+    """bench/rdma.py for monarch-core and Monarch, interleaved ``--runs`` times; its table."""
+    script = os.path.join(HERE, "rdma.py")
+    impls = [Impl("rdma_monarch_core", "monarch-core", args.core_py, script, {"BENCH_IMPL": "monarch_core"})]
+    notes = []
+    if args.no_anchors:
+        notes.append("Monarch skipped (--no-anchors)")
+    elif os.access(args.monarch_py, os.X_OK):
+        impls.append(Impl("rdma_monarch", "Monarch", args.monarch_py, script, {"BENCH_IMPL": "monarch"}))
+    else:
+        venv = os.path.dirname(os.path.dirname(os.path.abspath(args.monarch_py)))
+        notes.append(f"Monarch skipped: no venv at {args.monarch_py}; create it with: " + INSTALL["monarch"].format(venv=venv))
+    for i in range(1, args.runs + 1):
+        order = impls[(i - 1) % len(impls):] + impls[:(i - 1) % len(impls)]
+        print(f"rdma run {i}/{args.runs}: " + ", ".join(impl.title for impl in order), flush=True)
+        for impl in order:
+            run_child(impl, i, out_dir, args.quick, args.timeout, args.verbose)
+    return rdma_table(impls, args.runs, notes, args.quick), not any(impl.failures for impl in impls)
+
+
+def _rdma_value(r: dict[str, Any] | None, path_: str, op: str, size: int) -> float | None:
+    for c in (r or {}).get("cases") or []:
+        if c.get("path") == path_ and c.get("op") == op and c.get("size") == size:
+            return c.get("gb_s")
+    return None
+
+
+def rdma_table(impls: list[Impl], runs: int, notes: list[str], quick: bool) -> str:
+    core = impls[0]
+    mon = impls[1] if len(impls) > 1 else None
+    sizes = sorted({c["size"] for r in core.runs.values() for c in r.get("cases") or []})
+    paths = [p for p in ("ibverbs", "process_vm", "channel")
+             if any(c.get("path") == p for r in core.runs.values() for c in r.get("cases") or [])]
+
+    def med(impl: Impl | None, path_: str, op: str, size: int) -> float | None:
+        if impl is None:
+            return None
+        return T.median(_rdma_value(impl.runs.get(i), path_, op, size) for i in range(1, runs + 1))
+
+    headers = ["transfer", *[f"{p}, GB/s" for p in paths], f"{mon.version() and 'Monarch ' + mon.version() or 'Monarch'} RDMABuffer, GB/s" if mon else "Monarch, GB/s",
+               *[f"{p} ÷ Monarch" for p in paths], "target", "met?"]
+    rows, all_met = [], True
+    for op in ("read", "write", "endpoint arg"):
+        for size in sizes:
+            mib = size >> 20
+            label = {"read": "read_into", "write": "write_from", "endpoint arg": "same tensor as an endpoint argument"}[op]
+            if op == "endpoint arg":
+                c, m = med(core, "endpoint arg", op, size), med(mon, "endpoint arg", op, size)
+                rows.append([f"{label}, {mib} MiB", *[T.fmt(c, "{:.2f}") if p == paths[0] else T.DASH for p in paths],
+                             T.fmt(m, "{:.2f}"), *[T.fmt(ratio(c, m), "{:.2f}×") if p == paths[0] else T.DASH for p in paths],
+                             "(monarch-core's endpoint path, in the first column)", T.DASH])
+                continue
+            m = med(mon, "reference", op, size)
+            vals = {p: med(core, p, op, size) for p in paths}
+            targets, met_cells = [], []
+            for p in paths:
+                t = RDMA_TARGETS.get((p, op, mib))
+                if t is None:
+                    continue
+                q = ratio(vals[p], m)
+                ok = q is not None and q >= t[0] and (t[1] is None or (vals[p] or 0) >= t[1])
+                all_met &= ok
+                targets.append(f"{p} ≥ {t[0]:g}×" + (f" and ≥ {t[1]:g} GB/s" if t[1] else ""))
+                met_cells.append("yes" if ok else "**no**")
+            rows.append([f"{label}, {mib} MiB", *[T.fmt(vals[p], "{:.2f}") for p in paths], T.fmt(m, "{:.2f}"),
+                         *[T.fmt(ratio(vals[p], m), "{:.2f}×") for p in paths],
+                         "; ".join(targets) or T.DASH, ", ".join(met_cells) or T.DASH])
+    head = [
+        "## RDMABuffer: monarch-core's backends vs Monarch's RDMABuffer (bench/rdma.py)",
+        "",
+        (f"- one owner proc, this client reading/writing it, one host; GB/s = size ÷ median time; median over "
+         f"{runs} interleaved run(s)" + (" — **--quick**" if quick else "")),
+        "- monarch-core's paths are forced one at a time with MONARCH_RDMA_BACKEND; Monarch's RDMABuffer as it comes "
+        "(its TCP fallback where there is no RDMA device)",
+    ] + [f"- note: {n}" for n in notes] + [f"- {impl.title} FAILED {f}" for impl in impls for f in impl.failures]
+    if not all_met:
+        head.append("- **a target is not met**")
+    return "\n".join(head) + "\n\n" + T.markdown(headers, rows, [False] + [True] * (len(headers) - 3) + [False, False])
 
 
 def run_scaling(args: argparse.Namespace, out_dir: str) -> tuple[str, bool]:

@@ -10,7 +10,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["BootstrapCommand", "ChannelTransport", "__version__"]
+__all__ = ["BootstrapCommand", "ChannelTransport", "Workspace", "__version__"]
 
 
 def __getattr__(name: str) -> Any:  # lazy: importing monarch_core stays cheap
@@ -22,4 +22,8 @@ def __getattr__(name: str) -> Any:  # lazy: importing monarch_core stays cheap
         from monarch_core._launch._bootstrap import BootstrapCommand
 
         return BootstrapCommand
+    if name == "Workspace":
+        from monarch_core._workspace import Workspace
+
+        return Workspace
     raise AttributeError(f"module 'monarch_core' has no attribute {name!r}")

@@ -32,7 +32,15 @@ DISABLE_ENV = "MONARCH_DISABLED_PLUGINS"
 KNOWN_TRANSPORT_PACKAGES = {
     "tcp": "monarch-transport-tcp",
     "tls": "monarch-transport-tcp",
-    "rdma": "monarch-transport-rdma",
+}
+#: Names users try as a transport that are something else.
+NOT_TRANSPORTS = {
+    "rdma": (
+        "'rdma' is not a transport: RDMA is monarch-core's data plane, beside whichever transport is enabled "
+        "(monarch_core.rdma.RDMABuffer: one-sided reads and writes of a proc's memory; its ibverbs and "
+        "process_vm backends come from monarch-transport-rdma: pip install ./plugins/transport_rdma in a "
+        "monarch-core checkout; see docs/rdma.md). Enable 'ipc', 'tcp' or 'tls' for messages."
+    ),
 }
 KNOWN_SCHEDULER_PACKAGES = {
     "ssh": "monarch-scheduler-ssh",
@@ -43,6 +51,8 @@ KNOWN_SCHEDULER_PACKAGES = {
 #: release yet.
 PLUGIN_DIRS = {
     "monarch-transport-tcp": "plugins/transport_tcp",
+    "monarch-scheduler-ssh": "plugins/scheduler_ssh",
+    "monarch-transport-rdma": "plugins/transport_rdma",
 }
 
 
@@ -64,6 +74,7 @@ class PluginInfo:
     module: Any
     transports: list[str] = field(default_factory=list)
     schedulers: list[str] = field(default_factory=list)
+    rdma_backends: list[str] = field(default_factory=list)
     hooks: list[str] = field(default_factory=list)
 
 
@@ -196,7 +207,9 @@ class PluginRegistry:
         msg = f"no installed plugin provides the transport {name!r}. Installed transports: {known or 'none'}"
         msg += f" (URL schemes: {schemes or 'none'})."
         pkg = KNOWN_TRANSPORT_PACKAGES.get(name)
-        if pkg:
+        if name in NOT_TRANSPORTS:
+            msg += " " + NOT_TRANSPORTS[name]
+        elif pkg:
             installed = _dist_version(pkg)
             if pkg in _blocked_dists(self):
                 msg += (
@@ -248,6 +261,12 @@ class PluginRegistry:
         self.transport_specs()
         self.scheduler_specs()
         for info in self.infos:
+            impl = getattr(info.module, "monarch_rdma_backends", None)
+            if impl is not None and not info.rdma_backends:
+                try:
+                    info.rdma_backends = [spec.name for spec in impl() or ()]
+                except Exception as e:  # noqa: BLE001 - listing must not fail
+                    logger.warning("plugin %r: monarch_rdma_backends() failed: %s", info.name, e)
             info.hooks = sorted(
                 h.name for h in self.pm.get_hookcallers(info.module) or () if h.name.startswith("monarch_")
             )

@@ -2,8 +2,9 @@
 
 A façade: the work lives in the private ``_actor``, ``_mesh`` and ``_kernel``
 packages.  ``__all__`` is exactly the reference's documented names.
-``ChannelTransport`` and ``BootstrapCommand`` (types named in the reference's
-signatures) are importable from here too, and from ``monarch_core``.
+``ChannelTransport``, ``BootstrapCommand`` and ``Workspace`` (types named in
+the reference's signatures) are importable from here too, and from
+``monarch_core``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from monarch_core._actor._transport import ChannelTransport, enable_transport  #
 from monarch_core._mesh._shape import Extent, Point
 from monarch_core._mesh._value_mesh import ValueMesh
 from monarch_core._telemetry import traced
+from monarch_core._workspace import Workspace  # noqa: F401 (importable, not in __all__)
 from monarch_core.errors import ActorError
 
 unhandled_fault_hook = _default_unhandled_fault_hook

@@ -1,6 +1,7 @@
 """The ``monarch`` command line.
 
 ``monarch plugins``  list installed plugins: name==version and what each provides.
+``monarch debug``    attach to the actors of a running program stopped at ``breakpoint()`` (docs/debugging.md).
 ``monarch summary FILE``  top endpoints by total time (calls, errors, p50/p99) of a
 recorded trace (``record_trace``, ``MONARCH_TRACE_FILE``) or JSON-lines telemetry file
 (``record_events``, ``MONARCH_TELEMETRY_JSONL``).
@@ -23,7 +24,9 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
             provides.append("transports: " + ", ".join(info.transports))
         if info.schedulers:
             provides.append("schedulers: " + ", ".join(info.schedulers))
-        other = [h for h in info.hooks if h not in ("monarch_transports", "monarch_schedulers")]
+        if info.rdma_backends:
+            provides.append("rdma backends: " + ", ".join(info.rdma_backends))
+        other = [h for h in info.hooks if h not in ("monarch_transports", "monarch_schedulers", "monarch_rdma_backends")]
         if other:
             provides.append("hooks: " + ", ".join(other))
         print(f"{info.name} ({info.distribution}=={info.version})  " + ("; ".join(provides) or "(no hooks)"))
@@ -48,11 +51,20 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def _debug_cli():  # type: ignore[no-untyped-def]
+    from monarch_core._debug import _cli
+
+    return _cli
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="monarch", description="monarch-core command line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("plugins", help="list installed plugins and what they provide")
     p.set_defaults(func=_cmd_plugins)
+    p = sub.add_parser("debug", help="debug the actors of a running program that stopped at breakpoint()")
+    _debug_cli().add_arguments(p)
+    p.set_defaults(func=lambda args: _debug_cli().main(args))
     p = sub.add_parser("summary", help="top endpoints of a recorded trace or telemetry file (p50/p99, errors)")
     p.add_argument("file", help="a Chrome trace (record_trace, MONARCH_TRACE_FILE) or JSON-lines file "
                    "(record_events, MONARCH_TELEMETRY_JSONL)")

@@ -20,7 +20,8 @@ arguments, ``IndexError``/``TypeError`` for bad slicing, ``TimeoutError`` for
     │   │   │   └── AuthenticationError  the peer failed authentication (TLS)
     │   │   └── ProtocolError            malformed frame or handshake
     │   ├── UndeliverableMessageError    a message could not be delivered
-    │   └── SupervisionError             an actor or proc this caller depends on failed
+    │   ├── SupervisionError             an actor or proc this caller depends on failed
+    │   └── RDMAError                    a buffer transfer or registration failed (monarch_core.rdma)
     └── (builtins named by the API contract)
 
 Plugins map their library exceptions (``OSError``, ``trio.BrokenResourceError``,
@@ -40,6 +41,7 @@ __all__ = [
     "MonarchError",
     "PluginError",
     "ProtocolError",
+    "RDMAError",
     "SupervisionError",
     "TransportError",
     "UndeliverableMessageError",
@@ -114,7 +116,8 @@ class UndeliverableMessageError(MonarchError):
     """A message could not be delivered to its destination.
 
     The message names the destination and why (the proc is gone, the actor was
-    stopped, no acknowledgement within the delivery timeout).
+    stopped, no acknowledgement within the delivery timeout); for a call, the
+    call first, as for :class:`SupervisionError`.
     """
 
 
@@ -122,7 +125,10 @@ class SupervisionError(MonarchError):
     """An actor or proc that the caller depends on has failed.
 
     Raised by calls whose destination died (process exit, signal, actor
-    failure) and by calls to an actor mesh that has already failed.
+    failure), was stopped, or belongs to an actor mesh that has already
+    failed.  The text starts with the call (adverb, endpoint, actor mesh and
+    class, each rank concerned with its coordinates, proc and host), then
+    says why; for a cascade, the chain from the first failure up.
     """
 
 
@@ -131,8 +137,12 @@ class ActorError(Exception):
 
     ``exception`` is the exception the endpoint raised (reconstructed on the
     caller's side when it could be pickled, otherwise a ``RuntimeError`` carrying
-    its text).  ``str()`` holds the message, the actor and endpoint names, and the
-    remote traceback.
+    its text).  ``str()`` holds the message, where it failed and the remote
+    traceback.  Where it failed, as far as known (``None`` otherwise):
+    ``actor`` (the actor mesh's name and the actor's coordinates, e.g.
+    ``"trainers{'gpus': 1/4}"``), ``endpoint``, ``actor_class`` (the class's
+    qualified name), ``proc`` (the proc, by the names the user gave) and
+    ``host`` (the machine the proc ran on).
     """
 
     def __init__(
@@ -143,18 +153,41 @@ class ActorError(Exception):
         remote_traceback: str | None = None,
         actor: str | None = None,
         endpoint: str | None = None,
+        actor_class: str | None = None,
+        proc: str | None = None,
+        host: str | None = None,
     ) -> None:
         self.exception = exception
         self.message = message
         self.remote_traceback = remote_traceback
         self.actor = actor
         self.endpoint = endpoint
+        self.actor_class = actor_class
+        self.proc = proc
+        self.host = host
         super().__init__(exception, message)
 
+    def where(self) -> str:
+        """Where it failed, in words (empty when nothing is known):
+        ``"actor trainers{'gpus': 1/4} (class Trainer), endpoint step, on proc
+        procs0{'gpus': 1/4} on host node7"``."""
+        parts = []
+        if self.actor:
+            parts.append(f"actor {self.actor}" + (f" (class {self.actor_class})" if self.actor_class else ""))
+        if self.endpoint:
+            parts.append(f"endpoint {self.endpoint}")
+        if self.proc:
+            on = f"on {self.proc}" if self.proc.startswith("proc") else f"on proc {self.proc}"
+            if self.host and f"on host {self.host}" not in on:
+                on += f" on host {self.host}"
+            parts.append(on)
+        elif self.host:
+            parts.append(f"on host {self.host}")
+        return ", ".join(parts)
+
     def __str__(self) -> str:
-        where = ""
-        if self.actor or self.endpoint:
-            where = f" (actor {self.actor}, endpoint {self.endpoint})"
+        where = self.where()
+        where = f" ({where})" if where else ""
         tb = self.remote_traceback
         if tb is None:
             tb = f"{type(self.exception).__name__}: {self.exception}\n"
@@ -166,9 +199,20 @@ class ActorError(Exception):
     def __reduce__(self):  # keep keyword-only fields across pickling
         return (
             _rebuild_actor_error,
-            (self.exception, self.message, self.remote_traceback, self.actor, self.endpoint),
+            (self.exception, self.message, self.remote_traceback, self.actor, self.endpoint,
+             self.actor_class, self.proc, self.host),
         )
 
 
-def _rebuild_actor_error(exception, message, tb, actor, endpoint) -> ActorError:
-    return ActorError(exception, message, remote_traceback=tb, actor=actor, endpoint=endpoint)
+def _rebuild_actor_error(exception, message, tb, actor, endpoint, actor_class=None, proc=None,
+                         host=None) -> ActorError:
+    return ActorError(exception, message, remote_traceback=tb, actor=actor, endpoint=endpoint,
+                      actor_class=actor_class, proc=proc, host=host)
+
+
+class RDMAError(MonarchError):
+    """An ``RDMABuffer`` transfer, registration or release failed: the buffer
+    was dropped, its owner stopped, no backend can reach its owner, a backend
+    refused the access.  The message names the buffer, its owner and the sizes.
+    (Size mismatches and unsuitable memory are ``ValueError``, a transfer past
+    its ``timeout`` is ``TimeoutError``, a dead owner proc ``SupervisionError``.)"""

@@ -1,7 +1,7 @@
-"""The plugin contract of monarch-core: pluggy hookspecs for four seams.
+"""The plugin contract of monarch-core: pluggy hookspecs for five seams.
 
 This module, together with the public types it names, is the *only* thing a
-plugin imports from monarch-core.  Four families of hooks:
+plugin imports from monarch-core.  Five families of hooks:
 
 * **transport** -- :func:`monarch_transports` yields :class:`TransportSpec`
   descriptions of byte-stream channels (``ipc``, ``tcp``, ``tls`` ...).
@@ -16,6 +16,11 @@ plugin imports from monarch-core.  Four families of hooks:
 * **telemetry** -- :func:`monarch_telemetry_sinks` yields sinks that receive,
   in the client, batches of :class:`TelemetryEvent` (spans, endpoint metrics,
   lifecycle events) recorded in every process of the program.
+* **data plane** -- :func:`monarch_rdma_backends` yields :class:`RDMABackendSpec`
+  descriptions of one-sided memory transfer paths (``ibverbs``,
+  ``process_vm`` ...) behind ``monarch_core.rdma.RDMABuffer``; an
+  :class:`RDMABackend` is resolved once per process, its
+  :class:`RDMAConnection` once per peer proc.
 
 Hooks are plain synchronous functions that *describe* or *decide*; they are
 called once (when a transport is enabled, a host mesh is allocated, a proc
@@ -53,12 +58,21 @@ from typing import Any, Callable
 
 import pluggy
 
+from monarch_core._workspace import Workspace
+
 __all__ = [
     "PROJECT_NAME",
     "Allocation",
+    "MemoryRegion",
+    "RDMABackend",
+    "RDMABackendSpec",
+    "RDMAConnection",
+    "RDMAPeer",
+    "RemoteRegion",
     "AllocationRequest",
     "HostHandle",
     "Listener",
+    "SESSION_CREDENTIALS",
     "Scheduler",
     "SchedulerSpec",
     "Stream",
@@ -69,10 +83,12 @@ __all__ = [
     "TransportSpec",
     "WORKER_READY_PREFIX",
     "WorkerLaunch",
+    "Workspace",
     "hookimpl",
     "hookspec",
     "monarch_proc_env",
     "monarch_proc_setup",
+    "monarch_rdma_backends",
     "monarch_schedulers",
     "monarch_telemetry_sinks",
     "monarch_transports",
@@ -90,6 +106,15 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 #: :meth:`Transport.set_credentials` of a transport without authentication
 #: accepts it, one that authenticates refuses it.
 TRUST_ALL = "trust_all_connections"
+
+#: The ``ca=`` value that asks an authenticating transport for *session*
+#: credentials, unless the user configured credentials of their own: a
+#: short-lived CA in this process's memory that signs this process's
+#: certificate and, through :meth:`Transport.worker_credentials`, one for each
+#: worker loop a scheduler starts.  The core passes it before the client's
+#: runtime starts when a scheduler that declares :attr:`Scheduler.transport`
+#: allocates hosts.  A transport without authentication ignores it.
+SESSION_CREDENTIALS = "session"
 
 
 # --------------------------------------------------------------------------
@@ -229,10 +254,14 @@ class Transport(abc.ABC):
         e.g. environment variables).  Raise ``ValueError``/``TypeError``/
         ``FileNotFoundError`` naming the bad argument.  The default accepts
         no credentials: it allows only ``ca="trust_all_connections"`` (the
-        reference API's "no authentication") and raises ``ValueError``
-        otherwise.
+        reference API's "no authentication") and ``ca=SESSION_CREDENTIALS``
+        (nothing to make), and raises ``ValueError`` otherwise.
+
+        ``ca=SESSION_CREDENTIALS`` (:data:`SESSION_CREDENTIALS`): make
+        credentials for this session if none are configured (``tls`` does,
+        see ``docs/transports.md``); configured ones win.
         """
-        if cert is None and key is None and ca in (None, TRUST_ALL):
+        if cert is None and key is None and ca in (None, TRUST_ALL, SESSION_CREDENTIALS):
             return
         raise ValueError(
             f"the {self.name or type(self).__name__} transport takes no credentials (ca=, private_key=, cert=); "
@@ -253,6 +282,22 @@ class Transport(abc.ABC):
         them.
         """
         return {}
+
+    def worker_credentials(self, host: str) -> Mapping[str, str]:
+        """Environment variables for one worker loop that will listen on
+        ``host`` (the name or address passed to :meth:`WorkerLaunch.command`),
+        possibly on another machine: what it needs to accept this process
+        and be accepted by it (optional).
+
+        The default is ``child_env(portable=True)``: every worker gets this
+        process's own credentials.  ``tls`` with session credentials
+        (:data:`SESSION_CREDENTIALS`) instead issues a key and certificate
+        for that worker alone, valid for ``host``.  Schedulers call it through
+        :meth:`WorkerLaunch.credentials_for`.  The values hold secrets: pass
+        them over the scheduler's own channel (an SSH session's stdin, a file
+        only the job's user can read), never on a command line.
+        """
+        return self.child_env(portable=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,8 +378,8 @@ class WorkerLaunch:
 
     The scheduler starts one worker loop per host *by its own means* (a local
     subprocess, an SSH exec, a Slurm step), running exactly
-    :meth:`command` with :meth:`environment` (at least :attr:`credentials`)
-    in its environment, reads each worker's address from its readiness line
+    :meth:`command` with the worker's credentials (:meth:`credentials_for`
+    ``(host)``, or :meth:`environment` ``(host=...)``) in its environment, reads each worker's address from its readiness line
     (:func:`wait_worker_address`) and returns them in an :class:`Allocation`.
     The core then waits until every worker answers (the readiness step: the
     scheduler does not have to), and fails naming the hosts that did not.
@@ -366,6 +411,20 @@ class WorkerLaunch:
     #: ``async def allocate`` is cancelled instead.)  Whatever it returns
     #: after that is released at once.
     cancelled: threading.Event = dataclasses.field(default_factory=threading.Event)
+    #: The client transport's :meth:`Transport.worker_credentials` (set by
+    #: the core; schedulers call :meth:`credentials_for`).
+    issue_credentials: Callable[[str], Mapping[str, str]] | None = dataclasses.field(default=None, repr=False)
+
+    def credentials_for(self, host: str) -> dict[str, str]:
+        """The credentials one worker loop listening on ``host`` needs (the
+        name or address given to :meth:`command`): with ``tls`` session
+        credentials a key and certificate for that worker alone (valid for
+        ``host`` and the addresses it resolves to here), otherwise
+        :attr:`credentials`.  Secrets: never log them, never put them on a
+        command line (``ps`` shows it to every user of the host)."""
+        if self.issue_credentials is None:
+            return dict(self.credentials)
+        return dict(self.issue_credentials(host))
 
     def command(
         self,
@@ -402,12 +461,14 @@ class WorkerLaunch:
             argv.append("--exit-with-parent")
         return argv
 
-    def environment(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        """``base`` (default: this process's environment) plus :attr:`credentials`."""
+    def environment(self, base: Mapping[str, str] | None = None, *, host: str | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) plus the worker's
+        credentials: :meth:`credentials_for` ``(host)`` when ``host`` is
+        given, else :attr:`credentials`."""
         import os
 
         env = dict(os.environ if base is None else base)
-        env.update(self.credentials)
+        env.update(self.credentials if host is None else self.credentials_for(host))
         return env
 
     def shell_command(self, host: str = "127.0.0.1", **kwargs: Any) -> str:
@@ -524,18 +585,42 @@ class Allocation(abc.ABC):
         hosts that are already gone."""
         return None
 
+    def sync_workspace(
+        self, workspace: Workspace, hosts: Sequence[str], *, conda: bool = False, auto_reload: bool = False
+    ) -> Any:
+        """Copy ``workspace`` (a :class:`Workspace`: local directories and
+        their remote names) to the hosts named ``hosts`` (optional).
+
+        Called by ``HostMesh.sync_workspace`` (spec: "sync local code changes
+        to the remote hosts"), off the kernel loop, with the names of the
+        host mesh's hosts (a slice passes only its own).  Copy each directory
+        into the host's working directory under its remote name, only what
+        changed, and make the procs that host starts *from now on* import it
+        (the remote directories on their ``PYTHONPATH``); procs already
+        running are not touched.  May block, or be an ``async def``.
+
+        Schedulers whose hosts see this machine's filesystem (``local``)
+        return ``None``: there is nothing to copy.  This default raises
+        ``NotImplementedError``; the core turns it into an error naming the
+        scheduler.  Raise ``NotImplementedError`` naming the option for
+        ``conda=True`` / ``auto_reload=True`` if you do not support them,
+        ``AllocationError`` naming the host for a copy that failed."""
+        raise NotImplementedError
+
 
 class Scheduler(abc.ABC):
     """Turns an :class:`AllocationRequest` into running, answering worker loops.
 
     Contract, in the order the core calls it (``hosts_from_config``):
 
+    0. :attr:`transport` / :meth:`client_address` -- when the client has not
+       enabled a transport yet, the core enables the scheduler's.
     1. :meth:`validate` -- on the caller's thread; raise ``ConfigError``.
     2. :meth:`allocate` -- on a thread of its own, never on the kernel's trio
        loop, so it may block (``subprocess``, ``time.sleep``, a blocking SSH
        library) or be an ``async def`` (run by ``trio.run`` on that thread).
        It starts one worker loop per host, running
-       ``launch.command(...)`` with ``launch.credentials`` in its
+       ``launch.command(host)`` with ``launch.credentials_for(host)`` in its
        environment, and returns an :class:`Allocation` of their addresses.
        It may raise :class:`~monarch_core.errors.AllocationError` (or
        ``ConfigError``); any other exception becomes an ``AllocationError``
@@ -556,6 +641,15 @@ class Scheduler(abc.ABC):
     """
 
     name: str = ""
+    #: The transport this scheduler's hosts need (``"tls"`` for hosts on
+    #: other machines), or ``None`` (whatever the client enabled).  When the
+    #: client has not enabled a transport yet, ``hosts_from_config`` enables
+    #: this one, at :meth:`client_address` if that gives one, and asks it for
+    #: session credentials (:data:`SESSION_CREDENTIALS`) unless the user
+    #: configured their own.  A client already running on a transport that
+    #: cannot leave this machine (``ipc``) gets a ``ConfigError`` saying to
+    #: call ``enable_transport`` first.
+    transport: str | None = None
     #: The configuration keys this scheduler accepts.  When set, ``validate``
     #: and ``allocate`` see only these keys: an entry's own key outside it is
     #: a ``ConfigError`` naming it, a ``[defaults]`` key outside it is left
@@ -566,6 +660,15 @@ class Scheduler(abc.ABC):
         """Raise :class:`~monarch_core.errors.ConfigError` naming
         ``request.source`` when the parameters are wrong.  Called before
         :meth:`allocate`."""
+
+    def client_address(self, request: AllocationRequest) -> str | None:
+        """The URL the client should listen on so that this request's hosts
+        can reach it (e.g. ``"tls://10.1.2.3:0"``: the local address of a
+        route to the first host), or ``None`` for the transport's default.
+        Called on the caller's thread, before :meth:`allocate`, only when the
+        core enables :attr:`transport` itself; keep it quick (no connection
+        that waits longer than a connect timeout)."""
+        return None
 
     @abc.abstractmethod
     def allocate(self, request: AllocationRequest, launch: WorkerLaunch) -> Allocation:
@@ -788,8 +891,8 @@ def monarch_schedulers() -> Sequence[SchedulerSpec]:
 
     The contract of the objects it returns is :class:`Scheduler`'s docstring
     (and ``docs/plugin-authors.md``): ``allocate`` runs on its own thread,
-    starts one worker loop per host with ``launch.command()`` and
-    ``launch.credentials``, reads each address from the readiness line; the
+    starts one worker loop per host with ``launch.command(host)`` and
+    ``launch.credentials_for(host)``, reads each address from the readiness line; the
     core waits for the workers, turns ``launch.report_lost`` into failures of
     that host's procs, and calls ``Allocation.release()`` once.
 
@@ -943,4 +1046,240 @@ def monarch_telemetry_sinks() -> Sequence[TelemetrySink]:
     in its ``pyproject.toml``.  ``monarch_core.telemetry.add_sink(sink)``
     installs a sink from Python instead; ``monarch-telemetry-otel`` is a sink
     plugin that exports spans and metrics through the OpenTelemetry SDK.
+    """
+
+
+# --------------------------------------------------------------------------
+# data plane: one-sided memory transfers (``monarch_core.rdma``)
+#
+# A *backend* moves bytes between a buffer registered in one proc (its owner)
+# and memory in another proc (the holder of an ``RDMABuffer`` handle), ideally
+# without the owner's participation.  The core resolves the installed
+# backends once per process (the hook below is called once), asks each one
+# to register every buffer created in that process (``register``), and, in a
+# holder, connects to each owner proc once (``connect``) and caches the
+# connections in preference order: a transfer is then a plain method call on
+# the first cached connection whose backend registered that buffer.  No
+# pluggy call happens per transfer.
+#
+# Preference order (highest first; ``RDMABackendSpec.preference``):
+#
+#   ibverbs      100   monarch-transport-rdma: RDMA READ/WRITE over an RC queue pair
+#   process_vm    50   monarch-transport-rdma: process_vm_readv/writev, same host only
+#   channel        0   built in: chunked requests over the proc's session, served by
+#                      the owner's proc (never its actor thread); always reachable
+#
+# ``MONARCH_RDMA_BACKEND=<name>`` forces one (``auto``, the default, takes
+# the order above).  Backends raise only :class:`~monarch_core.errors.RDMAError`
+# (or ``SupervisionError`` when the owner proc is gone, ``TimeoutError`` when a
+# transfer passes its deadline); map ``OSError`` and library errors yourself.
+#
+# Everything a backend puts in a handle (``announce``, ``register``) or sends
+# through ``exchange`` is plain data: ``marshal``-able values only (None, bool,
+# int, float, str, bytes, and tuples/lists/dicts of them).
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRegion:
+    """Memory an owner registers (:meth:`RDMABackend.register`), or local
+    memory a transfer reads into or writes from.
+
+    ``addr`` is the address of the first byte in this process (a device
+    pointer when ``device`` is not ``"cpu"``, e.g. ``"cuda:0"``); the core
+    keeps the memory alive while it is registered.  ``writable`` is False for
+    read-only memory (``bytes``): backends must refuse remote writes to it.
+    """
+
+    addr: int
+    nbytes: int
+    device: str = "cpu"
+    writable: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class RDMAPeer:
+    """An owner proc, as a holder's handle describes it (:meth:`RDMABackend.connect`).
+
+    ``host`` identifies the machine and pid namespace the owner runs in (two
+    procs with the same ``host`` can name each other's pids); ``pid`` is its
+    process id; ``announce`` is what this backend's :meth:`RDMABackend.announce`
+    returned in the owner proc (``{}`` if the backend is not installed there).
+    """
+
+    proc_id: str
+    host: str
+    pid: int
+    announce: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class RemoteRegion:
+    """One registered buffer of an owner proc, as a holder sees it.
+
+    ``descriptor`` is what the backend's :meth:`RDMABackend.register` returned
+    for it in the owner (an rkey and address, a pid and a liveness ticket
+    ...).  ``name`` describes the buffer for error messages (id, size, owner).
+    """
+
+    addr: int
+    nbytes: int
+    device: str
+    writable: bool
+    descriptor: Mapping[str, Any]
+    name: str = "buffer"
+
+
+class RDMAConnection(abc.ABC):
+    """A holder's data path to one owner proc, made once by
+    :meth:`RDMABackend.connect` and cached for the life of the process.
+
+    Called from the core's transfer threads, never from the kernel loop, possibly
+    from several threads at once (make it thread-safe).  Blocking is expected.
+    ``offset`` is from the start of ``remote``; the core has checked that
+    ``offset + nbytes <= remote.nbytes`` and that the local memory holds
+    ``nbytes``.  Raise :class:`~monarch_core.errors.RDMAError` naming
+    ``remote.name`` on failure (a dropped buffer, a refused access),
+    ``SupervisionError`` when the owner proc is gone, ``TimeoutError`` past
+    ``deadline`` (a ``time.monotonic()`` value).
+    """
+
+    @abc.abstractmethod
+    def read(self, remote: RemoteRegion, offset: int, local: MemoryRegion, deadline: float) -> None:
+        """Copy ``local.nbytes`` bytes of ``remote`` from ``offset`` into ``local`` (host memory)."""
+
+    @abc.abstractmethod
+    def write(self, remote: RemoteRegion, offset: int, local: MemoryRegion, deadline: float) -> None:
+        """Copy ``local.nbytes`` bytes of ``local`` (host memory) into ``remote`` at ``offset``."""
+
+    def close(self) -> None:
+        """Release what the connection holds (queue pairs ...).  Idempotent."""
+
+
+class RDMABackend(abc.ABC):
+    """One way to move a buffer's bytes, resolved once per process.
+
+    Owner side (the proc that creates an ``RDMABuffer``): :meth:`announce`
+    once, :meth:`register` per buffer, :meth:`deregister` when it is dropped
+    or its owner stops, :meth:`accept` for a holder's :meth:`connect`.
+    Holder side: :meth:`reachable` and :meth:`connect` once per owner proc,
+    then the connection's ``read``/``write`` per transfer.
+    """
+
+    #: Canonical name (``RDMABackendSpec.name``), what ``RDMABuffer.backend`` says.
+    name: str = ""
+    #: Whether the owner takes no part in a transfer (RDMA, ``process_vm_readv``).
+    one_sided: bool = True
+
+    def unavailable(self) -> str | None:
+        """``None`` when the backend can work in this process, else why not,
+        with the fix (``"pyverbs is not installed: apt install python3-pyverbs"``).
+        Called once per process; must be quick and must not raise."""
+        return None
+
+    def announce(self) -> Mapping[str, Any]:
+        """Plain data about this process that holders need to connect
+        (``{"pid": ..., "gid": ...}``); put in every handle.  Called once."""
+        return {}
+
+    @abc.abstractmethod
+    def register(self, region: MemoryRegion) -> Mapping[str, Any] | None:
+        """Make ``region`` reachable through this backend; return the plain
+        data holders need to address it (it travels in the handle), or
+        ``None`` when this backend cannot serve such memory (device memory,
+        say).  Raise ``RDMAError`` on failure (the buffer is then served by
+        the other backends)."""
+
+    def deregister(self, region: MemoryRegion, descriptor: Mapping[str, Any]) -> None:
+        """Make the region unreachable at once (later transfers must fail).
+        The core keeps the memory alive a short grace period after this
+        (``MONARCH_RDMA_RELEASE_GRACE``) for transfers already under way."""
+
+    def reachable(self, peer: RDMAPeer) -> str | None:
+        """``None`` when this process can try :meth:`connect` to ``peer``,
+        else why not (``"pid 123 is on another host"``).  Quick, no I/O."""
+        return None
+
+    @abc.abstractmethod
+    def connect(self, peer: RDMAPeer, exchange: Callable[[Mapping[str, Any]], Mapping[str, Any]]) -> RDMAConnection:
+        """Make the data path to ``peer`` (once per owner proc, cached).
+
+        ``exchange(request)`` delivers plain data to this backend's
+        :meth:`accept` in the owner proc and returns its answer (a queue
+        pair's number and address, say); it raises ``RDMAError`` /
+        ``SupervisionError`` / ``TimeoutError``.  Raise ``RDMAError`` saying
+        why when the peer cannot be reached this way (``process_vm_readv`` is
+        refused by ptrace policy ...): the core then uses the next backend.
+        Raise ``SupervisionError`` when the peer's process is gone."""
+
+    def accept(self, request: Mapping[str, Any]) -> Mapping[str, Any]:
+        """Owner side of a holder's ``exchange`` (on the owner proc's RDMA
+        service thread, not an actor's).  Default: refuse."""
+        from monarch_core.errors import RDMAError
+
+        raise RDMAError(f"the {self.name or type(self).__name__} backend takes no connection requests")
+
+
+@dataclasses.dataclass(frozen=True)
+class RDMABackendSpec:
+    """What :func:`monarch_rdma_backends` returns.  ``factory``: a callable or a
+    lazily imported ``"module:attr"`` (heavy libraries such as ``pyverbs`` are
+    imported by the backend itself, inside ``unavailable``/``register``, not
+    here).  ``preference``: higher is tried first (see the section comment)."""
+
+    name: str
+    factory: Callable[[], RDMABackend] | str
+    preference: int = 10
+    description: str = ""
+
+    def load(self) -> RDMABackend:
+        """Import (if needed) and call the factory."""
+        return _call_factory(self.factory)
+
+
+@hookspec
+def monarch_rdma_backends() -> Sequence[RDMABackendSpec]:
+    """Describe the one-sided data paths (RDMA backends) this plugin provides.
+
+    Called once per process, the first time an ``RDMABuffer`` is created or
+    used there (or ``get_rdma_backend()`` asks).  Every plugin's results are
+    collected; a name given twice goes to the first registration (built-ins,
+    then entry points in name order).  The core orders the backends by
+    ``preference`` (highest first), drops those whose
+    :meth:`RDMABackend.unavailable` gives a reason (logged at DEBUG), and per
+    owner proc keeps the first ones that :meth:`RDMABackend.connect`;
+    ``MONARCH_RDMA_BACKEND`` forces one by name.
+
+    Complete example -- a backend for buffers of one process only (what the
+    core's tests run; a real one reaches other processes)::
+
+        import ctypes, os
+        from monarch_core.errors import RDMAError
+        from monarch_core.hookspecs import (
+            RDMABackend, RDMABackendSpec, RDMAConnection, hookimpl)
+
+        class _Copy(RDMAConnection):
+            def read(self, remote, offset, local, deadline):
+                ctypes.memmove(local.addr, remote.addr + offset, local.nbytes)
+            def write(self, remote, offset, local, deadline):
+                if not remote.writable:
+                    raise RDMAError(f"{remote.name} is read-only")
+                ctypes.memmove(remote.addr + offset, local.addr, local.nbytes)
+
+        class SameProcess(RDMABackend):
+            name = "same_process"
+            def announce(self):
+                return {"pid": os.getpid()}
+            def register(self, region):
+                return {} if region.device == "cpu" else None
+            def reachable(self, peer):
+                return None if peer.announce.get("pid") == os.getpid() else "another process"
+            def connect(self, peer, exchange):
+                return _Copy()
+
+        @hookimpl
+        def monarch_rdma_backends():
+            return [RDMABackendSpec("same_process", SameProcess, preference=200,
+                                    description="memmove within one process")]
+
+    See ``docs/rdma.md`` for what the project's backends need and do.
     """

@@ -107,6 +107,7 @@ def _s(*args: Any, **kw: Any) -> Setting:
 
 
 _TCP = "monarch-transport-tcp"
+_RDMA = "monarch-transport-rdma"
 
 SETTINGS: dict[str, Setting] = {
     s.name: s
@@ -117,7 +118,7 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_LOG_LEVEL", "str", None, "log level of worker processes and worker loops (default: the client's `monarch` logger level; worker loops: WARNING)"),
         _s("MONARCH_DELIVERY_TIMEOUT", "seconds", 30.0, "seconds a message may stay unacknowledged (reconnecting included) before it is returned as undeliverable", minimum=0.001),
         _s("MONARCH_PROC_START_TIMEOUT", "seconds", 60.0, "seconds to wait for a new proc to report its address", minimum=0.001),
-        _s("MONARCH_STOP_GRACE", "seconds", 10.0, "seconds a stopping proc gets before SIGTERM, then SIGKILL", minimum=0),
+        _s("MONARCH_STOP_GRACE", "seconds", 10.0, "seconds a stopping proc gets before SIGTERM, then SIGKILL; a stopping actor, before its stop completes without its thread (one stuck in `__init__` or an endpoint)", minimum=0),
         _s("MONARCH_HEARTBEAT_INTERVAL", "seconds", 2.0, "seconds between heartbeats a parent (the client, or a worker loop for the procs it starts) sends its procs; 0 disables them", minimum=0),
         _s("MONARCH_HEARTBEAT_TIMEOUT", "seconds", 30.0, "seconds of silence after which a proc is declared hung and killed", minimum=0.001),
         _s("MONARCH_ATTACH_TIMEOUT", "seconds", 10.0, "seconds `attach_to_workers` waits for each worker loop to answer", minimum=0.001),
@@ -130,6 +131,7 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_TLS_CERT", "credential", None, "this process's TLS certificate for the `tls` transport (may be in the key file)", owner=_TCP),
         _s("MONARCH_TLS_KEY", "credential", None, "this process's TLS private key for the `tls` transport", owner=_TCP),
         _s("MONARCH_TLS_CA", "credential", None, "the CA the `tls` transport's peers must chain to", owner=_TCP),
+        _s("MONARCH_TLS_SESSION_DAYS", "float", 8.0, "days the session CA a client makes for its scheduled hosts (and its certificates) stays valid", minimum=0.01, owner=_TCP),
         _s("MONARCH_TLS_VERIFY_HOSTNAME", "bool", True, "0 skips the host-name check of TLS peers (the CA check stays)", owner=_TCP),
         _s("MONARCH_ADVERTISE_HOST", "str", None, "host name or address `tcp`/`tls` procs advertise (default: the host name)", owner=_TCP),
         _s("MONARCH_CONNECT_TIMEOUT", "seconds", 5.0, "seconds a TCP connect may take", minimum=0.001, owner=_TCP),
@@ -147,11 +149,20 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_TELEMETRY_JSONL", "path", None, "the client appends every telemetry event (spans, metrics, lifecycle) to this JSON-lines file"),
         _s("MONARCH_STREAM_LOGS", "bool", None, "1: every proc streams its stdout/stderr/logging to the client; 0: none does (remote procs write a per-host log file); unset: remote procs do, local ones write to the terminal", default_text="unset"),
         _s("MONARCH_PROC_LOG_DIR", "path", None, "folder of the per-host log files of remote procs that do not stream (default: `<tmp>/monarch-logs-<uid>`)"),
+        _s("MONARCH_DEBUG_SERVER_HOST", "str", "localhost", "host name or address the client's debug server binds at the first `breakpoint()` in an actor, and `monarch debug` connects to (loopback by default; see docs/debugging.md)"),
+        _s("MONARCH_DEBUG_SERVER_PORT", "int", 27000, "TCP port of the client's debug server (0: any free port; taken: a free one): the line the client prints names it", minimum=0),
+        _s("MONARCH_DEBUG_TOKEN_FILE", "path", None, "file (mode 0600) holding the debug server's access token, written by the client and read by `monarch debug`", default_text="~/.monarch/debug/PORT.token"),
+        _s("MONARCH_RDMA_BACKEND", "str", "auto", "the data path of `RDMABuffer` transfers: `auto` (per owner proc, the first that reaches it of `ibverbs`, `process_vm`, `channel`) or one of those names, forced (see docs/rdma.md)"),
+        _s("MONARCH_RDMA_DEVICE", "str", None, "the ibverbs device `RDMABuffer`s use, e.g. `mlx5_0` (default: the first one found)", owner=_RDMA),
         # ------------------------------------------------------------ internal tuning knobs
         _s("MONARCH_TELEMETRY_INTERVAL", "seconds", 1.0, "seconds between two telemetry batches a proc ships to the client (and the client hands its sinks)", public=False, minimum=0.01),
         _s("MONARCH_DIRECT_GAP_US", "float", 100.0, "µs after a direct write during which a session's next messages go through the loop, batched", public=False, minimum=0),
         _s("MONARCH_DROP_LOG_INTERVAL", "seconds", 10.0, "seconds between two WARNING lines about connections dropped from one peer host for one reason (the next line counts those left out); 0 logs every one", public=False, minimum=0),
         _s("MONARCH_THREADED_INBOUND", "bool", True, "0 reads plain-socket sessions on the trio loop (the path TLS takes) instead of the poller thread: for diagnosing the poller and testing that path over plain sockets", public=False),
+        _s("MONARCH_RDMA_CHUNK_MB", "mib", 8, "MiB per request of the `channel` RDMA fallback (a large transfer is this many MiB at a time, so other messages pass between)", public=False, minimum=1),
+        _s("MONARCH_RDMA_PIPELINE", "int", 4, "requests of one `channel` RDMA transfer in flight at once", public=False, minimum=1),
+        _s("MONARCH_RDMA_THREADS", "int", 4, "threads per process that run `RDMABuffer` transfers (one transfer at a time each)", public=False, minimum=1),
+        _s("MONARCH_RDMA_RELEASE_GRACE", "seconds", 2.0, "seconds a dropped `RDMABuffer`'s memory is kept after its registration ends, for same-host transfers already past their check", public=False, minimum=0),
         # ------------------------------------------------------------ set by monarch-core for its own children
         _s("MONARCH_PROC_ID", "str", None, "set in every proc: its proc id (read it, do not set it)", public=False),
         _s("MONARCH_PROC_BOOTSTRAP", "str", None, "set by the spawner for a new proc: its start-up message (internal)", public=False),

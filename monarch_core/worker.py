@@ -42,7 +42,7 @@ import sys
 from typing import Sequence
 
 from monarch_core import settings
-from monarch_core._launch import _zygote
+from monarch_core._launch import _fork_server
 from monarch_core._launch._worker import READY_PREFIX, run_worker_loop_forever
 
 __all__ = ["attach_to_workers", "main", "run_worker_loop_forever"]
@@ -51,7 +51,7 @@ logger = logging.getLogger("monarch.worker")
 
 # What the worker loop's fork server imports above the proc runtime (the same
 # as ``_actor._mesh._FORK_SERVER_WARM``; the launch layer names nothing above it).
-_zygote.warm_modules = ("monarch_core.actor", "monarch_core._actor._endpoint")
+_fork_server.warm_modules = ("monarch_core.actor", "monarch_core._actor._endpoint")
 
 def attach_to_workers(
     workers: Sequence[str],

@@ -19,6 +19,20 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
 "$VENV/bin/python" -m pip install -q -e ".[test]" -e plugins/transport_tcp -e plugins/telemetry_otel
+"$VENV/bin/python" -m pip install -q -e plugins/scheduler_ssh
+"$VENV/bin/python" -m pip install -q -e plugins/transport_rdma
+# pyverbs for the ibverbs backend's discovery tests comes from the system (Debian:
+# python3-pyverbs; not installable from the package index): link it in when present.
+# numpy is an optional test dependency (buffers over numpy arrays).
+if [ "$(id -u)" = 0 ] && [ ! -d /usr/lib/python3/dist-packages/pyverbs ]; then
+  DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q --no-install-recommends python3-pyverbs >/dev/null \
+    || echo "warning: python3-pyverbs could not be installed; the pyverbs discovery test takes its not-installed path" >&2
+fi
+SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+if [ -d /usr/lib/python3/dist-packages/pyverbs ] && [ ! -e "$SITE/pyverbs" ]; then
+  ln -s /usr/lib/python3/dist-packages/pyverbs "$SITE/pyverbs"
+fi
+"$VENV/bin/python" -m pip install -q numpy || echo "warning: numpy could not be installed; numpy buffer tests will be skipped" >&2
 # torch (CPU build, pinned: an unpinned torch pulls a multi-GB CUDA build) for
 # the tensor payload tests; they skip, loudly, where it cannot be installed.
 "$VENV/bin/python" -m pip install -q torch==2.13.0 \

@@ -81,16 +81,19 @@ class ActorMesh(MeshTrait, Generic[T]):
         health = self._health
         if not health:
             return None
-        for r in self._region_.root_ranks():
-            report = health.get(r)
-            if report is not None:
-                from monarch_core._actor._supervision import MeshFailure
+        failed = [(i, health[r]) for i, r in enumerate(self._region_.root_ranks()) if r in health]
+        if not failed:
+            return None
+        return _failed_ranks_error(self, ep._name, failed)
 
-                return SupervisionError(
-                    f"cannot call {ep._describe()}: actor mesh {self._name!r} has failed ranks; "
-                    f"{MeshFailure(None, report).report()}"
-                )
-        return None
+    def _describe_call(self, endpoint: str, adverb: str, ranks: list[int] | None, proc_id: str | None,
+                       exc: BaseException) -> str | None:
+        """How a failed call of ``endpoint`` on this view reads: the adverb, the
+        mesh and its class, the ranks concerned (by the view's coordinates) and
+        the proc and host of each; a stop reason its proc mesh was given.
+        ``None`` when ``exc`` is the endpoint's own ``ActorError`` (which names
+        all that already).  Only ever called for a failure."""
+        return _describe_call(self, endpoint, adverb, ranks, proc_id, exc)
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__") or attr in ("_class", "_endpoints", "_name", "_region_"):
@@ -246,11 +249,11 @@ class ActorMesh(MeshTrait, Generic[T]):
             tm = ep._tm = _instrument.client_side(ep)
         trace = None
         if tm:
-            h = tm.one(kernel, self._region_, index, adverb, payload, bufs)
+            h = tm.one(kernel, self._region_, index, adverb, payload, bufs, ep)
             if h.sp is not None:
                 trace = h.sp[4]  # the trace context (``_instrument.trace_bytes``)
         else:
-            h = OneReply(kernel, "")
+            h = OneReply(kernel, ep, adverb, index)
         reply = (rt.proc_id, kernel.address, h.port_id)
         if len(self._members) < _tree.TREE_MIN:
             h.proc_id = self._send(index, ep._name, reply, index, self._region_, ep._prop._explicit_response_port,
@@ -273,10 +276,10 @@ class ActorMesh(MeshTrait, Generic[T]):
         if tm is None:
             tm = ep._tm = _instrument.client_side(ep)
         if tm:
-            h = tm.gather(kernel, region.extent, ValueMesh, "call", payload, bufs)
+            h = tm.gather(kernel, region.extent, ValueMesh, "call", payload, bufs, ep)
             trace = _instrument.trace_bytes(h.sp)
         else:
-            h, trace = GatherReplies(kernel, region.extent, "", ValueMesh), None
+            h, trace = GatherReplies(kernel, region.extent, ep, ValueMesh), None
         reply = (rt.proc_id, kernel.address, h.port_id)
         h.procs = self._send_many(None, ep._name, reply, region, ep._prop._explicit_response_port, payload, bufs,
                                   h.port_id, kernel, _sender_name(), gather=h, trace=trace)
@@ -291,11 +294,12 @@ class ActorMesh(MeshTrait, Generic[T]):
         tm = ep._tm
         if tm is None:
             tm = ep._tm = _instrument.client_side(ep)
+        describe = ep if err is None else ""
         if tm:
-            h = tm.stream(kernel, region.nelements, payload, bufs)
+            h = tm.stream(kernel, region.nelements, payload, bufs, describe)
             trace = _instrument.trace_bytes(h.sp)
         else:
-            h, trace = StreamReplies(kernel, region.nelements, ""), None
+            h, trace = StreamReplies(kernel, region.nelements, describe), None
         if err is not None:
             h.fail(err)
             return StreamIterator(h)
@@ -383,7 +387,99 @@ class ActorMesh(MeshTrait, Generic[T]):
         return f"<ActorMesh {self._name!r} of {self._class.__qualname__} {self._region_.extent}>"
 
 
+#: Attributes an ``ActorMesh`` instance sets in ``__init__`` (they hide an endpoint of the same name too).
+_INSTANCE_ATTRIBUTES = frozenset({
+    "_class", "_name", "_key", "_health", "_members", "_region_", "_proc_mesh", "_init_cell", "_owner",
+    "_stopped", "_endpoints", "_whole_view", "_tree_view_id", "_tree_sent",
+})
+#: Every name an ``ActorMesh`` answers itself, so that an endpoint of that name
+#: would never be reached through the mesh (``Actor.__init_subclass__`` refuses them).
+MESH_ATTRIBUTES: frozenset[str] = frozenset(
+    n for n in dir(ActorMesh) if not (n.startswith("__") and n.endswith("__"))
+) | _INSTANCE_ATTRIBUTES
+
 _NONE_PAYLOAD = _serial.dumps(None)[0]
+
+#: ranks named one by one in a failure text; beyond, a count
+_RANKS_SHOWN = 4
+
+
+def _rank_where(mesh: ActorMesh[Any], index: int) -> str:
+    """``rank 1 {'gpus': 1/2} on proc procs0{'gpus': 1/2} on host node7`` for
+    rank ``index`` of the view ``mesh``."""
+    from monarch_core._actor._port import this_proc_and_host
+    from monarch_core._mesh._shape import Point
+
+    region = mesh._region_
+    root = region.root_rank(index)
+    slot = mesh._members[root]
+    coords = f" {Point(index, region.extent)}" if len(region.extent) else ""
+    whole = _whole_extent(mesh)  # the actor's own coordinates, when the view is a slice
+    actor = ""
+    if whole is not None and len(whole):
+        full = f" {Point(root, whole)}"
+        if full != coords:
+            actor = f" (actor {mesh._name}{full.strip()})"
+    proc = slot.describe or f"proc {slot.proc_id}"
+    if "on host " not in proc:
+        host = slot.host_name if slot.host is not None else (this_proc_and_host()[1] if slot.describe else None)
+        if host:
+            proc += f" on host {host}"
+    return f"rank {index}{coords}{actor} on {proc}"
+
+
+def _whole_extent(mesh: ActorMesh[Any]) -> Extent | None:
+    """The extent of the whole mesh ``mesh`` is a view of, when this process owns it."""
+    rt = _state.current_runtime_or_none()
+    rec = rt.agent.supervised.get(mesh._key) if rt is not None else None
+    if rec is None or rec.mesh is None:
+        return None
+    return rec.mesh._region_.extent
+
+
+def _ranks_where(mesh: ActorMesh[Any], ranks: list[int]) -> str:
+    shown = "; ".join(_rank_where(mesh, r) for r in ranks[:_RANKS_SHOWN])
+    if len(ranks) > _RANKS_SHOWN:
+        shown += f"; and {len(ranks) - _RANKS_SHOWN} more ranks ({len(ranks)} in all)"
+    return shown
+
+
+def _describe_call(mesh: ActorMesh[Any], endpoint: str, adverb: str, ranks: list[int] | None,
+                   proc_id: str | None, exc: BaseException) -> str | None:
+    from monarch_core.errors import ActorError
+
+    if isinstance(exc, ActorError) and exc.endpoint == endpoint and exc.actor:
+        return None  # raised by the endpoint itself: its text names the actor, endpoint, proc and host
+    region = mesh._region_
+    n = region.nelements
+    members = mesh._members
+    if ranks is None or any(r < 0 or r >= n for r in ranks):
+        ranks = [i for i in range(n) if proc_id is None or members[region.root_rank(i)].proc_id == proc_id]
+    head = f"{adverb}() of {mesh._name}.{endpoint} (actor mesh {mesh._name!r}, class {mesh._class.__qualname__})"
+    if not ranks:
+        return f"{head} failed"
+    text = f"{head} failed on {_ranks_where(mesh, ranks)}"
+    stops = {members[region.root_rank(r)].stopped for r in ranks} - {None}
+    if stops:
+        text += " (" + "; ".join(sorted(stops)) + ")"
+    return text
+
+
+def _failed_ranks_error(mesh: ActorMesh[Any], endpoint: str, failed: list[tuple[int, dict]]) -> SupervisionError:
+    """The fail-fast error of a call to a view with failed ranks: every failed
+    rank of the view, then the report of the first (its cascade, first failure first)."""
+    from monarch_core._actor._supervision import MeshFailure
+
+    ranks = ", ".join(f"{i} ({rep['mesh_name']}{rep['coords'] if rep['coords'] != '{}' else ''})"
+                      for i, rep in failed[:_RANKS_SHOWN])
+    if len(failed) > _RANKS_SHOWN:
+        ranks += f" and {len(failed) - _RANKS_SHOWN} more"
+    reports = [MeshFailure(None, rep).report() for _i, rep in failed[:2]]
+    more = f"\n({len(failed) - 2} more failed ranks not shown)" if len(failed) > 2 else ""
+    return SupervisionError(
+        f"cannot call {mesh._name}.{endpoint}: actor mesh {mesh._name!r} ({mesh._class.__qualname__}) has failed "
+        f"ranks; failed rank(s) of this view: {ranks}.\n" + "\n".join(reports) + more
+    )
 
 
 def _failed_cell(exc: BaseException) -> Cell:

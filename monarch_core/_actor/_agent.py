@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable
@@ -70,7 +71,7 @@ class ProcAgent:
         # was held" one step, so a message never overtakes an earlier one
         # that was held because it arrived before the spawn.
         self.hold_lock = threading.Lock()
-        self.gone: dict[str, str] = {}  # actor key -> why it is gone
+        self.gone: dict[str, tuple[str, str]] = {}  # actor key -> (the actor, in words; why it is gone)
         self.owned: list[Any] = []  # ProcMesh/ActorMesh objects created outside any actor
         self.owned_lock = threading.Lock()
         self.controllers: dict[str, Any] = {}
@@ -86,6 +87,8 @@ class ProcAgent:
         self._last_pong: dict[str, float] = {}
         kernel.on_proc_failed.append(self._on_proc_failed)
         self._control = self.control_handlers()
+        #: seconds an actor's stop may take before it completes without the actor's thread
+        self.stop_grace: float = STOP_GRACE
 
     # ---------------------------------------------------------------- dispatch (loop thread)
     def control_handlers(self) -> dict[type, Callable[[Any, Any, list, str], None]]:
@@ -244,9 +247,10 @@ class ProcAgent:
         """A message for an actor this proc does not (yet) have: refuse it if
         the actor is gone, else hold it until the spawn arrives (any thread)."""
         key = h[0]
-        why = self.gone.get(key)
-        if why is not None:
-            self._reply_error(h, SupervisionError(f"actor {h[0]!r} is gone ({why}); {h[1]} was not run"))
+        gone = self.gone.get(key)
+        if gone is not None:
+            who, why = gone
+            self._reply_error(h, SupervisionError(f"actor {who} is gone ({why}); {h[1]} was not run"))
             return
         with self.hold_lock:
             host = self.kernel.actors.get(key)
@@ -310,14 +314,18 @@ class ProcAgent:
             send_to_port(tuple(h[7]), h[3], W.S_ERROR, err)
 
     def reply_gone(self, h: tuple, host: ActorHost) -> None:
-        self._reply_error(h, SupervisionError(f"actor {host.display_name} is gone; {h[1]} was not run"))
+        gone = self.gone.get(host.key)
+        why = f" ({gone[1]})" if gone is not None else ""
+        self._reply_error(h, SupervisionError(f"actor {host.describe()} is gone{why}; {h[1]} was not run"))
 
     # ---------------------------------------------------------------- supervision
-    def actor_failed(self, host: ActorHost, cause: str, category: str, chain: list[dict]) -> None:
-        """An actor of this proc died (any thread): report it to its owner."""
+    def actor_failed(self, host: ActorHost, cause: str, category: str, chain: list[dict]) -> dict:
+        """An actor of this proc died (any thread): report it to its owner;
+        the report (what its later refusals quote)."""
         from monarch_core._actor import _supervision as S
+        from monarch_core._actor._port import this_proc_and_host
 
-        self.gone.setdefault(host.key, f"failed: {cause.strip().splitlines()[-1] if cause.strip() else cause}")
+        self.gone.setdefault(host.key, (host.describe(), f"failed: {cause.strip().splitlines()[-1] if cause.strip() else cause}"))
         _instrument.actor_failed(host, cause, category)
         report = S.make_report(
             mesh_key=host.key,
@@ -330,13 +338,15 @@ class ProcAgent:
             cause=cause,
             category=category,
             chain=chain,
+            host=this_proc_and_host()[1],
         )
         owner = host.owner
         if owner is None or owner[0] == self.kernel.proc_id:
             self.handle_report(report)
-            return
+            return report
         payload, bufs = _serial.dumps(report)
         self.kernel.send(owner[0], owner[1], W.K_CONTROL, 0, C.encode(C.Supervise()), payload, bufs)
+        return report
 
     def _on_supervise(self, m: C.Supervise, payload: Any, buffers: list, sender: str) -> None:
         try:
@@ -406,6 +416,7 @@ class ProcAgent:
         if stopped:
             return
         from monarch_core._actor import _supervision as S
+        from monarch_core._actor._port import this_proc_and_host
 
         for rec in list(self.supervised.values()):
             for rank, slot in enumerate(rec.members):
@@ -414,6 +425,7 @@ class ProcAgent:
                 from monarch_core._mesh._shape import Point
 
                 coords = str(Point(rank, rec.mesh._region_.extent)) if rec.mesh is not None else "{}"
+                host = slot.host_name if slot.host is not None else (this_proc_and_host()[1] if slot.describe else None)
                 self.handle_report(
                     S.make_report(
                         mesh_key=rec.key,
@@ -425,6 +437,7 @@ class ProcAgent:
                         proc=slot.describe or proc_id,
                         cause=f"its process died: {reason}",
                         category=S.INFRASTRUCTURE,
+                        host=host,
                     )
                 )
 
@@ -504,8 +517,9 @@ class ProcAgent:
     # ---------------------------------------------------------------- lifecycle of actors
 
     def actor_stopped(self, host: ActorHost, reason: str) -> None:
-        self.gone[host.key] = f"stopped: {reason}"
+        self.gone[host.key] = (host.describe(), f"stopped: {reason}")
         self.kernel.actors.pop(host.key, None)
+        _release_rdma(host.key, f"its owner {host.display_name} stopped ({reason})")
         tables = self.kernel.tree_tables
         for k in [k for k in tables if k[0] == host.key]:  # cast-tree addresses of its mesh
             tables.pop(k, None)
@@ -519,6 +533,10 @@ class ProcAgent:
         import asyncio
 
         await asyncio.get_running_loop().run_in_executor(None, _stop_meshes, owned, STOP_GRACE)
+
+    def stop_meshes(self, meshes: list) -> None:
+        """Stop ``meshes`` (blocking, bounded by the stop grace; not on the loop)."""
+        _stop_meshes(meshes, STOP_GRACE)
 
     def register_owned(self, mesh: Any) -> None:
         host = _state.current_actor.get()
@@ -561,6 +579,7 @@ class ProcAgent:
         deadline = time.monotonic() + timeout
         for c in cells:
             c.wait(max(0.0, deadline - time.monotonic()))
+        _release_rdma(None, f"its owner's process stopped ({reason})")
 
 
 class _Pong:
@@ -604,6 +623,22 @@ def _stop_meshes(meshes: list, timeout: float) -> None:
             f.get(timeout=max(0.1, deadline - time.monotonic()))
         except Exception as e:
             logger.warning("stop did not complete cleanly: %s", e)
+
+
+def _release_rdma(owner_key: str | None, why: str) -> None:
+    """End the RDMA buffer registrations of actor ``owner_key`` (``None``: all
+    of this process's).  Nothing to do, and nothing imported, in a process
+    that never registered one."""
+    service = sys.modules.get("monarch_core._rdma._service")
+    if service is None:
+        return
+    try:
+        if owner_key is None:
+            service.release_all(why)
+        else:
+            service.release_owner(owner_key, why)
+    except Exception:  # noqa: BLE001 - stopping must go on
+        logger.exception("releasing RDMA registrations failed")
 
 
 def _run_proc_setup(rt: Any) -> None:

@@ -2,46 +2,15 @@
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from monarch_core._kernel._runtime import Kernel
+from typing import Any
 
 from monarch_core import _telemetry, settings
 from monarch_core._actor import _state
 from monarch_core._actor._host_mesh import HostMesh, _HostMeshOwnership
-from monarch_core._actor._port import OneReply
-from monarch_core._kernel import _control as C
-from monarch_core._kernel import _wire as W
-from monarch_core._launch._spawn import host_proc_id
+from monarch_core._launch import _alloc
 from monarch_core._mesh._shape import Extent
 
 ATTACH_TIMEOUT: float = settings.get("MONARCH_ATTACH_TIMEOUT")
-
-
-def _live_session(kernel: Kernel, proc_id: str) -> Any:
-    """The kernel's outbound session to ``proc_id`` if one runs (loop thread)."""
-    out = kernel._outbound.get(proc_id)
-    return out if out is not None and out.failed is None else None
-
-
-def _close_sessions(kernel: Kernel, proc_ids: set[str], why: str) -> None:
-    """End the outbound sessions to ``proc_ids``: no more connection attempts,
-    and whatever they still carry fails with ``ConnectError(why)``."""
-    from monarch_core.errors import ConnectError
-
-    async def close() -> None:
-        for pid in proc_ids:
-            out = _live_session(kernel, pid)
-            if out is not None:
-                out.fail(ConnectError(why))
-
-    if proc_ids:
-        try:
-            kernel.run(close)
-        except RuntimeError:  # the kernel is gone, and its sessions with it
-            pass
 
 
 def attach(
@@ -80,48 +49,24 @@ def attach(
             f"attach_to_workers: the workers speak {transport.name!r} but this process enabled {rt.transport!r}; "
             f"call enable_transport('{transport.name}://<this host's address>:0') first"
         )
-    kernel = rt.kernel
     limit = ATTACH_TIMEOUT if timeout is None else float(timeout)
-    waits = []
-    for a in addrs:
-        h = OneReply(kernel, "")
-        h.proc_id = host_proc_id(a)
-        waits.append((a, h.proc_id, h))
+    answers, missing = _alloc.hello_workers(rt, addrs, limit)
+    for a in addrs:  # the first that failed, in the caller's order
+        if a not in missing:
+            continue
+        kind, detail = missing[a]
+        if kind == "failed":
+            raise ConnectError(f"worker {a} could not be reached: {detail}")
+        raise ConnectError(
+            f"worker {a} did not answer within {limit:.0f}s"
+            + (f" (last error: {detail})" if detail is not None else "")
+            + ". Is `python -m monarch_core.worker --address "
+            + a
+            + "` running there, and reachable from this host? (MONARCH_ATTACH_TIMEOUT sets the wait)"
+        )
+    from monarch_core.hookspecs import HostHandle
 
-    async def say_hello() -> set[str]:
-        # on the loop, so that the sessions the hellos open are known exactly
-        opened = {hid for _a, hid, _h in waits if _live_session(kernel, hid) is None}
-        for a, hid, h in waits:
-            kernel.send(hid, a, W.K_CONTROL, 0,
-                        C.encode(C.HostHello((rt.proc_id, kernel.address, h.port_id))), b"", [], h.port_id)
-        return opened
-
-    opened = kernel.run(say_hello)
-    deadline = time.monotonic() + limit
-    hosts = []
-    try:
-        for a, hid, h in waits:
-            if not h.cell.wait(max(0.0, deadline - time.monotonic())):
-                last = kernel.last_error(hid)
-                raise ConnectError(
-                    f"worker {a} did not answer within {limit:.0f}s"
-                    + (f" (last error: {last})" if last is not None else "")
-                    + ". Is `python -m monarch_core.worker --address "
-                    + a
-                    + "` running there, and reachable from this host? (MONARCH_ATTACH_TIMEOUT sets the wait)"
-                )
-            try:
-                info = h.cell.result()
-            except Exception as e:
-                raise ConnectError(f"worker {a} could not be reached: {e}") from None
-            from monarch_core.hookspecs import HostHandle
-
-            hosts.append(HostHandle(name=str(info.get("hostname", a)), address=a))
-    except BaseException as e:
-        # Nothing of a failed attach may live on: a session to a worker that
-        # rejects this client (or is not there) would keep reconnecting.
-        _close_sessions(kernel, opened, f"attach_to_workers gave up: {e}")
-        raise
+    hosts = [HostHandle(name=str(answers[a].get("hostname", a)), address=a) for a in addrs]
     region = Extent(["hosts"], [len(hosts)]).region
     hm = HostMesh(hosts, region, owner=True, name="workers")
     _telemetry.lifecycle("host_mesh.spawned", mesh="workers", hosts=[h.name for h in hosts], scheduler="attach")

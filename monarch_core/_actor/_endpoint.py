@@ -216,6 +216,11 @@ class Endpoint(Generic[P, R]):
     def _describe(self) -> str:
         return f"{self._mesh._name}.{self._name}"
 
+    def _failure_context(self, adverb: str, ranks: list[int] | None, proc_id: str | None,
+                         exc: BaseException) -> str | None:
+        """The call's side of a failure text (``_port.CallSite``; only on failure)."""
+        return self._mesh._describe_call(self._name, adverb, ranks, proc_id, exc)
+
     def call_one(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the endpoint on the single actor of this mesh.
 

@@ -15,7 +15,7 @@ from _thread import allocate_lock as _allocate_lock
 from collections.abc import Callable, Coroutine, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from monarch_core._kernel._inbound import Poller as _Poller
+from monarch_core._kernel._poller import Poller as _Poller
 
 if TYPE_CHECKING:
     import asyncio
@@ -220,16 +220,30 @@ class Future(Generic[R]):
         c.set_exception(exc)
         return cls._of(c)
 
+    @classmethod
+    def _on_observe(cls, start: Callable[[], Cell]) -> Future[R]:
+        """A future whose cell comes from ``start()``, called once, when the
+        future is first observed (``get``/``result``/``exception``/``done``,
+        ``await``, ``as_asyncio``); never, if it is dropped unobserved."""
+        f = cls.__new__(cls)
+        f._cell = None
+        f._coro = _Deferred(start)  # type: ignore[assignment]
+        f._start_lock = threading.Lock()
+        return f
+
     def _ensure(self) -> Cell:
         cell = self._cell
         if cell is not None:
             return cell
         with self._start_lock:
             if self._cell is None:
-                cell = Cell()
-                coro = self._coro
+                src = self._coro
                 self._coro = None
-                _helper_loop().submit(coro, cell)
+                if type(src) is _Deferred:
+                    cell = src.start()
+                else:
+                    cell = Cell()
+                    _helper_loop().submit(src, cell)  # type: ignore[arg-type]
                 self._cell = cell
         return self._cell  # type: ignore[return-value]
 
@@ -358,6 +372,15 @@ async def _wait_trio(cell: Cell) -> None:
 
     with _following():
         await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+class _Deferred:
+    """What a :meth:`Future._on_observe` future runs when first observed."""
+
+    __slots__ = ("start",)
+
+    def __init__(self, start: Callable[[], Cell]) -> None:
+        self.start = start
 
 
 class _HelperLoop:

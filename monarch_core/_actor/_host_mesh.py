@@ -33,6 +33,7 @@ from monarch_core._launch._spawn import (
 )
 from monarch_core._launch._spec import ProcSpec
 from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
+from monarch_core._workspace import Workspace
 from monarch_core.errors import SupervisionError
 
 logger = logging.getLogger("monarch.mesh")
@@ -283,8 +284,26 @@ class HostMesh(MeshTrait):
             after()
         return Future._of(out)
 
-    async def sync_workspace(self, workspace: Any, conda: bool = False, auto_reload: bool = False) -> None:
-        raise NotImplementedError("sync_workspace is not supported by monarch-core; install your code on every host")
+    async def sync_workspace(self, workspace: Workspace, conda: bool = False, auto_reload: bool = False) -> None:
+        """Copy ``workspace``'s local directories to every host of this mesh
+        (or slice), only what changed, into each host's working directory;
+        procs spawned on them afterwards import the new code.
+
+        Done by the scheduler that allocated the hosts (``ssh``: SFTP; see
+        docs/ssh.md); ``this_host()`` and ``local`` hosts share this
+        machine's files, so nothing is copied.  Raises ``TypeError`` for bad
+        arguments, ``FileNotFoundError`` for a missing local directory,
+        ``NotImplementedError`` naming what is unsupported (a scheduler that
+        cannot copy, worker loops attached with ``attach_to_workers``,
+        ``conda=True``/``auto_reload=True`` where the scheduler has no such
+        thing), ``AllocationError`` naming the host a copy failed on."""
+        from monarch_core._launch import _code_sync
+
+        if self._shared["shutdown"]:
+            raise RuntimeError(f"host mesh {self._name!r} has been shut down; allocate hosts again")
+        cell = _code_sync.start(self._allocation, self.hosts, workspace, conda, auto_reload,
+                                attached=self._allocation is None, mesh=self._name)
+        await Future._of(cell)
 
     async def __aenter__(self) -> HostMesh:
         return self

@@ -138,8 +138,9 @@ class ClientSide:
         else:
             _spans.record(m, sp[0], sp[1], sp[2], t0, dt, error)
 
-    def one(self, kernel: Kernel, region: Any, index: int, adverb: str, payload: Any, bufs: list) -> TimedOneReply:
-        h = TimedOneReply(kernel, "")
+    def one(self, kernel: Kernel, region: Any, index: int, adverb: str, payload: Any, bufs: list,
+            describe: Any = "") -> TimedOneReply:
+        h = TimedOneReply(kernel, describe, adverb, index)
         if index == 0 and adverb == "call_one":
             ctx = self._first
             if ctx is None:
@@ -152,8 +153,9 @@ class ClientSide:
         h.t0 = _now()
         return h  # (the span's context, when traced: ``h.sp[4]``)
 
-    def gather(self, kernel: Kernel, extent: Any, build: Any, adverb: str, payload: Any, bufs: list) -> TimedGather:
-        h = TimedGather(kernel, extent, "", build)
+    def gather(self, kernel: Kernel, extent: Any, build: Any, adverb: str, payload: Any, bufs: list,
+               describe: Any = "") -> TimedGather:
+        h = TimedGather(kernel, extent, describe, build)
         h.stat = self.stat(None, adverb)
         h.req = nbytes(payload, bufs) * h.n
         h.side = self
@@ -161,8 +163,8 @@ class ClientSide:
         h.t0 = _now()
         return h
 
-    def stream(self, kernel: Kernel, n: int, payload: Any, bufs: list) -> TimedStream:
-        h = TimedStream(kernel, n, "")
+    def stream(self, kernel: Kernel, n: int, payload: Any, bufs: list, describe: Any = "") -> TimedStream:
+        h = TimedStream(kernel, n, describe)
         h.stat = self.stat(None, "stream")
         h.req = nbytes(payload, bufs) * n
         h.side = self
@@ -223,7 +225,7 @@ class TimedOneReply(OneReply):
 class TimedGather(GatherReplies):
     """``GatherReplies`` (``call``) that records the call once every reply (or the first error) is in."""
 
-    def __init__(self, kernel: Kernel, extent: Any, describe: str, build: Any) -> None:
+    def __init__(self, kernel: Kernel, extent: Any, describe: Any, build: Any) -> None:
         super().__init__(kernel, extent, describe, build)
         self.rep = 0
         self.err: Optional[str] = None
@@ -270,7 +272,7 @@ class TimedGather(GatherReplies):
 class TimedStream(StreamReplies):
     """``StreamReplies`` that records the call when its last reply arrives."""
 
-    def __init__(self, kernel: Kernel, n: int, describe: str) -> None:
+    def __init__(self, kernel: Kernel, n: int, describe: Any) -> None:
         super().__init__(kernel, n, describe)
         self.rep = 0
         self.err: Optional[str] = None

@@ -46,7 +46,7 @@ def this_proc() -> ProcMesh:
     return pm
 
 
-#: What the fork server imports above the proc runtime (see ``_zygote.warm_modules``).
+#: What the fork server imports above the proc runtime (see ``_fork_server.warm_modules``).
 _FORK_SERVER_WARM = ("monarch_core.actor", "monarch_core._actor._endpoint")
 
 
@@ -55,18 +55,18 @@ def this_host() -> HostMesh:
     dimensions).  Procs spawned from it are started by this process: forked
     from its fork server (``_zygote``), or exec'd as its children, and they
     die with it."""
-    from monarch_core._launch import _zygote
+    from monarch_core._launch import _fork_server
 
     # The fork server's imports overlap with the runtime's start and the
     # caller's work before its first spawn.
-    _zygote.warm_modules = _FORK_SERVER_WARM
-    _zygote.start_early()
+    _fork_server.warm_modules = _FORK_SERVER_WARM
+    _fork_server.start_early()
     try:
         rt = _state.runtime()
     except BaseException:
-        _zygote.discard_early()
+        _fork_server.discard_early()
         raise
-    _zygote.prestart(rt.kernel)
+    _fork_server.prestart(rt.kernel)
     from monarch_core.hookspecs import HostHandle
 
     if not rt.caches.get("this_host_announced"):
@@ -101,6 +101,7 @@ def hosts_from_config(name: str, *, timeout: float | None = None) -> HostMesh:
     request = AllocationRequest(name=name, params=params, source=cfg.source)
     scheduler.validate(request)
     _check_params(scheduler, request)
+    _alloc.prepare_transport(scheduler, request)
     rt = _state.runtime()
     record = _alloc.allocate(scheduler, request, rt, timeout)
     return host_mesh_of(record, name)

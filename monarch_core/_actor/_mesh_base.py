@@ -18,7 +18,7 @@ _EMPTY_REGION = Extent([], []).region
 class _ProcSlot:
     """One proc: its id, its address once known, and whether it said hello."""
 
-    __slots__ = ("proc_id", "address", "ready", "pid", "failed", "host", "host_name", "describe")
+    __slots__ = ("proc_id", "address", "ready", "pid", "failed", "host", "host_name", "describe", "stopped")
 
     def __init__(self, proc_id: str, address: str | None = None) -> None:
         self.proc_id = proc_id
@@ -31,6 +31,8 @@ class _ProcSlot:
             self.ready.set()
         self.pid: int | None = None
         self.failed: str | None = None
+        #: "its proc mesh 'x' was stopped: <reason>", once ``ProcMesh.stop`` was called (named in failures)
+        self.stopped: str | None = None
 
     def ref(self) -> tuple[str, str]:
         """``(proc_id, address)``, waiting for the proc to start if needed."""

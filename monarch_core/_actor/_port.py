@@ -10,9 +10,10 @@ port handlers too.
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import traceback
-from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Protocol, TypeVar
 
 from monarch_core._actor import _serial, _state
 from monarch_core._actor._future import Cell, Future
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
     from monarch_core._mesh._shape import Extent
 
 R = TypeVar("R")
+_S_VALUE = W.S_VALUE
 
 
 def _decode_value(status: int, payload: Any, buffers: list) -> Any:
@@ -50,10 +52,12 @@ def send_raw_to_port(ref: tuple, rank: int | None, status: int, payload: Any, bu
 
 def wrap_exception(e: BaseException, where: str = "") -> ActorError:
     """An :class:`ActorError` carrying ``e`` and its formatted traceback,
-    picklable even when ``e`` itself is not."""
+    picklable even when ``e`` itself is not.  ``where`` is ``"mesh.endpoint"``
+    (or just the mesh's name); the actor, its class, proc and host come from
+    the actor this runs in."""
     if isinstance(e, ActorError):
         return e
-    tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+    tb = "".join(traceback.format_exception(type(e), e, _user_frames(e.__traceback__)))
     ctx = _state.current_actor.get()
     actor = ctx.display_name if ctx is not None else None
     payload_exc: BaseException = e
@@ -63,7 +67,38 @@ def wrap_exception(e: BaseException, where: str = "") -> ActorError:
         payload_exc = RuntimeError(f"{type(e).__name__}: {e} (the original exception could not be pickled)")
     msg = f"Actor call {where} failed." if where else "A remote actor call has failed."
     endpoint = where.rsplit(".", 1)[1] if "." in where else None
-    return ActorError(payload_exc, msg, remote_traceback=tb, actor=actor, endpoint=endpoint)
+    proc, host = this_proc_and_host()
+    return ActorError(payload_exc, msg, remote_traceback=tb, actor=actor, endpoint=endpoint,
+                      actor_class=(ctx.class_name or None) if ctx is not None else None, proc=proc, host=host)
+
+
+def _user_frames(tb: Any) -> Any:
+    """``tb`` without its leading frames of the actor runtime (the frames that
+    called the endpoint), so that a remote traceback starts in the user's code."""
+    t = tb
+    while t is not None and t.tb_next is not None and \
+            str(t.tb_frame.f_globals.get("__name__", "")).startswith("monarch_core._actor."):
+        t = t.tb_next
+    return t
+
+
+_here: tuple[str | None, str] | None = None
+
+
+def this_proc_and_host() -> tuple[str | None, str]:
+    """This proc's name as the user gave it (``"proc trainers{'gpus': 1/4}"``;
+    ``None`` in the client) and the machine's host name, for failure texts."""
+    global _here
+    here = _here
+    if here is None:
+        import socket
+
+        rt = _state.current_runtime_or_none()
+        proc = rt.name if rt is not None and not rt.is_client else None
+        here = (proc, socket.gethostname())
+        if rt is not None:
+            _here = here
+    return here
 
 
 class Port(Generic[R]):
@@ -74,12 +109,15 @@ class Port(Generic[R]):
     receivers); when ``None`` the sender's current message rank is used.
     """
 
-    __slots__ = ("_ref", "_rank", "_once")
+    __slots__ = ("_ref", "_rank", "_once", "_where")
 
     def __init__(self, port_ref: tuple, instance: Any = None, rank: int | None = None) -> None:
         self._ref = tuple(port_ref)
         self._rank = rank
         self._once = False
+        #: ``(mesh name, endpoint)`` for the response port of an
+        #: ``explicit_response_port`` endpoint, named in what ``exception`` sends
+        self._where: tuple[str, str] | None = None
 
     def _stamp(self) -> int | None:
         if self._rank is not None:
@@ -109,18 +147,35 @@ class Port(Generic[R]):
 
     def exception(self, e: BaseException) -> None:
         """Deliver ``e`` to the receiver, where it is raised (as an
-        :class:`~monarch_core.errors.ActorError` carrying ``e``)."""
-        send_to_port(self._ref, self._stamp(), W.S_ERROR, wrap_exception(e))
+        :class:`~monarch_core.errors.ActorError` carrying ``e``, naming the
+        endpoint: the one this port answers for, else the one being handled)."""
+        send_to_port(self._ref, self._stamp(), W.S_ERROR, wrap_exception(e, self._endpoint_where()))
+
+    def _endpoint_where(self) -> str:
+        w = self._where
+        if w is not None:
+            return f"{w[0]}.{w[1]}"
+        host = _state.current_actor.get()
+        cur = host._current_reply if host is not None else None
+        return f"{host.name}.{cur[2]}" if cur is not None else (host.name if host is not None else "")
 
     @property
     def return_undeliverable(self) -> bool:
         return True
 
     def __reduce__(self) -> Any:
-        return (Port, (self._ref, None, self._rank))
+        if self._where is None:
+            return (Port, (self._ref, None, self._rank))
+        return (_rebuild_port, (self._ref, self._rank, self._where))
 
     def __repr__(self) -> str:
         return f"Port({self._ref[0]}#{self._ref[2]})"
+
+
+def _rebuild_port(ref: tuple, rank: int | None, where: tuple[str, str]) -> Port[Any]:
+    p: Port[Any] = Port(ref, None, rank)
+    p._where = where
+    return p
 
 
 class _DroppingPort(Port[Any]):
@@ -211,8 +266,17 @@ class PortReceiver(Generic[R]):
 
     def recv(self) -> Future[R]:
         """A future for the next message (raises what a sender passed to
-        ``Port.exception``)."""
-        return Future._of(self._handler.next(self._ranked))
+        ``Port.exception``).
+
+        As in the reference, the future claims a message only when it is
+        first observed (``get``, ``result``, ``exception``, ``done``,
+        ``await``, ``as_asyncio``): futures receive messages in the order
+        they are observed, not created, and one dropped unobserved claims
+        nothing.  Once observed it keeps its claim: a ``get(timeout=...)``
+        that times out does not consume it, a later ``get`` still receives
+        the message it claimed."""
+        handler, ranked = self._handler, self._ranked
+        return Future._on_observe(lambda: handler.next(ranked))
 
     def ranked(self) -> RankedPortReceiver[R]:
         """A view of this receiver whose ``recv`` returns ``(rank, value)``."""
@@ -248,22 +312,74 @@ class Channel(Generic[R]):
 # ----------------------------------------------------------------- reply collectors
 
 
+class CallSite(Protocol):
+    """What a reply collector knows about the call it collects for, to name
+    it when the call fails (implemented by ``Endpoint``; consulted only on
+    failure, never per reply)."""
+
+    def _failure_context(self, adverb: str, ranks: list[int] | None, proc_id: str | None,
+                         exc: BaseException) -> str | None:
+        """The call, as the caller sees it (``"call_one() of m.ep (actor mesh 'm',
+        class C) failed on rank ..."``), or ``None`` when ``exc`` names it already."""
+
+
+def _decode_reply(status: int, payload: Any, buffers: list, site: Any, adverb: str, rank: int) -> Any:
+    """Decode a reply; an error reply is raised with the call's context added."""
+    if status != W.S_ERROR or not site:
+        return _decode_value(status, payload, buffers)
+    try:
+        obj = _serial.loads(payload, buffers)
+    except BaseException as e:  # noqa: BLE001 - an undecodable error is still the call's error
+        obj = e
+    raise _in_context(obj, site, adverb, [rank] if rank >= 0 else None, None)
+
+
+def _in_context(exc: BaseException, site: Any, adverb: str, ranks: list[int] | None,
+                proc_id: str | None) -> BaseException:
+    """``exc`` as the failure of the call ``site`` describes (``site`` a
+    :class:`CallSite`, a plain description, or empty: ``exc`` unchanged)."""
+    if not site:
+        return exc
+    if isinstance(site, str):
+        return _annotate(exc, site)
+    try:
+        context = site._failure_context(adverb, ranks, proc_id, exc)
+    except Exception:  # pragma: no cover - a failure text must never hide the failure
+        logging.getLogger("monarch.actor").exception("describing a failed call failed")
+        return exc
+    if not context:
+        return exc
+    if isinstance(exc, ActorError):
+        return ActorError(exc.exception, f"{context}: {exc.message}", remote_traceback=exc.remote_traceback,
+                          actor=exc.actor, endpoint=exc.endpoint, actor_class=exc.actor_class, proc=exc.proc,
+                          host=exc.host)
+    return _annotate(exc, context)
+
+
 class OneReply(PortHandler):
-    """Collects exactly one reply into a cell (``call_one``, ``choose``)."""
+    """Collects exactly one reply into a cell (``call_one``, ``choose``).
 
-    __slots__ = ("cell", "port_id", "proc_id", "kernel", "describe")
+    ``describe`` names the call in its failures: a :class:`CallSite` (with
+    ``index``, the rank called, and ``adverb``) or a plain text."""
 
-    def __init__(self, kernel: Kernel, describe: str) -> None:
+    __slots__ = ("cell", "port_id", "proc_id", "kernel", "describe", "index", "adverb")
+
+    def __init__(self, kernel: Kernel, describe: Any, adverb: str = "call_one", index: int = -1) -> None:
         self.cell = Cell()
         self.kernel = kernel
         self.port_id = kernel.add_port(self)
         self.proc_id = ""
         self.describe = describe
+        self.adverb = adverb
+        self.index = index
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         self.kernel.remove_port(self.port_id)
         self._forget()
-        self.cell.set_lazy(lambda: _decode_value(status, payload, buffers))
+        if status == _S_VALUE:
+            self.cell.set_lazy(lambda: _decode_value(status, payload, buffers))
+        else:
+            self.cell.set_lazy(lambda: _decode_reply(status, payload, buffers, self.describe, self.adverb, self.index))
 
     def _forget(self) -> None:
         pid = self.proc_id
@@ -277,14 +393,16 @@ class OneReply(PortHandler):
         self.kernel.remove_port(self.port_id)
         if type(self.proc_id) is not str:
             self._forget()
-        self.cell.set_exception(_annotate(exc, self.describe))
+        self.cell.set_exception(_in_context(exc, self.describe, self.adverb, [self.index], proc_id))
 
 
 class GatherReplies(PortHandler):
     """Collects one reply per rank of a cast into a ``ValueMesh`` (``call``,
-    ``initialized``).  The first error fails the whole future."""
+    ``initialized``).  The first error fails the whole future, named as a
+    failure of the call ``describe`` (a :class:`CallSite` or a plain text)."""
 
-    def __init__(self, kernel: Kernel, extent: Extent, describe: str, build: Callable[[Extent, list], Any]) -> None:
+    def __init__(self, kernel: Kernel, extent: Extent, describe: Any, build: Callable[[Extent, list], Any],
+                 adverb: str = "call") -> None:
         self.cell = Cell()
         self.kernel = kernel
         self.extent = extent
@@ -293,6 +411,7 @@ class GatherReplies(PortHandler):
         self.count = 0
         self.lock = threading.Lock()
         self.describe = describe
+        self.adverb = adverb
         self.build = build
         self.port_id = kernel.add_port(self)
         self.procs: list[str] = []
@@ -307,7 +426,7 @@ class GatherReplies(PortHandler):
                 self.deliver(*item)
             return
         if status != W.S_VALUE:
-            self._finish_error(status, payload, buffers)
+            self._finish_error(status, payload, buffers, rank)
             return
         with self.lock:
             if not 0 <= rank < self.n or self.results[rank] is not None:
@@ -325,22 +444,25 @@ class GatherReplies(PortHandler):
         for p in self.procs:
             self.kernel.reply_done(p, self.port_id)
 
-    def _finish_error(self, status: int, payload: Any, buffers: list) -> None:
+    def _finish_error(self, status: int, payload: Any, buffers: list, rank: int = -1) -> None:
         self._done()
-        self.cell.set_lazy(lambda: _decode_value(status, payload, buffers))
+        describe, adverb = self.describe, self.adverb
+        self.cell.set_lazy(lambda: _decode_reply(status, payload, buffers, describe, adverb, rank))
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
         self._done()
-        self.cell.set_exception(_annotate(exc, self.describe))
+        self.cell.set_exception(_in_context(exc, self.describe, self.adverb, None, proc_id))
 
 
 class StreamReplies(PortHandler):
-    """Hands replies out in arrival order, one cell each (``stream``)."""
+    """Hands replies out in arrival order, one cell each (``stream``);
+    failures are named as failures of the call ``describe``."""
 
-    def __init__(self, kernel: Kernel, n: int, describe: str) -> None:
+    def __init__(self, kernel: Kernel, n: int, describe: Any, adverb: str = "stream") -> None:
         self.kernel = kernel
         self.n = n
         self.describe = describe
+        self.adverb = adverb
         self.cells = [Cell() for _ in range(n)]
         self.next = 0
         self.lock = threading.Lock()
@@ -358,10 +480,14 @@ class StreamReplies(PortHandler):
             self.kernel.remove_port(self.port_id)
             for p in self.procs:
                 self.kernel.reply_done(p, self.port_id)
-        cell.set_lazy(lambda: _decode_value(status, payload, buffers))
+        if status == _S_VALUE:
+            cell.set_lazy(lambda: _decode_value(status, payload, buffers))
+        else:
+            describe, adverb = self.describe, self.adverb
+            cell.set_lazy(lambda: _decode_reply(status, payload, buffers, describe, adverb, rank))
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
-        exc = _annotate(exc, self.describe)
+        exc = _in_context(exc, self.describe, self.adverb, None, proc_id)
         with self.lock:
             rest = self.cells[self.next :]
             self.next = self.n
@@ -371,11 +497,18 @@ class StreamReplies(PortHandler):
 
 
 def _annotate(exc: BaseException, describe: str) -> BaseException:
+    """``exc``, of the same type, with ``describe`` before its text (``exc`` itself
+    if that cannot be built, or if it says so already)."""
     if describe and isinstance(exc, Exception) and describe not in str(exc):
         try:
-            return type(exc)(f"{describe}: {exc}")
+            new = type(exc)(f"{describe}: {exc}")
         except Exception:
             return exc
+        try:
+            new.__dict__.update(vars(exc))  # e.g. ConnectError.refused
+        except TypeError:  # pragma: no cover - no instance dict
+            pass
+        return new
     return exc
 
 

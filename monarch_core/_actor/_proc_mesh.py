@@ -85,7 +85,11 @@ class ProcMesh(MeshTrait):
                 "monarch_core.actor.Actor"
             )
         if self._stopped is not None:
-            raise RuntimeError(f"proc mesh {self._name!r} has been stopped; spawn procs again")
+            why = next((s.stopped for s in self._slots if s.stopped), None)
+            raise RuntimeError(
+                f"proc mesh {self._name!r} has been stopped{f' ({why})' if why else ''}; cannot spawn "
+                f"{name!r} on it: spawn procs again"
+            )
         try:
             payload, bufs = _serial.dumps((Class, args, kwargs))
         except Exception as e:
@@ -94,7 +98,8 @@ class ProcMesh(MeshTrait):
         kernel = rt.kernel
         region = self._region_
         key = f"{name}-{uuid.uuid4().hex[:10]}"
-        gather = GatherReplies(kernel, region.extent, "", lambda e, v: True)
+        gather = GatherReplies(kernel, region.extent, f"spawn of actor mesh {name!r} ({Class.__qualname__})",
+                               lambda e, v: True, adverb="spawn")
         reply = (rt.proc_id, kernel.address, gather.port_id)
         owner_host = _state.current_actor.get()
         owner = (rt.proc_id, kernel.address, owner_host.key if owner_host is not None else "")
@@ -134,6 +139,10 @@ class ProcMesh(MeshTrait):
         rt = _state.runtime()
         rt.agent.unregister_owned(self)
         slots = [s for s in self._slots if s.proc_id != rt.proc_id]
+        note = f"its proc mesh {self._name!r} was stopped: {reason}"
+        for s in slots:  # shared with the actor meshes spawned here: their failures say why
+            if s.stopped is None:
+                s.stopped = note
         if not slots:
             cell.set_result(None)
             return Future._of(cell)

@@ -14,6 +14,7 @@ import ctypes
 import io
 import pickle
 import sys
+import types
 from typing import Any
 
 import cloudpickle
@@ -60,10 +61,29 @@ def _torch_strided() -> Any:
     return sys.modules["torch"].strided
 
 
+_cloudpickle_code_reduce = cloudpickle.Pickler.dispatch_table[types.CodeType]
+
+
+def _reduce_code(code: types.CodeType) -> Any:
+    """cloudpickle's reduction of a code object (of a function pickled by
+    value: defined in ``__main__``, a notebook...), keeping its file name:
+    cloudpickle writes ``<dynamic-code>`` there, and tracebacks and pdb
+    (``monarch debug``) would then show no source."""
+    rebuild, args = _cloudpickle_code_reduce(code)
+    return (_code_in_file, (rebuild, args, code.co_filename))
+
+
+def _code_in_file(rebuild: Any, args: tuple, filename: str) -> types.CodeType:
+    return rebuild(*args).replace(co_filename=filename)  # type: ignore[no-any-return]
+
+
 class _Pickler(cloudpickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
+        t = type(obj)
+        if t is types.CodeType:
+            return _reduce_code(obj)
         torch = sys.modules.get("torch")
-        if torch is not None and type(obj) is torch.Tensor:
+        if torch is not None and t is torch.Tensor:
             r = _reduce_tensor(obj)
             if r is not None:
                 return r

@@ -48,9 +48,10 @@ def make_report(
     cause: str,
     category: str,
     chain: list[dict] | None = None,
+    host: str | None = None,
 ) -> dict:
     """One failure event.  ``chain`` holds the events that caused it, the
-    first failure of the cascade first."""
+    first failure of the cascade first; ``host`` is the machine the proc ran on."""
     return {
         "mesh_key": mesh_key,
         "mesh_name": mesh_name,
@@ -59,6 +60,7 @@ def make_report(
         "coords": coords,
         "actor": actor,
         "proc": proc,
+        "host": host,
         "cause": cause,
         "category": category,
         "chain": list(chain or []),
@@ -67,7 +69,19 @@ def make_report(
 
 def _describe(ev: dict) -> str:
     where = f"actor {ev['mesh_name']}{ev['coords'] if ev['coords'] != '{}' else ''} ({ev['class_name']})"
-    return f"{where} on {ev['proc']} [{ev['category']} error]: {ev['cause'].strip()}"
+    proc = ev["proc"]
+    host = ev.get("host")  # reports from older peers have none
+    if host and "on host " not in proc:
+        proc = f"{proc} on host {host}"
+    return f"{where} on {proc} [{ev['category']} error]: {ev['cause'].strip()}"
+
+
+def cascade(events: list[dict]) -> str:
+    """``First failure: ...`` then one ``Which then failed ...`` line per later
+    event: how a failure travelled up the ownership tree."""
+    lines = [f"First failure: {_describe(events[0])}"]
+    lines += [f"Which then failed {_describe(ev)}" for ev in events[1:]]
+    return "\n".join(lines)
 
 
 class MeshFailure:
@@ -90,20 +104,13 @@ class MeshFailure:
     @property
     def events(self) -> list[dict]:
         """The cascade, first failure first (each a dict: mesh_name, coords,
-        class_name, proc, category, cause)."""
+        class_name, actor, proc, host, category, cause)."""
         return [*self._report["chain"], {k: v for k, v in self._report.items() if k != "chain"}]
 
     def report(self) -> str:
         evs = self.events
-        first, rest = evs[0], evs[1:]
         ranks = ", ".join("its only rank" if r == "{}" else r for r in self.ranks)
-        lines = [
-            f"actor mesh {self.mesh_name!r} failed on rank(s) {ranks} ({self.category} error).",
-            f"First failure: {_describe(first)}",
-        ]
-        for ev in rest:
-            lines.append(f"Which then failed {_describe(ev)}")
-        return "\n".join(lines)
+        return f"actor mesh {self.mesh_name!r} failed on rank(s) {ranks} ({self.category} error).\n" + cascade(evs)
 
     def __str__(self) -> str:
         return self.report()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+from collections.abc import Sequence
 
 from monarch_core.errors import ConfigError
 from monarch_core.hookspecs import (
@@ -18,6 +19,7 @@ from monarch_core.hookspecs import (
     HostHandle,
     Scheduler,
     WorkerLaunch,
+    Workspace,
     wait_worker_address,
 )
 
@@ -27,6 +29,12 @@ class _LocalAllocation(Allocation):
         self.procs = procs
         self.hosts = hosts
         self.released = threading.Event()
+
+    def sync_workspace(self, workspace: Workspace, hosts: Sequence[str], *, conda: bool = False,
+                       auto_reload: bool = False) -> None:
+        """Nothing to copy: local hosts are this machine, and see its files
+        where they are (``conda``/``auto_reload`` change nothing either)."""
+        return None
 
     def release(self) -> None:
         self.released.set()
@@ -68,7 +76,8 @@ class LocalScheduler(Scheduler):
         alloc.extent = {"hosts": n}
         try:
             for _ in range(n):  # all start at once; their imports overlap
-                procs.append(subprocess.Popen(launch.command(), env=launch.environment(), stdout=subprocess.PIPE))
+                procs.append(subprocess.Popen(launch.command("127.0.0.1"), env=launch.environment(host="127.0.0.1"),
+                                              stdout=subprocess.PIPE))
             for i, p in enumerate(procs):
                 name = f"local{i}"
                 address = wait_worker_address(p.stdout, launch.timeout, host=name)

@@ -24,7 +24,7 @@ import trio
 from monarch_core import settings
 from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
-from monarch_core._kernel._inbound import reading
+from monarch_core._kernel._poller import reading
 from monarch_core.errors import (
     ConnectError,
     ConnectionClosed,

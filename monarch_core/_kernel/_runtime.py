@@ -34,7 +34,8 @@ import trio
 from monarch_core import settings
 from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
-from monarch_core._kernel._inbound import ACK_DELAY, ACK_EVERY, InboundSession, Poller, SessionFence
+from monarch_core._kernel._inbound import ACK_DELAY, ACK_EVERY, InboundSession, SessionFence
+from monarch_core._kernel._poller import Poller
 from monarch_core._kernel._outbound import HANDSHAKE_TIMEOUT, _grow_buffer, _Outbound, _raw_socket, _Window
 from monarch_core._kernel._ports import PortHandler
 from monarch_core._kernel._throttle import ThrottledLog

@@ -11,7 +11,7 @@ through the protocols defined here, which that layer implements:
   what ``Kernel.actors`` maps actor ids to.
 
 :class:`InboundKernel` is the part of ``Kernel`` that the inbound poller
-(``_inbound.py``) calls, so that ``_inbound`` need not import ``_runtime``
+(``_inbound.py``, ``_poller.py``) call, so that they need not import ``_runtime``
 (which imports it): the dependency inside the kernel is one-way.  (This
 module imports nothing of the kernel, so its types stay loose there.)
 """
@@ -49,4 +49,4 @@ class InboundKernel(Protocol):
 
     def acks_at_once(self, sender: str) -> bool: ...
 
-    def inbound_poller(self) -> Any: ...  # the ``_inbound.Poller``
+    def inbound_poller(self) -> Any: ...  # the ``_poller.Poller``

@@ -10,7 +10,8 @@ proc's runtime (agent, ``ProcRuntime``) from ``_actor`` as well.
 * ``_bootstrap`` -- ``BootstrapCommand`` (the OS command), ``proc_bind`` checks;
 * ``_spawn``     -- start a spec on this host (fork or exec); the client side of
   a spawn (local, or through a worker loop) and the hello/ready collector;
-* ``_zygote``    -- the fork server;
+* ``_fork_server`` -- the fork server, spawner's side (one zygote per kernel);
+* ``_zygote``    -- the zygote process that forks procs;
 * ``_children``  -- exec'd child processes, awaited through pidfds;
 * ``_proc_main`` -- the entry point of a proc process;
 * ``_worker``    -- the worker loop of a host: starts procs for remote clients;

@@ -139,6 +139,7 @@ def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None
         credentials=credentials_for(rt.transport),
         timeout=limit,
         report_lost=record.report_lost,
+        issue_credentials=_issuer(rt.transport),
     )
     deadline = time.monotonic() + limit
     allocation = _run_allocate(scheduler, request, launch, record, limit)
@@ -279,6 +280,33 @@ def wait_ready(rt: Any, hosts: list, timeout: float, *, what: str) -> dict[str, 
     """The readiness step: every host's worker loop answers ``host_hello``
     within ``timeout`` s, else ``AllocationError`` naming those that did not.
     Returns each answering host's info (hostname, pid, address) by name."""
+    named = [h for h in hosts if h.address is not None]
+    answers, missing = hello_workers(rt, [h.address for h in named], timeout)
+    if missing:
+        raise AllocationError(
+            f"{what}: {len(missing)} of {len(named)} worker loops did not answer within {timeout:.0f}s: "
+            + ", ".join(f"{h.name} ({h.address}{_why(missing[h.address])})" for h in named if h.address in missing)
+            + ". Is `python -m monarch_core.worker` running there, and reachable from this host?"
+        )
+    return {h.name: answers[h.address] for h in named}
+
+
+def _why(miss: tuple[str, Any]) -> str:
+    kind, detail = miss
+    if kind == "failed":
+        return f"; {detail}"
+    return f"; last error: {detail}" if detail is not None else ""
+
+
+def hello_workers(rt: Any, addresses: list[str], timeout: float) -> tuple[dict[str, dict], dict[str, tuple[str, Any]]]:
+    """Send ``host_hello`` to the worker loops at ``addresses`` and wait up
+    to ``timeout`` s for all of them (caller's thread, never the kernel loop).
+
+    Returns ``(answers, missing)``: each answering worker's info (hostname,
+    pid, address) by address, and for each other one ``("silent", the
+    kernel's last error for it or None)`` or ``("failed", the exception its
+    answer carried)``.  When any is missing, the sessions the hellos opened are closed
+    (the caller gives up on them all: none may keep reconnecting)."""
     from monarch_core._actor._port import OneReply
     from monarch_core._kernel import _control as C
     from monarch_core._kernel import _wire as W
@@ -286,33 +314,62 @@ def wait_ready(rt: Any, hosts: list, timeout: float, *, what: str) -> dict[str, 
 
     kernel = rt.kernel
     waits = []
-    for h in hosts:
-        if h.address is None:
-            continue
+    for a in addresses:
         r = OneReply(kernel, "")
-        hid = host_proc_id(h.address)
-        r.proc_id = hid
-        kernel.send(hid, h.address, W.K_CONTROL, 0,
-                    C.encode(C.HostHello((rt.proc_id, kernel.address, r.port_id))), b"", [], r.port_id)
-        waits.append((h, hid, r))
+        r.proc_id = host_proc_id(a)
+        waits.append((a, r.proc_id, r))
+
+    async def say_hello() -> set[str]:
+        # on the loop, so that the sessions the hellos open are known exactly
+        opened = {hid for _a, hid, _r in waits if _live_session(kernel, hid) is None}
+        for a, hid, r in waits:
+            kernel.send(hid, a, W.K_CONTROL, 0,
+                        C.encode(C.HostHello((rt.proc_id, kernel.address, r.port_id))), b"", [], r.port_id)
+        return opened
+
+    opened = kernel.run(say_hello)
     deadline = time.monotonic() + timeout
-    missing, info = [], {}
-    for h, hid, r in waits:
-        if not r.cell.wait(max(0.0, deadline - time.monotonic())):
-            last = kernel.last_error(hid)
-            missing.append(f"{h.name} ({h.address}{'; last error: ' + str(last) if last is not None else ''})")
-            continue
-        try:
-            info[h.name] = r.cell.result()
-        except Exception as e:  # noqa: BLE001
-            missing.append(f"{h.name} ({h.address}; {e})")
+    answers: dict[str, dict] = {}
+    missing: dict[str, tuple[str, Any]] = {}
+    try:
+        for a, hid, r in waits:
+            if not r.cell.wait(max(0.0, deadline - time.monotonic())):
+                missing[a] = ("silent", kernel.last_error(hid))
+                continue
+            try:
+                answers[a] = r.cell.result()
+            except Exception as e:  # noqa: BLE001
+                missing[a] = ("failed", e)
+    except BaseException:  # Ctrl-C while waiting: nothing of it may live on
+        close_sessions(kernel, opened, "the wait for the worker loops was interrupted")
+        raise
     if missing:
-        raise AllocationError(
-            f"{what}: {len(missing)} of {len(waits)} worker loops did not answer within {timeout:.0f}s: "
-            + ", ".join(missing)
-            + ". Is `python -m monarch_core.worker` running there, and reachable from this host?"
-        )
-    return info
+        close_sessions(kernel, opened, "the worker loops did not all answer: " + ", ".join(sorted(missing)))
+    return answers, missing
+
+
+def _live_session(kernel: Any, proc_id: str) -> Any:
+    """The kernel's outbound session to ``proc_id`` if one runs (loop thread)."""
+    out = kernel._outbound.get(proc_id)
+    return out if out is not None and out.failed is None else None
+
+
+def close_sessions(kernel: Any, proc_ids: set[str], why: str) -> None:
+    """End the outbound sessions to ``proc_ids``: no more connection attempts,
+    and whatever they still carry fails with ``ConnectError(why)``."""
+    from monarch_core.errors import ConnectError
+
+    async def close() -> None:
+        for pid in proc_ids:
+            out = _live_session(kernel, pid)
+            if out is not None:
+                out.fail(ConnectError(why))
+
+    if proc_ids:
+        try:
+            kernel.run(close)
+        except RuntimeError:  # the kernel is gone, and its sessions with it
+            pass
 
 
 def credentials_for(transport: str) -> dict[str, str]:
@@ -322,6 +379,56 @@ def credentials_for(transport: str) -> dict[str, str]:
 
     child_env = getattr(registry().transport(transport), "child_env", None)
     return dict(child_env(portable=True)) if child_env is not None else {}
+
+
+def _issuer(transport: str) -> Any:
+    """The transport's ``worker_credentials`` (per-worker credentials), if it has one."""
+    from monarch_core._plugins import registry
+
+    return getattr(registry().transport(transport), "worker_credentials", None)
+
+
+#: Transports whose addresses cannot leave this machine.
+_LOCAL_ONLY = ("ipc", "inproc")
+
+
+def prepare_transport(scheduler: Any, request: Any) -> None:
+    """Step 0 of the scheduler contract, before the client's runtime starts:
+    enable ``scheduler.transport`` when the client enabled none (at
+    ``scheduler.client_address(request)`` if it names one) and ask it for
+    session credentials; a client already on a local-only transport gets a
+    ``ConfigError`` that says what to call instead."""
+    from monarch_core._actor import _transport
+    from monarch_core._plugins import registry
+    from monarch_core.hookspecs import SESSION_CREDENTIALS
+
+    want = getattr(scheduler, "transport", None)
+    if not want:
+        return
+    what = f"scheduler {scheduler.name or type(scheduler).__name__!r} ({request.source})"
+    choice = _transport.enabled_choice()
+    if choice is None:
+        address = None
+        pick = getattr(scheduler, "client_address", None)
+        if pick is not None:
+            try:
+                address = pick(request)
+            except (ConfigError, AllocationError):
+                raise
+            except Exception as e:  # noqa: BLE001 - a plugin's bug or an unreachable host
+                raise AllocationError(f"{what} could not find this client's address: {type(e).__name__}: {e}") from e
+        _transport.enable_transport(address or want)
+        choice = _transport.enabled_choice()
+        logger.info("%s: enabled transport %s for its hosts", what, address or want)
+    elif choice.name in _LOCAL_ONLY and want not in _LOCAL_ONLY:
+        raise ConfigError(
+            f"{what} starts hosts on other machines, which need the {want!r} transport, but this process "
+            f"already uses {choice.label} (it cannot leave this machine). Call "
+            f"enable_transport({want!r}) (or a URL such as '{want}://<an address the hosts can reach>:0') "
+            "before any other monarch call, or leave the transport to hosts_from_config"
+        )
+    if choice is not None and choice.name == want:
+        registry().transport(want).set_credentials(ca=SESSION_CREDENTIALS)
 
 
 def _scheme_of(transport: str) -> str:

@@ -1,7 +1,7 @@
 """Child processes of a spawning process: start one, await its exit.
 
 :func:`start_child` execs a proc's command as a child of this process and
-returns a :class:`Child`; the fork server's :class:`~._zygote.ForkedChild`
+returns a :class:`Child`; the fork server's :class:`~._fork_server.ForkedChild`
 has the same interface.  Either is handed to the kernel
 (``Kernel.adopt_child``), which watches it and turns its exit into a proc
 failure (or a clean stop).  The interface the kernel relies on

@@ -61,6 +61,9 @@ def main() -> None:
     )
     # monarch's own loggers keep this level when ProcMesh.logging_option(level=...) changes the root's
     logging.getLogger("monarch").setLevel(logging.getLogger().level)
+    from monarch_core._debug import _hook as _debug_hook
+
+    _debug_hook.install()  # breakpoint() stops for `monarch debug` (docs/debugging.md)
     import trio
 
     from monarch_core._actor import _serial, _state, _transport

@@ -5,7 +5,7 @@ the host that runs it (this process is its parent): the environment is that
 host's, plus its transport's ``child_env()`` (credentials), plus the
 command's overrides, plus ``monarch_proc_env`` hook results.
 A proc that runs the default command is forked from the spawning process's
-fork server (see ``_zygote``); any other is exec'd (``_children``).
+fork server (see ``_fork_server``, ``_zygote``); any other is exec'd (``_children``).
 
 The client side of a spawn: :func:`spawn_local` starts the procs of a host
 without a worker loop (``this_host()``), :func:`spawn_remote` asks a worker
@@ -88,7 +88,7 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
     }
     zygote = _fork_server(kernel, cmd, argv, env)
     if zygote is not None:
-        from monarch_core._launch._zygote import ForkServerUnavailable
+        from monarch_core._launch._fork_server import ForkServerUnavailable
 
         info["parent_pid"] = zygote.pid
         env[BOOTSTRAP_ENV] = bootstrap_env_json(info)
@@ -134,16 +134,16 @@ def _fork_server(kernel: Kernel, cmd: BootstrapCommand, argv: list[str], env: di
     change to start-up variables is forked (see ``_zygote``).  Worker loops
     exec their procs (they are the procs' parent, which their clients and
     tests rely on)."""
-    from monarch_core._launch import _zygote
+    from monarch_core._launch import _fork_server
 
     if (
         argv != [sys.executable, "-m", PROC_MODULE]
         or cmd.arg0 is not None
         or getattr(kernel.agent, "is_host", False)
-        or not _zygote.enabled()
+        or not _fork_server.enabled()
     ):
         return None
-    return _zygote.server_of(kernel).for_env(env)
+    return _fork_server.server_of(kernel).for_env(env)
 
 
 def _coords(rank: int, sizes: Any) -> list[int]:

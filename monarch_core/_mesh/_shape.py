@@ -1032,19 +1032,33 @@ class MeshTrait(abc.ABC):
 
         If ``dim`` is None, returns the total number of elements in the mesh;
         a str gives that dimension's size; a sequence of names gives the
-        product of their sizes.  ``TypeError`` for an unknown dimension.
+        product of their sizes.  An unknown dimension is a failed lookup, as
+        in the reference: ``KeyError`` naming the mesh's dimensions (unlike
+        :meth:`slice`, whose unknown dimensions are a ``TypeError``).
         """
         region = self._region
         if dim is None:
             return region.nelements
         extent = region.extent
         idx = extent._label_index()
-        names: Sequence[str] = (dim,) if isinstance(dim, str) else dim
+        if isinstance(dim, str):
+            names: Sequence[str] = (dim,)
+        else:
+            try:
+                names = tuple(dim)
+            except TypeError:
+                raise TypeError(
+                    f"{type(self).__name__}.size(dim): dim must be None, a dimension name or a "
+                    f"sequence of names, got {type(dim).__name__} ({dim!r}); its dimensions are "
+                    f"{list(extent.labels)}"
+                ) from None
         n = 1
         for name in names:
             i = idx.get(name) if isinstance(name, str) else None
             if i is None:
-                _unknown_dim(type(self).__name__, name, extent.labels)
+                raise KeyError(
+                    f"{type(self).__name__} has no dimension {name!r}; its dimensions are {list(extent.labels)}"
+                )
             n *= extent.sizes[i]
         return n
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable, Sequence
+from collections.abc import Generator, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 from monarch_core._mesh._shape import (
@@ -39,8 +39,9 @@ class ValueMesh(MeshTrait, Generic[R]):
         unhashable.
       * Pickling stores the extent and the materialised row-major values, so
         a pickled view does not drag the whole underlying storage along.
-      * There is deliberately no ``__iter__``: use :meth:`items` or
-        :meth:`values`.
+      * Iterating a value mesh (``for point, value in vm:``) yields the
+        same ``(Point, value)`` pairs as :meth:`items`, in rank order, as in
+        the reference; :meth:`values` gives the values alone.
     """
 
     __slots__ = ("_values", "_vm_region")
@@ -171,6 +172,10 @@ class ValueMesh(MeshTrait, Generic[R]):
         return ValueMesh(shape, values)
 
     # -- protocol -----------------------------------------------------------
+
+    def __iter__(self) -> Iterator[tuple[Point, R]]:
+        """``(Point, value)`` pairs in rank (row-major) order, as :meth:`items`."""
+        return self.items()
 
     def __len__(self) -> int:
         """Number of elements."""

@@ -33,7 +33,7 @@ def code_roots() -> list[str]:
     import importlib
 
     roots = []
-    for name in ("monarch_core", "monarch_transport_tcp"):
+    for name in ("monarch_core", "monarch_transport_tcp", "monarch_transport_rdma"):
         try:
             mod = importlib.import_module(name)
         except ImportError:

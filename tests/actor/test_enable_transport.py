@@ -319,8 +319,8 @@ _REJECTS = {
     # unknown schemes / names: UnknownTransportError (a ValueError too) naming what is installed and what to install
     "unknown-scheme": ('"quic://x:1"', "UnknownTransportError", ["transport 'quic'", INSTALLED, "Check the spelling"]),
     "unknown-name": ('"carrier-pigeon"', "UnknownTransportError", ["transport 'carrier-pigeon'", INSTALLED]),
-    "rdma-scheme": ('"rdma://h1:0"', "UnknownTransportError", ["transport 'rdma'", INSTALLED, "'rdma' is provided by monarch-transport-rdma: monarch-transport-rdma is not part of this"]),
-    "rdma-name": ('"rdma"', "UnknownTransportError", ["'rdma' is provided by monarch-transport-rdma: monarch-transport-rdma is not part of this"]),
+    "rdma-scheme": ('"rdma://h1:0"', "UnknownTransportError", ["transport 'rdma'", INSTALLED, "'rdma' is not a transport", "monarch_core.rdma.RDMABuffer"]),
+    "rdma-name": ('"rdma"', "UnknownTransportError", ["'rdma' is not a transport: RDMA is monarch-core's data plane", "pip install ./plugins/transport_rdma"]),
     "ChannelTransport.MetaTlsWithIpV6": ("ChannelTransport.MetaTlsWithIpV6", "UnknownTransportError", ["Meta's internal TLS", "Use 'tls'"]),
     "ChannelTransport.MetaTlsWithHostname": ("ChannelTransport.MetaTlsWithHostname", "UnknownTransportError", ["Meta's internal TLS", "Use 'tls'"]),
     "metatls-url": ('"metatls://h1:0"', "UnknownTransportError", ["transport 'metatls'", INSTALLED]),

@@ -73,6 +73,16 @@ def test_call_returns_value_mesh(procs) -> None:
     assert [p.rank for p, _v in items] == [0, 1, 2, 3]
 
 
+def test_value_mesh_iterates_like_the_reference(procs) -> None:
+    """A program written for the reference: ``for point, value in vm``."""
+    w = procs.spawn(fresh("w"), Worker)
+    seen = {}
+    for point, value in w.times.call(10).get():
+        seen[point["gpus"]] = value
+        assert point.rank == point["gpus"]
+    assert seen == {0: 0, 1: 10, 2: 20, 3: 30}
+
+
 def test_call_on_2d_mesh(procs2d) -> None:
     w = procs2d.spawn(fresh("w"), Worker)
     vm = w.where.call().get()

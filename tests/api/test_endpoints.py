@@ -299,3 +299,57 @@ def test_as_endpoint_rejects_non_actor_method() -> None:
 
     with pytest.raises(ValueError):
         as_endpoint(not_a_method)
+
+
+# ---------------------------------------------------------------- names an actor mesh keeps
+
+
+@pytest.mark.parametrize("name", ["size", "slice", "rename", "stop", "split", "flatten", "initialized", "name",
+                                  "sizes", "extent", "proc_mesh"])
+def test_an_endpoint_named_like_a_mesh_member_is_refused_at_class_definition(name) -> None:
+    """``@endpoint def size(self)`` would be hidden by ``ActorMesh.size`` and
+    fail later with "'function' object has no attribute 'call_one'": refused
+    when the class is created, naming the clash and the fix."""
+
+    def body(self) -> int:
+        return 1
+
+    body.__name__ = name
+    with pytest.raises(TypeError) as ei:
+        type("Clashing", (Actor,), {name: endpoint(body)})
+    text = str(ei.value)
+    assert f"endpoint Clashing.{name} is named like a member of the actor mesh" in text
+    assert f"ActorMesh.{name}" in text
+    assert "Rename the endpoint" in text and f"{name + '_'!r}" in text
+
+
+def test_an_endpoint_clash_is_refused_for_concurrent_endpoints_and_subclasses() -> None:
+    class Base(Actor):
+        @endpoint
+        def fine(self) -> int:
+            return 1
+
+    with pytest.raises(TypeError, match=r"Sub\.stop is named like a member of the actor mesh"):
+        class Sub(Base):  # noqa: F841 - the class statement is what is checked
+            @concurrent_endpoint
+            async def stop(self) -> None:
+                pass
+
+
+def test_plain_methods_and_close_names_are_fine(procs) -> None:
+    class Sized(Actor):
+        @endpoint
+        def size_(self) -> int:
+            return current_rank().rank
+
+        @endpoint
+        def get_name(self) -> str:
+            return "sized"
+
+        def stop(self) -> str:  # a plain helper: not an endpoint, nothing hidden
+            return "helper"
+
+    m = procs.spawn(fresh("sized"), Sized)
+    assert m.size_.call().get().values() == [0, 1, 2, 3]
+    assert m.slice(gpus=0).get_name.call_one().get() == "sized"
+    assert m.size() == 4  # the mesh's own

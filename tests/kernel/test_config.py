@@ -485,7 +485,8 @@ def test_error_known_plugin_scheduler_not_installed(tmp_path: pathlib.Path, sche
     assert "[hosts.c]" in msg
     assert f"'{scheduler}', which is not installed" in msg
     assert "Installed schedulers: 'local'." in msg
-    assert f"provided by the plugin monarch-scheduler-{scheduler}: monarch-scheduler-{scheduler} is not part" in msg
+    pkg = f"monarch-scheduler-{scheduler}"
+    assert f"provided by the plugin {pkg}: {install_hint(pkg)}" in msg
 
 
 def test_known_scheduler_packages_constant() -> None:
@@ -494,6 +495,7 @@ def test_known_scheduler_packages_constant() -> None:
         "slurm": "monarch-scheduler-slurm",
     }
     assert install_hint("monarch-transport-tcp") == "pip install ./plugins/transport_tcp (in a monarch-core checkout)"
+    assert install_hint("monarch-scheduler-ssh") == "pip install ./plugins/scheduler_ssh (in a monarch-core checkout)"
 
 
 def test_error_unknown_scheduler_not_installed(tmp_path: pathlib.Path) -> None:

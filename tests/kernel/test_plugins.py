@@ -22,7 +22,7 @@ from importlib import metadata
 import pytest
 
 from monarch_core._builtins import InprocTransport, LocalScheduler
-from monarch_core._plugins import PluginRegistry
+from monarch_core._plugins import PluginRegistry, install_hint
 from monarch_core.actor import Actor, endpoint
 from monarch_core.errors import PluginError, UnknownSchedulerError, UnknownTransportError
 
@@ -32,14 +32,37 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CORE_VERSION = metadata.version("monarch-core")
 TCP_VERSION = metadata.version("monarch-transport-tcp")
 MONARCH_CLI = os.path.join(os.path.dirname(sys.executable), "monarch")
-#: entry-point names of the project's other plugins (scripts/test.sh installs them too): the
-#: listings below are about the built-ins, transport_tcp and throwaway plugins, so they leave these out
-OTHER_PLUGINS = {"telemetry_otel"}
 
 
-def without_others(items: list[str]) -> list[str]:
-    """``items`` (plugin names, or ``monarch plugins`` lines) without the project's other plugins."""
-    return [x for x in items if x.split(" ", 1)[0] not in OTHER_PLUGINS]
+def _project_schedulers() -> dict[str, list[str]]:
+    """The project's scheduler plugins installed beside the core (scripts/test.sh
+    installs them): entry-point name -> the schedulers it provides.  These
+    tests are about the plugin manager: they leave those plugins out of what
+    they compare."""
+    out = {}
+    for ep in metadata.entry_points(group="monarch"):
+        if ep.name in ("scheduler_ssh", "scheduler_slurm"):
+            out[ep.name] = sorted(spec.name for spec in ep.load().monarch_schedulers())
+    return out
+
+
+OTHERS = _project_schedulers()
+OTHER_SCHEDULERS = sorted(n for names in OTHERS.values() for n in names)
+#: monarch-transport-rdma, when installed (it provides RDMA backends, no transport): left out too.
+RDMA = {ep.name for ep in metadata.entry_points(group="monarch") if ep.name == "transport_rdma"}
+#: monarch-telemetry-otel, when installed (a telemetry sink, no transport or scheduler): left out too.
+TELEMETRY = {ep.name for ep in metadata.entry_points(group="monarch") if ep.name == "telemetry_otel"}
+BUILTIN_LINE = f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local; rdma backends: channel"
+
+
+def _mine(names: list[str]) -> list[str]:
+    """``names`` without the project's scheduler, RDMA and telemetry plugins."""
+    return [n for n in names if n not in OTHERS and n not in RDMA and n not in TELEMETRY]
+
+
+def _lines(text: str) -> list[str]:
+    """``monarch plugins`` output without the lines of the project's scheduler, RDMA and telemetry plugins."""
+    return [line for line in text.splitlines() if line.split(" ", 1)[0] not in OTHERS | RDMA | TELEMETRY]
 
 
 # ---------------------------------------------------------------- actors used by child clients
@@ -178,6 +201,7 @@ def test_builtins_are_registered_through_the_hooks() -> None:
         """
     )
     out = _json(res)
+    out["impls"] = {h: _mine(v) for h, v in out["impls"].items()}
     assert out == {
         "builtin_is_module": True,
         "impls": {"monarch_transports": ["builtin", "transport_tcp"], "monarch_schedulers": ["builtin"]},
@@ -208,11 +232,13 @@ def test_transport_tcp_entry_point_is_loaded_and_provides_tcp_and_tls_beside_the
             "tcp_once": reg.transport("tcp") is reg.transport("tcp"),
             "names": [reg.transport(n).name for n in ("ipc", "unix", "tcp", "tls")],
             "failed": reg.failed,
-            "order": [i.name for i in reg.infos if i.name != "telemetry_otel"],
+            "order": [i.name for i in reg.infos],
         }))
         """
     )
-    assert _json(res) == {
+    out = _json(res)
+    out["order"] = _mine(out["order"])
+    assert out == {
         "plugin_module": True,
         "info": ["monarch-transport-tcp", TCP_VERSION, ["tcp", "tls"]],
         "ipc": True,
@@ -247,7 +273,7 @@ def test_disabled_transport_tcp_makes_its_transports_unknown_naming_the_package_
         MONARCH_DISABLED_PLUGINS=value,
     )
     out = _json(res)
-    assert without_others(out["plugins"]) == ["builtin"]
+    assert _mine(out["plugins"]) == ["builtin"]
     assert "transport_tcp" in out["blocked"]
     assert out["inproc"] == "InprocTransport"
     assert out["ipc"] is None and out["unix"] is None, "the built-in ipc must not depend on transport_tcp"
@@ -321,7 +347,7 @@ def test_broken_plugin_becomes_a_runtime_warning_naming_it_and_the_rest_still_wo
     assert "ImportError: broken_mod needs libfoo.so.3, which is not installed" in message
     assert "MONARCH_DISABLED_PLUGINS=broken" in message
     assert out["failed"] == {"broken": "ImportError: broken_mod needs libfoo.so.3, which is not installed"}
-    assert without_others(out["plugins"]) == ["builtin", "transport_tcp"]
+    assert _mine(out["plugins"]) == ["builtin", "transport_tcp"]
     assert (out["ipc"], out["local"], out["schemes"]) == ("IpcTransport", "LocalScheduler", ["ipc"])
 
 
@@ -331,8 +357,8 @@ def test_broken_plugin_is_listed_as_failed_by_monarch_plugins_and_silenced_by_di
         [MONARCH_CLI, "plugins"], capture_output=True, text=True, timeout=60, env=_env(PYTHONPATH=str(tmp_path))
     )
     assert listed.returncode == 0
-    assert without_others(listed.stdout.splitlines()) == [
-        f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local",
+    assert _lines(listed.stdout) == [
+        BUILTIN_LINE,
         f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: tcp, tls",
         "broken  FAILED TO LOAD: ImportError: broken_mod needs libfoo.so.3, which is not installed",
     ]
@@ -363,13 +389,12 @@ def test_unknown_transport_names_list_the_installed_ones() -> None:
     assert isinstance(ei.value, PluginError) and isinstance(ei.value, ValueError)
 
 
-def test_unknown_transport_of_a_missing_plugin_names_the_package() -> None:
+def test_rdma_asked_for_as_a_transport_says_it_is_the_data_plane() -> None:
     with pytest.raises(UnknownTransportError) as ei:
         PluginRegistry().transport("rdma")
     assert "Installed transports: ['inproc', 'ipc', 'tcp', 'tls']" in str(ei.value)
-    assert str(ei.value).endswith(
-        "'rdma' is provided by monarch-transport-rdma: monarch-transport-rdma is not part of this monarch-core release yet."
-    )
+    assert "'rdma' is not a transport: RDMA is monarch-core's data plane" in str(ei.value)
+    assert str(ei.value).endswith("Enable 'ipc', 'tcp' or 'tls' for messages.")
 
 
 def test_unknown_transport_of_an_installed_but_older_plugin_says_upgrade(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -401,14 +426,18 @@ def test_unknown_scheduler_names_list_the_installed_ones() -> None:
     reg = PluginRegistry()
     with pytest.raises(UnknownSchedulerError) as ei:
         reg.scheduler("kubernetes")
-    assert str(ei.value) == "no installed plugin provides the scheduler 'kubernetes'. Installed schedulers: ['local']."
-    with pytest.raises(UnknownSchedulerError) as ei:
-        reg.scheduler("slurm")
-    assert str(ei.value) == (
-        "no installed plugin provides the scheduler 'slurm'. Installed schedulers: ['local']. "
-        "'slurm' is provided by monarch-scheduler-slurm: monarch-scheduler-slurm is not part of this monarch-core "
-        "release yet."
-    )
+    installed = sorted(["local", *OTHER_SCHEDULERS])
+    assert str(ei.value) == f"no installed plugin provides the scheduler 'kubernetes'. Installed schedulers: {installed}."
+    for name in ("slurm", "ssh"):
+        if name in OTHER_SCHEDULERS:
+            continue
+        with pytest.raises(UnknownSchedulerError) as ei:
+            reg.scheduler(name)
+        pkg = f"monarch-scheduler-{name}"
+        assert str(ei.value) == (
+            f"no installed plugin provides the scheduler {name!r}. Installed schedulers: {installed}. "
+            f"{name!r} is provided by {pkg}: {install_hint(pkg)}."
+        )
 
 
 # ---------------------------------------------------------------- a third-party plugin
@@ -469,8 +498,8 @@ def test_third_party_plugin_is_listed_by_monarch_plugins(tmp_path: pathlib.Path)
         [MONARCH_CLI, "plugins"], capture_output=True, text=True, timeout=60, env=_env(PYTHONPATH=str(tmp_path))
     )
     assert res.returncode == 0, res.stderr
-    assert without_others(res.stdout.splitlines()) == [
-        f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local",
+    assert _lines(res.stdout) == [
+        BUILTIN_LINE,
         "dirt (monarch-transport-dir==0.3)  transports: dir; hooks: monarch_proc_env",
         f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: tcp, tls",
     ]
@@ -480,7 +509,7 @@ def test_third_party_plugin_is_listed_by_monarch_plugins(tmp_path: pathlib.Path)
 
 
 EXPECTED_LISTING = [
-    f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local",
+    BUILTIN_LINE,
     f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: tcp, tls",
 ]
 
@@ -491,7 +520,13 @@ EXPECTED_LISTING = [
 def test_monarch_plugins_lists_each_plugin_with_version_and_what_it_provides(argv: list[str]) -> None:
     res = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=_env())
     assert res.returncode == 0, res.stderr
-    assert without_others(res.stdout.splitlines()) == EXPECTED_LISTING
+    assert _lines(res.stdout) == EXPECTED_LISTING
+    if RDMA:  # monarch-transport-rdma, when installed
+        version = metadata.version("monarch-transport-rdma")
+        assert f"transport_rdma (monarch-transport-rdma=={version})  rdma backends: ibverbs, process_vm" in res.stdout
+    for name, schedulers in OTHERS.items():  # the project's scheduler plugins, when installed
+        assert any(line.startswith(f"{name} (") and f"schedulers: {', '.join(schedulers)}" in line
+                   for line in res.stdout.splitlines()), res.stdout
     assert res.stderr == ""
 
 
@@ -504,7 +539,7 @@ def test_monarch_plugins_shows_a_disabled_plugin() -> None:
         env=_env(MONARCH_DISABLED_PLUGINS="transport_tcp"),
     )
     assert res.returncode == 0, res.stderr
-    assert without_others(res.stdout.splitlines()) == [
+    assert _lines(res.stdout) == [
         EXPECTED_LISTING[0],
         "transport_tcp  disabled by MONARCH_DISABLED_PLUGINS",
     ]

@@ -22,7 +22,7 @@ import time
 import pytest
 
 from monarch_core._actor import _state
-from monarch_core._launch import _zygote
+from monarch_core._launch import _fork_server
 from monarch_core._launch._bootstrap import PROC_MODULE
 from monarch_core.actor import (
     Actor,
@@ -38,7 +38,7 @@ from _helpers import poll_until
 from _helpers.procs import children_of, parent_of, pid_gone, wait_pids_gone
 
 T = 30.0
-pytestmark = pytest.mark.skipif(not _zygote.enabled() and os.environ.get(_zygote.OPT_OUT_ENV) is None,
+pytestmark = pytest.mark.skipif(not _fork_server.enabled() and os.environ.get(_fork_server.OPT_OUT_ENV) is None,
                                 reason="no pidfd/SCM_RIGHTS support here")
 
 
@@ -74,7 +74,7 @@ class Probe(Actor):
 
 @pytest.fixture(autouse=True)
 def _fork_server_on(monkeypatch):  # type: ignore[no-untyped-def]
-    monkeypatch.delenv(_zygote.OPT_OUT_ENV, raising=False)
+    monkeypatch.delenv(_fork_server.OPT_OUT_ENV, raising=False)
 
 
 def _spawn(meshes: list, n: int = 2, **kw):  # type: ignore[no-untyped-def]
@@ -92,8 +92,8 @@ def _zygote_info() -> dict:
     kernel = _state.runtime().kernel
 
     async def ask() -> dict:
-        z = _zygote.server_of(kernel).start()
-        assert z is not None, _zygote.server_of(kernel).disabled
+        z = _fork_server.server_of(kernel).start()
+        assert z is not None, _fork_server.server_of(kernel).disabled
         return await z.info()
 
     return kernel.run(ask)
@@ -154,7 +154,7 @@ def test_forked_procs_look_like_exec_ones(meshes: list, tmp_path, monkeypatch) -
     monkeypatch.chdir(tmp_path)  # after the zygote started elsewhere
     pm, forked = _spawn(meshes, 2)
     pm.initialized.get(timeout=T)  # procs start on the kernel loop, which reads the environment then
-    monkeypatch.setenv(_zygote.OPT_OUT_ENV, "0")
+    monkeypatch.setenv(_fork_server.OPT_OUT_ENV, "0")
     _pm2, execd = _spawn(meshes, 1)
     (ref,) = _infos(execd)
     assert ref["ppid"] == os.getpid()
@@ -206,7 +206,7 @@ def test_a_changed_startup_variable_replaces_the_zygote(meshes: list, monkeypatc
 
 
 def test_fork_server_opt_out_uses_exec(meshes: list, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setenv(_zygote.OPT_OUT_ENV, "0")
+    monkeypatch.setenv(_fork_server.OPT_OUT_ENV, "0")
     _pm, probe = _spawn(meshes, 2)
     assert [i["ppid"] for i in _infos(probe)] == [os.getpid()] * 2
 
@@ -303,7 +303,7 @@ elif sys.argv[1] == "hang":
 def test_no_zygote_or_proc_is_left_behind(tmp_path, mode: str) -> None:  # type: ignore[no-untyped-def]
     script = tmp_path / "client.py"
     script.write_text(textwrap.dedent(CLIENT))
-    env = {k: v for k, v in os.environ.items() if k != _zygote.OPT_OUT_ENV}
+    env = {k: v for k, v in os.environ.items() if k != _fork_server.OPT_OUT_ENV}
     env["PYTHONUNBUFFERED"] = "1"
     p = subprocess.Popen([sys.executable, str(script), "hang" if mode == "sigkill" else mode],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=str(tmp_path))
@@ -337,7 +337,7 @@ sys.stdin.readline()
 def test_this_host_starts_the_zygote_before_any_spawn_and_exit_stops_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
     script = tmp_path / "early.py"
     script.write_text(textwrap.dedent(EARLY))
-    env = {k: v for k, v in os.environ.items() if k != _zygote.OPT_OUT_ENV}
+    env = {k: v for k, v in os.environ.items() if k != _fork_server.OPT_OUT_ENV}
     p = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, env=env)
     zygotes: list[int] = []
@@ -382,7 +382,7 @@ def test_a_zygote_with_threads_refuses_to_fork_and_procs_are_execd(tmp_path) -> 
     )
     script = tmp_path / "threaded.py"
     script.write_text(textwrap.dedent(THREADED))
-    env = {k: v for k, v in os.environ.items() if k != _zygote.OPT_OUT_ENV}
+    env = {k: v for k, v in os.environ.items() if k != _fork_server.OPT_OUT_ENV}
     env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env,
                        cwd=str(tmp_path), check=False)

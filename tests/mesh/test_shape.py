@@ -722,15 +722,29 @@ class TestMeshTrait:
         assert m.size(("gpus",)) == 4
         assert m.size([]) == 1
 
-    def test_size_unknown(self) -> None:
+    def test_size_unknown_is_a_key_error(self) -> None:
+        """``size(dim)`` is a lookup: an unknown dimension is a ``KeyError``
+        (as in the reference), with the message naming the known ones."""
         m = FakeMesh(hg().region)
-        with pytest.raises(TypeError) as ei:
+        with pytest.raises(KeyError) as ei:
             m.size("x")
-        assert str(ei.value) == (
+        assert not isinstance(ei.value, TypeError)
+        assert ei.value.args[0] == (
             "FakeMesh has no dimension 'x'; its dimensions are ['hosts', 'gpus']"
         )
-        with pytest.raises(TypeError, match="FakeMesh has no dimension 'y'"):
+        with pytest.raises(KeyError, match="FakeMesh has no dimension 'y'"):
             m.size(["hosts", "y"])
+        with pytest.raises(KeyError, match="FakeMesh has no dimension 3"):
+            m.size([3])  # type: ignore[list-item]
+        assert m.size(m.sizes.keys()) == 8  # any iterable of names
+        with pytest.raises(TypeError, match=r"dim must be None, a dimension name or a sequence of names, got int"):
+            m.size(3)  # type: ignore[arg-type]
+
+    def test_slice_unknown_stays_a_type_error(self) -> None:
+        m = FakeMesh(hg().region)
+        with pytest.raises(TypeError, match="FakeMesh has no dimension 'x'") as ei:
+            m.slice(x=0)
+        assert not isinstance(ei.value, KeyError)
 
     def test_slice(self) -> None:
         m = FakeMesh(hg().region)

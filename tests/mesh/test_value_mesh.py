@@ -68,10 +68,23 @@ class TestConstruction:
         assert [(p.rank, v) for p, v in m.items()] == [(0, "only")]
         assert repr(m) == "ValueMesh({}, ['only'])"
 
-    def test_no_iter(self) -> None:
-        assert not hasattr(ValueMesh, "__iter__")
-        with pytest.raises(TypeError):
-            iter(vm8())  # type: ignore[call-overload]
+    def test_iterates_point_value_pairs_in_rank_order(self) -> None:
+        """``for point, value in vm`` works as in the reference: the pairs
+        of ``items()``, in rank order; ``items()``/``values()`` stay."""
+        m = vm8()
+        pairs = list(m)
+        assert pairs == list(m.items())
+        assert [p.rank for p, _ in pairs] == list(range(8))
+        assert [v for _, v in pairs] == m.values()
+        for point, value in m:
+            assert isinstance(point, Point)
+            assert value == m.item(**point)
+        view = m.slice(gpus=slice(1, 3))
+        assert [(dict(p), v) for p, v in view] == [
+            ({"hosts": 0, "gpus": 0}, 1), ({"hosts": 0, "gpus": 1}, 2),
+            ({"hosts": 1, "gpus": 0}, 5), ({"hosts": 1, "gpus": 1}, 6),
+        ]
+        assert dict((p.rank, v) for p, v in ValueMesh(Extent([], []), ["x"])) == {0: "x"}
 
 
 class TestAccess:
@@ -209,7 +222,7 @@ class TestViews:
         )
         with pytest.raises(ValueError, match="ValueMesh.flatten: .*contiguous"):
             vm8().slice(gpus=slice(0, 3)).flatten("x")
-        with pytest.raises(TypeError, match="ValueMesh has no dimension 'x'"):
+        with pytest.raises(KeyError, match="ValueMesh has no dimension 'x'"):
             vm8().size("x")
 
 

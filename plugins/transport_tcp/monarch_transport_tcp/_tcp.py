@@ -42,7 +42,7 @@ import trio
 
 from monarch_core import settings
 from monarch_core.errors import AuthenticationError, ConnectError, ConnectionClosed, TransportError
-from monarch_core.hookspecs import TRUST_ALL, Listener, Stream, Transport
+from monarch_core.hookspecs import SESSION_CREDENTIALS, TRUST_ALL, Listener, Stream, Transport
 from monarch_core.streams import SocketStream
 
 logger = logging.getLogger("monarch.transport.tcp")
@@ -259,7 +259,10 @@ class TcpTransport(_TcpBase):
     scheme = "tcp"
 
     def set_credentials(self, *, ca: str | None = None, cert: str | None = None, key: str | None = None) -> None:
-        """Checked as for ``tls`` (``ca="trust_all_connections"`` allowed), then unused: tcp authenticates nobody."""
+        """Checked as for ``tls`` (``ca="trust_all_connections"`` allowed), then unused: tcp authenticates nobody
+        (``ca=SESSION_CREDENTIALS`` makes nothing)."""
+        if ca == SESSION_CREDENTIALS and cert is None and key is None:
+            return
         check_credentials(self.scheme, ca=ca, cert=cert, key=key)
 
     async def _wrap_accepted(self, stream: Stream) -> Stream:
@@ -320,9 +323,13 @@ class _Credentials:
         self.client: ssl.SSLContext | None = None
         self.given: dict[str, str] = {}
         self.lock = threading.Lock()
+        #: session credentials were asked for (``set_credentials(ca=SESSION_CREDENTIALS)``)
+        self.session_wanted = False
+        self.session: Any = None  # _pki.SessionCA, made on first use
+        self.identity: Any = None  # _pki.Issued: this process's certificate from the session CA
 
-    def values(self) -> dict[str, str]:
-        """The credentials in effect, by variable name (given, else the environment)."""
+    def configured(self) -> dict[str, str]:
+        """The user's credentials, by variable name (given, else the environment)."""
         with self.lock:
             given = dict(self.given)
         out = {}
@@ -331,6 +338,43 @@ class _Credentials:
             if v:
                 out[var] = v
         return out
+
+    def in_session(self) -> bool:
+        """Session credentials are in effect (asked for, and none configured)."""
+        return self.session_wanted and not self.configured()
+
+    def start_session(self, bind_host: str | None) -> None:
+        """Make the session CA and this process's certificate (valid for
+        ``bind_host`` and this host's names), once."""
+        from monarch_transport_tcp import _pki
+
+        with self.lock:
+            if self.identity is not None:
+                return
+            if self.session is None:
+                self.session = _pki.SessionCA()
+            self.identity = self.session.issue("monarch client", _pki.local_names(bind_host))
+            logger.info("tls: session credentials made (a CA in this process's memory; valid until %s)",
+                        self.session.not_after.isoformat(timespec="seconds"))
+
+    def values(self) -> dict[str, str]:
+        """The credentials in effect, by variable name: configured ones, else
+        the session's (made on first use)."""
+        out = self.configured()
+        if out or not self.session_wanted:
+            return out
+        self.start_session(None)
+        return {"MONARCH_TLS_CA": self.session.ca_pem, "MONARCH_TLS_CERT": self.identity.cert_pem,
+                "MONARCH_TLS_KEY": self.identity.key_pem}
+
+    def issue(self, host: str) -> dict[str, str]:
+        """Credentials for one worker loop listening on ``host`` (session mode)."""
+        from monarch_transport_tcp import _pki
+
+        self.start_session(None)
+        worker = self.session.issue(f"monarch worker {host}", _pki.names_of(host))
+        return {"MONARCH_TLS_CA": self.session.ca_pem, "MONARCH_TLS_CERT": worker.cert_pem,
+                "MONARCH_TLS_KEY": worker.key_pem}
 
     def contexts(self) -> tuple[ssl.SSLContext, ssl.SSLContext]:
         v = self.values()
@@ -509,7 +553,12 @@ class TlsTransport(_TcpBase):
 
     def set_credentials(self, *, ca: str | None = None, cert: str | None = None, key: str | None = None) -> None:
         """Use these (file paths or inline PEM) instead of ``MONARCH_TLS_CA``/
-        ``_CERT``/``_KEY``; ``None`` keeps the variable's value."""
+        ``_CERT``/``_KEY``; ``None`` keeps the variable's value.
+        ``ca=SESSION_CREDENTIALS``: session credentials (``_pki``) unless
+        credentials are configured."""
+        if ca == SESSION_CREDENTIALS and cert is None and key is None:
+            self._credentials.session_wanted = True
+            return
         given = check_credentials(self.scheme, ca=ca, cert=cert, key=key)
         with self._credentials.lock:
             self._credentials.given.update(given)
@@ -518,14 +567,25 @@ class TlsTransport(_TcpBase):
         """``MONARCH_TLS_CA``/``_CERT``/``_KEY`` in effect (``portable``: as
         inline PEM, for a worker loop on another host)."""
         out = self._credentials.values()
-        if portable:
+        if portable and not self._credentials.in_session():
             for var, v in out.items():
                 if "-----BEGIN" not in v and os.path.exists(v):
                     with open(v, encoding="ascii") as f:
                         out[var] = f.read()
         return out
 
+    def worker_credentials(self, host: str) -> dict[str, str]:
+        """With session credentials: a key and certificate for the worker loop
+        listening on ``host`` alone (and the session CA); else the configured
+        credentials as inline PEM."""
+        if self._credentials.in_session():
+            return self._credentials.issue(host)
+        return self.child_env(portable=True)
+
     async def listen(self, bind_spec: str) -> Listener:
+        if self._credentials.in_session():
+            spec = parse(bind_spec, self.scheme)
+            self._credentials.start_session(spec.adv_host or spec.bind_host)
         self._credentials.contexts()  # fail at listen time when credentials are missing
         return await super().listen(bind_spec)
 

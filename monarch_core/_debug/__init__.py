@@ -1,0 +1,17 @@
+"""``breakpoint()`` in actors, and the ``monarch debug`` CLI (docs/debugging.md).
+
+Modules, by the process they run in:
+
+* every proc: :mod:`._hook` (the ``sys.breakpointhook`` that ``_launch._proc_main``
+  installs, and the post-mortem check the actor host calls when an endpoint
+  raises; light, imports the rest by name when a breakpoint is hit) and
+  :mod:`._session` (the remote pdb: a ``pdb.Pdb`` whose input and output travel
+  to the client's debug controller as endpoint calls);
+* the client: :mod:`._controller` (the ``DebugController`` actor, spawned on
+  the root client at the first breakpoint), :mod:`._registry` (the stopped
+  sessions it keeps, and the debugger's operations on them) and
+  :mod:`._server` (the TCP server ``monarch debug`` talks to);
+* the CLI: :mod:`._cli` (the ``cmd`` command loop) and :mod:`._ranks` (the
+  ``ranks(...)`` grammar);
+* shared: :mod:`._protocol` (the CLI <-> server wire format, the token file).
+"""

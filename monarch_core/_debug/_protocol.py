@@ -1,0 +1,162 @@
+"""What ``monarch debug`` and a client's debug server share: the wire format,
+the server's address, and the token file that protects it.
+
+The wire: one JSON object per line (UTF-8), each way.  The CLI sends a
+request ``{"op": ..., ...}``; the server answers every request with one object,
+``{"ok": true, ...}`` or ``{"ok": false, "error": "<one line that says what to
+do>"}``.  The first request must be ``hello`` with the token; a server that
+already has a CLI refuses a second one.  Requests:
+
+========  =======================================  ==========================================
+op        fields                                   answer
+========  =======================================  ==========================================
+hello     ``token``, ``pid``                       ``server_pid``
+list      (none)                                   ``sessions``: one row per stopped session
+attach    ``id``                                   ``output``: what the session printed since
+                                                   it was last shown (else where it stands)
+send      ``id``, ``line``, ``wait``               ``output``, ``state``, ``why`` (below)
+wait      ``id``, ``wait``                         the same, without sending a line
+cast      ``ids``, ``line``, ``wait``              ``results``: ``id`` -> the same
+continue  ``wait``                                 ``results``, and ``stopped``: the sessions
+                                                   stopped again by then (post-mortem)
+========  =======================================  ==========================================
+
+``state`` is ``stopped`` (back at a prompt), ``running`` (not within
+``wait`` seconds: ask again with ``wait``) or ``ended`` (the rank continued,
+quit, or its endpoint returned; ``why`` says which).
+
+The token: a random secret the server writes, readable by its user only
+(mode 0600 in a 0700 directory), to ``MONARCH_DEBUG_TOKEN_FILE`` (default
+``~/.monarch/debug/<port>.token``); the CLI reads it and sends it in its
+``hello``.  Loopback-only binding keeps other hosts out, the token keeps other
+users of this host out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from monarch_core import settings
+
+__all__ = [
+    "CONTROLLER_NAME",
+    "CliError",
+    "DEFAULT_HOST",
+    "DEFAULT_PORT",
+    "MAX_LINE",
+    "decode",
+    "encode",
+    "read_token",
+    "remove_token_file",
+    "server_host",
+    "server_port",
+    "token_path",
+    "write_token_file",
+]
+
+#: The name of the debug controller (``get_or_spawn_controller``).
+CONTROLLER_NAME = "monarch.debug"
+DEFAULT_HOST = settings.SETTINGS["MONARCH_DEBUG_SERVER_HOST"].default
+DEFAULT_PORT = settings.SETTINGS["MONARCH_DEBUG_SERVER_PORT"].default
+#: Longest line either side accepts, in bytes.
+MAX_LINE = 4 << 20
+
+
+class CliError(Exception):
+    """A problem ``monarch debug`` reports in one line and exits on."""
+
+
+def server_host() -> str:
+    """``MONARCH_DEBUG_SERVER_HOST``."""
+    return str(settings.get("MONARCH_DEBUG_SERVER_HOST")).strip()
+
+
+def server_port() -> int:
+    """``MONARCH_DEBUG_SERVER_PORT``, checked to be a TCP port."""
+    port = int(settings.get("MONARCH_DEBUG_SERVER_PORT"))
+    check_port(port, "MONARCH_DEBUG_SERVER_PORT")
+    return port
+
+
+def check_port(port: int, what: str) -> None:
+    if not 0 <= port <= 65535:
+        from monarch_core.errors import ConfigError
+
+        raise ConfigError(f"{what} must be a TCP port (0-65535), got {port}")
+
+
+def token_path(port: int) -> Path:
+    """Where the token of the server on ``port`` is (``MONARCH_DEBUG_TOKEN_FILE``,
+    default ``~/.monarch/debug/<port>.token``)."""
+    explicit = settings.get("MONARCH_DEBUG_TOKEN_FILE")
+    if explicit:
+        return Path(os.path.expanduser(explicit))
+    return Path(os.path.expanduser("~")) / ".monarch" / "debug" / f"{port}.token"
+
+
+def write_token_file(port: int) -> tuple[Path, str]:
+    """Make a new token for the server on ``port`` and write it where
+    :func:`token_path` says, readable by this user only; ``(path, token)``.
+    Raises ``OSError`` (the caller says what to do)."""
+    path = token_path(port)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    token = secrets.token_hex(32)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask, or a file left by a crash
+        os.write(fd, (json.dumps({"token": token, "pid": os.getpid(), "port": port}) + "\n").encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return path, token
+
+
+def remove_token_file(path: Path, token: str) -> None:
+    """Remove the token file if it still holds ``token`` (another program may
+    have taken the port, and the file, since)."""
+    try:
+        if json.loads(path.read_text()).get("token") == token:
+            path.unlink()
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
+def read_token(port: int) -> str:
+    """The token of the server on ``port``, for the CLI.  :class:`CliError`
+    that says what to do when it cannot be read."""
+    path = token_path(port)
+    try:
+        data = json.loads(path.read_text())
+        token = data["token"]
+        if not isinstance(token, str):
+            raise TypeError("token is not a string")
+    except FileNotFoundError:
+        raise CliError(
+            f"no token file {path}: the debug server writes it when an actor hits its first breakpoint. "
+            "Run monarch debug as the user who runs the program, with the same MONARCH_DEBUG_TOKEN_FILE "
+            "if the program sets one"
+        ) from None
+    except PermissionError:
+        raise CliError(f"cannot read the token file {path}: it belongs to the user who runs the program; "
+                       "run monarch debug as that user") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CliError(f"the token file {path} is unreadable ({e}); restart the program to write a new one") from None
+    return token
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    """One message: its JSON and a newline."""
+    return json.dumps(obj, separators=(",", ":")).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """The message of one line; ``ValueError`` if it is not a JSON object."""
+    obj = json.loads(line.decode("utf-8"))
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    return obj
