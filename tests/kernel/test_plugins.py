@@ -62,7 +62,7 @@ def _mine(names: list[str]) -> list[str]:
 
 def _lines(text: str) -> list[str]:
     """``monarch plugins`` output without the lines of the project's scheduler, RDMA and telemetry plugins."""
-    return [line for line in text.splitlines() if line.split(" ", 1)[0] not in OTHERS | RDMA | TELEMETRY]
+    return [line for line in text.splitlines() if line.split(" ", 1)[0] not in {*OTHERS, *RDMA, *TELEMETRY}]
 
 
 # ---------------------------------------------------------------- actors used by child clients
