@@ -2,6 +2,9 @@
 
 ``monarch plugins``  list installed plugins: name==version and what each provides.
 ``monarch debug``    attach to the actors of a running program stopped at ``breakpoint()`` (docs/debugging.md).
+``monarch summary FILE``  top endpoints by total time (calls, errors, p50/p99) of a
+recorded trace (``record_trace``, ``MONARCH_TRACE_FILE``) or JSON-lines telemetry file
+(``record_events``, ``MONARCH_TELEMETRY_JSONL``).
 """
 
 from __future__ import annotations
@@ -34,6 +37,20 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_summary(args: argparse.Namespace) -> int:
+    from monarch_core._telemetry import _summary
+
+    try:
+        rows = _summary.read(args.file)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        print(f"monarch summary: cannot read {args.file}: {e}", file=sys.stderr)
+        return 1
+    if args.side:
+        rows = [r for r in rows if r.side == args.side]
+    print(_summary.table(rows, args.top, args.per_rank))
+    return 0
+
+
 def _debug_cli():  # type: ignore[no-untyped-def]
     from monarch_core._debug import _cli
 
@@ -48,6 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("debug", help="debug the actors of a running program that stopped at breakpoint()")
     _debug_cli().add_arguments(p)
     p.set_defaults(func=lambda args: _debug_cli().main(args))
+    p = sub.add_parser("summary", help="top endpoints of a recorded trace or telemetry file (p50/p99, errors)")
+    p.add_argument("file", help="a Chrome trace (record_trace, MONARCH_TRACE_FILE) or JSON-lines file "
+                   "(record_events, MONARCH_TELEMETRY_JSONL)")
+    p.add_argument("--top", type=int, default=20, help="rows to show (0: all; default 20)")
+    p.add_argument("--side", choices=("client", "server"), help="only this side of the calls")
+    p.add_argument("--per-rank", action="store_true", help="one row per rank")
+    p.set_defaults(func=_cmd_summary)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

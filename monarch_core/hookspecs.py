@@ -13,8 +13,9 @@ plugin imports from monarch-core.  Five families of hooks:
 * **bootstrap** -- :func:`monarch_proc_env` adjusts the environment of a proc
   about to start; :func:`monarch_proc_setup` runs inside each new proc before
   any actor.
-* **telemetry** -- :func:`monarch_telemetry_sinks` yields sinks that receive
-  batches of :class:`TelemetryEvent`.
+* **telemetry** -- :func:`monarch_telemetry_sinks` yields sinks that receive,
+  in the client, batches of :class:`TelemetryEvent` (spans, endpoint metrics,
+  lifecycle events) recorded in every process of the program.
 * **data plane** -- :func:`monarch_rdma_backends` yields :class:`RDMABackendSpec`
   descriptions of one-sided memory transfer paths (``ibverbs``,
   ``process_vm`` ...) behind ``monarch_core.rdma.RDMABuffer``; an
@@ -722,12 +723,39 @@ class SchedulerSpec:
 
 @dataclasses.dataclass(frozen=True)
 class TelemetryEvent:
-    """One telemetry record.
+    """One telemetry record, as a sink receives it (in the client).
 
-    ``kind`` is ``"span"`` (a ``@traced`` function or an endpoint invocation:
-    ``name``, ``start_ns``, ``duration_ns``), ``"lifecycle"`` (proc/actor
-    spawned, stopped, failed: ``name`` is the event, ``attributes`` the
-    subject) or ``"metric"``.
+    Every event's ``attributes`` say where it was recorded: ``proc`` (the proc
+    id; ``client-...`` for the client), ``proc_name`` (``procs0{'gpus': 1/4}``,
+    ``client``), ``host`` and ``pid``.  Then, by ``kind``:
+
+    ``"span"`` -- a finished span: ``name`` (``<mesh>.<endpoint>`` for a call,
+    the function's name for ``@traced``), ``start_ns`` (wall clock, ns since the
+    epoch), ``duration_ns``; attributes ``trace_id`` (32 hex digits),
+    ``span_id`` and ``parent_id`` (16 hex digits; ``parent_id`` ``None`` at a
+    trace's root), ``span_kind`` (``"client"``: the caller's side of one
+    adverb call, from the send to the reply; ``"server"``: one endpoint
+    invocation in the actor's proc, the child of its client span;
+    ``"internal"``: a ``@traced`` function), ``thread`` (the actor's display
+    name, or the client thread's name), ``error`` (the exception's type name,
+    only when it raised); for calls also ``mesh``, ``endpoint``, ``rank`` (and
+    ``adverb`` on the client side, ``actor_id`` on the server side).
+
+    ``"metric"`` -- the running totals of one endpoint from one side, sent
+    each interval in which they changed (cumulative since the process
+    started: the latest one supersedes the earlier): ``name`` ``"endpoint"``,
+    ``start_ns`` when they were read; attributes ``side`` (``"client"`` /
+    ``"server"``), ``mesh``, ``mesh_key``, ``endpoint``, ``rank``, ``adverb``,
+    ``calls``, ``errors`` (type name -> count), ``request_bytes``,
+    ``reply_bytes``, ``latency_count``, ``latency_sum_ns``,
+    ``latency_min_ns``, ``latency_max_ns``, ``latency_p50_ns``,
+    ``latency_p99_ns`` and ``latency_buckets`` (see
+    :class:`monarch_core.telemetry.EndpointMetrics`).
+
+    ``"lifecycle"`` -- a lifecycle or supervision event: ``name`` one of
+    ``monarch_core.telemetry.LIFECYCLE`` (``proc.failed``,
+    ``supervision.event`` ...), ``start_ns`` when it happened,
+    ``duration_ns`` 0, the attributes that table lists for it.
     """
 
     kind: str
@@ -738,15 +766,26 @@ class TelemetryEvent:
 
 
 class TelemetrySink(abc.ABC):
-    """Receives telemetry in batches, from a background task, never per event."""
+    """Receives telemetry in the client, in batches, from the telemetry thread
+    (about once per ``MONARCH_TELEMETRY_INTERVAL``, and at shutdown), never
+    per call.
+
+    ``kinds`` names the event kinds the sink wants (a subset of ``"span"``,
+    ``"metric"``, ``"lifecycle"``; default all three).  A sink that wants
+    ``"span"`` turns on tracing of every call while it is installed: leave it
+    out of ``kinds`` if the sink does not use spans, and calls stay untraced.
+    """
+
+    kinds: frozenset[str] = frozenset({"span", "metric", "lifecycle"})
 
     @abc.abstractmethod
     def emit(self, events: Sequence[TelemetryEvent]) -> None:
-        """Handle a batch.  Must not block for long; exceptions are logged and
-        the sink is kept."""
+        """Handle a batch (events of the kinds in ``kinds``).  Must not block
+        for long; exceptions are logged and the sink is kept."""
 
     def close(self) -> None:
-        """Flush and release resources at shutdown."""
+        """Flush and release resources (the client's shutdown, or
+        ``monarch_core.telemetry.remove_sink``)."""
 
 
 def _call_factory(factory: Callable[[], Any] | str) -> Any:
@@ -987,31 +1026,53 @@ def monarch_proc_setup(proc_name: str, rank: int) -> None:
 
 @hookspec
 def monarch_telemetry_sinks() -> Sequence[TelemetrySink]:
-    """Return sinks that receive telemetry events in batches.
+    """Return sinks that receive the program's telemetry in batches.
 
-    Called once per process when its kernel starts.  When no plugin returns
-    a sink, telemetry costs nothing: no event is even recorded.  Events are
-    buffered and handed to every sink's :meth:`TelemetrySink.emit` from a
-    background task about once a second (and at shutdown).
+    Called once, in the client (the root process), when its runtime starts
+    (the first mesh); procs never call it.  Every proc aggregates its endpoint
+    metrics and buffers its spans and lifecycle events, and ships them to the
+    client in one message per ``MONARCH_TELEMETRY_INTERVAL`` (1 s), when it
+    stops, and when the client asks (``monarch_core.telemetry.flush``); the
+    client's telemetry thread hands them, with its own, to every sink's
+    :meth:`TelemetrySink.emit` -- the kinds it names in
+    :attr:`TelemetrySink.kinds`, as :class:`TelemetryEvent` s described there.
+    Return a sequence of sinks (empty: none).  ``MONARCH_TELEMETRY=0`` records
+    nothing at all, and the hook is not called.
 
-    Complete example -- write spans as JSON lines::
+    Complete example -- count events per kind and write each span's name and
+    duration as a JSON line (the project's tests run this code)::
 
-        import json
+        import collections, json, os
         from monarch_core.hookspecs import TelemetrySink, hookimpl
 
-        class JsonLines(TelemetrySink):
-            def __init__(self): self._f = open("/tmp/monarch-spans.jsonl", "a")
+        class SpanLines(TelemetrySink):
+            kinds = frozenset({"span", "metric", "lifecycle"})
+
+            def __init__(self, path):
+                self.counts = collections.Counter()
+                self._f = open(path, "a")
+
             def emit(self, events):
                 for e in events:
-                    self._f.write(json.dumps({"kind": e.kind, "name": e.name,
-                        "start_ns": e.start_ns, "duration_ns": e.duration_ns,
-                        **dict(e.attributes)}) + "\\n")
+                    self.counts[e.kind] += 1
+                    if e.kind == "span":
+                        self._f.write(json.dumps({"name": e.name, "ms": e.duration_ns / 1e6,
+                                                  "parent": e.attributes["parent_id"],
+                                                  "proc": e.attributes["proc_name"]}) + "\\n")
                 self._f.flush()
-            def close(self): self._f.close()
+
+            def close(self):
+                self._f.close()
 
         @hookimpl
         def monarch_telemetry_sinks():
-            return [JsonLines()]
+            path = os.environ.get("SPAN_LINES")
+            return [SpanLines(path)] if path else []
+
+    with ``[project.entry-points.monarch] span_lines = "span_lines.plugin"``
+    in its ``pyproject.toml``.  ``monarch_core.telemetry.add_sink(sink)``
+    installs a sink from Python instead; ``monarch-telemetry-otel`` is a sink
+    plugin that exports spans and metrics through the OpenTelemetry SDK.
     """
 
 

@@ -18,7 +18,7 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-"$VENV/bin/python" -m pip install -q -e ".[test]" -e plugins/transport_tcp
+"$VENV/bin/python" -m pip install -q -e ".[test]" -e plugins/transport_tcp -e plugins/telemetry_otel
 "$VENV/bin/python" -m pip install -q -e plugins/scheduler_slurm
 "$VENV/bin/python" -m pip install -q -e plugins/scheduler_ssh
 "$VENV/bin/python" -m pip install -q -e plugins/transport_rdma

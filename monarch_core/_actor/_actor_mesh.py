@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
-from monarch_core._actor import _serial, _state, _tree
+from monarch_core._actor import _instrument, _serial, _state, _tree
 from monarch_core._actor._endpoint import Endpoint, EndpointProperty, NotAnEndpoint
 from monarch_core._actor._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
@@ -133,20 +133,23 @@ class ActorMesh(MeshTrait, Generic[T]):
     # ------------------------------------------------------------- sending
     def _send(self, index: int, method: str, reply: tuple | None, rank_in_msg: int, region: Region,
               explicit: bool, payload: Any, bufs: list, reply_port: int | None, kernel: Kernel, sender: str,
-              ret: tuple | None = None) -> str:
+              ret: tuple | None = None, trace: bytes | None = None) -> str:
         slot = self._members[region.root_rank(index)]
         header = W.actor_header(self._key, method, reply, rank_in_msg, region.labels, region.sizes, sender, ret,
                                 explicit)
+        flags = W.F_PACKED
+        if trace is not None:  # a traced call: the context goes first (see ``Kernel.route``)
+            header, flags = trace + header, W.F_PACKED | W.F_TRACE
         addr = slot.address if slot.ready.is_set() else None
         if ret is not None:  # fire-and-forget: the return port hears only of undeliverable messages
-            kernel.send(slot.proc_id, addr, W.K_ACTOR, W.F_PACKED, header, payload, bufs, ret[2], track=False)
+            kernel.send(slot.proc_id, addr, W.K_ACTOR, flags, header, payload, bufs, ret[2], track=False)
         else:
-            kernel.send(slot.proc_id, addr, W.K_ACTOR, W.F_PACKED, header, payload, bufs, reply_port)
+            kernel.send(slot.proc_id, addr, W.K_ACTOR, flags, header, payload, bufs, reply_port)
         return slot.proc_id
 
     def _send_many(self, indices: Any, method: str, reply: tuple | None, region: Region, explicit: bool,
                    payload: Any, bufs: list, reply_port: int | None, kernel: Kernel, sender: str,
-                   ret: tuple | None = None, gather: Any = None) -> list[str]:
+                   ret: tuple | None = None, gather: Any = None, trace: bytes | None = None) -> list[str]:
         """Send to the region indices ``indices`` (None: all of them), through
         the cast tree for a mesh of ``_tree.TREE_MIN`` actors or more; the procs
         a reply to ``reply_port`` now waits on.  ``gather``: the port handler
@@ -154,8 +157,8 @@ class ActorMesh(MeshTrait, Generic[T]):
         batch per subtree."""
         if len(self._members) < _tree.TREE_MIN:
             idx = range(region.nelements) if indices is None else indices
-            return [self._send(i, method, reply, i, region, explicit, payload, bufs, reply_port, kernel, sender, ret)
-                    for i in idx]
+            return [self._send(i, method, reply, i, region, explicit, payload, bufs, reply_port, kernel, sender, ret,
+                               trace) for i in idx]
         members = self._members
         n = len(members)
         fanout = _tree.FANOUT
@@ -189,10 +192,13 @@ class ActorMesh(MeshTrait, Generic[T]):
             header = _tree.encode(self._key, method, reply, region.labels, region.sizes, sender, ret, explicit, n,
                                   fanout, hop, sub, table if carry else None, view, gather is not None)
             proc_id, address = table[hop]
+            flags = W.F_TREE
+            if trace is not None:
+                header, flags = trace + header, W.F_TREE | W.F_TRACE
             if ret is not None:
-                kernel.send(proc_id, address, W.K_ACTOR, W.F_TREE, header, payload, bufs, ret[2], track=False)
+                kernel.send(proc_id, address, W.K_ACTOR, flags, header, payload, bufs, ret[2], track=False)
             else:
-                kernel.send(proc_id, address, W.K_ACTOR, W.F_TREE, header, payload, bufs, reply_port)
+                kernel.send(proc_id, address, W.K_ACTOR, flags, header, payload, bufs, reply_port)
             if reply_port is not None:
                 # The loss of any proc on the way fails the call at once (this process hears of a
                 # death first when it spawned the proc; a forwarder only sees a broken connection).
@@ -238,15 +244,24 @@ class ActorMesh(MeshTrait, Generic[T]):
         payload, bufs = self._pack(ep, args, kwargs)
         rt = _state.runtime()
         kernel = rt.kernel
-        h = OneReply(kernel, ep, adverb, index)
+        tm = ep._tm
+        if tm is None:
+            tm = ep._tm = _instrument.client_side(ep)
+        trace = None
+        if tm:
+            h = tm.one(kernel, self._region_, index, adverb, payload, bufs, ep)
+            if h.sp is not None:
+                trace = h.sp[4]  # the trace context (``_instrument.trace_bytes``)
+        else:
+            h = OneReply(kernel, ep, adverb, index)
         reply = (rt.proc_id, kernel.address, h.port_id)
         if len(self._members) < _tree.TREE_MIN:
             h.proc_id = self._send(index, ep._name, reply, index, self._region_, ep._prop._explicit_response_port,
-                                   payload, bufs, h.port_id, kernel, _sender_name())
+                                   payload, bufs, h.port_id, kernel, _sender_name(), None, trace)
         else:
             h.proc_id = tuple(self._send_many((index,), ep._name, reply, self._region_,
                                               ep._prop._explicit_response_port, payload, bufs, h.port_id, kernel,
-                                              _sender_name()))
+                                              _sender_name(), trace=trace))
         return h.cell
 
     def _call_all(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> Cell:
@@ -257,10 +272,17 @@ class ActorMesh(MeshTrait, Generic[T]):
         rt = _state.runtime()
         kernel = rt.kernel
         region = self._region_
-        h = GatherReplies(kernel, region.extent, ep, ValueMesh)
+        tm = ep._tm
+        if tm is None:
+            tm = ep._tm = _instrument.client_side(ep)
+        if tm:
+            h = tm.gather(kernel, region.extent, ValueMesh, "call", payload, bufs, ep)
+            trace = _instrument.trace_bytes(h.sp)
+        else:
+            h, trace = GatherReplies(kernel, region.extent, ep, ValueMesh), None
         reply = (rt.proc_id, kernel.address, h.port_id)
         h.procs = self._send_many(None, ep._name, reply, region, ep._prop._explicit_response_port, payload, bufs,
-                                  h.port_id, kernel, _sender_name(), gather=h)
+                                  h.port_id, kernel, _sender_name(), gather=h, trace=trace)
         return h.cell
 
     def _call_stream(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> StreamIterator[Any]:
@@ -269,16 +291,25 @@ class ActorMesh(MeshTrait, Generic[T]):
         rt = _state.runtime()
         kernel = rt.kernel
         region = self._region_
-        h = StreamReplies(kernel, region.nelements, ep if err is None else "")
+        tm = ep._tm
+        if tm is None:
+            tm = ep._tm = _instrument.client_side(ep)
+        describe = ep if err is None else ""
+        if tm:
+            h = tm.stream(kernel, region.nelements, payload, bufs, describe)
+            trace = _instrument.trace_bytes(h.sp)
+        else:
+            h, trace = StreamReplies(kernel, region.nelements, describe), None
         if err is not None:
             h.fail(err)
             return StreamIterator(h)
         reply = (rt.proc_id, kernel.address, h.port_id)
         h.procs = self._send_many(None, ep._name, reply, region, ep._prop._explicit_response_port, payload, bufs,
-                                  h.port_id, kernel, _sender_name())
+                                  h.port_id, kernel, _sender_name(), trace=trace)
         return StreamIterator(h)
 
-    def _cast(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, port: Any, only: int | None) -> None:
+    def _cast(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, port: Any, only: int | None,
+              adverb: str = "broadcast") -> None:
         err = self._failed_error(ep)
         if err is not None:
             raise err
@@ -292,8 +323,15 @@ class ActorMesh(MeshTrait, Generic[T]):
         if reply is None:
             ret = host.return_ref() if host is not None else rt.agent.return_ref()
         sender = host.display_name if host is not None else "client"
+        tm = ep._tm
+        if tm is None:
+            tm = ep._tm = _instrument.client_side(ep)
+        sp = tm.cast(adverb, region.nelements if only is None else 1, payload, bufs) if tm else None
         self._send_many(None if only is None else (only,), ep._name, reply, region,
-                        ep._prop._explicit_response_port, payload, bufs, None, kernel, sender, ret)
+                        ep._prop._explicit_response_port, payload, bufs, None, kernel, sender, ret,
+                        trace=_instrument.trace_bytes(sp) if sp is not None else None)
+        if sp is not None:
+            tm.end_cast(sp, adverb)
 
     # ------------------------------------------------------------- lifecycle
     def stop(self, reason: str = "stopped by its owner") -> Future[None]:
@@ -326,7 +364,7 @@ class ActorMesh(MeshTrait, Generic[T]):
                                           kernel, _sender_name())
             rt.agent.unregister_owned(self)
             rt.agent.unregister_supervised(self._key)
-            return Future._of(_never_fails(h.cell))
+            return Future._of(_instrument.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
         for i in range(region.nelements):
             slot = self._members[region.root_rank(i)]
             if slot.proc_id in kernel.dead:
@@ -338,7 +376,7 @@ class ActorMesh(MeshTrait, Generic[T]):
             h.procs.append(slot.proc_id)
         rt.agent.unregister_owned(self)
         rt.agent.unregister_supervised(self._key)
-        return Future._of(_never_fails(h.cell))
+        return Future._of(_instrument.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
 
     def __reduce__(self) -> Any:
         members = [self._members[r].ref() for r in self._region_.root_ranks()]

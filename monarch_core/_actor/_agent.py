@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 
 from monarch_core import settings
-from monarch_core._actor import _serial, _state
+from monarch_core import _telemetry
+from monarch_core._actor import _instrument, _serial, _state
 from monarch_core._actor._port import ReturnPort, send_to_port, wrap_exception
 from monarch_core._kernel import _control as C
 from monarch_core._kernel import _wire as W
@@ -103,6 +104,9 @@ class ProcAgent:
             C.ProcStopping: self._on_proc_stopping,
             C.ProcDied: self._on_proc_died,
             C.Ping: self._on_ping,
+            C.Telemetry: self._on_telemetry,
+            C.TelemetryFlush: self._on_telemetry_flush,
+            C.LogOption: self._on_log_option,
         }
 
     def handle_control(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
@@ -174,7 +178,8 @@ class ProcAgent:
                         asyncio.run(_await(r))
             except BaseException as e:
                 self.init_error = wrap_exception(e, "bootstrap")
-                logger.error("proc bootstrap failed: %r", e)
+                logger.error("proc bootstrap failed: %r", e,
+                             extra=_telemetry.log_extra("user", endpoint="bootstrap", rank=rank))
                 send_to_port(reply, rank, W.S_ERROR, self.init_error)
             else:
                 send_to_port(reply, rank, W.S_VALUE, ("ready", self.kernel.proc_id))
@@ -198,6 +203,7 @@ class ProcAgent:
             # say so now, or the senders would count what is unacknowledged as lost.
             self.kernel.call_soon(self.kernel.ack_at_once)
             self.stop_everything(reason, grace)
+            _instrument.final_flush()  # its output and last telemetry go out before it ends
             try:
                 self.kernel.run(self.kernel.settle_acks, 1.0)
                 # let replies already queued (stop acknowledgements) reach their ports
@@ -320,6 +326,7 @@ class ProcAgent:
         from monarch_core._actor._port import this_proc_and_host
 
         self.gone.setdefault(host.key, (host.describe(), f"failed: {cause.strip().splitlines()[-1] if cause.strip() else cause}"))
+        _instrument.actor_failed(host, cause, category)
         report = S.make_report(
             mesh_key=host.key,
             mesh_name=host.name,
@@ -374,6 +381,7 @@ class ProcAgent:
         rec.health[rank] = report
         mesh = rec.mesh._with_region(rec.mesh._region_) if rec.mesh is not None else None
         failure = S.MeshFailure(mesh, report)
+        _instrument.supervision_event(failure, report, rec.owner_host, self.runtime)
         logger.info("supervision: %s", failure.report().splitlines()[0])
         if rec.owner_host is not None:
             rec.owner_host.supervise(failure)
@@ -402,6 +410,7 @@ class ProcAgent:
     def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
         """A proc died: every actor on it, of every mesh this process owns, failed."""
         self._last_pong.pop(proc_id, None)
+        _instrument.proc_ended(proc_id, reason, stopped)
         if proc_id in self.proc_owners:
             self._tell_owners(proc_id, reason, stopped)
         if stopped:
@@ -494,6 +503,16 @@ class ProcAgent:
 
     def _on_ping(self, m: C.Ping, payload: Any, buffers: list, sender: str) -> None:
         send_to_port(m.reply, -1, W.S_VALUE, self.kernel.proc_id)
+
+    # ---------------------------------------------------------------- telemetry
+    def _on_telemetry(self, m: C.Telemetry, payload: Any, buffers: list, sender: str) -> None:
+        _instrument.on_telemetry(payload, sender)
+
+    def _on_telemetry_flush(self, m: C.TelemetryFlush, payload: Any, buffers: list, sender: str) -> None:
+        _instrument.on_flush(m.reply)
+
+    def _on_log_option(self, m: C.LogOption, payload: Any, buffers: list, sender: str) -> None:
+        _instrument.on_log_option(m.reply, m.stream, m.level)
 
     # ---------------------------------------------------------------- lifecycle of actors
 

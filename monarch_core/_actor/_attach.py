@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monarch_core import settings
+from monarch_core import _telemetry, settings
 from monarch_core._actor import _state
 from monarch_core._actor._host_mesh import HostMesh, _HostMeshOwnership
 from monarch_core._launch import _alloc
@@ -69,5 +69,6 @@ def attach(
     hosts = [HostHandle(name=str(answers[a].get("hostname", a)), address=a) for a in addrs]
     region = Extent(["hosts"], [len(hosts)]).region
     hm = HostMesh(hosts, region, owner=True, name="workers")
+    _telemetry.lifecycle("host_mesh.spawned", mesh="workers", hosts=[h.name for h in hosts], scheduler="attach")
     rt.agent.register_owned(_HostMeshOwnership(hm))
     return hm

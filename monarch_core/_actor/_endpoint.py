@@ -144,7 +144,9 @@ def endpoint(
     ``explicit_response_port=True`` the method receives a :class:`Port` as its
     first argument (after ``self``) and sends its result(s) through it.
     ``propagate`` is accepted for API compatibility (it only matters to the
-    tensor engine); ``instrument`` controls telemetry spans.
+    tensor engine).  ``instrument=False`` turns this endpoint's telemetry off
+    on both sides: no endpoint metrics (``monarch_core.telemetry``), no
+    client or server span; ``MONARCH_TELEMETRY=0`` turns it off for all.
     """
 
     def wrap(m: Callable[..., Any]) -> EndpointProperty[Any, Any]:
@@ -209,6 +211,7 @@ class Endpoint(Generic[P, R]):
         self._mesh = mesh
         self._name = name
         self._prop = prop
+        self._tm: Any = None  # its instrumentation in this process (``_instrument.client_side``), made on first use
 
     def _describe(self) -> str:
         return f"{self._mesh._name}.{self._name}"
@@ -264,7 +267,7 @@ class Endpoint(Generic[P, R]):
         :class:`Endpoint`), which bounds what a fast sender can pile up for a
         slow receiver."""
         self._prop._check_args(args, kwargs)
-        self._mesh._cast(self, args, kwargs, None, None)
+        self._mesh._cast(self, args, kwargs, None, None, "broadcast")
 
     def rref(self, *args: P.args, **kwargs: P.kwargs) -> Any:
         raise NotImplementedError(
@@ -275,9 +278,9 @@ class Endpoint(Generic[P, R]):
     def _send(self, args: tuple, kwargs: dict, port: Port[Any] | None = None, selection: str = "all") -> None:
         self._prop._check_args(args, kwargs)
         if selection == "all":
-            self._mesh._cast(self, args, kwargs, port, None)
+            self._mesh._cast(self, args, kwargs, port, None, "send")
         elif selection == "choose":
-            self._mesh._cast(self, args, kwargs, port, random.randrange(self._mesh._region.nelements))
+            self._mesh._cast(self, args, kwargs, port, random.randrange(self._mesh._region.nelements), "send")
         else:
             raise ValueError(f"send(selection={selection!r}): selection must be 'all' or 'choose'")
 

@@ -19,7 +19,7 @@ import threading
 from _thread import get_ident as _get_ident
 from typing import TYPE_CHECKING, Any
 
-from monarch_core._actor import _serial, _state, _tree
+from monarch_core._actor import _instrument, _serial, _state, _tree
 from monarch_core._actor._port import (
     _DroppingPort,
     Port,
@@ -33,6 +33,8 @@ from monarch_core._debug import _hook as _debug_hook
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._runtime import THREADED_INBOUND
 from monarch_core._mesh._shape import Extent, Point
+from monarch_core._telemetry import _spans
+from monarch_core._telemetry._core import state as _tstate
 from monarch_core.errors import SupervisionError
 
 if TYPE_CHECKING:
@@ -41,6 +43,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("monarch.actor")
 
 _STOP = object()
+_now = _instrument._now
+_nbytes = _instrument.nbytes
+_current_span = _spans.current_span
 
 
 class UndeliverableMessage:
@@ -99,6 +104,7 @@ class ActorHost:
         self._init_reply: tuple | None = init_reply
         self._extents: dict[tuple, Extent] = {(labels, sizes): self.mesh_extent}
         self._methods: dict[str, tuple] = {}  # endpoint name -> (class, property or None, function)
+        self._stats: dict[str, Any] = {}  # endpoint name -> its server-side stat (False: not instrumented)
         self._concurrent: set[asyncio.Task] = set()
         self._current_reply: tuple | None = None
         self._stop_lock = threading.Lock()
@@ -388,7 +394,8 @@ class ActorHost:
             if self._abandoned:  # its stop gave up waiting for __init__ long ago
                 return
             self.init_error = wrap_exception(e, f"{self.name}.__init__")
-            logger.error("actor %s failed in __init__: %r", self.display_name, e)
+            logger.error("actor %s failed in __init__: %r", self.display_name, e,
+                         extra=self._log_extra("user", "__init__"))
             if init_reply is not None:
                 send_to_port(init_reply, self.rank.rank, W.S_ERROR, self.init_error)
             from monarch_core._actor import _supervision as S
@@ -446,7 +453,7 @@ class ActorHost:
         """Handle one endpoint message as far as it goes without awaiting
         (on the actor's loop).  Returns None when done, else an awaitable the
         caller must await before the next message."""
-        _key, method_name, reply, rank, labels, sizes, _sender, _ret, explicit_flag = h
+        _key, method_name, reply, rank, labels, sizes, _sender, _ret, explicit_flag = h if len(h) == 9 else h[:9]
         if method_name == _tree.STOP_METHOD:  # a stop that came through a cast tree, in order
             self.request_stop(str(_serial.loads(payload, buffers)), tuple(reply) if reply is not None else None)
             return None
@@ -459,6 +466,13 @@ class ActorHost:
         token = _state.current_message_rank.set(point)
         explicit = bool(explicit_flag)
         self._current_reply = (reply_ref, rank, method_name)
+        # telemetry (see ``_instrument``): the endpoint's stat, its span when the call is traced
+        stat = self._stats.get(method_name)
+        if stat is None:
+            stat = self._stat_for(method_name)
+        t0 = _now() if stat else 0
+        sp = _instrument.server_span(h) if stat and (len(h) > 9 or _tstate.tracing) else None
+        span_token = _current_span.set(sp) if sp is not None else None  # (its [0], [1]: trace and span id)
         rest: Any = None
         try:
             args, kwargs = _serial.loads(payload, buffers)
@@ -470,42 +484,92 @@ class ActorHost:
                 port._where = (self.name, method_name)  # named by port.exception(e)
                 args = (port, *args)
             if prop is not None and prop._concurrent:
-                self._start_concurrent(func, args, kwargs, method_name, None if explicit else reply_ref, rank)
+                self._start_concurrent(func, args, kwargs, method_name, None if explicit else reply_ref, rank,
+                                       (stat, t0, _nbytes(payload, buffers) if stat else 0, sp))
+                sp = None  # the body's task ends it
                 rest = asyncio.sleep(0)  # let the body start before the next message
                 return rest
             result = func(self.instance, *args, **kwargs)
             if result is not None and inspect.isawaitable(result):
-                rest = self._finish(result, point, reply_ref, rank, method_name, explicit)
+                rest = self._finish(result, point, reply_ref, rank, method_name, explicit,
+                                    (stat, t0, _nbytes(payload, buffers) if stat else 0, sp))
+                sp = None  # ``_finish`` ends it
                 return rest
+            if stat:  # recorded before the reply leaves: a caller that then reads the metrics finds the call
+                tm = (stat, t0, len(payload) if not buffers else _nbytes(payload, buffers), sp)
+                stat = False  # (recorded once, below)
+            else:
+                tm = None
             if reply_ref is not None and not explicit:
-                self._reply_value(reply_ref, rank, result, method_name)
+                self._reply_value(reply_ref, rank, result, method_name, tm)
+            elif tm is not None:
+                self._record(tm, 0, None, method_name)
         except Exception as e:
+            if stat:
+                self._record_error(stat, sp, t0, payload, buffers, method_name, e)
             self._raised(e, reply_ref, rank, self._where(method_name), explicit)
         except BaseException as e:
+            if stat:
+                self._record_error(stat, sp, t0, payload, buffers, method_name, e)
             self._die(e, f"{self._where(method_name)} raised {type(e).__name__}", where=self._where(method_name))
         finally:
+            if span_token is not None:
+                _current_span.reset(span_token)
             if rest is None:
                 self._current_reply = None
             _state.current_message_rank.reset(token)
         return None
+
+    def _record_error(self, stat: Any, sp: Any, t0: int, payload: Any, buffers: list, method: str,
+                      e: BaseException) -> None:
+        self._record((stat, t0, _nbytes(payload, buffers), sp), 0, type(e).__name__, method)
+
+    def _record(self, tm: tuple, rep: int, err: str | None, method: str) -> None:
+        """Record one invocation of ``method``: ``tm`` is (stat, start, request bytes, span)."""
+        stat, t0, req, sp = tm
+        dt = _now() - t0
+        stat.record(dt, req, rep, err)
+        if sp is not None:
+            _instrument.end_server_span(sp, self, method, t0, dt, err)
+
+    def _stat_for(self, method: str) -> Any:
+        try:
+            prop, _func = self._lookup(method)
+        except AttributeError:
+            prop = None
+        stat = self._stats[method] = _instrument.server_stat(self, method, prop)
+        return stat
 
     def _where(self, method: str) -> str:
         """``mesh.method``, for messages about an endpoint (built only when one is needed)."""
         return f"{self.name}.{method}"
 
     async def _finish(self, result: Any, point: Point, reply_ref: tuple | None, rank: int, method: str,
-                      explicit: bool) -> None:
-        """The awaiting half of :meth:`_run_message`."""
+                      explicit: bool, tm: tuple = (False, 0, 0, None)) -> None:
+        """The awaiting half of :meth:`_run_message` (``tm``: its stat, start
+        time, request bytes and span)."""
         token = _state.current_message_rank.set(point)
+        stat, t0, req, sp = tm
+        span_token = _current_span.set(sp) if sp is not None else None
         try:
             result = await result
+            rec = (stat, t0, req, sp) if stat else None
+            stat = False  # (recorded once, below)
             if reply_ref is not None and not explicit:
-                self._reply_value(reply_ref, rank, result, method)
+                self._reply_value(reply_ref, rank, result, method, rec)
+            elif rec is not None:
+                self._record(rec, 0, None, method)
         except Exception as e:
+            if stat:
+                self._record((stat, t0, req, sp), 0, type(e).__name__, method)
             self._raised(e, reply_ref, rank, self._where(method), explicit)
         except BaseException as e:
+            if stat:
+                self._record((stat, t0, req, sp), 0, type(e).__name__, method)
             self._die(e, f"{self._where(method)} raised {type(e).__name__}", where=self._where(method))
         finally:
+            if span_token is not None:
+                _current_span.reset(span_token)
             self._current_reply = None
             _state.current_message_rank.reset(token)
 
@@ -518,13 +582,20 @@ class ActorHost:
             why = "explicit-response-port endpoint" if explicit else "broadcast (no caller to report to)"
             self._die(e, f"{where} raised in a {why}", where=where)
 
-    def _reply_value(self, reply_ref: tuple, rank: int, result: Any, method: str) -> None:
+    def _reply_value(self, reply_ref: tuple, rank: int, result: Any, method: str, tm: tuple | None = None) -> None:
+        """Send ``result`` to the caller.  ``tm`` (stat, start, request bytes,
+        span): record the invocation first -- as failed with ``TypeError`` if the
+        result cannot be pickled -- so that it is counted before the caller hears."""
         try:
             rp, rb = _serial.dumps(result)
         except Exception as e:
+            if tm is not None:
+                self._record(tm, 0, "TypeError", method)
             raise TypeError(
                 f"the result of {self._where(method)} ({type(result).__name__}) could not be pickled: {e}"
             ) from e
+        if tm is not None:
+            self._record(tm, len(rp) + (_nbytes(b"", rb) if rb else 0), None, method)
         send_raw_to_port(reply_ref, rank, W.S_VALUE, rp, rb)
 
     def _lookup(self, name: str) -> tuple[Any, Any]:
@@ -550,23 +621,34 @@ class ActorHost:
         raise AttributeError(f"{cls.__qualname__} has no endpoint {name!r}")
 
     def _start_concurrent(
-        self, func: Any, args: tuple, kwargs: dict, method: str, reply_ref: tuple | None, rank: int
+        self, func: Any, args: tuple, kwargs: dict, method: str, reply_ref: tuple | None, rank: int,
+        tm: tuple = (False, 0, 0, None),
     ) -> None:
         """Run a concurrent endpoint's body as a task.  Without an explicit port
         its return value (or exception) goes to the caller; an exception that
-        is not forwarded anywhere fails the actor."""
+        is not forwarded anywhere fails the actor.  ``tm``: its stat, start
+        time, request bytes and span (recorded when the body ends)."""
         msg_rank = _state.current_message_rank.get()
         current = self._current_reply
+        stat, t0, req, sp = tm
 
         async def body() -> None:
             _state.current_message_rank.set(msg_rank)
+            tm = (stat, t0, req, sp) if stat else None
             try:
                 result = await func(self.instance, *args, **kwargs)
+                rec, tm = tm, None  # (recorded once, here)
                 if reply_ref is not None:
-                    self._reply_value(reply_ref, rank, result, method)
+                    self._reply_value(reply_ref, rank, result, method, rec)
+                elif rec is not None:
+                    self._record(rec, 0, None, method)
             except asyncio.CancelledError:
+                if tm is not None:
+                    self._record(tm, 0, "CancelledError", method)
                 raise
             except Exception as e:
+                if tm is not None:
+                    self._record(tm, 0, type(e).__name__, method)
                 _debug_hook.post_mortem(e)
                 where = self._where(method)
                 if reply_ref is not None:
@@ -575,6 +657,8 @@ class ActorHost:
                     self._die(e, f"concurrent endpoint {where} raised without forwarding it to its port", current,
                               where=where)
             except BaseException as e:
+                if tm is not None:
+                    self._record(tm, 0, type(e).__name__, method)
                 self._die(e, f"concurrent endpoint {self._where(method)} raised {type(e).__name__}", current,
                           where=self._where(method))
 
@@ -611,9 +695,17 @@ class ActorHost:
         cur = current if current is not None else self._current_reply
         if cur is not None and cur[0] is not None:
             self._refuse(cur[0], cur[1], cur[2])
-        logger.error("actor %s (%s) failed: %s: %r", self.display_name, self.class_name, why, exc)
+        logger.error("actor %s (%s) failed: %s: %r", self.display_name, self.class_name, why, exc,
+                     extra=self._log_extra(category, cur[2] if cur is not None else None))
         self.agent.actor_failed(self, cause, category, chain or [])
         self._after_death_task = self.loop.create_task(self._after_death(err))
+
+    def _log_extra(self, category: str, endpoint: str | None) -> dict:
+        """Structured fields of an error log record about this actor (``_telemetry._events.LOG_FIELDS``)."""
+        from monarch_core import _telemetry
+
+        return _telemetry.log_extra(category, actor=self.display_name, endpoint=endpoint, mesh=self.name,
+                                    rank=self.rank.rank, proc=self.proc_id)
 
     async def _after_death(self, err: BaseException) -> None:
         await self._cancel_concurrent()
@@ -654,11 +746,13 @@ class ActorHost:
             if inspect.isawaitable(handled):
                 handled = await handled
         except BaseException as e:
+            _instrument.supervision_handled(failure.mesh_name, f"{self.display_name}.__supervise__", False)
             self._die(e, f"__supervise__ raised while handling the failure of its mesh {failure.mesh_name!r}",
                       chain=failure.events, where=self._where("__supervise__"))
             return
         finally:
             _state.current_message_rank.reset(token)
+        _instrument.supervision_handled(failure.mesh_name, f"{self.display_name}.__supervise__", bool(handled))
         if handled:
             logger.info("actor %s handled the failure of its mesh %r", self.display_name, failure.mesh_name)
             return

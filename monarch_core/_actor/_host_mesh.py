@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
     from monarch_core.hookspecs import Allocation, HostHandle
 
-from monarch_core import settings
+from monarch_core import _telemetry, settings
 from monarch_core._actor import _serial, _state
 from monarch_core._actor._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot
@@ -81,8 +81,14 @@ class HostMesh(MeshTrait):
 
     @property
     def stream_logs(self) -> bool:
-        """Worker output goes to the client's stdout/stderr (always true here)."""
-        return True
+        """Whether procs spawned on these hosts stream their stdout, stderr and
+        ``logging`` records to this client (prefixed ``[<actor or proc> <host>]``)
+        unless ``ProcMesh.logging_option`` says otherwise.  By default procs on
+        remote hosts do and this host's procs do not (they write to this
+        client's terminal themselves); ``MONARCH_STREAM_LOGS`` sets it for both.
+        When false, a remote proc writes to a per-host log file whose path the
+        client logs (``monarch.logs``, INFO)."""
+        return _output_mode(any(self._hosts[r].address is not None for r in self._region_.root_ranks())) == "stream"
 
     @property
     def is_fake_in_process(self) -> bool:
@@ -114,6 +120,7 @@ class HostMesh(MeshTrait):
         """A scheduler reported ``host_name`` lost (any thread): every proc on
         it fails, nothing else does."""
         self._shared["lost"][host_name] = reason
+        _telemetry.lifecycle("host_mesh.lost_host", mesh=self._name, host_name=host_name, reason=reason)
         rt = _state.current_runtime_or_none()
         if rt is not None:
             rt.kernel.call_soon(_procs_of_host_lost, rt.kernel, self._shared, self._hosts, host_name, reason)
@@ -194,6 +201,7 @@ class HostMesh(MeshTrait):
         per_host_entries: list[tuple[HostHandle, list]] = []
         for hi, hroot in enumerate(host_roots):
             host = self._hosts[hroot]
+            output = _output_mode(host.address is not None)
             entries = []
             for j in range(nper):
                 rank = hi * nper + j
@@ -229,6 +237,8 @@ class HostMesh(MeshTrait):
                     root=tuple(rt.root),
                     transport=rt.transport,
                     log_level=level,
+                    host_name=host.name,
+                    output=output,
                 )))
             per_host_entries.append((host, entries))
         status = ProcStatus(kernel, slots, lambda r: f"{name}{Point(r, extent)}")
@@ -260,7 +270,8 @@ class HostMesh(MeshTrait):
         _owner_check(self, "stop")
         if self._allocation is not None:
             self._allocation.stopped = True
-        return self._stop_procs()
+        _telemetry.lifecycle("host_mesh.stopping", mesh=self._name, shutdown=False)
+        return _lifecycle_when_done(self._stop_procs(), "host_mesh.stopped", mesh=self._name, shutdown=False)
 
     def _stop_procs(self, grace: float | None = None) -> Future[None]:
         procs = list(self._shared["procs"])
@@ -276,6 +287,7 @@ class HostMesh(MeshTrait):
     def _end(self, *, detach: bool) -> Future[None]:
         """Stop the procs, tell the worker loops to exit, then release the
         allocation (``detach``: through ``Allocation.detach``, keeping the hosts)."""
+        _telemetry.lifecycle("host_mesh.stopping", mesh=self._name, shutdown=True)
         fut = self._stop_procs()
         self._shared["shutdown"] = True
         alloc = self._allocation
@@ -283,7 +295,7 @@ class HostMesh(MeshTrait):
             alloc.closing = True  # worker loops ending from now on are not lost hosts
         remote = [h.address for h in self._hosts if h.address is not None]
         if alloc is None and not remote:
-            return fut
+            return _lifecycle_when_done(fut, "host_mesh.stopped", mesh=self._name, shutdown=True)
         rt = _state.runtime()
         out = Cell()
 
@@ -297,6 +309,7 @@ class HostMesh(MeshTrait):
 
                 release = functools.partial(alloc.release, detach=True) if detach else alloc.release
                 await trio.to_thread.run_sync(release, abandon_on_cancel=True)
+            _telemetry.lifecycle("host_mesh.stopped", mesh=self._name, shutdown=True)
             out.set_result(None)
 
         def after() -> None:
@@ -340,6 +353,26 @@ class HostMesh(MeshTrait):
 
     def __repr__(self) -> str:
         return f"<HostMesh {self._name!r} {self._region_.extent}>"
+
+
+def _output_mode(remote: bool) -> str:
+    """Where procs' output goes by default (``ProcSpec.output``): see :attr:`HostMesh.stream_logs`."""
+    stream = settings.get("MONARCH_STREAM_LOGS")
+    if stream is None:
+        stream = remote
+    if stream:
+        return "stream"
+    return "file" if remote else "direct"
+
+
+def _lifecycle_when_done(fut: Future[None], name: str, **attributes: Any) -> Future[None]:
+    """``fut``, recording lifecycle event ``name`` when it resolves."""
+    def done() -> None:
+        _telemetry.lifecycle(name, **attributes)
+
+    if not fut._ensure().add_callback(done):
+        done()
+    return fut
 
 
 def _rebuild_host_mesh(hosts: list, region: Region, python: str | None, name: str) -> HostMesh:

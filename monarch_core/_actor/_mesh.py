@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
+from monarch_core import _telemetry
 from monarch_core._actor import _state
 from monarch_core._actor._actor_mesh import ActorMesh
 from monarch_core._actor._attach import ATTACH_TIMEOUT, attach
@@ -68,6 +69,9 @@ def this_host() -> HostMesh:
     _fork_server.prestart(rt.kernel)
     from monarch_core.hookspecs import HostHandle
 
+    if not rt.caches.get("this_host_announced"):
+        rt.caches["this_host_announced"] = True
+        _telemetry.lifecycle("host_mesh.spawned", mesh="this_host", hosts=["localhost"], scheduler="this_host")
     return HostMesh([HostHandle("localhost")], _EMPTY_REGION, owner=True, name="this_host")
 
 
@@ -116,6 +120,8 @@ def host_mesh_of(record: Any, name: str) -> HostMesh:
     region = Extent(list(record.labels), list(record.sizes)).region
     hm = HostMesh(list(record.hosts), region, owner=True, allocation=record, name=name)
     hm._shared["owner"] = _state.current_actor.get()  # who hears its notices (None: this process)
+    _telemetry.lifecycle("host_mesh.spawned", mesh=name, hosts=[h.name for h in record.hosts],
+                         scheduler=getattr(record.scheduler, "name", None))
     record.on_lost = hm._host_lost
     for host_name, reason in list(record.lost.items()):  # reported while allocating
         hm._host_lost(host_name, reason)

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
-from monarch_core._actor import _serial, _state
+from monarch_core import _telemetry
+from monarch_core._actor import _instrument, _serial, _state
 from monarch_core._actor._actor_mesh import ActorMesh
 from monarch_core._actor._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
@@ -45,6 +46,8 @@ class ProcMesh(MeshTrait):
         self._init_cell = init_cell
         self._owner = owner
         self._stopped: Cell | None = None
+        if owner and host_mesh is not None:
+            _instrument.register_procs(name, slots, region.extent, getattr(host_mesh, "_name", ""))
 
     @property
     def _region(self) -> Region:
@@ -118,6 +121,7 @@ class ProcMesh(MeshTrait):
             procs.append(slot.proc_id)
         gather.procs = procs
         rt.agent.register_owned(mesh)
+        _instrument.actor_mesh_spawned(mesh, self._name, gather)
         return mesh  # type: ignore[return-value]
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
@@ -142,10 +146,62 @@ class ProcMesh(MeshTrait):
         if not slots:
             cell.set_result(None)
             return Future._of(cell)
+        _telemetry.lifecycle("proc_mesh.stopping", mesh=self._name, reason=reason)
         rt.kernel.call_soon(
-            rt.kernel.start_task, _stop_procs, rt.kernel, slots, reason, cell, STOP_GRACE if grace is None else grace
+            rt.kernel.start_task, _stop_procs, rt.kernel, slots, reason, cell, STOP_GRACE if grace is None else grace,
+            self._name,
         )
         return Future._of(cell)
+
+    def logging_option(
+        self,
+        stream_to_client: bool = True,
+        aggregate_window_sec: float | None = 3,
+        level: int = logging.INFO,
+    ) -> None:
+        """Where this mesh's procs send their output, from now on.
+
+        ``stream_to_client=True``: each proc's stdout, stderr and ``logging``
+        records reach this client's terminal, each line prefixed with the actor
+        (or proc) that wrote it and its host -- ``[trainers{'gpus': 3/4} h2] ...`` --
+        in the order each proc wrote them; what a proc printed before it stops
+        arrives before ``stop()`` returns.  With ``aggregate_window_sec``, the
+        lines of this mesh's procs are collected for that many seconds and
+        identical ones are printed once with a count (``[16 similar lines] step
+        10 loss 0.12``); ``None`` or 0 prints each line as it comes.
+        ``stream_to_client=False``: a local proc writes to this host's terminal,
+        a remote one to its host's log file (the client logs its path).
+        ``level`` is the level of the procs' root logger (the user's
+        ``logging`` calls; monarch's own loggers keep ``MONARCH_LOG_LEVEL``).
+
+        Blocks until every proc applied it (each within ``MONARCH_PROC_START_TIMEOUT``);
+        ``RuntimeError`` naming the procs that did not.
+        """
+        if not isinstance(stream_to_client, bool):
+            raise TypeError(f"logging_option(stream_to_client=...) must be True or False, got {stream_to_client!r}")
+        if aggregate_window_sec is not None and (
+            isinstance(aggregate_window_sec, bool) or not isinstance(aggregate_window_sec, (int, float))
+            or aggregate_window_sec < 0
+        ):
+            raise ValueError(
+                f"logging_option(aggregate_window_sec=...) must be a number of seconds >= 0 or None, "
+                f"got {aggregate_window_sec!r}"
+            )
+        if isinstance(level, str):
+            named = logging.getLevelName(level.upper())
+            if not isinstance(named, int):
+                raise ValueError(f"logging_option(level={level!r}): not a logging level name; use e.g. logging.INFO")
+            level = named
+        if isinstance(level, bool) or not isinstance(level, int) or level < 0:
+            raise TypeError(f"logging_option(level=...) must be a logging level such as logging.INFO, got {level!r}")
+        if self._stopped is not None:
+            raise RuntimeError(f"proc mesh {self._name!r} has been stopped; spawn procs again")
+        from monarch_core._actor._mesh_base import START_TIMEOUT
+        from monarch_core._telemetry._output import printer
+
+        printer.set_window(self._name, aggregate_window_sec)
+        slots = [self._slots[r] for r in self._region_.root_ranks()]
+        _instrument.log_option(slots, stream_to_client, level, START_TIMEOUT)
 
     async def __aenter__(self) -> ProcMesh:
         return self
@@ -193,7 +249,8 @@ def _rebuild_proc_mesh(name: str, refs: list, region: Region) -> ProcMesh:
     return ProcMesh(name, [_slot_from_ref(r) for r in refs], region, None, c, False)
 
 
-async def _stop_procs(kernel: Kernel, slots: list[_ProcSlot], reason: str, cell: Cell, grace: float) -> None:
+async def _stop_procs(kernel: Kernel, slots: list[_ProcSlot], reason: str, cell: Cell, grace: float,
+                      mesh: str = "") -> None:
     """Ask procs to stop (they get ``grace`` seconds to run ``__cleanup__``),
     escalate to SIGTERM then SIGKILL (through their worker loop for procs on
     remote hosts), resolve ``cell`` when all are gone."""
@@ -224,4 +281,5 @@ async def _stop_procs(kernel: Kernel, slots: list[_ProcSlot], reason: str, cell:
                             C.encode(C.HostKill([s.proc_id], sig_name)), b"", [], None)
         with trio.move_on_after(1.0):
             await all_gone()
+    await _instrument.after_procs_stopped(kernel, mesh)
     cell.set_result(None)

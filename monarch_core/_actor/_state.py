@@ -79,7 +79,7 @@ current_message_rank: contextvars.ContextVar[Point | None] = contextvars.Context
     "monarch_message_rank", default=None
 )
 
-_telemetry.current_actor = current_actor  # spans name the actor they ran in
+_telemetry.bind_current_actor(current_actor)  # spans and output lines name the actor they come from
 
 _EMPTY = Extent([], [])
 ROOT_POINT = Point(0, _EMPTY)
@@ -144,6 +144,10 @@ def _start_client() -> None:
     agent.runtime = rt
     agent.proc_ready.set()
     set_runtime(rt)
+    _telemetry.configure_process(proc_id=proc_id, name="client", is_root=True)
+    from monarch_core._telemetry._hub import hub
+
+    hub.start()  # the root's sinks: settings, plugins (procs ship their telemetry here)
     atexit.register(_atexit_shutdown)
     logger.debug("client kernel listening on %s", kernel.address)
 
@@ -218,10 +222,25 @@ def shutdown(timeout: float = 10.0) -> None:
         rt.agent.shutdown_owned(timeout)
     finally:
         _release_allocations()
+        if rt.is_client:  # what the procs shipped before they stopped goes to the sinks
+            _close_telemetry(rt)
         rt.kernel.stop_loop()
         rt.kernel.join(timeout)
         with _runtime_lock:
             _runtime = None
+
+
+def _close_telemetry(rt: ProcRuntime) -> None:
+    try:
+        from monarch_core._telemetry._hub import hub
+
+        if not rt.kernel.in_loop():  # the batches delivered so far wait in the loop's queue: let them through
+            done = threading.Event()
+            rt.kernel.call_soon(done.set)
+            done.wait(1.0)
+        hub.close()
+    except Exception:  # pragma: no cover - best effort at exit
+        logger.exception("closing the telemetry sinks failed")
 
 
 def _release_allocations() -> None:

@@ -320,9 +320,11 @@ def decode(peer: str, header: bytes) -> tuple:
 
 
 # ---------------------------------------------------------------- a member's proc
-def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_proc: str) -> None:
+def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_proc: str,
+            trace: bytes | None = None) -> None:
     """A tree message arrived at this proc (the thread that read it): deliver
-    it to the local member if it is a target, and send it on below."""
+    it to the local member if it is a target, and send it on below.  ``trace``:
+    the trace context of a traced call (it goes on with the message)."""
     h = decode(sender_proc, header)
     key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, at, targets, table, view, gather = h
     dead_procs = kernel.dead
@@ -363,11 +365,14 @@ def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_p
         sub_table = {m: table[m] for m in touched(hop, sub, n, fanout) if m in table} if carried else None
         out = encode(key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, hop, sub, sub_table, view,
                      gather)
+        flags = W.F_TREE
+        if trace is not None:
+            out, flags = trace + out, W.F_TREE | W.F_TRACE
         if g is not None:
             g.procs.append(entry[0])
-            kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers, g.port_id)
+            kernel.send(entry[0], entry[1], W.K_ACTOR, flags, out, payload, buffers, g.port_id)
         else:
-            kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers)
+            kernel.send(entry[0], entry[1], W.K_ACTOR, flags, out, payload, buffers)
         kernel.tree_forwarded += 1
     if g is not None:
         from monarch_core._actor import _serial
@@ -375,8 +380,8 @@ def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_p
         for m in passed:  # nobody below answers for a dead member
             g.deliver(m, W.S_ERROR, *_serial.dumps(kernel._dead_error(table[m][0])))
     if here:
-        kernel.route_actor((key, method, reply, rank_here, labels, sizes, sender, ret, int(explicit)), payload,
-                           buffers, sender_proc)
+        h = (key, method, reply, rank_here, labels, sizes, sender, ret, int(explicit))
+        kernel.route_actor(h if trace is None else (*h, trace), payload, buffers, sender_proc)
 
 
 def _fail_targets(kernel: Kernel, at: int, n: int, fanout: int, targets: list | None, reply: tuple | None,

@@ -103,6 +103,24 @@ class Ping(NamedTuple):
     reply: PortRef
 
 
+class Telemetry(NamedTuple):
+    """A proc's telemetry batch, to the root client; payload: its ``marshal`` (``monarch_core._telemetry._batch``)."""
+
+
+class TelemetryFlush(NamedTuple):
+    """Send the root what telemetry this proc holds now, then answer ``reply``."""
+
+    reply: PortRef
+
+
+class LogOption(NamedTuple):
+    """``ProcMesh.logging_option``: stream this proc's output to the root client or not, set its root logger's level (-1: leave it), answer ``reply``."""
+
+    reply: PortRef
+    stream: bool
+    level: int
+
+
 # ---------------------------------------------------------------- to a worker loop
 
 
@@ -136,7 +154,7 @@ class HostShutdown(NamedTuple):
 
 Message = Union[
     Spawn, StopActor, Init, StopProc, Controller, Supervise, RegisterOwner, ProcStopping, ProcDied, Ping,
-    HostHello, HostSpawn, ChildHello, HostKill, HostShutdown,
+    Telemetry, TelemetryFlush, LogOption, HostHello, HostSpawn, ChildHello, HostKill, HostShutdown,
 ]
 
 
@@ -212,6 +230,9 @@ _SPEC: dict[str, tuple[type, tuple]] = {
     "proc_stopping": (ProcStopping, (_str,)),
     "proc_died": (ProcDied, (_str, _str, _flag)),
     "ping": (Ping, (_port_ref,)),
+    "telemetry": (Telemetry, ()),
+    "telemetry_flush": (TelemetryFlush, (_port_ref,)),
+    "log_option": (LogOption, (_port_ref, _flag, _int)),
     "host_hello": (HostHello, (_port_ref,)),
     "host_spawn": (HostSpawn, ()),
     "child_hello": (ChildHello, (_str, _str)),

@@ -67,6 +67,10 @@ K_BYE = 5  # orderly end of a session: receiver forgets it
 F_PACKED = 1  # the routing header is packed (see ``port_header``/``actor_header``), not plain marshal
 F_TREE = 2  # an actor message on its way through a cast tree (header: see ``monarch_core._actor._tree``)
 F_ACK_SOON = 4  # the sender is near its send window: acknowledge this message as soon as it is delivered
+F_TRACE = 8  # an actor message of a traced call: its header starts with TRACE_SIZE bytes of trace context
+#: Bytes of trace context before the header of an ``F_TRACE`` message (opaque to the kernel;
+#: ``monarch_core._telemetry._spans.pack_context`` makes them).
+TRACE_SIZE = 24
 
 # port message status
 S_VALUE = 0

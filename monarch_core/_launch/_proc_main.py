@@ -59,6 +59,8 @@ def main() -> None:
         level=level if isinstance(level, int) else getattr(logging, str(level).upper(), logging.WARNING),
         format=f"[%(levelname)s {info['describe']} pid {os.getpid()}] %(name)s: %(message)s",
     )
+    # monarch's own loggers keep this level when ProcMesh.logging_option(level=...) changes the root's
+    logging.getLogger("monarch").setLevel(logging.getLogger().level)
     from monarch_core._debug import _hook as _debug_hook
 
     _debug_hook.install()  # breakpoint() stops for `monarch debug` (docs/debugging.md)
@@ -94,6 +96,13 @@ def main() -> None:
     agent.runtime = rt
     _state.set_runtime(rt)
     status = tuple(info["status"])
+    from monarch_core._actor import _instrument
+
+    output = info.get("output") or "direct"
+    host_name = info.get("host_name") or None
+    # a proc on a remote host (its parent a worker loop) writes to a per-host log file when it does not stream
+    _instrument.start_proc(rt, host_name=host_name, output=output,
+                           log_path=proc_log_file(host_name) if info.get("worker_loop") else None)
 
     async def hello() -> None:
         import marshal
@@ -108,6 +117,7 @@ def main() -> None:
                         C.encode(C.ChildHello(kernel.proc_id, kernel.address)), b"", [])
         kernel.on_proc_failed.append(_exit_if_parent(parent[0]))
         kernel.start_task(_watch_parent_pid, info["parent_pid"])
+        kernel.start_task(_instrument.ship_loop, kernel)
 
     try:
         trio.run(functools.partial(kernel.serve, after_start=hello))
@@ -116,6 +126,19 @@ def main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def proc_log_file(host_name: str | None) -> str:
+    """Where a remote proc that does not stream writes its output: one file per
+    host (worker loop), in ``MONARCH_PROC_LOG_DIR``."""
+    import socket
+    import tempfile
+
+    from monarch_core import settings
+
+    d = settings.get("MONARCH_PROC_LOG_DIR") or os.path.join(tempfile.gettempdir(), f"monarch-logs-{os.getuid()}")
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in (host_name or socket.gethostname()))
+    return os.path.join(d, f"{host}-worker{os.getppid()}.log")
 
 
 async def _watch_parent_pid(parent_pid: int) -> None:

@@ -79,6 +79,8 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
         "python": program,
         "cpus": cpus,
         "log_level": spec.log_level,
+        "host_name": getattr(spec, "host_name", ""),
+        "output": getattr(spec, "output", "direct"),
         "describe": spec.describe,
         # A worker loop is its procs' parent but not their spawner's address
         # book: they tell it where they listen (for its heartbeats).
@@ -246,6 +248,10 @@ class ProcStatus(PortHandler):
             with self.lock:
                 self.ready += 1
                 done = self.ready == len(self.slots)
+            if 0 <= rank < len(self.slots):
+                from monarch_core._actor import _instrument  # (lazily: this module stays off the mesh layer)
+
+                _instrument.proc_ready(self.slots[rank].proc_id, self.slots[rank].pid, done)
             if done:
                 self.kernel.remove_port(self.port_id)
                 self.cell.set_result(True)

@@ -50,17 +50,19 @@ OTHERS = _project_schedulers()
 OTHER_SCHEDULERS = sorted(n for names in OTHERS.values() for n in names)
 #: monarch-transport-rdma, when installed (it provides RDMA backends, no transport): left out too.
 RDMA = {ep.name for ep in metadata.entry_points(group="monarch") if ep.name == "transport_rdma"}
+#: monarch-telemetry-otel, when installed (a telemetry sink, no transport or scheduler): left out too.
+TELEMETRY = {ep.name for ep in metadata.entry_points(group="monarch") if ep.name == "telemetry_otel"}
 BUILTIN_LINE = f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local; rdma backends: channel"
 
 
 def _mine(names: list[str]) -> list[str]:
-    """``names`` without the project's scheduler and RDMA plugins."""
-    return [n for n in names if n not in OTHERS and n not in RDMA]
+    """``names`` without the project's scheduler, RDMA and telemetry plugins."""
+    return [n for n in names if n not in OTHERS and n not in RDMA and n not in TELEMETRY]
 
 
 def _lines(text: str) -> list[str]:
-    """``monarch plugins`` output without the lines of the project's scheduler and RDMA plugins."""
-    return [line for line in text.splitlines() if line.split(" ", 1)[0] not in OTHERS and line.split(" ", 1)[0] not in RDMA]
+    """``monarch plugins`` output without the lines of the project's scheduler, RDMA and telemetry plugins."""
+    return [line for line in text.splitlines() if line.split(" ", 1)[0] not in {*OTHERS, *RDMA, *TELEMETRY}]
 
 
 # ---------------------------------------------------------------- actors used by child clients

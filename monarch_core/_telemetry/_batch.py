@@ -1,0 +1,92 @@
+"""Batches: what a process ships to the root client, and the sink events made of them.
+
+:func:`collect` cuts one batch from this process's buffers -- the spans and
+lifecycle events recorded since the last one, and a snapshot of each endpoint
+stat that changed -- as plain data (``marshal``-able: no user object, no code
+runs when it is read).  A proc sends it to the root in one control message per
+interval (and when it stops, or the root asks); the root turns batches into
+:class:`~monarch_core.hookspecs.TelemetryEvent` s for its sinks with
+:func:`events_of`.
+"""
+
+from __future__ import annotations
+
+import marshal
+import time
+from typing import Any, Optional
+
+from monarch_core._telemetry import _metrics
+from monarch_core._telemetry._core import state
+from monarch_core._telemetry._spans import attrs_dict, clock_offset, decode
+
+VERSION = 1
+
+
+def _drain(dq: Any) -> list:
+    out = []
+    pop = dq.popleft
+    while dq:
+        try:
+            out.append(pop())
+        except IndexError:
+            break
+    return out
+
+
+def collect(*, force: bool = False, address: Optional[str] = None) -> Optional[dict]:
+    """The next batch of this process, or None when nothing happened since the
+    last one (``force``: a batch even then, e.g. to announce this proc)."""
+    metrics = _metrics.changed_snapshots()
+    taken = state.take_spans() if state.spans or state._retired else []
+    # one ``bytes`` blob: the root keeps it as it is for the trace file (unpacking tens of
+    # thousands of tuples per second there would cost the client its garbage collector's time)
+    spans = marshal.dumps(taken) if taken else b""
+    events = _drain(state.events) if state.events else []
+    dropped, state.dropped = state.dropped, 0
+    if not (metrics or taken or events or dropped or force):
+        return None
+    return {
+        "v": VERSION, **state.identity(), "address": address, "time_ns": time.time_ns(),
+        "metrics": metrics, "spans": spans, "nspans": len(taken), "clock_offset": clock_offset(),
+        "events": events, "dropped": dropped,
+    }
+
+
+def spans_of(batch: dict) -> list:
+    """The spans of a batch, each as :func:`._spans.decode` gives it."""
+    blob = batch.get("spans")
+    if not blob:
+        return []
+    offset = int(batch.get("clock_offset") or 0)
+    return [decode(rec, offset) for rec in marshal.loads(blob)]
+
+
+def encode(batch: dict) -> bytes:
+    return marshal.dumps(batch)
+
+
+def _hex(v: int, width: int) -> Optional[str]:
+    return f"{v:0{width}x}" if v else None
+
+
+def events_of(batch: dict, kinds: frozenset[str]) -> list[Any]:
+    """The sink events of one batch (only the ``kinds`` someone wants)."""
+    from monarch_core.hookspecs import TelemetryEvent
+
+    ident = {"proc": batch.get("proc"), "proc_name": batch.get("proc_name"), "host": batch.get("host"),
+             "pid": batch.get("pid")}
+    out: list[Any] = []
+    if "span" in kinds:
+        for name, trace, span, parent, start, dur, kind, thread, attrs in spans_of(batch):
+            a = {**ident, "thread": thread, "trace_id": trace.hex(), "span_id": _hex(span, 16),
+                 "parent_id": _hex(parent, 16), "span_kind": kind, **attrs_dict(attrs)}
+            out.append(TelemetryEvent("span", name, start, dur, a))
+    if "lifecycle" in kinds:
+        for name, ts, attrs in batch.get("events", ()):
+            out.append(TelemetryEvent("lifecycle", name, ts, 0, {**ident, **attrs}))
+    if "metric" in kinds:
+        ts = batch.get("time_ns") or time.time_ns()
+        for snap in batch.get("metrics", ()):
+            m = _metrics.from_snapshot(snap, str(batch.get("proc")), str(batch.get("host")))
+            out.append(TelemetryEvent("metric", "endpoint", ts, 0, {**ident, **m.as_dict()}))
+    return out

@@ -1,0 +1,321 @@
+"""Endpoint metrics: counted in the process that sees the call, shipped in batches.
+
+An :class:`EndpointStat` aggregates one (side, actor mesh, endpoint, rank,
+adverb) in one process: calls, errors by exception type, a latency histogram
+and the request / reply bytes.  The client side counts in the caller's process
+when the reply arrives; the server side in the actor's process when the
+endpoint returns.  Recording costs a lock and a few integer operations, never
+a message, an allocation per call or a pluggy call.
+
+The histogram has 8 buckets per power of two of nanoseconds (exact below 16
+ns): a percentile read from it is within 6.25 % of the true sample, and lies
+between the recorded minimum and maximum.
+
+In the root client, :func:`merge` keeps the latest cumulative snapshot each
+proc sent; :func:`endpoint_metrics` reads local and shipped ones together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional
+
+from monarch_core._telemetry._core import state
+
+NBUCKETS = 512
+_NO_MIN = 1 << 62
+CLIENT = "client"
+SERVER = "server"
+
+
+def bucket_of(ns: int) -> int:
+    """The histogram bucket of a duration of ``ns`` nanoseconds."""
+    b = ns.bit_length()
+    return ns if b <= 4 else ((b - 3) << 3) | ((ns >> (b - 4)) & 7)
+
+
+def bucket_bounds(i: int) -> tuple[int, int]:
+    """``[low, high)`` of bucket ``i``, in nanoseconds."""
+    if i < 16:
+        return i, i + 1
+    b = (i >> 3) + 3
+    lo = (8 + (i & 7)) << (b - 4)
+    return lo, lo + (1 << (b - 4))
+
+
+class EndpointStat:
+    """The running totals of one endpoint as seen from one side in this process."""
+
+    __slots__ = ("key", "lock", "calls", "errors", "count", "sum", "min", "max", "buckets", "req", "rep", "sent")
+
+    def __init__(self, key: tuple) -> None:
+        self.key = key
+        self.lock = threading.Lock()
+        self.calls = 0
+        self.errors: dict[str, int] = {}
+        self.count = 0  # latency samples (a broadcast has none)
+        self.sum = 0
+        self.min = _NO_MIN
+        self.max = 0
+        self.buckets = [0] * NBUCKETS
+        self.req = 0
+        self.rep = 0
+        self.sent = 0  # ``calls`` when the last batch took a snapshot
+
+    def record(self, dt: int, req: int, rep: int, err: Optional[str] = None) -> None:
+        """One call that took ``dt`` ns, with ``req`` request and ``rep`` reply
+        bytes; ``err``: the exception type's name if it failed."""
+        b = dt.bit_length()
+        i = dt if b <= 4 else ((b - 3) << 3) | ((dt >> (b - 4)) & 7)
+        lock = self.lock
+        lock.acquire()  # (cheaper than ``with`` on this path; nothing below raises)
+        try:
+            self.calls += 1
+            self.count += 1
+            self.sum += dt
+            self.buckets[i] += 1
+            self.req += req
+            self.rep += rep
+            if dt > self.max:
+                self.max = dt
+            if dt < self.min:
+                self.min = dt
+            if err is not None:
+                self.errors[err] = self.errors.get(err, 0) + 1
+        finally:
+            lock.release()
+
+    def record_send(self, req: int) -> None:
+        """A call with no reply to wait for (``broadcast``): counted, no latency."""
+        with self.lock:
+            self.calls += 1
+            self.req += req
+
+    def snapshot(self) -> tuple:
+        """The cumulative totals as plain data (what a batch carries)."""
+        with self.lock:
+            buckets = {i: c for i, c in enumerate(self.buckets) if c}
+            return (self.key, self.calls, dict(self.errors), self.count, self.sum, self.min if self.count else 0,
+                    self.max, buckets, self.req, self.rep)
+
+
+_stats: dict[tuple, EndpointStat] = {}
+_stats_lock = threading.Lock()
+
+
+def stat_for(side: str, mesh_key: str, mesh: str, endpoint: str, rank: Optional[int], adverb: str = "") -> EndpointStat:
+    """The stat of this key in this process (made on first use)."""
+    key = (side, mesh_key, mesh, endpoint, rank, adverb)
+    s = _stats.get(key)
+    if s is None:
+        with _stats_lock:
+            s = _stats.get(key)
+            if s is None:
+                s = _stats[key] = EndpointStat(key)
+    return s
+
+
+def changed_snapshots() -> list[tuple]:
+    """Snapshots of the stats that changed since the last call (for a batch)."""
+    out = []
+    for s in list(_stats.values()):
+        calls = s.calls
+        if calls != s.sent:
+            s.sent = calls
+            out.append(s.snapshot())
+    return out
+
+
+def local_snapshots() -> list[tuple]:
+    return [s.snapshot() for s in list(_stats.values())]
+
+
+# ------------------------------------------------------------------ the root's view
+
+#: (proc id, key) -> (snapshot, host): the latest totals each proc shipped.
+_remote: dict[tuple, tuple] = {}
+_remote_lock = threading.Lock()
+
+
+def merge(proc: str, host: str, snapshots: Iterable[tuple]) -> None:
+    """Keep the snapshots ``proc`` shipped (they are cumulative: the latest wins)."""
+    with _remote_lock:
+        for snap in snapshots:
+            _remote[(proc, tuple(snap[0]))] = (snap, host)
+
+
+def forget() -> None:
+    """Drop every stat, local and shipped (``monarch_core.telemetry.reset_metrics``)."""
+    with _stats_lock:
+        _stats.clear()
+    with _remote_lock:
+        _remote.clear()
+
+
+@dataclasses.dataclass(frozen=True)
+class Latency:
+    """A latency distribution: ``count`` samples, their sum, min and max, and the
+    histogram (bucket index -> count; see :func:`bucket_bounds`), all in ns."""
+
+    count: int
+    sum_ns: int
+    min_ns: int
+    max_ns: int
+    buckets: Mapping[int, int]
+
+    def percentile(self, q: float) -> float:
+        """The ``q``-th percentile (0-100) in nanoseconds, from the histogram
+        (within 6.25 %, clamped to [min, max]); NaN without samples."""
+        if not self.count:
+            return float("nan")
+        rank = q / 100.0 * self.count
+        seen = 0
+        for i in sorted(self.buckets):
+            c = self.buckets[i]
+            if seen + c >= rank:
+                lo, hi = bucket_bounds(i)
+                v = lo + (hi - lo) * (max(0.0, rank - seen) / c)
+                return float(min(max(v, self.min_ns), self.max_ns))
+            seen += c
+        return float(self.max_ns)
+
+    @property
+    def p50_ms(self) -> float:
+        return self.percentile(50) / 1e6
+
+    @property
+    def p99_ms(self) -> float:
+        return self.percentile(99) / 1e6
+
+    @property
+    def mean_ms(self) -> float:
+        return self.sum_ns / self.count / 1e6 if self.count else float("nan")
+
+    @property
+    def total_ms(self) -> float:
+        return self.sum_ns / 1e6
+
+    def merged(self, other: Latency) -> Latency:
+        b = dict(self.buckets)
+        for i, c in other.buckets.items():
+            b[i] = b.get(i, 0) + c
+        if not self.count:
+            lo, hi = other.min_ns, other.max_ns
+        elif not other.count:
+            lo, hi = self.min_ns, self.max_ns
+        else:
+            lo, hi = min(self.min_ns, other.min_ns), max(self.max_ns, other.max_ns)
+        return Latency(self.count + other.count, self.sum_ns + other.sum_ns, lo, hi, b)
+
+
+@dataclasses.dataclass(frozen=True)
+class EndpointMetrics:
+    """The totals of one endpoint, from one side, since its process started.
+
+    ``side`` is ``"client"`` (measured by the caller: latency from the send to
+    the reply, errors as the caller sees them -- ``ActorError``,
+    ``SupervisionError`` ...) or ``"server"`` (measured in the actor's proc:
+    the time the endpoint ran, errors by the type the endpoint raised).
+    ``rank`` is the actor's rank in its mesh on the server side; on the client
+    side the destination's rank for ``call_one``/``choose`` and ``None`` for
+    ``call``/``stream``/``broadcast`` (one call reaching every rank).  ``adverb``
+    is the client-side adverb (``""`` on the server side).  ``request_bytes``
+    counts the pickled arguments once per actor reached, ``reply_bytes`` the
+    pickled results (0 for explicit-response-port endpoints on the server
+    side).  ``calls`` counts broadcasts too; ``latency`` only calls with a reply.
+    """
+
+    side: str
+    mesh: str
+    endpoint: str
+    rank: Optional[int]
+    adverb: str
+    proc: str
+    host: str
+    calls: int
+    errors: Mapping[str, int]
+    latency: Latency
+    request_bytes: int
+    reply_bytes: int
+    mesh_key: str = ""
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.errors.values())
+
+    @property
+    def p50_ms(self) -> float:
+        return self.latency.p50_ms
+
+    @property
+    def p99_ms(self) -> float:
+        return self.latency.p99_ms
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data (what the JSON-lines sink writes for a ``metric`` event)."""
+        lat = self.latency
+        return {
+            "side": self.side, "mesh": self.mesh, "mesh_key": self.mesh_key, "endpoint": self.endpoint,
+            "rank": self.rank, "adverb": self.adverb, "proc": self.proc, "host": self.host, "calls": self.calls,
+            "errors": dict(self.errors), "request_bytes": self.request_bytes, "reply_bytes": self.reply_bytes,
+            "latency_count": lat.count, "latency_sum_ns": lat.sum_ns, "latency_min_ns": lat.min_ns,
+            "latency_max_ns": lat.max_ns, "latency_p50_ns": _num(lat.percentile(50)),
+            "latency_p99_ns": _num(lat.percentile(99)),
+            "latency_buckets": {str(i): c for i, c in sorted(lat.buckets.items())},
+        }
+
+
+def _num(v: float) -> float | None:
+    return None if v != v else round(v, 1)
+
+
+def from_snapshot(snap: tuple, proc: str, host: str) -> EndpointMetrics:
+    (side, mesh_key, mesh, endpoint, rank, adverb), calls, errors, count, sm, mn, mx, buckets, req, rep = snap
+    return EndpointMetrics(side, mesh, endpoint, rank, adverb, proc, host, calls, dict(errors),
+                           Latency(count, sm, mn, mx, dict(buckets)), req, rep, mesh_key)
+
+
+def from_dict(d: Mapping[str, Any]) -> EndpointMetrics:
+    """The inverse of :meth:`EndpointMetrics.as_dict` (``monarch summary`` reads files with it)."""
+    lat = Latency(int(d.get("latency_count", 0)), int(d.get("latency_sum_ns", 0)), int(d.get("latency_min_ns", 0)),
+                  int(d.get("latency_max_ns", 0)),
+                  {int(i): int(c) for i, c in dict(d.get("latency_buckets") or {}).items()})
+    return EndpointMetrics(str(d["side"]), str(d["mesh"]), str(d["endpoint"]), d.get("rank"), str(d.get("adverb", "")),
+                           str(d.get("proc", "")), str(d.get("host", "")), int(d.get("calls", 0)),
+                           dict(d.get("errors") or {}), lat, int(d.get("request_bytes", 0)),
+                           int(d.get("reply_bytes", 0)), str(d.get("mesh_key", "")))
+
+
+def all_metrics() -> list[EndpointMetrics]:
+    """This process's own stats and (in the root) every shipped one."""
+    out = [from_snapshot(s, state.proc_id, state.host) for s in local_snapshots()]
+    with _remote_lock:
+        items = list(_remote.items())
+    out.extend(from_snapshot(snap, proc, host) for (proc, _key), (snap, host) in items)
+    return out
+
+
+def combine(rows: Iterable[EndpointMetrics], by: tuple[str, ...] = ("side", "mesh", "endpoint")) -> list[EndpointMetrics]:
+    """Sum ``rows`` that agree on the fields ``by`` (the others become
+    ``None``/``""``/``"*"``): e.g. every rank of an endpoint into one row."""
+    groups: dict[tuple, EndpointMetrics] = {}
+    for r in rows:
+        k = tuple(getattr(r, f) for f in by)
+        g = groups.get(k)
+        if g is None:
+            groups[k] = r
+            continue
+        errors = dict(g.errors)
+        for t, n in r.errors.items():
+            errors[t] = errors.get(t, 0) + n
+        groups[k] = EndpointMetrics(
+            g.side if "side" in by else "*", g.mesh, g.endpoint,
+            g.rank if "rank" in by or g.rank == r.rank else None,
+            g.adverb if g.adverb == r.adverb else "*",
+            g.proc if g.proc == r.proc else "*", g.host if g.host == r.host else "*",
+            g.calls + r.calls, errors, g.latency.merged(r.latency), g.request_bytes + r.request_bytes,
+            g.reply_bytes + r.reply_bytes, g.mesh_key if g.mesh_key == r.mesh_key else "*",
+        )
+    return list(groups.values())

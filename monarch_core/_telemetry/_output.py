@@ -1,0 +1,455 @@
+"""Proc output: where a proc's stdout, stderr and ``logging`` records go.
+
+In a proc, :data:`capture` puts the output in one of three modes:
+
+* ``direct`` -- untouched: the proc writes to the file descriptors it
+  inherited (a local proc: the client's terminal).
+* ``file`` -- both descriptors go to a per-host log file (a remote proc that
+  does not stream); lines written from Python are prefixed with the actor (or
+  the proc) that wrote them, and appended whole.
+* ``stream`` -- both descriptors go into pipes read by the ``monarch-output``
+  thread, Python-level writes are tagged with the writing actor, and the lines
+  travel to the root client in batches (one message per burst, never one per
+  line) where :data:`printer` prints them with their prefix
+  ``[<actor or proc> <host>]``, in the order each proc wrote them.
+
+:meth:`Capture.drain` sends everything still buffered (a stopping proc calls
+it before its last batch), so nothing printed before ``stop()`` is lost.
+
+In the root, :class:`Printer` prints streamed lines at once, or, with an
+aggregation window, collects the lines of a proc mesh for the window and
+prints identical ones once with a count: ``[16 similar lines] step 10 loss 0.12``.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import logging
+import os
+import selectors
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from monarch_core._telemetry._core import actor_name
+
+logger = logging.getLogger("monarch.logs")
+
+DIRECT, FILE, STREAM = "direct", "file", "stream"
+#: Seconds a burst of output waits for more before it is sent.
+COALESCE = 0.005
+MAX_LINE = 64 << 10
+
+
+class _ProcStream(io.TextIOBase):
+    """What ``sys.stdout`` / ``sys.stderr`` are in a proc whose output is
+    captured: whole lines, tagged with the actor that wrote them."""
+
+    def __init__(self, capture: Capture, fd: int, original: Any) -> None:
+        self._capture = capture
+        self._fd = fd
+        self._original = original
+        self._partial = ""
+        self._lock = threading.Lock()
+
+    # the attributes code expects of sys.stdout
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._original, "encoding", "utf-8") or "utf-8"
+
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        return getattr(self._original, "errors", "strict") or "strict"
+
+    @property
+    def buffer(self) -> Any:
+        return self._original.buffer
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        if not isinstance(s, str):
+            raise TypeError(f"write() argument must be str, not {type(s).__name__}")
+        with self._lock:
+            text = self._partial + s
+            if "\n" not in text:
+                self._partial = text if len(text) < MAX_LINE else ""
+                if len(text) >= MAX_LINE:
+                    self._capture.lines(self._fd, actor_name(), [text])
+                return len(s)
+            *whole, self._partial = text.split("\n")
+        self._capture.lines(self._fd, actor_name(), whole)
+        return len(s)
+
+    def flush(self) -> None:
+        with self._lock:
+            rest, self._partial = self._partial, ""
+        if rest:
+            self._capture.lines(self._fd, actor_name(), [rest])
+
+
+class Capture:
+    """The output of this proc (one per process; see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.mode = DIRECT
+        self.lock = threading.RLock()
+        self.send: Optional[Callable[[list], None]] = None
+        self.label = ""
+        #: where mode ``file`` writes (a remote proc's per-host log file; None: no such file)
+        self.log_path: Optional[str] = None
+        self.log_file: Optional[str] = None  # the file being written now (mode ``file``)
+        self._queue: collections.deque[tuple] = collections.deque()
+        self._saved: dict[int, int] = {}  # fd -> a duplicate of what it was before we touched it
+        self._streams: dict[int, _ProcStream] = {}
+        self._originals: dict[int, Any] = {}
+        self._pipes: dict[int, int] = {}  # read end -> the fd it serves
+        self._partial: dict[int, bytes] = {}
+        self._file_fd: Optional[int] = None
+        self._thread: Optional[threading.Thread] = None
+        self._wake_r: Optional[int] = None
+        self._wake_w: Optional[int] = None
+        self._signalled = False
+
+    # -------------------------------------------------------------- set up
+    def configure(self, *, label: str, send: Callable[[list], None], log_path: Optional[str] = None) -> None:
+        self.label = label
+        self.send = send
+        self.log_path = log_path
+
+    def set_mode(self, mode: str) -> None:
+        """Switch to ``mode`` (draining what the old mode holds); ``file``
+        needs a ``log_path`` (:meth:`configure`)."""
+        if mode not in (DIRECT, FILE, STREAM):
+            raise ValueError(f"unknown output mode {mode!r}")
+        if mode == FILE and self.log_path is None:
+            raise ValueError("this proc has no log file (only procs on remote hosts do)")
+        with self.lock:
+            if mode == self.mode:
+                return
+            self.drain()
+            self._undo()
+            if mode == FILE:
+                self._to_file(self.log_path)  # type: ignore[arg-type]
+            elif mode == STREAM:
+                self._to_pipes()
+            self.mode = mode
+
+    def quiet_mode(self) -> str:
+        """Where output goes when it is not streamed: the log file, or the inherited descriptors."""
+        return FILE if self.log_path is not None else DIRECT
+
+    def _save(self, fd: int) -> None:
+        if fd not in self._saved:
+            self._saved[fd] = os.dup(fd)
+
+    def _install_streams(self) -> None:
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            orig = getattr(sys, name)
+            if isinstance(orig, _ProcStream):
+                continue
+            try:
+                orig.flush()
+            except Exception:  # noqa: BLE001 - a closed stream: nothing to flush
+                pass
+            self._originals[fd] = orig
+            s = self._streams[fd] = _ProcStream(self, fd, orig)
+            setattr(sys, name, s)
+            _repoint_handlers(orig, s)
+
+    def _restore_streams(self) -> None:
+        for fd, name in ((1, "stdout"), (2, "stderr")):
+            s = self._streams.pop(fd, None)
+            orig = self._originals.pop(fd, None)
+            if s is not None and orig is not None:
+                s.flush()
+                if getattr(sys, name) is s:
+                    setattr(sys, name, orig)
+                _repoint_handlers(s, orig)
+
+    def _to_file(self, path: str) -> None:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._file_fd = fd
+        self.log_file = path
+        for target in (1, 2):
+            self._save(target)
+            os.dup2(fd, target)
+        self._install_streams()
+
+    def _to_pipes(self) -> None:
+        for target in (1, 2):
+            r, w = os.pipe()
+            self._save(target)
+            os.dup2(w, target)
+            os.close(w)
+            os.set_blocking(r, False)
+            self._pipes[r] = target
+            self._partial[r] = b""
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._install_streams()
+        self._thread = threading.Thread(target=self._run, name="monarch-output", daemon=True)
+        self._thread.start()
+
+    def _undo(self) -> None:
+        """Back to the descriptors the proc started with (mode ``direct``)."""
+        self._restore_streams()
+        for target, saved in list(self._saved.items()):
+            os.dup2(saved, target)
+        if self._pipes:
+            thread, self._thread = self._thread, None
+            self._wake()
+            if thread is not None:
+                thread.join(2.0)
+            for r in list(self._pipes):
+                self._read_pipe(r, final=True)
+                os.close(r)
+            self._pipes.clear()
+            for fd in (self._wake_r, self._wake_w):
+                if fd is not None:
+                    os.close(fd)
+            self._wake_r = self._wake_w = None
+        if self._file_fd is not None:
+            os.close(self._file_fd)
+            self._file_fd = None
+            self.log_file = None
+        self.mode = DIRECT
+
+    # -------------------------------------------------------------- lines
+    def lines(self, fd: int, who: Optional[str], texts: list[str]) -> None:
+        """Whole lines written from Python (any thread)."""
+        if self.mode == STREAM:
+            q = self._queue
+            for t in texts:
+                q.append((fd, who, t))
+            self._wake()
+            return
+        prefix = f"[{who or self.label}] "
+        data = "".join(prefix + t + "\n" for t in texts).encode("utf-8", "replace")
+        try:
+            os.write(fd, data)
+        except OSError:  # pragma: no cover - the descriptor is gone
+            pass
+
+    def _wake(self) -> None:
+        if self._signalled or self._wake_w is None:
+            return
+        self._signalled = True
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:  # pragma: no cover
+            pass
+
+    def _read_pipe(self, r: int, final: bool = False) -> None:
+        fd = self._pipes[r]
+        while True:
+            try:
+                chunk = os.read(r, 65536)
+            except BlockingIOError:
+                chunk = None
+            except OSError:
+                chunk = b""
+            if not chunk:
+                break
+            data = self._partial[r] + chunk
+            *whole, rest = data.split(b"\n")
+            if len(rest) >= MAX_LINE:
+                whole.append(rest)
+                rest = b""
+            self._partial[r] = rest
+            for line in whole:
+                self._queue.append((fd, None, line.decode("utf-8", "replace")))
+            if chunk is None:
+                break
+        if final and self._partial.get(r):
+            self._queue.append((fd, None, self._partial[r].decode("utf-8", "replace")))
+            self._partial[r] = b""
+
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        for r in list(self._pipes):
+            sel.register(r, selectors.EVENT_READ)
+        assert self._wake_r is not None
+        wake_r = self._wake_r
+        sel.register(wake_r, selectors.EVENT_READ)
+        try:
+            while self._thread is threading.current_thread():
+                sel.select(1.0)
+                time.sleep(COALESCE)
+                try:
+                    while os.read(wake_r, 4096):
+                        pass
+                except (BlockingIOError, OSError):
+                    pass
+                self._signalled = False
+                with self.lock:
+                    if self._thread is not threading.current_thread():
+                        break
+                    for r in list(self._pipes):
+                        self._read_pipe(r)
+                    self._send_queued()
+        finally:
+            sel.close()
+
+    def _send_queued(self) -> None:
+        q = self._queue
+        if not q:
+            return
+        batch = []
+        while q:
+            try:
+                batch.append(q.popleft())
+            except IndexError:
+                break
+        send = self.send
+        if send is None:
+            return
+        try:
+            send(batch)
+        except Exception:  # noqa: BLE001 - the root is gone: nothing to show them to
+            logger.debug("could not send %d output lines", len(batch), exc_info=True)
+
+    def drain(self) -> None:
+        """Send (or write) everything buffered now (a stopping proc calls it)."""
+        with self.lock:
+            for s in list(self._streams.values()):
+                s.flush()
+            for name in ("stdout", "stderr"):
+                try:
+                    getattr(sys, name).flush()
+                except Exception:  # noqa: BLE001
+                    pass
+            if self.mode == STREAM:
+                for r in list(self._pipes):
+                    self._read_pipe(r, final=True)
+                self._send_queued()
+
+
+def _repoint_handlers(old: Any, new: Any) -> None:
+    """``logging`` handlers writing to ``old`` write to ``new`` from now on."""
+    loggers = [logging.getLogger()] + [
+        lg for lg in logging.Logger.manager.loggerDict.values() if isinstance(lg, logging.Logger)
+    ]
+    for lg in loggers:
+        for h in lg.handlers:
+            if isinstance(h, logging.StreamHandler) and getattr(h, "stream", None) is old:
+                h.setStream(new)
+
+
+capture = Capture()
+
+
+# ------------------------------------------------------------------ the root's printer
+
+
+class Printer:
+    """Prints the lines procs stream to the root client (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: proc mesh name -> aggregation window in seconds (0: print at once)
+        self.windows: dict[str, float] = {}
+        #: (the window of a mesh whose logging_option was not called: 3 s, as logging_option's default)
+        self.default_window = 3.0
+        #: group -> (deadline, {(stream, text): [count, first prefix]}) for windows being filled
+        self._open: dict[str, tuple[float, dict]] = {}
+        self._thread: Optional[threading.Thread] = None
+        self._cond = threading.Condition(self.lock)
+        self._log_files: set[str] = set()
+
+    def set_window(self, group: str, seconds: Optional[float]) -> None:
+        with self.lock:
+            self.windows[group] = float(seconds or 0.0)
+
+    def add(self, batch: dict) -> None:
+        """A proc's batch with output lines (any thread)."""
+        log_file = batch.get("log_file")
+        if log_file and log_file not in self._log_files:
+            self._log_files.add(log_file)
+            logger.info("output of procs on host %s goes to %s (ProcMesh.logging_option(stream_to_client=True) "
+                        "streams it to this client)", batch.get("host"), log_file)
+        out = batch.get("output") or ()
+        if not out:
+            return
+        host = batch.get("host") or "?"
+        label = batch.get("proc_name") or batch.get("proc")
+        group = str(batch.get("group") or label)
+        size = int(batch.get("group_size") or 1)
+        with self.lock:
+            window = self.windows.get(group, self.default_window)
+            if window <= 0 or size <= 1:
+                now = [(fd, f"[{who or label} {host}] {text}") for fd, who, text in out]
+                self._write(now)
+                return
+            entry = self._open.get(group)
+            if entry is None:
+                entry = self._open[group] = (time.monotonic() + window, {})
+                self._ensure_thread()
+                self._cond.notify()
+            lines = entry[1]
+            for fd, who, text in out:
+                k = (fd, text)
+                v = lines.get(k)
+                if v is None:
+                    lines[k] = [1, f"{who or label} {host}"]
+                else:
+                    v[0] += 1
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="monarch-log-aggregator", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        with self.lock:
+            while True:
+                if not self._open:
+                    self._cond.wait(30.0)
+                    if not self._open:
+                        self._thread = None
+                        return
+                    continue
+                now = time.monotonic()
+                due = [g for g, (deadline, _l) in self._open.items() if deadline <= now]
+                for g in due:
+                    self._print_group(self._open.pop(g)[1])
+                if self._open:
+                    self._cond.wait(max(0.0, min(d for d, _l in self._open.values()) - now))
+
+    def _print_group(self, lines: dict) -> None:
+        out = []
+        for (fd, text), (n, prefix) in lines.items():
+            out.append((fd, f"[{n} similar lines] {text}" if n > 1 else f"[{prefix}] {text}"))
+        self._write(out)
+
+    @staticmethod
+    def _write(lines: list[tuple[int, str]]) -> None:
+        for fd in (1, 2):
+            text = "".join(t + "\n" for f, t in lines if f == fd)
+            if not text:
+                continue
+            stream = sys.stdout if fd == 1 else sys.stderr
+            try:
+                stream.write(text)
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a closed terminal
+                pass
+
+    def flush(self, group: Optional[str] = None) -> None:
+        """Print what the open windows hold now (``group``: only that proc mesh's)."""
+        with self.lock:
+            for g in [g for g in self._open if group is None or g == group]:
+                self._print_group(self._open.pop(g)[1])
+
+
+printer = Printer()
