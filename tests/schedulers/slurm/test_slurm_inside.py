@@ -146,9 +146,12 @@ def test_what_the_nodes_print_reaches_the_job_output_with_the_node_name(batch_jo
     text = (d / "out.txt").read_text()
     out = H.results(d)
     # procs of one node share its pipe; with PYTHONUNBUFFERED two of them may
-    # write parts of a line in turn, so look for the marker on any line of its node
+    # write parts of a line in turn, so look for the marker on any line of its node.
+    # A line comes either from the worker step (``[h1] ...``) or streamed to the
+    # client by the proc itself (``[where{'hosts': 0/3, 'gpus': 1/4} h1] ...``).
     for host, pid in out["where"]:
-        mine = "\n".join(ln for ln in text.splitlines() if ln.startswith(f"[{host}] "))
+        mine = "\n".join(ln for ln in text.splitlines()
+                         if ln.startswith(f"[{host}] ") or re.match(rf"\[\S+\{{.*\}} {re.escape(host)}\] ", ln))
         assert f"stdout-marker {host} {pid}" in mine, text[-4000:]
         assert f"stderr-marker {host} {pid}" in mine, text[-4000:]
 
