@@ -149,15 +149,8 @@ def record_trace(path: str, *, timeout: float = 5.0) -> Iterator[ChromeTraceSink
     ``monarch summary run.json``."""
     from monarch_core._telemetry._sinks import ChromeTraceSink
 
-    sink = ChromeTraceSink(path)
-    add_sink(sink)
-    try:
+    with _recording(ChromeTraceSink(path), timeout) as sink:
         yield sink
-    finally:
-        try:
-            flush(timeout)
-        finally:
-            remove_sink(sink)
 
 
 @contextlib.contextmanager
@@ -166,7 +159,14 @@ def record_events(path: str, *, kinds: Optional[list[str]] = None, timeout: floa
     spans, endpoint metrics and lifecycle events (or only ``kinds``)."""
     from monarch_core._telemetry._sinks import JsonLinesSink
 
-    sink = JsonLinesSink(path, kinds)
+    with _recording(JsonLinesSink(path, kinds), timeout) as sink:
+        yield sink
+
+
+@contextlib.contextmanager
+def _recording(sink: Any, timeout: float) -> Iterator[Any]:
+    """``sink`` added for the block; at its end, what the procs hold is
+    flushed (within ``timeout`` s) and the sink removed."""
     add_sink(sink)
     try:
         yield sink

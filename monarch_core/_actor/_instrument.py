@@ -222,11 +222,16 @@ class TimedOneReply(OneReply):
         OneReply.fail(self, exc, proc_id)
 
 
-class TimedGather(GatherReplies):
-    """``GatherReplies`` (``call``) that records the call once every reply (or the first error) is in."""
+class _RecordsOnce:
+    """What ``TimedGather`` and ``TimedStream`` share: the reply bytes and
+    first error they collect, and recording the call exactly once (with its
+    span, named ``_SPAN``).  Mixed in before the collector class (whose
+    ``lock`` it uses)."""
 
-    def __init__(self, kernel: Kernel, extent: Any, describe: Any, build: Any) -> None:
-        super().__init__(kernel, extent, describe, build)
+    _SPAN = "call"
+    lock: Any
+
+    def _timing_init(self) -> None:
         self.rep = 0
         self.err: Optional[str] = None
         self.recorded = False
@@ -235,6 +240,25 @@ class TimedGather(GatherReplies):
         self.side: Any = None
         self.sp: Optional[tuple] = None
         self.t0 = 0
+
+    def _record(self, err: Optional[str]) -> None:
+        with self.lock:
+            if self.recorded:
+                return
+            self.recorded = True
+            err = self.err or err
+        dt = _now() - self.t0
+        self.stat.record(dt, self.req, self.rep, err)
+        if self.sp is not None:
+            self.side.end_span(self.sp, self._SPAN, None, err, self.t0, dt)
+
+
+class TimedGather(_RecordsOnce, GatherReplies):
+    """``GatherReplies`` (``call``) that records the call once every reply (or the first error) is in."""
+
+    def __init__(self, kernel: Kernel, extent: Any, describe: Any, build: Any) -> None:
+        super().__init__(kernel, extent, describe, build)
+        self._timing_init()
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         if status != _S_BATCH:
@@ -257,31 +281,14 @@ class TimedGather(GatherReplies):
                 self.err = type(exc).__name__
         GatherReplies.fail(self, exc, proc_id)
 
-    def _record(self, err: Optional[str]) -> None:
-        with self.lock:
-            if self.recorded:
-                return
-            self.recorded = True
-            err = self.err or err
-        dt = _now() - self.t0
-        self.stat.record(dt, self.req, self.rep, err)
-        if self.sp is not None:
-            self.side.end_span(self.sp, "call", None, err, self.t0, dt)
-
-
-class TimedStream(StreamReplies):
+class TimedStream(_RecordsOnce, StreamReplies):
     """``StreamReplies`` that records the call when its last reply arrives."""
+
+    _SPAN = "stream"
 
     def __init__(self, kernel: Kernel, n: int, describe: Any) -> None:
         super().__init__(kernel, n, describe)
-        self.rep = 0
-        self.err: Optional[str] = None
-        self.recorded = False
-        self.stat: Any = None
-        self.req = 0
-        self.side: Any = None
-        self.sp: Optional[tuple] = None
-        self.t0 = 0
+        self._timing_init()
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         n = nbytes(payload, buffers)
@@ -299,17 +306,6 @@ class TimedStream(StreamReplies):
     def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
         self._record(type(exc).__name__)
         StreamReplies.fail(self, exc, proc_id)
-
-    def _record(self, err: Optional[str]) -> None:
-        with self.lock:
-            if self.recorded:
-                return
-            self.recorded = True
-            err = self.err or err
-        dt = _now() - self.t0
-        self.stat.record(dt, self.req, self.rep, err)
-        if self.sp is not None:
-            self.side.end_span(self.sp, "stream", None, err, self.t0, dt)
 
 
 # ------------------------------------------------------------------ the server side (helpers for ActorHost)
