@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 
-def _toml(v: Any) -> str:
+def toml_value(v: Any) -> str:
+    """``v`` (bool, number, str, list, dict) as a TOML value."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
@@ -16,7 +17,9 @@ def _toml(v: Any) -> str:
     if isinstance(v, str):
         return json.dumps(v)
     if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml(x) for x in v) + "]"
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + " }"
     raise TypeError(f"no TOML form for {v!r}")
 
 
@@ -24,7 +27,7 @@ def write_hosts_config(directory: Path, name: str = "two", *, scheduler: str = "
     """``directory/monarch.toml`` with one ``[hosts.<name>]`` table
     (``hosts=2`` unless ``settings`` say otherwise)."""
     settings = {"hosts": 2, **settings}
-    lines = [f"[hosts.{name}]"] + [f"{k} = {_toml(v)}" for k, v in {"scheduler": scheduler, **settings}.items()]
+    lines = [f"[hosts.{name}]"] + [f"{k} = {toml_value(v)}" for k, v in {"scheduler": scheduler, **settings}.items()]
     path = Path(directory) / "monarch.toml"
     path.write_text("\n".join(lines) + "\n")
     return path

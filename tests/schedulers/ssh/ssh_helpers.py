@@ -29,6 +29,7 @@ from typing import Any
 
 from _helpers import clients as _clients
 from _helpers.clients import LineReader
+from _helpers.config import toml_value
 from _helpers.procs import kill_tree
 from _helpers.testbed import RT_RUN
 
@@ -56,20 +57,6 @@ def ssh_config(directory: Path, tag: str, extra: str = "") -> Path:
     return p
 
 
-def _toml(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{ " + ", ".join(f"{k} = {_toml(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"no TOML form for {v!r}")
-
-
 def entry(tag: str, directory: Path, **params: Any) -> dict[str, Any]:
     """An ``ssh`` entry's parameters for the testbed (tagged ssh_config, this
     checkout on the hosts' PYTHONPATH); ``params`` override."""
@@ -86,7 +73,7 @@ def write_config(directory: Path, entries: dict[str, dict[str, Any]]) -> Path:
     for name, params in entries.items():
         lines.append(f"[hosts.{name}]")
         lines.append('scheduler = "ssh"')
-        lines += [f"{k} = {_toml(v)}" for k, v in params.items()]
+        lines += [f"{k} = {toml_value(v)}" for k, v in params.items()]
         lines.append("")
     p = Path(directory) / "monarch.toml"
     p.write_text("\n".join(lines))
