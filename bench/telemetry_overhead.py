@@ -78,10 +78,12 @@ CHILD = textwrap.dedent(
         dt = time.perf_counter() - t0
         if i:
             rates.append(burst / dt)
-    cpu_us = (cpu(os.getpid()) - c0 + cpu(server) - s0) / (3 * burst) * 1e6
+    client_us = (cpu(os.getpid()) - c0) / (3 * burst) * 1e6
+    proc_us = (cpu(server) - s0) / (3 * burst) * 1e6
     procs.stop().get()
     print(json.dumps({"p50_us": lat[len(lat) // 2] / 1e3, "p99_us": lat[int(len(lat) * 0.99)] / 1e3,
-                      "rate": statistics.median(rates), "cpu_us": cpu_us}))
+                      "rate": statistics.median(rates), "cpu_us": client_us + proc_us,
+                      "client_cpu_us": client_us, "proc_cpu_us": proc_us}))
     """
 )
 
@@ -120,7 +122,8 @@ def main() -> int:
                 res = run(m, args, tmp)
                 results[m].append(res)
                 print(f"round {r + 1} {m:8} p50 {res['p50_us']:7.1f} µs  p99 {res['p99_us']:7.1f} µs  "
-                      f"{res['rate']:9.0f} calls/s  {res['cpu_us']:5.1f} µs CPU/call", file=sys.stderr, flush=True)
+                      f"{res['rate']:9.0f} calls/s  {res['cpu_us']:5.1f} µs CPU/call "
+                      f"({res['client_cpu_us']:.1f} client + {res['proc_cpu_us']:.1f} proc)", file=sys.stderr, flush=True)
     keys = ("p50_us", "p99_us", "rate", "cpu_us")
     med = {m: {k: statistics.median(x[k] for x in results[m]) for k in keys} for m in modes}
     base = med.get("off")

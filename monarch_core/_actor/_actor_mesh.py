@@ -247,13 +247,10 @@ class ActorMesh(MeshTrait, Generic[T]):
         tm = ep._tm
         if tm is None:
             tm = ep._tm = _instrument.client_side(ep)
-        trace = None
         if tm:
-            h = tm.one(kernel, self._region_, index, adverb, payload, bufs, ep)
-            if h.sp is not None:
-                trace = h.sp[4]  # the trace context (``_instrument.trace_bytes``)
+            h, trace = tm.one(kernel, self._region_, index, adverb, payload, bufs, ep)
         else:
-            h = OneReply(kernel, ep, adverb, index)
+            h, trace = OneReply(kernel, ep, adverb, index), None
         reply = (rt.proc_id, kernel.address, h.port_id)
         if len(self._members) < _tree.TREE_MIN:
             h.proc_id = self._send(index, ep._name, reply, index, self._region_, ep._prop._explicit_response_port,

@@ -33,7 +33,7 @@ from monarch_core._debug import _hook as _debug_hook
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._runtime import THREADED_INBOUND
 from monarch_core._mesh._shape import Extent, Point
-from monarch_core._telemetry import _spans
+from monarch_core._telemetry import _metrics, _spans
 from monarch_core._telemetry._core import state as _tstate
 from monarch_core.errors import SupervisionError
 
@@ -45,6 +45,7 @@ logger = logging.getLogger("monarch.actor")
 _STOP = object()
 _now = _instrument._now
 _nbytes = _instrument.nbytes
+_FOLD_AT = _metrics.FOLD_AT
 _current_span = _spans.current_span
 
 
@@ -595,7 +596,14 @@ class ActorHost:
                 f"the result of {self._where(method)} ({type(result).__name__}) could not be pickled: {e}"
             ) from e
         if tm is not None:
-            self._record(tm, len(rp) + (_nbytes(b"", rb) if rb else 0), None, method)
+            stat, t0, req, sp = tm
+            rep = len(rp) if not rb else _nbytes(rp, rb)
+            if sp is None:  # (``_record``, inlined: the per-call path with metrics on)
+                stat.add((_now() - t0, req, rep))
+                if len(stat.pending) >= _FOLD_AT:
+                    stat.fold()
+            else:
+                self._record(tm, rep, None, method)
         send_raw_to_port(reply_ref, rank, W.S_VALUE, rp, rb)
 
     def _lookup(self, name: str) -> tuple[Any, Any]:

@@ -17,7 +17,6 @@ for an ``@endpoint(instrument=False)``: the mesh then uses the plain collectors.
 
 from __future__ import annotations
 
-import io
 import logging
 import marshal
 import threading
@@ -40,42 +39,15 @@ logger = logging.getLogger("monarch.telemetry")
 _now = time.perf_counter_ns
 _current_span = _spans.current_span
 _getrandbits = _spans.getrandbits
+_child_context = _spans.child_context
 _MAX_SPANS = _spans.MAX_BUFFERED
 _S_VALUE = W.S_VALUE
 _S_ERROR = W.S_ERROR
 _S_BATCH = W.S_BATCH
 
 
-def nbytes(payload: Any, buffers: list) -> int:
-    """Bytes of a message's payload and out-of-band buffers."""
-    n = len(payload)
-    if buffers:
-        for b in buffers:
-            n += memoryview(b).nbytes
-    return n
-
-
-def error_type(payload: Any) -> str:
-    """The type of the exception an error reply carries, read from the
-    pickle's opcodes (nothing is unpickled, no code runs): ``ActorError``,
-    ``SupervisionError`` ...; ``"Exception"`` when it cannot be told."""
-    import pickletools
-
-    try:
-        data = bytes(memoryview(payload)[:4096])
-        strings: list[str] = []
-        for op, arg, _pos in pickletools.genops(io.BytesIO(data)):
-            if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
-                strings.append(arg)
-            elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-                name = strings[-1]
-                return "ActorError" if name == "_rebuild_actor_error" else name
-            elif op.name == "GLOBAL":
-                name = str(arg).split(" ")[-1]
-                return "ActorError" if name == "_rebuild_actor_error" else name
-    except Exception:  # noqa: BLE001 - a truncated or odd pickle: say what we can
-        pass
-    return "Exception"
+nbytes = _metrics.nbytes
+error_type = _metrics.error_type
 
 
 # ------------------------------------------------------------------ the client side of calls
@@ -93,7 +65,7 @@ class ClientSide:
         self.span_name = f"{mesh}.{endpoint}"
         self._stats: dict[tuple, _metrics.EndpointStat] = {}
         self._attrs: dict[tuple, tuple] = {}  # (adverb, rank, thread) -> the spans' meta (``_spans.meta``)
-        self._first: Optional[tuple] = None  # (stat, self, "call_one") of index 0's call_one: the common case
+        self._first: Optional[_metrics.EndpointStat] = None  # the stat of index 0's call_one: the common case
 
     def stat(self, rank: Optional[int], adverb: str) -> _metrics.EndpointStat:
         k = (rank, adverb)
@@ -112,46 +84,48 @@ class ClientSide:
         return s
 
     def span(self) -> Optional[tuple]:
-        """The client span of a call about to be sent, ``(trace_id, span_id,
-        parent_id, thread, the trace context its messages carry)`` (None: not
-        traced; ``thread``: the caller's track).  (Inlined: it runs per traced call.)"""
+        """The client span of a call about to be sent, ``(context, parent_id,
+        thread)`` (None: not traced): ``context`` is what its messages carry
+        (trace id and this span's id), ``thread`` the caller's track."""
         cur = _current_span.get()
         if cur is None:
             if not state.tracing:
                 return None
-            trace, parent = (_getrandbits(128) or 1).to_bytes(16, "big"), 0
+            ctx, parent = _getrandbits(192).to_bytes(24, "little"), 0  # (``_spans.new_context``)
         else:
-            trace, parent = cur[0], cur[1]
-        sid = _getrandbits(64) or 1
+            ctx, parent = _child_context(cur), cur[1]
         track = getattr(_spans._local, "track", None)
-        return (trace, sid, parent, track if track is not None else _spans._thread(), trace + sid.to_bytes(8, "big"))
+        return (ctx, parent, track if track is not None else _spans._thread())
 
     def end_span(self, sp: tuple, adverb: str, rank: Optional[int], error: Optional[str], t0: int, dt: int) -> None:
-        k = (adverb, rank, sp[3])
+        k = (adverb, rank, sp[2])
         m = self._attrs.get(k)
         if m is None:
-            m = self._attrs[k] = (self.span_name, "client", sp[3],
+            m = self._attrs[k] = (self.span_name, "client", sp[2],
                                   ("mesh", self.mesh, "endpoint", self.endpoint, "adverb", adverb, "rank", rank))
         spans = state.spans
         if error is None and len(spans) < _MAX_SPANS:  # (``_spans.record``, inlined)
-            spans.append((m, sp[0], sp[1], sp[2], t0, dt))
+            spans.append((m, sp[0], None, sp[1], t0, dt))
         else:
-            _spans.record(m, sp[0], sp[1], sp[2], t0, dt, error)
+            _spans.record(m, sp[0], None, sp[1], t0, dt, error)
 
     def one(self, kernel: Kernel, region: Any, index: int, adverb: str, payload: Any, bufs: list,
-            describe: Any = "") -> TimedOneReply:
-        h = TimedOneReply(kernel, describe, adverb, index)
+            describe: Any = "") -> tuple[OneReply, Optional[bytes]]:
+        """The reply collector of a ``call_one``/``choose`` to index ``index``
+        of ``region``, and the trace context its message carries (None: not traced)."""
         if index == 0 and adverb == "call_one":
-            ctx = self._first
-            if ctx is None:
-                ctx = self._first = (self.stat_at(region, 0, adverb), self, adverb)
+            stat = self._first
+            if stat is None:
+                stat = self._first = self.stat_at(region, 0, adverb)
         else:
-            ctx = (self.stat_at(region, index, adverb), self, adverb)
-        h.ctx = ctx
-        h.req = len(payload) if not bufs else nbytes(payload, bufs)
-        h.sp = None if _current_span.get() is None and not state.tracing else self.span()
-        h.t0 = _now()
-        return h  # (the span's context, when traced: ``h.sp[4]``)
+            stat = self.stat_at(region, index, adverb)
+        req = len(payload) if not bufs else nbytes(payload, bufs)
+        if _current_span.get() is None and not state.tracing:
+            return OneReply(kernel, describe, adverb, index, stat, req), None
+        sp = self.span()
+        h = TimedOneReply(kernel, describe, adverb, index, stat, req)
+        h.side, h.sp = self, sp
+        return h, None if sp is None else sp[0]
 
     def gather(self, kernel: Kernel, extent: Any, build: Any, adverb: str, payload: Any, bufs: list,
                describe: Any = "") -> TimedGather:
@@ -181,7 +155,7 @@ class ClientSide:
 
     def end_cast(self, sp: tuple, adverb: str) -> None:
         now = _now()
-        self.end_span(sp, adverb, None, None, sp[5], now - sp[5])
+        self.end_span(sp, adverb, None, None, sp[3], now - sp[3])
 
 
 def client_side(ep: Any) -> Any:
@@ -194,31 +168,28 @@ def client_side(ep: Any) -> Any:
 
 def trace_bytes(sp: Optional[tuple]) -> Optional[bytes]:
     """The header prefix of a traced call's messages (None: not traced)."""
-    return None if sp is None else sp[4]
+    return None if sp is None else sp[0]
 
 
 class TimedOneReply(OneReply):
-    """``OneReply`` that records the call when its reply (or failure) arrives.
-    ``ctx``: (its stat, the ``ClientSide``, the adverb)."""
+    """``OneReply`` of a traced call: it also ends the client span (``sp``, of
+    the ``ClientSide`` ``side``) when the reply (or failure) arrives."""
 
-    __slots__ = ("ctx", "req", "sp", "t0")
+    __slots__ = ("side", "sp")
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
-        dt = _now() - self.t0
-        err = error_type(payload) if status == _S_ERROR else None
-        ctx = self.ctx
-        ctx[0].record(dt, self.req, len(payload) if not buffers else nbytes(payload, buffers), err)
-        if self.sp is not None:
-            ctx[1].end_span(self.sp, ctx[2], ctx[0].key[4], err, self.t0, dt)
+        sp = self.sp
+        if sp is not None:
+            self.sp = None
+            self.side.end_span(sp, self.adverb, self.stat.key[4], error_type(payload) if status == _S_ERROR else None,
+                               self.t0, _now() - self.t0)
         OneReply.deliver(self, rank, status, payload, buffers)
 
     def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
-        err = type(exc).__name__
-        ctx = self.ctx
-        dt = _now() - self.t0
-        ctx[0].record(dt, self.req, 0, err)
-        if self.sp is not None:
-            ctx[1].end_span(self.sp, ctx[2], ctx[0].key[4], err, self.t0, dt)
+        sp = self.sp
+        if sp is not None:
+            self.sp = None
+            self.side.end_span(sp, self.adverb, self.stat.key[4], type(exc).__name__, self.t0, _now() - self.t0)
         OneReply.fail(self, exc, proc_id)
 
 
@@ -320,17 +291,18 @@ def server_stat(host: Any, method: str, prop: Any) -> Any:
 
 def server_span(h: tuple) -> Optional[tuple]:
     """The server span of an endpoint message (its header ``h``), or None when
-    not traced: ``(trace_id, span_id, what the record keeps as trace, its parent)``
-    -- a traced message's context is kept whole (24 bytes; split at the root)."""
+    not traced: ``(trace, span_id, parent)`` as the record keeps them -- a
+    traced message's context is kept whole as ``trace`` with parent None
+    (split at the root, ``_spans.decode``); the first two are what
+    ``current_span`` holds for the spans inside the endpoint."""
     if len(h) > 9:
         ctx = h[9]
         if type(ctx) is not bytes or len(ctx) != _spans.CONTEXT_SIZE or not state.enabled:
             return None  # a malformed context: the call runs untraced
-        return (ctx[:16], _spans.getrandbits(64) or 1, ctx, None)
+        return (ctx, _getrandbits(64) or 1, None)
     if not state.tracing:
         return None
-    b = _spans.begin(None)
-    return (b[0], b[1], b[0], 0) if b is not None else None
+    return _spans.begin(None)
 
 
 #: (actor key, endpoint) -> the spans' meta (``_spans.meta``; an actor has a thread of its own)
@@ -348,9 +320,9 @@ def end_server_span(sp: tuple, host: Any, method: str, t0: int, dt: int, error: 
             "mesh", host.name, "endpoint", method, "rank", host.rank.rank, "actor_id", host.actor_id))
     spans = state.spans
     if error is None and len(spans) < _MAX_SPANS:  # (``_spans.record``, inlined)
-        spans.append((m, sp[2], sp[1], sp[3], t0, dt))
+        spans.append((m, sp[0], sp[1], sp[2], t0, dt))
     else:
-        _spans.record(m, sp[2], sp[1], sp[3], t0, dt, error)
+        _spans.record(m, sp[0], sp[1], sp[2], t0, dt, error)
 
 
 # ------------------------------------------------------------------ shipping (procs -> root)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
+import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Protocol, TypeVar
 
@@ -19,6 +20,7 @@ from monarch_core._actor import _serial, _state
 from monarch_core._actor._future import Cell, Future
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
+from monarch_core._telemetry import _metrics
 from monarch_core.errors import ActorError
 
 if TYPE_CHECKING:
@@ -27,6 +29,9 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 _S_VALUE = W.S_VALUE
+_now = time.perf_counter_ns
+_nbytes = _metrics.nbytes
+_FOLD_AT = _metrics.FOLD_AT
 
 
 def _decode_value(status: int, payload: Any, buffers: list) -> Any:
@@ -360,11 +365,16 @@ class OneReply(PortHandler):
     """Collects exactly one reply into a cell (``call_one``, ``choose``).
 
     ``describe`` names the call in its failures: a :class:`CallSite` (with
-    ``index``, the rank called, and ``adverb``) or a plain text."""
+    ``index``, the rank called, and ``adverb``) or a plain text.  ``stat``
+    (an endpoint stat, ``_telemetry._metrics``): the call is counted there
+    when its reply or failure arrives -- latency from construction, ``req``
+    request bytes, the reply's bytes, the error's type.  (Built in rather than
+    a subclass: it is the per-call path of ``call_one`` with metrics on.)"""
 
-    __slots__ = ("cell", "port_id", "proc_id", "kernel", "describe", "index", "adverb")
+    __slots__ = ("cell", "port_id", "proc_id", "kernel", "describe", "index", "adverb", "stat", "req", "t0")
 
-    def __init__(self, kernel: Kernel, describe: Any, adverb: str = "call_one", index: int = -1) -> None:
+    def __init__(self, kernel: Kernel, describe: Any, adverb: str = "call_one", index: int = -1,
+                 stat: Any = None, req: int = 0) -> None:
         self.cell = Cell()
         self.kernel = kernel
         self.port_id = kernel.add_port(self)
@@ -372,8 +382,22 @@ class OneReply(PortHandler):
         self.describe = describe
         self.adverb = adverb
         self.index = index
+        self.stat = stat
+        if stat is not None:
+            self.req = req
+            self.t0 = _now()
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        stat = self.stat
+        if stat is not None:
+            dt = _now() - self.t0
+            rep = len(payload) if not buffers else _nbytes(payload, buffers)
+            if status == _S_VALUE:  # (``stat.record``, inlined)
+                stat.add((dt, self.req, rep))
+                if len(stat.pending) >= _FOLD_AT:
+                    stat.fold()
+            else:
+                stat.record(dt, self.req, rep, _metrics.error_type(payload))
         self.kernel.remove_port(self.port_id)
         self._forget()
         if status == _S_VALUE:
@@ -390,6 +414,8 @@ class OneReply(PortHandler):
                 self.kernel.reply_done(p, self.port_id)
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        if self.stat is not None:
+            self.stat.record(_now() - self.t0, self.req, 0, type(exc).__name__)
         self.kernel.remove_port(self.port_id)
         if type(self.proc_id) is not str:
             self._forget()

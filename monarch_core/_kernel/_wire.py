@@ -69,7 +69,7 @@ F_TREE = 2  # an actor message on its way through a cast tree (header: see ``mon
 F_ACK_SOON = 4  # the sender is near its send window: acknowledge this message as soon as it is delivered
 F_TRACE = 8  # an actor message of a traced call: its header starts with TRACE_SIZE bytes of trace context
 #: Bytes of trace context before the header of an ``F_TRACE`` message (opaque to the kernel;
-#: ``monarch_core._telemetry._spans.pack_context`` makes them).
+#: ``monarch_core._telemetry._spans.new_context`` makes them).
 TRACE_SIZE = 24
 
 # port message status

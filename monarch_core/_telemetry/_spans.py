@@ -3,7 +3,7 @@
 A span is recorded when its work is part of a traced call -- the context
 variable :data:`current_span` holds ``(trace_id, span_id)`` -- or when this
 process traces everything (``state.tracing``).  The context of a call travels
-in its message header (24 bytes, :func:`pack_context`), so the server-side span
+in its message header (24 bytes, :func:`new_context`), so the server-side span
 of an endpoint is the child of the caller's span, and ``@traced`` functions
 inside the endpoint are children of that.  When nothing is traced, no id is
 drawn, no context is packed and nothing is appended.
@@ -15,10 +15,12 @@ buffers.
 
 A recorded span is the small tuple of :func:`record` -- its name, kind,
 thread and attributes shared with every span of its call site (:func:`meta`),
-the trace id (or the whole trace context a server span got), its span id, its
-parent's, start (``time.perf_counter_ns``) and duration -- so that recording
-costs a tuple and an append, and a batch marshals compactly; :func:`decode`
-gives the full form.  ``kind`` is ``"client"``, ``"server"`` or
+the trace id, its span id, its parent's, start (``time.perf_counter_ns``) and
+duration -- so that recording costs a tuple and an append, and a batch
+marshals compactly; :func:`decode` gives the full form.  The ids are kept as
+they were drawn: a server span keeps the whole context it got (parent None),
+a client span the context it sent (span id None), and a span under either
+keeps that context as its trace id; :func:`decode` splits them at the root.  ``kind`` is ``"client"``, ``"server"`` or
 ``"internal"``, ``thread`` the actor's display name or the thread's name.
 """
 
@@ -37,7 +39,8 @@ from monarch_core._telemetry._core import MAX_BUFFERED, actor_name, state
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: The span the running code is part of, or None: a tuple whose first two items
-#: are its ``trace_id`` (16 bytes) and ``span_id`` (a 64-bit int).
+#: are its trace id (16 bytes, or a 24-byte context that starts with it) and
+#: ``span_id`` (a 64-bit int).
 current_span: contextvars.ContextVar[Optional[tuple]] = contextvars.ContextVar("monarch_span", default=None)
 
 #: Bytes of a packed trace context (what a traced message's header starts with).
@@ -47,26 +50,16 @@ _wall = time.time_ns
 _from_bytes = int.from_bytes
 
 
-def new_id() -> int:
-    """A random non-zero 64-bit span id."""
-    return getrandbits(64) or 1
+def new_context() -> bytes:
+    """A new trace's context: a random trace id and span id in one draw
+    (what a traced call's message carries, :data:`CONTEXT_SIZE` bytes)."""
+    return getrandbits(192).to_bytes(CONTEXT_SIZE, "little")
 
 
-def new_trace() -> bytes:
-    """A random 16-byte trace id."""
-    return (getrandbits(128) or 1).to_bytes(16, "big")
-
-
-def pack_context(trace_id: bytes, span_id: int) -> bytes:
-    """The 24 header bytes that make the receiver's span a child of ``span_id``."""
-    return trace_id + span_id.to_bytes(8, "big")
-
-
-def unpack_context(b: bytes) -> tuple[bytes, int]:
-    """``(trace_id, parent_span_id)`` of :func:`pack_context`'s bytes."""
-    if len(b) != CONTEXT_SIZE:
-        raise ValueError(f"a trace context is {CONTEXT_SIZE} bytes, got {len(b)}")
-    return b[:16], _from_bytes(b[16:], "big")
+def child_context(parent: tuple) -> bytes:
+    """The context of a new span under ``parent`` (its first item: a trace id,
+    or a whole context that starts with one)."""
+    return parent[0][:16] + getrandbits(64).to_bytes(8, "little")
 
 
 _local = threading.local()
@@ -117,7 +110,7 @@ def record(m: tuple, trace: bytes, span_id: int, parent: Optional[int], t0: int,
            error: Optional[str] = None) -> None:
     """Record a finished span: ``m`` from :func:`meta`, ``t0`` its start
     (``perf_counter_ns``), ``dt`` its duration.  ``parent`` None: ``trace`` is
-    a whole 24-byte context (:func:`pack_context`) holding trace and parent."""
+    a whole 24-byte context (:func:`new_context`) holding trace and parent."""
     spans = state.spans
     if len(spans) >= MAX_BUFFERED:
         state.dropped += 1
@@ -130,8 +123,11 @@ def decode(rec: tuple, offset: int) -> tuple:
     kind, thread, attributes)``: ``offset`` turns ``perf_counter_ns`` into wall-clock
     ns (a batch carries it), ``attributes`` flat, with ``error`` at the end if any."""
     (name, kind, thread, attrs), trace, span_id, parent, t0, dt = rec[:6]
-    if parent is None:
-        trace, parent = trace[:16], _from_bytes(trace[16:24], "big")
+    if parent is None:  # a server span: ``trace`` is the context it got (trace id, parent)
+        parent = _from_bytes(trace[16:24], "big")
+    elif span_id is None:  # a client span: ``trace`` is the context it sent (trace id, its id)
+        span_id = _from_bytes(trace[16:24], "big")
+    trace = trace[:16]
     if len(rec) > 6:
         attrs = (*attrs, "error", rec[6])
     return (name, trace, span_id, parent, t0 + offset, dt, kind, thread, attrs)
