@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
-from monarch_core._actor import _instrument, _serial, _state, _tree
+from monarch_core._actor import _instrument, _reporting, _serial, _state, _tree
 from monarch_core._actor._endpoint import Endpoint, EndpointProperty, NotAnEndpoint
 from monarch_core._actor._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
@@ -361,7 +361,7 @@ class ActorMesh(MeshTrait, Generic[T]):
                                           kernel, _sender_name())
             rt.agent.unregister_owned(self)
             rt.agent.unregister_supervised(self._key)
-            return Future._of(_instrument.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
+            return Future._of(_reporting.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
         for i in range(region.nelements):
             slot = self._members[region.root_rank(i)]
             if slot.proc_id in kernel.dead:
@@ -373,7 +373,7 @@ class ActorMesh(MeshTrait, Generic[T]):
             h.procs.append(slot.proc_id)
         rt.agent.unregister_owned(self)
         rt.agent.unregister_supervised(self._key)
-        return Future._of(_instrument.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
+        return Future._of(_reporting.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
 
     def __reduce__(self) -> Any:
         members = [self._members[r].ref() for r in self._region_.root_ranks()]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_core import settings
 from monarch_core import _telemetry
-from monarch_core._actor import _instrument, _serial, _state
+from monarch_core._actor import _reporting, _serial, _state
 from monarch_core._actor._port import ReturnPort, send_to_port, wrap_exception
 from monarch_core._kernel import _control as C
 from monarch_core._kernel import _wire as W
@@ -203,7 +203,7 @@ class ProcAgent:
             # say so now, or the senders would count what is unacknowledged as lost.
             self.kernel.call_soon(self.kernel.ack_at_once)
             self.stop_everything(reason, grace)
-            _instrument.final_flush()  # its output and last telemetry go out before it ends
+            _reporting.final_flush()  # its output and last telemetry go out before it ends
             try:
                 self.kernel.run(self.kernel.settle_acks, 1.0)
                 # let replies already queued (stop acknowledgements) reach their ports
@@ -326,7 +326,7 @@ class ProcAgent:
         from monarch_core._actor._port import this_proc_and_host
 
         self.gone.setdefault(host.key, (host.describe(), f"failed: {cause.strip().splitlines()[-1] if cause.strip() else cause}"))
-        _instrument.actor_failed(host, cause, category)
+        _reporting.actor_failed(host, cause, category)
         report = S.make_report(
             mesh_key=host.key,
             mesh_name=host.name,
@@ -381,7 +381,7 @@ class ProcAgent:
         rec.health[rank] = report
         mesh = rec.mesh._with_region(rec.mesh._region_) if rec.mesh is not None else None
         failure = S.MeshFailure(mesh, report)
-        _instrument.supervision_event(failure, report, rec.owner_host, self.runtime)
+        _reporting.supervision_event(failure, report, rec.owner_host, self.runtime)
         logger.info("supervision: %s", failure.report().splitlines()[0])
         if rec.owner_host is not None:
             rec.owner_host.supervise(failure)
@@ -410,7 +410,7 @@ class ProcAgent:
     def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
         """A proc died: every actor on it, of every mesh this process owns, failed."""
         self._last_pong.pop(proc_id, None)
-        _instrument.proc_ended(proc_id, reason, stopped)
+        _reporting.proc_ended(proc_id, reason, stopped)
         if proc_id in self.proc_owners:
             self._tell_owners(proc_id, reason, stopped)
         if stopped:
@@ -506,13 +506,13 @@ class ProcAgent:
 
     # ---------------------------------------------------------------- telemetry
     def _on_telemetry(self, m: C.Telemetry, payload: Any, buffers: list, sender: str) -> None:
-        _instrument.on_telemetry(payload, sender)
+        _reporting.on_telemetry(payload, sender)
 
     def _on_telemetry_flush(self, m: C.TelemetryFlush, payload: Any, buffers: list, sender: str) -> None:
-        _instrument.on_flush(m.reply)
+        _reporting.on_flush(m.reply)
 
     def _on_log_option(self, m: C.LogOption, payload: Any, buffers: list, sender: str) -> None:
-        _instrument.on_log_option(m.reply, m.stream, m.level)
+        _reporting.on_log_option(m.reply, m.stream, m.level)
 
     # ---------------------------------------------------------------- lifecycle of actors
 

@@ -28,15 +28,16 @@ _PENDING = object()
 class Cell:
     """A one-shot, thread-safe result holder with callbacks."""
 
-    __slots__ = ("_lock", "_waiters", "_value", "_exc", "_decode", "_callbacks", "_done")
+    __slots__ = ("_lock", "_waiters", "_value", "_exc", "_decode", "_args", "_callbacks", "_done")
 
     def __init__(self) -> None:
         self._lock = _allocate_lock()
         self._waiters: list | None = None  # locks of blocked ``wait`` calls (made only when one blocks)
         self._value: Any = _PENDING
         self._exc: BaseException | None = None
-        self._decode: Callable[[], Any] | None = None
-        self._callbacks: list[Callable[[], None]] | None = []
+        self._decode: Callable[..., Any] | None = None
+        self._args: tuple = ()
+        self._callbacks: list[Callable[[], None]] | None = None  # (made by the first ``add_callback``)
         self._done = False
 
     # -- producers (any thread) ---------------------------------------------
@@ -46,15 +47,18 @@ class Cell:
     def set_exception(self, exc: BaseException) -> bool:
         return self._finish(None, exc, None)
 
-    def set_lazy(self, decode: Callable[[], Any]) -> bool:
-        """Resolve with ``decode()``, evaluated by the first observer."""
-        return self._finish(None, None, decode)
+    def set_lazy(self, decode: Callable[..., Any], args: tuple = ()) -> bool:
+        """Resolve with ``decode(*args)``, evaluated by the first observer
+        (``args`` rather than a closure: a reply makes one tuple, not five
+        objects for the garbage collector to track)."""
+        return self._finish(None, None, decode, args)
 
-    def _finish(self, value: Any, exc: BaseException | None, decode: Callable[[], Any] | None) -> bool:
+    def _finish(self, value: Any, exc: BaseException | None, decode: Callable[..., Any] | None,
+                args: tuple = ()) -> bool:
         with self._lock:
             if self._done:
                 return False
-            self._value, self._exc, self._decode = value, exc, decode
+            self._value, self._exc, self._decode, self._args = value, exc, decode, args
             self._done = True
             cbs = self._callbacks
             self._callbacks = None
@@ -115,13 +119,16 @@ class Cell:
         with self._lock:
             if self._done:
                 return False
-            self._callbacks.append(cb)  # type: ignore[union-attr]
+            if self._callbacks is None:
+                self._callbacks = [cb]
+            else:
+                self._callbacks.append(cb)
             return True
 
     def remove_callback(self, cb: Callable[[], None]) -> bool:
         """Unregister ``cb``; False if it has already been (or is being) called."""
         with self._lock:
-            if self._done or self._callbacks is None:
+            if self._done or not self._callbacks:
                 return False
             try:
                 self._callbacks.remove(cb)
@@ -136,10 +143,11 @@ class Cell:
                 decode = self._decode
                 if decode is not None:
                     try:
-                        self._value = decode()
+                        self._value = decode(*self._args)
                     except BaseException as e:  # decoding failed: that is the outcome
                         self._exc = e
                     self._decode = None
+                    self._args = ()
 
     def result(self) -> Any:
         self._materialize()

@@ -19,7 +19,7 @@ import threading
 from _thread import get_ident as _get_ident
 from typing import TYPE_CHECKING, Any
 
-from monarch_core._actor import _instrument, _serial, _state, _tree
+from monarch_core._actor import _instrument, _reporting, _serial, _state, _tree
 from monarch_core._actor._port import (
     _DroppingPort,
     Port,
@@ -46,6 +46,7 @@ _STOP = object()
 _now = _instrument._now
 _nbytes = _instrument.nbytes
 _FOLD_AT = _metrics.FOLD_AT
+_MAX_SPANS = _spans.MAX_BUFFERED
 _current_span = _spans.current_span
 
 
@@ -106,6 +107,7 @@ class ActorHost:
         self._extents: dict[tuple, Extent] = {(labels, sizes): self.mesh_extent}
         self._methods: dict[str, tuple] = {}  # endpoint name -> (class, property or None, function)
         self._stats: dict[str, Any] = {}  # endpoint name -> its server-side stat (False: not instrumented)
+        self.span_metas: dict[str, tuple] = {}  # endpoint name -> its server spans' meta (``_instrument``)
         self._concurrent: set[asyncio.Task] = set()
         self._current_reply: tuple | None = None
         self._stop_lock = threading.Lock()
@@ -454,7 +456,7 @@ class ActorHost:
         """Handle one endpoint message as far as it goes without awaiting
         (on the actor's loop).  Returns None when done, else an awaitable the
         caller must await before the next message."""
-        _key, method_name, reply, rank, labels, sizes, _sender, _ret, explicit_flag = h if len(h) == 9 else h[:9]
+        method_name, reply, rank, labels, sizes, explicit_flag = h[1], h[2], h[3], h[4], h[5], h[8]
         if method_name == _tree.STOP_METHOD:  # a stop that came through a cast tree, in order
             self.request_stop(str(_serial.loads(payload, buffers)), tuple(reply) if reply is not None else None)
             return None
@@ -598,12 +600,17 @@ class ActorHost:
         if tm is not None:
             stat, t0, req, sp = tm
             rep = len(rp) if not rb else _nbytes(rp, rb)
-            if sp is None:  # (``_record``, inlined: the per-call path with metrics on)
-                stat.add((_now() - t0, req, rep))
-                if len(stat.pending) >= _FOLD_AT:
-                    stat.fold()
-            else:
-                self._record(tm, rep, None, method)
+            dt = _now() - t0  # (``_record``, inlined: the per-call path with metrics on)
+            stat.add((dt, req, rep))
+            if len(stat.pending) >= _FOLD_AT:
+                stat.fold()
+            if sp is not None:
+                m = self.span_metas.get(method)
+                spans = _tstate.spans
+                if m is not None and len(spans) < _MAX_SPANS:  # (``_instrument.end_server_span``, inlined)
+                    spans.append((m, sp[0], sp[1], sp[2], t0, dt))
+                else:
+                    _instrument.end_server_span(sp, self, method, t0, dt, None)
         send_raw_to_port(reply_ref, rank, W.S_VALUE, rp, rb)
 
     def _lookup(self, name: str) -> tuple[Any, Any]:
@@ -754,13 +761,13 @@ class ActorHost:
             if inspect.isawaitable(handled):
                 handled = await handled
         except BaseException as e:
-            _instrument.supervision_handled(failure.mesh_name, f"{self.display_name}.__supervise__", False)
+            _reporting.supervision_handled(failure.mesh_name, f"{self.display_name}.__supervise__", False)
             self._die(e, f"__supervise__ raised while handling the failure of its mesh {failure.mesh_name!r}",
                       chain=failure.events, where=self._where("__supervise__"))
             return
         finally:
             _state.current_message_rank.reset(token)
-        _instrument.supervision_handled(failure.mesh_name, f"{self.display_name}.__supervise__", bool(handled))
+        _reporting.supervision_handled(failure.mesh_name, f"{self.display_name}.__supervise__", bool(handled))
         if handled:
             logger.info("actor %s handled the failure of its mesh %r", self.display_name, failure.mesh_name)
             return

@@ -401,9 +401,9 @@ class OneReply(PortHandler):
         self.kernel.remove_port(self.port_id)
         self._forget()
         if status == _S_VALUE:
-            self.cell.set_lazy(lambda: _decode_value(status, payload, buffers))
+            self.cell.set_lazy(_decode_value, (status, payload, buffers))
         else:
-            self.cell.set_lazy(lambda: _decode_reply(status, payload, buffers, self.describe, self.adverb, self.index))
+            self.cell.set_lazy(_decode_reply, (status, payload, buffers, self.describe, self.adverb, self.index))
 
     def _forget(self) -> None:
         pid = self.proc_id
@@ -473,7 +473,7 @@ class GatherReplies(PortHandler):
     def _finish_error(self, status: int, payload: Any, buffers: list, rank: int = -1) -> None:
         self._done()
         describe, adverb = self.describe, self.adverb
-        self.cell.set_lazy(lambda: _decode_reply(status, payload, buffers, describe, adverb, rank))
+        self.cell.set_lazy(_decode_reply, (status, payload, buffers, describe, adverb, rank))
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
         self._done()
@@ -507,10 +507,10 @@ class StreamReplies(PortHandler):
             for p in self.procs:
                 self.kernel.reply_done(p, self.port_id)
         if status == _S_VALUE:
-            cell.set_lazy(lambda: _decode_value(status, payload, buffers))
+            cell.set_lazy(_decode_value, (status, payload, buffers))
         else:
             describe, adverb = self.describe, self.adverb
-            cell.set_lazy(lambda: _decode_reply(status, payload, buffers, describe, adverb, rank))
+            cell.set_lazy(_decode_reply, (status, payload, buffers, describe, adverb, rank))
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
         exc = _in_context(exc, self.describe, self.adverb, None, proc_id)

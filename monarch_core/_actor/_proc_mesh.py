@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
 from monarch_core import _telemetry
-from monarch_core._actor import _instrument, _serial, _state
+from monarch_core._actor import _reporting, _serial, _state
 from monarch_core._actor._actor_mesh import ActorMesh
 from monarch_core._actor._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
@@ -47,7 +47,7 @@ class ProcMesh(MeshTrait):
         self._owner = owner
         self._stopped: Cell | None = None
         if owner and host_mesh is not None:
-            _instrument.register_procs(name, slots, region.extent, getattr(host_mesh, "_name", ""))
+            _reporting.register_procs(name, slots, region.extent, getattr(host_mesh, "_name", ""))
 
     @property
     def _region(self) -> Region:
@@ -121,7 +121,7 @@ class ProcMesh(MeshTrait):
             procs.append(slot.proc_id)
         gather.procs = procs
         rt.agent.register_owned(mesh)
-        _instrument.actor_mesh_spawned(mesh, self._name, gather)
+        _reporting.actor_mesh_spawned(mesh, self._name, gather)
         return mesh  # type: ignore[return-value]
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
@@ -201,7 +201,7 @@ class ProcMesh(MeshTrait):
 
         printer.set_window(self._name, aggregate_window_sec)
         slots = [self._slots[r] for r in self._region_.root_ranks()]
-        _instrument.log_option(slots, stream_to_client, level, START_TIMEOUT)
+        _reporting.log_option(slots, stream_to_client, level, START_TIMEOUT)
 
     async def __aenter__(self) -> ProcMesh:
         return self
@@ -281,5 +281,5 @@ async def _stop_procs(kernel: Kernel, slots: list[_ProcSlot], reason: str, cell:
                             C.encode(C.HostKill([s.proc_id], sig_name)), b"", [], None)
         with trio.move_on_after(1.0):
             await all_gone()
-    await _instrument.after_procs_stopped(kernel, mesh)
+    await _reporting.after_procs_stopped(kernel, mesh)
     cell.set_result(None)

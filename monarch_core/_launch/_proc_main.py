@@ -96,12 +96,12 @@ def main() -> None:
     agent.runtime = rt
     _state.set_runtime(rt)
     status = tuple(info["status"])
-    from monarch_core._actor import _instrument
+    from monarch_core._actor import _reporting
 
     output = info.get("output") or "direct"
     host_name = info.get("host_name") or None
     # a proc on a remote host (its parent a worker loop) writes to a per-host log file when it does not stream
-    _instrument.start_proc(rt, host_name=host_name, output=output,
+    _reporting.start_proc(rt, host_name=host_name, output=output,
                            log_path=proc_log_file(host_name) if info.get("worker_loop") else None)
 
     async def hello() -> None:
@@ -117,7 +117,7 @@ def main() -> None:
                         C.encode(C.ChildHello(kernel.proc_id, kernel.address)), b"", [])
         kernel.on_proc_failed.append(_exit_if_parent(parent[0]))
         kernel.start_task(_watch_parent_pid, info["parent_pid"])
-        kernel.start_task(_instrument.ship_loop, kernel)
+        kernel.start_task(_reporting.ship_loop, kernel)
 
     try:
         trio.run(functools.partial(kernel.serve, after_start=hello))

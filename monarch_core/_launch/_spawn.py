@@ -249,9 +249,9 @@ class ProcStatus(PortHandler):
                 self.ready += 1
                 done = self.ready == len(self.slots)
             if 0 <= rank < len(self.slots):
-                from monarch_core._actor import _instrument  # (lazily: this module stays off the mesh layer)
+                from monarch_core._actor import _reporting  # (lazily: this module stays off the mesh layer)
 
-                _instrument.proc_ready(self.slots[rank].proc_id, self.slots[rank].pid, done)
+                _reporting.proc_ready(self.slots[rank].proc_id, self.slots[rank].pid, done)
             if done:
                 self.kernel.remove_port(self.port_id)
                 self.cell.set_result(True)

@@ -1,0 +1,403 @@
+"""What a proc reports to the root client, and the root's side of it.
+
+* shipping -- a proc sends its telemetry batch (``_telemetry._batch``) to the
+  root once per interval, when it stops, and when the root asks
+  (``TelemetryFlush``); the root ingests batches into its hub
+  (:func:`on_telemetry`), and :func:`flush` waits for every proc's;
+* proc output -- a proc's captured stdout/stderr lines go to the root in
+  batches (``_telemetry._output``); ``logging_option`` reconfigures them;
+* lifecycle and supervision events (``_telemetry._events.LIFECYCLE``).
+
+The per-call half (endpoint metrics, spans) is :mod:`._instrument`.
+"""
+
+from __future__ import annotations
+
+import logging
+import marshal
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+from monarch_core import _telemetry
+from monarch_core._actor import _state
+from monarch_core._actor._port import GatherReplies, send_to_port
+from monarch_core._kernel import _control as C
+from monarch_core._kernel import _wire as W
+from monarch_core._telemetry import _batch, _events, _output
+from monarch_core._telemetry._core import lifecycle, state
+
+if TYPE_CHECKING:
+    from monarch_core._kernel._runtime import Kernel
+
+logger = logging.getLogger("monarch.telemetry")
+
+
+# ------------------------------------------------------------------ shipping (procs -> root)
+
+
+class Shipper:
+    """Sends this proc's batches to the root client."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rt: Any = None
+        self.group = ""
+        self.group_size = 1
+        self.started = False
+
+    def send(self, batch: dict) -> None:
+        rt = self.rt
+        if rt is None:
+            return
+        root = rt.root
+        rt.kernel.send(root[0], root[1], W.K_CONTROL, 0, C.encode(C.Telemetry()), _batch.encode(batch), [])
+
+    def ship(self, force: bool = False) -> None:
+        """Send one batch now, if there is anything in it (any thread)."""
+        rt = self.rt
+        if rt is None:
+            return
+        with self.lock:
+            batch = _batch.collect(force=force, address=rt.kernel.address)
+            if batch is not None:
+                if _output.capture.log_file:
+                    batch["log_file"] = _output.capture.log_file
+                self.send(batch)
+
+    def output(self, lines: list) -> None:
+        """Captured output lines (the ``monarch-output`` thread)."""
+        rt = self.rt
+        if rt is None:
+            return
+        self.send({"v": _batch.VERSION, **state.identity(), "address": rt.kernel.address, "output": lines,
+                   "group": self.group, "group_size": self.group_size})
+
+
+shipper = Shipper()
+
+
+def start_proc(rt: Any, *, host_name: Optional[str], output: str, log_path: Optional[str]) -> None:
+    """Telemetry of a new proc (``_launch._proc_main``, before its kernel serves):
+    who it is, where its output goes, and the periodic batches to the root."""
+    state.read_settings()
+    point = rt.point
+    label = f"{rt.proc_mesh_name}{point if len(point.extent) else ''}"
+    _telemetry.configure_process(proc_id=rt.proc_id, name=label, host=host_name, is_root=False)
+    shipper.rt = rt
+    shipper.group = rt.proc_mesh_name
+    shipper.group_size = point.extent.nelements
+    _output.capture.configure(label=label, send=shipper.output, log_path=log_path)
+    try:
+        _output.capture.set_mode(output)
+    except (OSError, ValueError) as e:
+        logger.warning("proc output stays where it was: %s", e)
+
+
+async def ship_loop(kernel: Kernel) -> None:
+    """Every ``MONARCH_TELEMETRY_INTERVAL`` s, ship what changed (a proc's kernel task)."""
+    import trio
+
+    shipper.ship(force=True)  # the root learns of this proc (and where its output file is)
+    while True:
+        await trio.sleep(state.interval)
+        shipper.ship()
+
+
+def final_flush() -> None:
+    """A stopping proc: its output and its last batch go out before it ends."""
+    try:
+        _output.capture.drain()
+    except Exception:  # noqa: BLE001 - best effort
+        logger.debug("draining proc output failed", exc_info=True)
+    shipper.ship()
+
+
+# ------------------------------------------------------------------ control messages
+
+
+def on_telemetry(payload: Any, sender: str) -> None:
+    """A batch from a proc reached this (root) process."""
+    # (no ``check_marshal`` walk, which costs ~10 µs a span: a batch comes from a proc of this
+    # program, as trusted as the actor payloads this process unpickles; its size is bounded by
+    # the kernel's message limits)
+    try:
+        batch = marshal.loads(payload)
+    except Exception as e:  # noqa: BLE001 - a malformed batch is dropped, not fatal
+        logger.warning("malformed telemetry batch from %s dropped: %s", sender, e)
+        return
+    if not isinstance(batch, dict):
+        logger.warning("malformed telemetry batch from %s dropped", sender)
+        return
+    from monarch_core._telemetry._hub import hub
+
+    hub.ingest(batch)
+
+
+def on_flush(reply: tuple) -> None:
+    """The root asks for what this proc has now; answer once it is sent."""
+    shipper.ship()
+    send_to_port(reply, -1, W.S_VALUE, None)
+
+
+def on_log_option(reply: tuple, stream: bool, level: int) -> None:
+    """``ProcMesh.logging_option`` reached this proc."""
+    err: Optional[BaseException] = None
+    try:
+        if level >= 0:
+            logging.getLogger().setLevel(level)
+        cap = _output.capture
+        cap.set_mode(_output.STREAM if stream else cap.quiet_mode())
+        if cap.log_file:
+            shipper.ship(force=True)  # the root logs where this proc's output goes now
+    except Exception as e:  # noqa: BLE001 - reported to the caller
+        err = e
+    if err is None:
+        send_to_port(reply, -1, W.S_VALUE, None)
+    else:
+        send_to_port(reply, -1, W.S_ERROR, RuntimeError(f"logging_option failed on {state.name}: {err}"))
+
+
+# ------------------------------------------------------------------ the root's flush
+
+
+def flush(timeout: float = 5.0) -> None:
+    """Ask every proc that shipped telemetry here to send what it has, wait for
+    them (at most ``timeout`` s), and hand everything to the sinks (root only;
+    blocking, not on the kernel's loop)."""
+    from monarch_core._actor._future import Cell
+    from monarch_core._telemetry._hub import hub
+
+    rt = _state.current_runtime_or_none()
+    if rt is not None and not rt.is_client:  # in a proc: what it holds goes to the root now
+        shipper.ship()
+        return
+    if rt is not None:
+        kernel = rt.kernel
+        targets = [p for p in list(hub.sources) if p not in kernel.dead]
+        cells = []
+        for proc_id in targets:
+            c = Cell()
+            once = _Once(kernel, c, proc_id)
+            port = once.port_id = kernel.add_port(once)
+            try:
+                kernel.send(proc_id, hub.sources.get(proc_id), W.K_CONTROL, 0,
+                            C.encode(C.TelemetryFlush((rt.proc_id, kernel.address, port))), b"", [], port)
+            except Exception:  # noqa: BLE001 - a proc that is gone has nothing more to say
+                continue
+            cells.append(c)
+        deadline = time.monotonic() + timeout
+        for c in cells:
+            c.wait(max(0.0, deadline - time.monotonic()))
+        loop_barrier(kernel, max(0.1, deadline - time.monotonic()))
+    hub.tick()
+
+
+def loop_barrier(kernel: Kernel, timeout: float) -> None:
+    """Wait until the kernel's loop ran what was queued for it before now (the
+    batches delivered so far are handled on the loop)."""
+    if kernel.in_loop():
+        return
+    done = threading.Event()
+    try:
+        kernel.call_soon(done.set)
+    except Exception:  # noqa: BLE001 - the loop is gone
+        return
+    done.wait(timeout)
+
+
+class _Once:
+    """A port that resolves a cell with the first answer (or failure: the proc
+    is gone, and is not asked again)."""
+
+    def __init__(self, kernel: Kernel, cell: Any, proc_id: str) -> None:
+        self.kernel = kernel
+        self.cell = cell
+        self.proc_id = proc_id
+        self.port_id = 0
+
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        self.kernel.remove_port(self.port_id)
+        self.cell.set_result(None)
+
+    def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
+        from monarch_core._telemetry._hub import hub
+
+        hub.sources.pop(self.proc_id, None)
+        self.kernel.remove_port(self.port_id)
+        self.cell.set_result(None)
+
+
+# ------------------------------------------------------------------ lifecycle events
+
+
+#: proc id -> (proc mesh name, rank, coords, host name): the procs this process spawned
+procs: dict[str, tuple] = {}
+
+
+def register_procs(mesh: str, slots: list, extent: Any, host_mesh: str) -> None:
+    """A proc mesh was spawned by this process (``ProcMesh`` of ``spawn_procs``)."""
+    if not state.enabled:
+        return
+    from monarch_core._mesh._shape import Point
+
+    hosts = []
+    for rank, slot in enumerate(slots):
+        coords = str(Point(rank, extent)) if len(extent) else "{}"
+        procs[slot.proc_id] = (mesh, rank, coords, slot.host_name or state.host)
+        if slot.host_name and slot.host_name not in hosts:
+            hosts.append(slot.host_name)
+    lifecycle("proc_mesh.spawned", mesh=mesh, host_mesh=host_mesh, extent=dict(zip(extent.labels, extent.sizes)),
+              hosts=hosts)
+
+
+def proc_ready(proc_id: str, pid: Any, last: bool) -> None:
+    """A proc this process spawned reported ready (``last``: the mesh's last one)."""
+    info = procs.get(proc_id)
+    if info is not None:
+        lifecycle("proc.ready", mesh=info[0], proc_id=proc_id, rank=info[1], coords=info[2], host_name=info[3],
+                  os_pid=pid)
+        if last:
+            lifecycle("proc_mesh.ready", mesh=info[0])
+
+
+def proc_ended(proc_id: str, reason: str, stopped: bool) -> None:
+    """A proc this process knows ended (the agent's ``on_proc_failed``)."""
+    info = procs.pop(proc_id, None)
+    if info is None or not state.enabled:
+        return
+    if stopped:
+        lifecycle("proc.stopped", mesh=info[0], proc_id=proc_id, rank=info[1], host_name=info[3], reason=reason)
+        return
+    code, sig = _events.exit_status(reason)
+    lifecycle("proc.failed", mesh=info[0], proc_id=proc_id, rank=info[1], host_name=info[3], exit_code=code,
+              signal=sig, reason=reason)
+
+
+def actor_failed(host: Any, cause: str, category: str) -> None:
+    cur = host._current_reply
+    text = cause.strip()
+    lifecycle("actor.failed", mesh=host.name, mesh_key=host.key, actor=host.display_name, actor_id=host.actor_id,
+              rank=host.rank.rank, coords=str(host.rank), class_name=host.class_name,
+              endpoint=cur[2] if cur else None, category=category, cause=text.splitlines()[-1] if text else "")
+
+
+def supervision_event(failure: Any, report: dict, owner_host: Any, rt: Any) -> None:
+    if not state.enabled:
+        return
+    if owner_host is not None:
+        owner = f"{owner_host.display_name}.__supervise__"
+    elif rt is not None and rt.is_client:
+        owner = "unhandled_fault_hook"
+    else:
+        owner = "its proc (which exits)"
+    events = failure.events
+    lifecycle("supervision.event", mesh=failure.mesh_name, mesh_key=report.get("mesh_key"), ranks=list(failure.ranks),
+              category=failure.category, owner=owner, root_cause=_events.root_cause(events),
+              chain=[e.get("actor") for e in events])
+
+
+def supervision_handled(mesh: str, handled_by: str, handled: bool) -> None:
+    lifecycle("supervision.handled", mesh=mesh, handled_by=handled_by, handled=bool(handled))
+
+
+def actor_mesh_spawned(mesh: Any, proc_mesh: str, init: GatherReplies) -> None:
+    """``ProcMesh.spawn`` sent the actors of ``mesh``; ``actor_mesh.ready``
+    follows once every ``__init__`` returned (``init`` collects their answers)."""
+    if not state.enabled:
+        return
+    region = mesh._region_
+    lifecycle("actor_mesh.spawned", mesh=mesh._name, mesh_key=mesh._key, class_name=mesh._class.__qualname__,
+              proc_mesh=proc_mesh, extent=dict(zip(region.labels, region.sizes)))
+
+    def done() -> None:
+        if init.count == init.n:  # every answer a success (an error resolves it early)
+            lifecycle("actor_mesh.ready", mesh=mesh._name, mesh_key=mesh._key)
+
+    if not init.cell.add_callback(done):
+        done()
+
+
+def actor_mesh_stopping(mesh: Any, reason: str, cell: Any) -> Any:
+    """``mesh`` is being stopped; ``actor_mesh.stopped`` follows when ``cell`` resolves (returned)."""
+    if not state.enabled:
+        return cell
+    lifecycle("actor_mesh.stopping", mesh=mesh._name, mesh_key=mesh._key, reason=reason)
+
+    def done() -> None:
+        lifecycle("actor_mesh.stopped", mesh=mesh._name, mesh_key=mesh._key)
+
+    if not cell.add_callback(done):
+        done()
+    return cell
+
+
+async def after_procs_stopped(kernel: Kernel, mesh: str) -> None:
+    """The procs of ``mesh`` are gone (the kernel's loop, in ``ProcMesh.stop``):
+    what they shipped last is handled and printed before ``stop()`` returns."""
+    import trio
+
+    # Their last batches were delivered before they ended, and wait in the
+    # loop's queue: a callback queued now runs after them.
+    done = trio.Event()
+    token = trio.lowlevel.current_trio_token()
+    token.run_sync_soon(done.set)
+    with trio.move_on_after(1.0):
+        await done.wait()
+    _output.printer.flush(mesh or None)
+    if mesh:
+        lifecycle("proc_mesh.stopped", mesh=mesh)
+
+
+def log_option(slots: list, stream: bool, level: int, timeout: float) -> None:
+    """Send ``LogOption`` to the procs of ``slots`` and wait until each applied it."""
+    from monarch_core._actor._future import Cell
+
+    rt = _state.runtime()
+    kernel = rt.kernel
+    waits = []
+    for slot in slots:
+        if slot.proc_id in kernel.dead:
+            continue
+        c = Cell()
+        once = _Answer(kernel, c)
+        port = once.port_id = kernel.add_port(once)
+        kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0,
+                    C.encode(C.LogOption((rt.proc_id, kernel.address, port), stream, level)), b"", [], port)
+        waits.append((slot, c, once))
+    deadline = time.monotonic() + timeout
+    problems = []
+    for slot, c, once in waits:
+        if not c.wait(max(0.0, deadline - time.monotonic())):
+            kernel.remove_port(once.port_id)
+            problems.append(f"{slot.describe or slot.proc_id}: no answer within {timeout:.0f}s")
+        elif once.error is not None:
+            problems.append(f"{slot.describe or slot.proc_id}: {once.error}")
+    if problems:
+        raise RuntimeError("logging_option was not applied by every proc: " + "; ".join(problems))
+
+
+class _Answer:
+    """A port that resolves a cell with one answer, keeping an error's text."""
+
+    def __init__(self, kernel: Kernel, cell: Any) -> None:
+        self.kernel = kernel
+        self.cell = cell
+        self.port_id = 0
+        self.error: Optional[str] = None
+
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        self.kernel.remove_port(self.port_id)
+        if status != W.S_VALUE:
+            from monarch_core._actor import _serial
+
+            try:
+                self.error = str(_serial.loads(payload, buffers))
+            except Exception as e:  # noqa: BLE001
+                self.error = f"an error that could not be decoded ({e})"
+        self.cell.set_result(None)
+
+    def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
+        self.kernel.remove_port(self.port_id)
+        self.error = str(exc)
+        self.cell.set_result(None)
