@@ -5,14 +5,9 @@ from __future__ import annotations
 from collections.abc import Generator, Iterable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
-from monarch_core._mesh._shape import (
-    Extent,
-    MeshTrait,
-    Point,
-    Region,
-    _as_int,
-    _rank_from_coords,
-)
+from monarch_core._mesh._checks import _as_int
+from monarch_core._mesh._point import _rank_from_coords
+from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
 
 __all__ = ["ValueMesh"]
 

@@ -1,0 +1,526 @@
+"""The two halves of the shape data model, which refer to each other
+(:attr:`Extent.region`, :attr:`Region.extent`): :class:`Extent`, named
+dimensions with sizes, and :class:`Region`, a strided view onto a flat list
+of root ranks.  The arithmetic of ``Region.slice``/``rename``/``split`` is
+``_select``'s; see ``_shape`` for the terminology.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from monarch_core._mesh import _select
+from monarch_core._mesh._checks import (
+    _as_int,
+    _check_label,
+    _dense_strides,
+    _format_dict,
+    _Frozen,
+    _product,
+)
+
+__all__ = ["Extent", "Region"]
+
+_builtin_slice = slice
+
+
+class Extent(_Frozen):
+    """An ordered set of named dimensions with sizes.
+
+    Contract:
+      * ``labels`` are unique, non-empty strings; ``sizes`` are ints >= 1 and
+        there is exactly one size per label (``TypeError``/``ValueError``
+        otherwise).
+      * Immutable, hashable, picklable; equal iff labels and sizes are equal
+        (order matters).
+      * Ranks ``0 .. nelements - 1`` enumerate the elements in row-major
+        order.  A zero-dimensional extent has exactly one element.
+    """
+
+    __slots__ = ("_labels", "_sizes", "_nelements", "_region", "_index")
+
+    _labels: tuple[str, ...]
+    _sizes: tuple[int, ...]
+    _nelements: int
+    _region: Region | None
+    _index: dict[str, int] | None
+
+    def __init__(self, labels: Sequence[str], sizes: Sequence[int]) -> None:
+        if isinstance(labels, str):
+            raise TypeError(
+                f"Extent labels must be a sequence of str, not a str ({labels!r});"
+                f" did you mean [{labels!r}]?"
+            )
+        labels_t = tuple(labels)
+        sizes_t = tuple(sizes)
+        if len(labels_t) != len(sizes_t):
+            raise ValueError(
+                f"Extent has {len(labels_t)} labels {list(labels_t)} but "
+                f"{len(sizes_t)} sizes {list(sizes_t)}; they must match one to one"
+            )
+        seen: set[str] = set()
+        for label in labels_t:
+            _check_label(label, "Extent label")
+            if label in seen:
+                raise ValueError(
+                    f"Extent labels must be unique; {label!r} appears more than "
+                    f"once in {list(labels_t)}"
+                )
+            seen.add(label)
+        checked = []
+        for label, size in zip(labels_t, sizes_t):
+            s = _as_int(size, f"Extent size of dimension {label!r}")
+            if s < 1:
+                raise ValueError(
+                    f"Extent size of dimension {label!r} must be >= 1, got {s}"
+                )
+            checked.append(s)
+        self._init(labels_t, tuple(checked))
+
+    def _init(self, labels: tuple[str, ...], sizes: tuple[int, ...]) -> None:
+        object.__setattr__(self, "_labels", labels)
+        object.__setattr__(self, "_sizes", sizes)
+        object.__setattr__(self, "_nelements", _product(sizes))
+        object.__setattr__(self, "_region", None)
+        object.__setattr__(self, "_index", None)
+
+    @classmethod
+    def _make(cls, labels: tuple[str, ...], sizes: tuple[int, ...]) -> Extent:
+        """Build without validation (inputs are known to be valid)."""
+        self = object.__new__(cls)
+        self._init(labels, sizes)
+        return self
+
+    # -- attributes ---------------------------------------------------------
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The dimension names, in order."""
+        return self._labels
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """The dimension sizes, in order."""
+        return self._sizes
+
+    @property
+    def nelements(self) -> int:
+        """Product of the sizes (1 for a zero-dimensional extent)."""
+        return self._nelements
+
+    @property
+    def region(self) -> Region:
+        """The dense row-major :class:`Region` of this extent (offset 0)."""
+        r = self._region
+        if r is None:
+            r = Region._make(
+                self._labels, self._sizes, _dense_strides(self._sizes), 0, self
+            )
+            object.__setattr__(self, "_region", r)
+        return r
+
+    def _label_index(self) -> dict[str, int]:
+        idx = self._index
+        if idx is None:
+            idx = {label: i for i, label in enumerate(self._labels)}
+            object.__setattr__(self, "_index", idx)
+        return idx
+
+    # -- mapping-like API ---------------------------------------------------
+
+    def keys(self) -> list[str]:
+        """The labels as a list."""
+        return list(self._labels)
+
+    def items(self) -> list[tuple[str, int]]:
+        """``(label, size)`` pairs, in order."""
+        return list(zip(self._labels, self._sizes))
+
+    def as_dict(self) -> dict[str, int]:
+        """A new ``{label: size}`` dict, in order."""
+        return dict(zip(self._labels, self._sizes))
+
+    def __getitem__(self, label: str) -> int:
+        """Size of dimension ``label``; ``KeyError`` naming the known labels."""
+        i = self._label_index().get(label) if isinstance(label, str) else None
+        if i is None:
+            raise KeyError(
+                f"Extent has no dimension {label!r}; its dimensions are "
+                f"{list(self._labels)}"
+            )
+        return self._sizes[i]
+
+    def __contains__(self, label: object) -> bool:
+        return isinstance(label, str) and label in self._label_index()
+
+    def __len__(self) -> int:
+        """Number of dimensions."""
+        return len(self._labels)
+
+    def __iter__(self) -> Iterator[str]:
+        """Iterate over the labels."""
+        return iter(self._labels)
+
+    # -- value semantics ----------------------------------------------------
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Extent):
+            return NotImplemented
+        return self._labels == other._labels and self._sizes == other._sizes
+
+    def __hash__(self) -> int:
+        return hash((self._labels, self._sizes))
+
+    def __repr__(self) -> str:
+        return f"Extent({self})"
+
+    def __str__(self) -> str:
+        return _format_dict(self._labels, self._sizes)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Extent, (self._labels, self._sizes))
+
+
+class Region(_Frozen):
+    """A strided view onto a flat list of root ranks (an ``ndslice``).
+
+    Element ``rank`` of the region (row-major over ``extent``) is root index
+    ``offset + sum(coord_i * stride_i)``.
+
+    Contract:
+      * ``labels``/``sizes`` obey the :class:`Extent` rules; ``strides`` are
+        ints >= 0, one per dimension; ``offset`` is an int >= 0.
+      * Immutable, hashable, picklable; equal iff labels, sizes, strides and
+        offset are all equal.
+      * ``slice``/``rename``/``split``/``flatten`` return new regions and
+        never change which root ranks are reachable except as documented
+        (``slice`` restricts them; the others preserve them in order).
+    """
+
+    __slots__ = (
+        "_labels",
+        "_sizes",
+        "_strides",
+        "_offset",
+        "_extent",
+        "_dense_stride",
+        "_inverse",
+    )
+
+    _labels: tuple[str, ...]
+    _sizes: tuple[int, ...]
+    _strides: tuple[int, ...]
+    _offset: int
+    _extent: Extent | None
+    _dense_stride: int | None
+    _inverse: Any
+
+    def __init__(
+        self,
+        labels: Sequence[str],
+        sizes: Sequence[int],
+        strides: Sequence[int],
+        offset: int = 0,
+    ) -> None:
+        extent = Extent(labels, sizes)
+        strides_t = tuple(strides)
+        if len(strides_t) != len(extent.labels):
+            raise ValueError(
+                f"Region has {len(extent.labels)} dimensions {list(extent.labels)} "
+                f"but {len(strides_t)} strides {list(strides_t)}; they must match "
+                "one to one"
+            )
+        checked = []
+        for label, stride in zip(extent.labels, strides_t):
+            s = _as_int(stride, f"Region stride of dimension {label!r}")
+            if s < 0:
+                raise ValueError(
+                    f"Region stride of dimension {label!r} must be >= 0, got {s}"
+                )
+            checked.append(s)
+        off = _as_int(offset, "Region offset")
+        if off < 0:
+            raise ValueError(f"Region offset must be >= 0, got {off}")
+        self._init(extent.labels, extent.sizes, tuple(checked), off, extent)
+
+    def _init(
+        self,
+        labels: tuple[str, ...],
+        sizes: tuple[int, ...],
+        strides: tuple[int, ...],
+        offset: int,
+        extent: Extent | None,
+    ) -> None:
+        osa = object.__setattr__
+        osa(self, "_labels", labels)
+        osa(self, "_sizes", sizes)
+        osa(self, "_strides", strides)
+        osa(self, "_offset", offset)
+        osa(self, "_extent", extent)
+        # Dense means the root ranks form the arithmetic progression
+        # offset, offset + s, offset + 2s, ...; dimensions of size 1 don't
+        # take part (their stride is irrelevant).
+        dense: int | None = None
+        expected: int | None = None
+        for size, stride in zip(reversed(sizes), reversed(strides)):
+            if size == 1:
+                continue
+            if expected is None:
+                dense = stride
+            elif stride != expected:
+                dense = None
+                break
+            expected = stride * size
+        else:
+            if dense is None:
+                dense = 1
+        osa(self, "_dense_stride", dense)
+        osa(self, "_inverse", None)
+
+    @classmethod
+    def _make(
+        cls,
+        labels: tuple[str, ...],
+        sizes: tuple[int, ...],
+        strides: tuple[int, ...],
+        offset: int,
+        extent: Extent | None = None,
+    ) -> Region:
+        """Build without validation (inputs are known to be valid)."""
+        self = object.__new__(cls)
+        self._init(labels, sizes, strides, offset, extent)
+        return self
+
+    # -- attributes ---------------------------------------------------------
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Dimension names, in order."""
+        return self._labels
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        """Dimension sizes, in order."""
+        return self._sizes
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        """Root-index stride of each dimension."""
+        return self._strides
+
+    @property
+    def offset(self) -> int:
+        """Root index of the element at rank 0."""
+        return self._offset
+
+    @property
+    def extent(self) -> Extent:
+        """``Extent(labels, sizes)``."""
+        e = self._extent
+        if e is None:
+            e = Extent._make(self._labels, self._sizes)
+            object.__setattr__(self, "_extent", e)
+        return e
+
+    @property
+    def nelements(self) -> int:
+        """Number of elements (product of sizes; 1 for zero dimensions)."""
+        return self.extent.nelements
+
+    # -- rank mapping -------------------------------------------------------
+
+    def root_rank(self, rank: int) -> int:
+        """Root index of element ``rank`` (row-major) of this region.
+
+        ``IndexError`` unless ``0 <= rank < nelements``.
+        """
+        r = _as_int(rank, "Region.root_rank rank")
+        n = self.nelements
+        if not 0 <= r < n:
+            raise IndexError(
+                f"rank {r} is out of range for region {self.extent} with {n} "
+                f"elements (valid: 0..{n - 1})"
+            )
+        root = self._offset
+        sizes = self._sizes
+        strides = self._strides
+        for i in range(len(sizes) - 1, -1, -1):
+            r, c = divmod(r, sizes[i])
+            root += c * strides[i]
+        return root
+
+    def root_ranks(self) -> list[int]:
+        """Root indices of all elements, in row-major order."""
+        ds = self._dense_stride
+        if ds is not None:
+            n = self.nelements
+            return list(range(self._offset, self._offset + n * ds, ds)) if ds else [
+                self._offset
+            ] * n
+        roots = [self._offset]
+        for size, stride in zip(self._sizes, self._strides):
+            steps = [i * stride for i in range(size)]
+            roots = [b + s for b in roots for s in steps]
+        return roots
+
+    def _build_inverse(self) -> Any:
+        # Either ("greedy", [(dim, stride, size), ...] sorted by stride
+        # descending) when the layout is a mixed radix (each stride exceeds
+        # the span of all smaller-stride dimensions), or ("table", dict).
+        dims = [
+            (i, st, sz)
+            for i, (sz, st) in enumerate(zip(self._sizes, self._strides))
+            if sz > 1
+        ]
+        dims.sort(key=lambda d: d[1])
+        span = 0
+        nested = True
+        for _, st, sz in dims:
+            if st <= span:
+                nested = False
+                break
+            span += st * (sz - 1)
+        if nested:
+            dims.reverse()
+            inv: Any = ("greedy", dims)
+        else:
+            table: dict[int, int] = {}
+            for idx, root in enumerate(self.root_ranks()):
+                table.setdefault(root, idx)
+            inv = ("table", table)
+        object.__setattr__(self, "_inverse", inv)
+        return inv
+
+    def index_of_root(self, root: int) -> int | None:
+        """Rank in this region of root index ``root``, or ``None`` if absent."""
+        root = _as_int(root, "Region.index_of_root root")
+        inv = self._inverse or self._build_inverse()
+        if inv[0] == "table":
+            return inv[1].get(root)
+        r = root - self._offset
+        if r < 0:
+            return None
+        coords = [0] * len(self._sizes)
+        for i, stride, size in inv[1]:
+            c = r // stride
+            if c >= size:
+                return None
+            coords[i] = c
+            r -= c * stride
+        if r != 0:
+            return None
+        rank = 0
+        for c, size in zip(coords, self._sizes):
+            rank = rank * size + c
+        return rank
+
+    def contains_root(self, root: int) -> bool:
+        """Whether root index ``root`` is an element of this region."""
+        return self.index_of_root(root) is not None
+
+    def is_dense(self) -> bool:
+        """Whether the root ranks form one arithmetic progression.
+
+        That is ``strides[i] == strides[i+1] * sizes[i+1]`` for all
+        consecutive dimensions, ignoring dimensions of size 1 (whose stride
+        never matters).  Zero- and one-dimensional regions are always dense.
+        """
+        return self._dense_stride is not None
+
+    # -- transformations ----------------------------------------------------
+
+    def slice(self, **kwargs: int | _builtin_slice) -> Region:
+        """Select along named dimensions.
+
+        Integer values remove dimensions (negative values count from the
+        end), slice objects (``step > 0``) keep dimensions but restrict them.
+        Example: ``region.slice(hosts=1, gpus=slice(0, 4, 2))``.
+        """
+        return self._slice(kwargs, "Region")
+
+    def _slice(self, kwargs: Mapping[str, object], owner: str) -> Region:
+        if not kwargs:
+            return self
+        labels, sizes, strides, offset = _select.sliced(
+            self._labels, self._sizes, self._strides, self._offset,
+            self.extent._label_index(), kwargs, owner,
+        )
+        return Region._make(labels, sizes, strides, offset)
+
+    def rename(self, **kwargs: str) -> Region:
+        """Rename dimensions (``old='new'``); others are kept unchanged."""
+        return self._rename(kwargs, "Region")
+
+    def _rename(self, kwargs: Mapping[str, object], owner: str) -> Region:
+        if not kwargs:
+            return self
+        labels = _select.renamed(
+            self._labels, self.extent._label_index(), kwargs, owner
+        )
+        return Region._make(labels, self._sizes, self._strides, self._offset)
+
+    def split(self, **kwargs: Sequence[str] | int) -> Region:
+        """Split dimensions into several; root ranks are unchanged.
+
+        ``split(host=('dp', 'pp'), gpu=('tp', 'cp'), pp=16, cp=2)``: a
+        tuple/list value splits that dimension into the named new
+        dimensions (row-major); an int value gives the size of a new
+        dimension.  Within each split at most one new dimension may omit its
+        size, which is then derived.
+        """
+        return self._split(kwargs, "Region")
+
+    def _split(self, kwargs: Mapping[str, object], owner: str) -> Region:
+        if not kwargs:
+            return self
+        labels, sizes, strides = _select.split(
+            self._labels, self._sizes, self._strides,
+            self.extent._label_index(), kwargs, owner,
+        )
+        return Region._make(labels, sizes, strides, self._offset)
+
+    def flatten(self, name: str) -> Region:
+        """Flatten all dimensions into one dimension ``name``.
+
+        Only dense regions (see :meth:`is_dense`) can be flattened.
+        """
+        return self._flatten(name, "Region")
+
+    def _flatten(self, name: str, owner: str) -> Region:
+        _check_label(name, f"{owner}.flatten: name")
+        ds = self._dense_stride
+        if ds is None:
+            raise ValueError(
+                f"{owner}.flatten: flatten needs contiguous ranks (a dense region), "
+                f"but {owner} {self.extent} has sizes {list(self._sizes)} with "
+                f"strides {list(self._strides)}; slice to a dense subregion first "
+                "(e.g. select a single index along the outer dimensions)"
+            )
+        return Region._make((name,), (self.nelements,), (ds,), self._offset)
+
+    # -- value semantics ----------------------------------------------------
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self._labels, self._sizes, self._strides, self._offset)
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, Region):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"Region(labels={list(self._labels)}, sizes={list(self._sizes)}, "
+            f"strides={list(self._strides)}, offset={self._offset})"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Region, self._key())
