@@ -2,8 +2,9 @@
 
 Handles control messages (spawn/stop actors, run the proc's bootstrap, stop
 the proc, controllers), holds messages that arrive for an actor before its
-spawn message, heartbeats the child procs this process started, and owns the
-meshes this process created outside any actor.  A worker loop's agent
+spawn message, and owns the meshes this process created outside any actor.
+Supervision reports, proc deaths and heartbeats of child procs are its
+:class:`~._watch.ProcWatch` half.  A worker loop's agent
 (starting procs for remote clients) is ``monarch_core._launch._worker``.
 """
 
@@ -20,7 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from monarch_core import settings
 from monarch_core import _telemetry
 from monarch_core._actor import _reporting, _serial, _state
-from monarch_core._actor._port import ReturnPort, send_to_port, wrap_exception
+from monarch_core._actor._port import send_to_port, wrap_exception
+from monarch_core._actor._watch import ProcWatch, Supervised
 from monarch_core._kernel import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core.errors import ProtocolError, SupervisionError, UndeliverableMessageError
@@ -35,28 +37,9 @@ logger = logging.getLogger("monarch.proc")
 #: returned as undeliverable.
 HOLD_TIMEOUT = 30.0
 STOP_GRACE: float = settings.get("MONARCH_STOP_GRACE")
-#: Seconds between heartbeats a parent sends its child procs, and how long a
-#: child may go without answering before it is declared hung and killed.
-HEARTBEAT_INTERVAL: float = settings.get("MONARCH_HEARTBEAT_INTERVAL")
-HEARTBEAT_TIMEOUT: float = settings.get("MONARCH_HEARTBEAT_TIMEOUT")
 
 
-class Supervised:
-    """What an owner knows about an actor mesh it owns."""
-
-    __slots__ = ("key", "name", "class_name", "mesh", "owner_host", "health", "members")
-
-    def __init__(self, key: str, name: str, class_name: str, mesh: Any, owner_host: Any, health: dict, members: list) -> None:
-        self.key = key
-        self.name = name
-        self.class_name = class_name
-        self.mesh = mesh
-        self.owner_host = owner_host
-        self.health = health  # actor rank -> failure report (shared with the mesh and its slices)
-        self.members = members  # _ProcSlot per actor rank
-
-
-class ProcAgent:
+class ProcAgent(ProcWatch):
     def __init__(self, kernel: Kernel) -> None:
         from monarch_core._actor import _tree
 
@@ -318,192 +301,6 @@ class ProcAgent:
         why = f" ({gone[1]})" if gone is not None else ""
         self._reply_error(h, SupervisionError(f"actor {host.describe()} is gone{why}; {h[1]} was not run"))
 
-    # ---------------------------------------------------------------- supervision
-    def actor_failed(self, host: ActorHost, cause: str, category: str, chain: list[dict]) -> dict:
-        """An actor of this proc died (any thread): report it to its owner;
-        the report (what its later refusals quote)."""
-        from monarch_core._actor import _supervision as S
-        from monarch_core._actor._port import this_proc_and_host
-
-        self.gone.setdefault(host.key, (host.describe(), f"failed: {cause.strip().splitlines()[-1] if cause.strip() else cause}"))
-        _reporting.actor_failed(host, cause, category)
-        report = S.make_report(
-            mesh_key=host.key,
-            mesh_name=host.name,
-            class_name=host.class_name,
-            rank=host.rank.rank,
-            coords=str(host.rank),
-            actor=host.display_name,
-            proc=self.runtime.name if self.runtime is not None else self.kernel.proc_id,
-            cause=cause,
-            category=category,
-            chain=chain,
-            host=this_proc_and_host()[1],
-        )
-        owner = host.owner
-        if owner is None or owner[0] == self.kernel.proc_id:
-            self.handle_report(report)
-            return report
-        payload, bufs = _serial.dumps(report)
-        self.kernel.send(owner[0], owner[1], W.K_CONTROL, 0, C.encode(C.Supervise()), payload, bufs)
-        return report
-
-    def _on_supervise(self, m: C.Supervise, payload: Any, buffers: list, sender: str) -> None:
-        try:
-            report = _serial.loads(payload, buffers)
-        except Exception:
-            logger.exception("undecodable supervision report from %s", sender)
-            return
-        self.handle_report(report)
-
-    def register_supervised(self, rec: Supervised) -> None:
-        self.supervised[rec.key] = rec
-
-    def unregister_supervised(self, key: str) -> None:
-        self.supervised.pop(key, None)
-
-    def handle_report(self, report: dict) -> None:
-        """A mesh this process owns lost a rank (any thread): mark it, and hand
-        the failure to the owner (``__supervise__``, or the root's hook)."""
-        from monarch_core._actor import _supervision as S
-
-        rec = self.supervised.get(report["mesh_key"])
-        if rec is None:
-            logger.warning(
-                "failure of actor %s, whose mesh this process does not own (any more):\n%s",
-                report["actor"],
-                report["cause"],
-            )
-            return
-        rank = report["rank"]
-        if rank in rec.health:
-            return  # each failed rank is reported once
-        rec.health[rank] = report
-        mesh = rec.mesh._with_region(rec.mesh._region_) if rec.mesh is not None else None
-        failure = S.MeshFailure(mesh, report)
-        _reporting.supervision_event(failure, report, rec.owner_host, self.runtime)
-        logger.info("supervision: %s", failure.report().splitlines()[0])
-        if rec.owner_host is not None:
-            rec.owner_host.supervise(failure)
-        elif self.runtime is not None and self.runtime.is_client:
-            S.deliver_to_root(failure)
-        else:
-            S.proc_level_unhandled(failure)
-
-    def _on_register_owner(self, m: C.RegisterOwner, payload: Any, buffers: list, sender: str) -> None:
-        proc_id = m.proc_id
-        self.proc_owners.setdefault(proc_id, set()).add(m.owner)
-        if proc_id in self.kernel.dead:  # already gone: tell it now
-            self._tell_owners(proc_id, self.kernel.dead[proc_id], proc_id in self.kernel._expected_exits)
-
-    def _tell_owners(self, proc_id: str, reason: str, stopped: bool) -> None:
-        for owner in self.proc_owners.pop(proc_id, ()):
-            self.kernel.send(owner[0], owner[1], W.K_CONTROL, 0,
-                             C.encode(C.ProcDied(proc_id, reason, stopped)), b"", [])
-
-    def _on_proc_stopping(self, m: C.ProcStopping, payload: Any, buffers: list, sender: str) -> None:
-        """A proc we talk to is stopping on purpose: its end is not a failure,
-        and it waits for what it sends to be acknowledged before it goes."""
-        self.kernel.expect_exit(m.proc_id)
-        self.kernel.ack_at_once(m.proc_id)
-
-    def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
-        """A proc died: every actor on it, of every mesh this process owns, failed."""
-        self._last_pong.pop(proc_id, None)
-        _reporting.proc_ended(proc_id, reason, stopped)
-        if proc_id in self.proc_owners:
-            self._tell_owners(proc_id, reason, stopped)
-        if stopped:
-            return
-        from monarch_core._actor import _supervision as S
-        from monarch_core._actor._port import this_proc_and_host
-
-        for rec in list(self.supervised.values()):
-            for rank, slot in enumerate(rec.members):
-                if slot.proc_id != proc_id or rank in rec.health:
-                    continue
-                from monarch_core._mesh._shape import Point
-
-                coords = str(Point(rank, rec.mesh._region_.extent)) if rec.mesh is not None else "{}"
-                host = slot.host_name if slot.host is not None else (this_proc_and_host()[1] if slot.describe else None)
-                self.handle_report(
-                    S.make_report(
-                        mesh_key=rec.key,
-                        mesh_name=rec.name,
-                        class_name=rec.class_name,
-                        rank=rank,
-                        coords=coords,
-                        actor=f"{rec.name}{coords}",
-                        proc=slot.describe or proc_id,
-                        cause=f"its process died: {reason}",
-                        category=S.INFRASTRUCTURE,
-                        host=host,
-                    )
-                )
-
-    def return_ref(self) -> tuple:
-        """This process's port for undeliverable messages sent outside any actor."""
-        if self._return_port is None:
-            pid = self.kernel.add_port(ReturnPort(self))
-            self._return_port = (self.kernel.proc_id, self.kernel.address, pid)
-        return self._return_port
-
-    def undeliverable(self, exc: BaseException) -> None:
-        """A message sent from outside any actor could not be delivered."""
-        from monarch_core._actor import _supervision as S
-
-        if self.runtime is not None and self.runtime.is_client:
-            report = S.make_report(
-                mesh_key="",
-                mesh_name="client",
-                class_name="client",
-                rank=0,
-                coords="{}",
-                actor="client",
-                proc=self.kernel.proc_id,
-                cause=f"a message the client sent could not be delivered: {exc}",
-                category=S.SYSTEM,
-            )
-            S.deliver_to_root(S.MeshFailure(None, report))
-        else:
-            logger.error("a message sent by this proc could not be delivered: %s", exc)
-
-    def _on_proc_died(self, m: C.ProcDied, payload: Any, buffers: list, sender: str) -> None:
-        """A worker loop reports that a proc it started for us ended."""
-        self.kernel.proc_failed(m.proc_id, m.reason, m.stopped)
-
-    # ---------------------------------------------------------------- heartbeats
-    def watch_child(self, proc_id: str) -> None:
-        """Start heartbeating a child proc (loop thread)."""
-        self._last_pong[proc_id] = time.monotonic()
-        if not self._heartbeat_started and HEARTBEAT_INTERVAL > 0:
-            self._heartbeat_started = True
-            self.kernel.start_task(self._heartbeat)
-
-    async def _heartbeat(self) -> None:
-        import trio
-
-        kernel = self.kernel
-        pong = _Pong(self)
-        port_id = kernel.add_port(pong)
-        ref = (kernel.proc_id, kernel.address, port_id)
-        header = C.encode(C.Ping(ref))
-        while True:
-            await trio.sleep(HEARTBEAT_INTERVAL)
-            now = time.monotonic()
-            for proc_id, last in list(self._last_pong.items()):
-                if proc_id in kernel.dead:
-                    self._last_pong.pop(proc_id, None)
-                    continue
-                if now - last > HEARTBEAT_TIMEOUT:
-                    self._last_pong.pop(proc_id, None)
-                    kernel.kill_hung(proc_id, HEARTBEAT_TIMEOUT)
-                    continue
-                kernel.send(proc_id, None, W.K_CONTROL, 0, header, b"", [], None)
-
-    def _on_ping(self, m: C.Ping, payload: Any, buffers: list, sender: str) -> None:
-        send_to_port(m.reply, -1, W.S_VALUE, self.kernel.proc_id)
-
     # ---------------------------------------------------------------- telemetry
     def _on_telemetry(self, m: C.Telemetry, payload: Any, buffers: list, sender: str) -> None:
         _reporting.on_telemetry(payload, sender)
@@ -580,22 +377,6 @@ class ProcAgent:
         for c in cells:
             c.wait(max(0.0, deadline - time.monotonic()))
         _release_rdma(None, f"its owner's process stopped ({reason})")
-
-
-class _Pong:
-    def __init__(self, agent: ProcAgent) -> None:
-        self.agent = agent
-
-    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
-        try:
-            proc_id = _serial.loads(payload, buffers)
-        except Exception:
-            return
-        if proc_id in self.agent._last_pong:
-            self.agent._last_pong[proc_id] = time.monotonic()
-
-    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
-        return None
 
 
 class _LocalSignal:
