@@ -9,9 +9,9 @@ Each measurement runs in a fresh child interpreter (one proc, one actor, ``ipc``
   latency     ``one.noop.call_one().get()`` sequential: ``--warmup`` calls, then ``--calls``;
               p50 / p99 in µs.
   throughput  ``--burst`` ``call_one()`` issued, then ``.get()`` on each; 3 bursts after one
-              warm-up burst; the median rate in calls/s, and the CPU (user + system, client and
-              proc together, from /proc, over the three bursts) per call in µs -- steadier than
-              the rate on a shared machine, where the rate follows the other load.
+              warm-up burst; the median rate in calls/s, and the CPU (user + system, of the client
+              and of the proc, from getrusage, over the three bursts) per call in µs -- steadier
+              than the rate on a shared machine, where the rate follows the other load.
 
 Modes (environment of the child; the procs inherit it):
 
@@ -38,8 +38,12 @@ import textwrap
 
 CHILD = textwrap.dedent(
     """
-    import json, os, statistics, sys, time
+    import json, os, resource, statistics, sys, time
     from monarch_core.actor import Actor, endpoint, this_host
+
+    def cpu():  # user + system seconds of this process (µs resolution)
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
 
     class W(Actor):
         @endpoint
@@ -47,17 +51,13 @@ CHILD = textwrap.dedent(
             return None
 
         @endpoint
-        def pid(self) -> int:
-            return os.getpid()
-
-    def cpu(pid):  # user + system seconds of a process, from /proc
-        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+        def cpu(self) -> float:
+            return cpu()
 
     calls, burst, warmup = (int(x) for x in sys.argv[1:4])
     procs = this_host().spawn_procs()
     one = procs.spawn("w", W)
-    server = one.pid.call_one().get()
+    one.cpu.call_one().get()
     for _ in range(warmup):
         one.noop.call_one().get()
     lat = []
@@ -70,7 +70,8 @@ CHILD = textwrap.dedent(
     rates = []
     for i in range(4):
         if i == 1:
-            c0, s0 = cpu(os.getpid()), cpu(server)
+            s0 = one.cpu.call_one().get()
+            c0 = cpu()
         t0 = time.perf_counter()
         futs = [one.noop.call_one() for _ in range(burst)]
         for f in futs:
@@ -78,8 +79,10 @@ CHILD = textwrap.dedent(
         dt = time.perf_counter() - t0
         if i:
             rates.append(burst / dt)
-    client_us = (cpu(os.getpid()) - c0) / (3 * burst) * 1e6
-    proc_us = (cpu(server) - s0) / (3 * burst) * 1e6
+    c1 = cpu()
+    s1 = one.cpu.call_one().get()
+    client_us = (c1 - c0) / (3 * burst) * 1e6
+    proc_us = (s1 - s0) / (3 * burst) * 1e6
     procs.stop().get()
     print(json.dumps({"p50_us": lat[len(lat) // 2] / 1e3, "p99_us": lat[int(len(lat) * 0.99)] / 1e3,
                       "rate": statistics.median(rates), "cpu_us": client_us + proc_us,
