@@ -501,7 +501,11 @@ class Kernel(InboundServing, ChildWatch):
         """Deliver one message that arrived for this proc (any thread).
 
         A header of the wrong shape raises :class:`ProtocolError` (the
-        connection that carried it is dropped); nothing else is raised.
+        connection that carried it is dropped); nothing else is raised.  Of an
+        actor message's header the kernel checks only the actor key (a str):
+        the rest of its shape is the actor layer's, checked where the message
+        enters it (``MailboxProtocol.enqueue``, ``ProcAgentProtocol.no_such_actor``),
+        which raises the same way.
         """
         if flags & _F_SLOW:
             if flags & _F_ACK_SOON:
@@ -517,7 +521,7 @@ class Kernel(InboundServing, ChildWatch):
                 return
         h = W.decode_packed(sender, kind, header) if flags & W.F_PACKED else W.decode_header(sender, header)
         if kind == W.K_ACTOR:
-            if len(h) != 9 or not isinstance(h[0], str) or not isinstance(h[1], str):
+            if type(h[0]) is not str:  # the actor key, all the kernel reads (see above)
                 raise ProtocolError(f"peer {sender} sent a malformed actor message header")
             self.route_actor(h, payload, buffers, sender)
         elif kind == W.K_PORT:
@@ -556,20 +560,22 @@ class Kernel(InboundServing, ChildWatch):
             handler(self, header, payload, buffers, sender, trace)
             return
         h = W.decode_packed(sender, kind, header) if flags & W.F_PACKED else W.decode_header(sender, header)
-        if len(h) != 9 or not isinstance(h[0], str) or not isinstance(h[1], str):
+        if type(h[0]) is not str:
             raise ProtocolError(f"peer {sender} sent a malformed actor message header")
         self.route_actor((*h, trace), payload, buffers, sender)
 
     def route_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         """Hand an actor message (its decoded 9-field header; a traced call's
         has the trace context as a tenth) to its actor, or to the agent when
-        the actor is not (yet) here."""
+        the actor is not (yet) here; either raises :class:`ProtocolError` for
+        a header of the wrong shape.  Without an agent (a bare kernel) the
+        message is dropped."""
         actor = self.actors.get(h[0])
         if actor is None:
             if self.agent is not None:
                 self.agent.no_such_actor(h, payload, buffers, sender)
             return
-        actor.enqueue(h, payload, buffers)
+        actor.enqueue(h, payload, buffers, sender)
 
     def expect_reply(self, proc_id: str, port_id: int) -> None:
         """``port_id`` also waits on ``proc_id`` (a proc a cast-tree message
