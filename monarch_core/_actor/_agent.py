@@ -123,8 +123,8 @@ class ProcAgent(ProcWatch):
         with self.hold_lock:  # what was held goes first; then the actor is visible to the readers
             held = self.held.pop(key, None)
             if held:
-                for _t, hh, p, b in held:
-                    host.enqueue(hh, p, b)
+                for _t, hh, p, b, snd in held:
+                    host.enqueue(hh, p, b, snd)
             self.kernel.actors[key] = host
         parent = self.runtime.parent if self.runtime is not None else None
         if owner and parent and owner[0] not in (parent[0], self.kernel.proc_id):
@@ -228,7 +228,11 @@ class ProcAgent(ProcWatch):
     # ---------------------------------------------------------------- undeliverable
     def no_such_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         """A message for an actor this proc does not (yet) have: refuse it if
-        the actor is gone, else hold it until the spawn arrives (any thread)."""
+        the actor is gone, else hold it until the spawn arrives (any thread).
+        A header of the wrong shape raises :class:`ProtocolError`, as
+        ``ActorHost.enqueue`` does (the kernel checks only the key)."""
+        if not (len(h) == 9 or (len(h) == 10 and type(h[9]) is bytes)) or type(h[1]) is not str:
+            raise ProtocolError(f"peer {sender} sent a malformed actor message header")
         key = h[0]
         gone = self.gone.get(key)
         if gone is not None:
@@ -241,9 +245,9 @@ class ProcAgent(ProcWatch):
                 q = self.held.get(key)
                 if q is None:
                     q = self.held[key] = collections.deque()
-                q.append((time.monotonic(), h, payload, buffers))
+                q.append((time.monotonic(), h, payload, buffers, sender))
         if host is not None:  # spawned meanwhile: what was held went first
-            host.enqueue(h, payload, buffers)
+            host.enqueue(h, payload, buffers, sender)
             return
         if not self._sweeper_started:
             if self.kernel.in_loop():

@@ -24,7 +24,7 @@ from monarch_core._actor._port import ReturnPort, send_to_port, this_proc_and_ho
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._runtime import THREADED_INBOUND
 from monarch_core._mesh._shape import Extent, Point
-from monarch_core.errors import SupervisionError
+from monarch_core.errors import ProtocolError, SupervisionError
 
 if TYPE_CHECKING:
     from monarch_core._kernel._upper import ProcAgentProtocol as ProcAgent
@@ -148,8 +148,13 @@ class ActorHost(EndpointCalls):
             where += f" on host {host}"
         return f"{self.display_name} ({self.class_name}){where}"
 
-    def enqueue(self, h: tuple, payload: Any, buffers: list) -> None:
-        """Queue a message (any thread)."""
+    def enqueue(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        """Queue an endpoint message from proc ``sender`` (any thread): ``h``
+        is its header, 9 fields (a traced call's context as a tenth, bytes).
+        A header of another shape raises :class:`ProtocolError`: the kernel
+        checks only the key, and drops the connection that carried it."""
+        if not (len(h) == 9 or (len(h) == 10 and type(h[9]) is bytes)) or type(h[1]) is not str:
+            raise ProtocolError(f"peer {sender} sent a malformed actor message header")
         self._post((h, payload, buffers))
 
     def _post(self, item: tuple) -> None:

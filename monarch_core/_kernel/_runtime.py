@@ -15,6 +15,12 @@ process it is the main thread.  The thread-safe entry points are
 :meth:`Kernel.add_port` / :meth:`Kernel.remove_port`.  Everything else runs on
 the loop.  No plugin hook is called on the per-message path: the transport is
 resolved once per address scheme.
+
+``Kernel`` is this module's core (startup, addresses, ports, the send path,
+failures, routing) and two parts kept in modules of their own, which it
+inherits: :class:`~._serving.InboundServing` (the accept loop, inbound
+sessions read on the loop, acknowledgements) and
+:class:`~._child_watch.ChildWatch` (the child processes it is handed).
 """
 
 from __future__ import annotations
@@ -23,31 +29,23 @@ import collections
 import itertools
 import logging
 import math
-import signal
-import socket
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 import trio
 
 from monarch_core import settings
-from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
-from monarch_core._kernel._inbound import ACK_DELAY, ACK_EVERY, InboundSession, SessionFence
+from monarch_core._kernel._child_watch import ChildProcess, ChildWatch  # noqa: F401 - ChildProcess: re-exported
+from monarch_core._kernel._inbound import SessionFence
+from monarch_core._kernel._outbound import _Outbound, _Window
 from monarch_core._kernel._poller import Poller
-from monarch_core._kernel._outbound import HANDSHAKE_TIMEOUT, _grow_buffer, _Outbound, _raw_socket, _Window
 from monarch_core._kernel._ports import PortHandler
-from monarch_core._kernel._throttle import ThrottledLog
+from monarch_core._kernel._serving import InboundServing, _Acker, _dropped  # noqa: F401 - _dropped: re-exported (tests)
 from monarch_core._kernel._upper import MailboxProtocol, ProcAgentProtocol
-from monarch_core.errors import (
-    AuthenticationError,
-    ProtocolError,
-    SupervisionError,
-    TransportError,
-    UndeliverableMessageError,
-)
-from monarch_core.hookspecs import Listener, Stream, Transport
+from monarch_core.errors import ProtocolError, SupervisionError, UndeliverableMessageError
+from monarch_core.hookspecs import Listener, Transport
 
 logger = logging.getLogger("monarch.kernel")
 
@@ -56,11 +54,9 @@ logger = logging.getLogger("monarch.kernel")
 #: is returned to its sender as undeliverable.
 DELIVERY_TIMEOUT: float = settings.get("MONARCH_DELIVERY_TIMEOUT")
 #: Read inbound sessions over plain sockets on a thread of their own
-#: (``MONARCH_THREADED_INBOUND=0``: on the trio loop, as TLS sessions are).
+#: (``MONARCH_THREADED_INBOUND=0``: on the trio loop, as TLS sessions are);
+#: a kernel takes the value when it is made (``Kernel.threaded_inbound``).
 THREADED_INBOUND: bool = settings.get("MONARCH_THREADED_INBOUND")
-#: Warnings about dropped inbound connections: one line per peer host and
-#: reason every 10 s, counting the ones left out (a rejected client retries).
-_dropped = ThrottledLog(logger)
 #: The send window: how much this kernel holds for one destination proc,
 #: handed to :meth:`Kernel.send` and not yet acknowledged by it (waiting for the
 #: loop, queued, or written and unacknowledged): MONARCH_SEND_WINDOW_MB MiB and
@@ -79,78 +75,7 @@ _F_ACK_SOON = W.F_ACK_SOON
 _F_SLOW = W.F_TREE | W.F_ACK_SOON | W.F_TRACE  # flags that leave the plain path
 
 
-class _Acker:
-    """Sends cumulative acknowledgements for one inbound session.
-
-    Acknowledgements are off the critical path: one goes out when the read
-    buffer drains and ``ACK_EVERY`` messages are unacknowledged, otherwise
-    after ``ACK_DELAY`` seconds, so a request/reply exchange costs no extra
-    write on either side."""
-
-    ACK_EVERY = ACK_EVERY
-    ACK_DELAY = ACK_DELAY
-
-    def __init__(self, stream: Stream, last: int, sender: str = "", eager: bool = False) -> None:
-        self.stream = stream
-        self.sender = sender
-        self.acked = last
-        self.last = last
-        self.eager = eager  # acknowledge at once (the sender is stopping, or this proc is)
-        self.wake = trio.Event()
-        self.hurry = False  # the sender asked for the next acknowledgement at once (F_ACK_SOON)
-        self.hurried: trio.Event | None = None  # set to cut a delayed acknowledgement's wait short
-
-    def delivered(self, seq: int, drained: bool) -> None:
-        self.last = seq
-        if drained or seq - self.acked >= self.ACK_EVERY:
-            self.wake.set()
-
-    def now(self) -> None:
-        """Acknowledge what was delivered without waiting (loop thread)."""
-        self.eager = True
-        self.wake.set()
-
-    def soon(self) -> None:
-        """Acknowledge what is delivered by the time this task runs, without
-        the delay, once (loop thread; a message flagged ``F_ACK_SOON``)."""
-        self.hurry = True
-        self.wake.set()
-        if self.hurried is not None:
-            self.hurried.set()
-
-    async def run(self) -> None:
-        while True:
-            await self.wake.wait()
-            self.wake = trio.Event()
-            if self.last - self.acked < self.ACK_EVERY and not self.eager and not self.hurry:
-                self.hurried = trio.Event()
-                with trio.move_on_after(self.ACK_DELAY):
-                    await self.hurried.wait()
-                self.hurried = None
-            self.hurry = False
-            last = self.last
-            if last > self.acked:
-                await self.stream.send_all(W.FIXED.pack(W.K_ACK, 0, 0, 0, 0, last))
-                self.acked = last
-
-
-class ChildProcess(Protocol):
-    """What :meth:`Kernel.adopt_child` watches: a child OS process started by
-    the launch layer (``monarch_core._launch``), exec'd or forked."""
-
-    pid: int
-
-    @property
-    def returncode(self) -> int | None: ...
-
-    async def wait(self) -> int: ...
-
-    def terminate(self) -> None: ...
-
-    def kill(self) -> None: ...
-
-
-class Kernel:
+class Kernel(InboundServing, ChildWatch):
     """The per-process kernel.  See the module docstring."""
 
     def __init__(self, *, proc_id: str, name: str, transport: Transport, bind_spec: str | None = None) -> None:
@@ -160,6 +85,7 @@ class Kernel:
         self.bind_spec = bind_spec or transport.default_bind_spec()
         self.address: str | None = None
         self.delivery_timeout = DELIVERY_TIMEOUT
+        self.threaded_inbound = THREADED_INBOUND  # inbound plain-socket sessions go to the poller thread
         # Send windows (flow control), one per destination proc; limits of new ones.
         self.send_window_msgs = SEND_WINDOW_MSGS
         self.send_window_bytes = SEND_WINDOW_BYTES
@@ -491,18 +417,6 @@ class Kernel:
         w = self._windows.get(proc_id)
         return (w.msgs, w.nbytes) if w is not None else (0, 0)
 
-    def _ack_soon(self, sender: str) -> None:
-        """A message from ``sender`` asked to be acknowledged at once
-        (``F_ACK_SOON``): acknowledge what its sessions delivered (any
-        reading thread)."""
-        p = self._poller
-        if p is not None:
-            p.ack_sender_soon(sender)
-        if self._ackers and self.in_loop():
-            for a in list(self._ackers):
-                if a.sender == sender:
-                    a.soon()
-
     async def _run_outbound(self, out: _Outbound) -> None:
         try:
             await out.run()
@@ -568,117 +482,30 @@ class Kernel:
             except Exception:
                 logger.exception("proc-failure listener raised")
 
-    # ------------------------------------------------------------------ receiving
-    async def _accept_loop(self, listener: Listener) -> None:
-        while True:
-            try:
-                stream = await listener.accept()
-            except TransportError as e:
-                if self._closing:
-                    return
-                logger.error("listener on %s failed: %s", self.address, e)
-                return
-            self._nursery.start_soon(self._serve_inbound, stream)  # type: ignore[union-attr]
+    async def wait_dead(self, proc_id: str) -> None:
+        """Wait until ``proc_id`` is known to be gone (loop thread)."""
+        if proc_id in self.dead:
+            return
+        ev = self._dead_events.get(proc_id)
+        if ev is None:
+            ev = self._dead_events[proc_id] = trio.Event()
+        await ev.wait()
 
-    async def _serve_inbound(self, stream: Stream) -> None:
-        peer = getattr(stream, "peer", "?")
-        acker: _Acker | None = None
-        try:
-            reader = W.FrameReader(stream)
-            with trio.fail_after(HANDSHAKE_TIMEOUT):
-                hello = await W.read_handshake(reader)
-            session = hello.get("session")
-            sender = hello.get("proc")
-            if not isinstance(session, str) or not isinstance(sender, str):
-                raise ProtocolError(f"peer {peer} sent a handshake without session/proc")
-            sender_addr = hello.get("address")
-            if isinstance(sender_addr, str) and sender_addr:
-                self._peers[sender] = sender_addr
-                if sender not in self._addresses:
-                    self.learn_address(sender, sender_addr)
-            # Fence the session's previous connection (it may still be
-            # delivering what it buffered) before reading where to resume.
-            fence = self._fences.get(session)
-            if fence is None:
-                fence = self._fences.setdefault(session, SessionFence())
-            scope = trio.CancelScope()
-            epoch, last = fence.take(scope.cancel)
-            reader.prove_by(lambda: fence.last > 0)  # proven once the session delivered a message
-            with scope:
-                await stream.send_all(W.encode_handshake({"proc": self.proc_id, "last": last}))
-                sock = _raw_socket(stream) if THREADED_INBOUND else None
-                if sock is not None:
-                    _grow_buffer(sock, socket.SO_RCVBUF)
-                    await self._serve_inbound_thread(sock, reader, session, sender, fence, epoch, last)
-                    return
-                acker = _Acker(stream, last, sender, eager=self.acks_at_once(sender))
-                self._ackers.add(acker)
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(acker.run)
-                    route, deliver = self.route, fence.deliver
-                    while True:
-                        kind, flags, seq, header, payload, buffers = await reader.read_message()
-                        routed = deliver(epoch, peer, route, kind, flags, seq, header, payload, buffers, sender)
-                        if routed:
-                            acker.delivered(seq, reader.buffered() < W.FIXED_SIZE)
-                        elif routed is None:
-                            self.end_session(session, fence)
-                            nursery.cancel_scope.cancel()
-                            return
-        except BaseExceptionGroup as eg:
-            W.drop_frames(eg)  # frames of route() & co in these tracebacks hold the message being routed
-            e = first_leaf(eg, skip=(trio.Cancelled,))
-            if isinstance(e, (ProtocolError, AuthenticationError)):
-                _dropped.warning(peer, f"dropping connection from {peer}: {e}")
-            elif not isinstance(e, (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
-                raise
-            else:
-                logger.debug("inbound connection from %s ended: %s", peer, str(e))
-        except trio.TooSlowError:
-            _dropped.warning(peer, f"connection from {peer} sent no handshake within {HANDSHAKE_TIMEOUT:.0f}s; dropped")
-        except (ProtocolError, AuthenticationError) as e:
-            _dropped.warning(peer, f"dropping connection from {peer}: {e}")
-        except (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
-            logger.debug("inbound connection from %s ended: %s", peer, str(e))
-        finally:
-            # This frame can outlive the call in a traceback (trio's nursery errors form cycles that
-            # only the cyclic GC frees): it must not keep a message's buffers or the read buffer.
-            e = payload = buffers = reader = None
-            if acker is not None:
-                self._ackers.discard(acker)
-            with trio.CancelScope(shield=True):
-                await stream.aclose()
+    def last_error(self, proc_id: str) -> BaseException | None:
+        """The last connection error of the session to ``proc_id``, if any."""
+        out = self._outbound.get(proc_id)
+        return out.last_error if out is not None else None
 
-    async def _serve_inbound_thread(self, sock: Any, reader: W.FrameReader, session: str, sender: str,
-                                    fence: SessionFence, epoch: int, last: int) -> None:
-        """Hand a plain-socket inbound session to the poller thread and wait
-        for it to end (see :mod:`._inbound`)."""
-        done = trio.Event()
-        t = InboundSession(self, sock, reader, session, sender, fence, epoch, last, done)
-        t.start()
-        try:
-            await done.wait()
-        finally:
-            if not done.is_set():  # cancelled: end the thread before the socket is closed
-                t.stop()
-                with trio.CancelScope(shield=True):
-                    await done.wait()
-        if t.error is not None:
-            try:
-                raise t.error
-            finally:
-                t.error = None  # no cycle: error -> traceback -> this frame -> t -> error
-
-    def end_session(self, session: str, fence: SessionFence) -> None:
-        """The sender ended ``session`` (BYE): forget it (any thread)."""
-        if self._fences.get(session) is fence:
-            del self._fences[session]
-
+    # ------------------------------------------------------------------ routing
     def route(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, sender: str) -> None:
         """Deliver one message that arrived for this proc (any thread).
 
         A header of the wrong shape raises :class:`ProtocolError` (the
-        connection that carried it is dropped); nothing else is raised.
+        connection that carried it is dropped); nothing else is raised.  Of an
+        actor message's header the kernel checks only the actor key (a str):
+        the rest of its shape is the actor layer's, checked where the message
+        enters it (``MailboxProtocol.enqueue``, ``ProcAgentProtocol.no_such_actor``),
+        which raises the same way.
         """
         if flags & _F_SLOW:
             if flags & _F_ACK_SOON:
@@ -694,7 +521,7 @@ class Kernel:
                 return
         h = W.decode_packed(sender, kind, header) if flags & W.F_PACKED else W.decode_header(sender, header)
         if kind == W.K_ACTOR:
-            if len(h) != 9 or not isinstance(h[0], str) or not isinstance(h[1], str):
+            if type(h[0]) is not str:  # the actor key, all the kernel reads (see above)
                 raise ProtocolError(f"peer {sender} sent a malformed actor message header")
             self.route_actor(h, payload, buffers, sender)
         elif kind == W.K_PORT:
@@ -733,20 +560,22 @@ class Kernel:
             handler(self, header, payload, buffers, sender, trace)
             return
         h = W.decode_packed(sender, kind, header) if flags & W.F_PACKED else W.decode_header(sender, header)
-        if len(h) != 9 or not isinstance(h[0], str) or not isinstance(h[1], str):
+        if type(h[0]) is not str:
             raise ProtocolError(f"peer {sender} sent a malformed actor message header")
         self.route_actor((*h, trace), payload, buffers, sender)
 
     def route_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         """Hand an actor message (its decoded 9-field header; a traced call's
         has the trace context as a tenth) to its actor, or to the agent when
-        the actor is not (yet) here."""
+        the actor is not (yet) here; either raises :class:`ProtocolError` for
+        a header of the wrong shape.  Without an agent (a bare kernel) the
+        message is dropped."""
         actor = self.actors.get(h[0])
         if actor is None:
             if self.agent is not None:
                 self.agent.no_such_actor(h, payload, buffers, sender)
             return
-        actor.enqueue(h, payload, buffers)
+        actor.enqueue(h, payload, buffers, sender)
 
     def expect_reply(self, proc_id: str, port_id: int) -> None:
         """``port_id`` also waits on ``proc_id`` (a proc a cast-tree message
@@ -757,111 +586,3 @@ class Kernel:
         self._wait_on(proc_id, port_id)
         if proc_id in self.dead:
             self.call_soon(self._fail_port, port_id, self._dead_error(proc_id), proc_id)
-
-    # ------------------------------------------------------------------ child processes
-    def adopt_child(self, proc_id: str, proc: ChildProcess, *, describe: str) -> None:
-        """Watch ``proc``, the OS process of ``proc_id`` that this process
-        started (loop thread; see ``monarch_core._launch``).
-
-        When it exits without :meth:`expect_exit` having been called,
-        :meth:`proc_failed` is called with its exit status."""
-        self.expect_proc(proc_id)
-        entry = {"proc": proc, "expected": False, "describe": describe}
-        self._children[proc_id] = entry
-        self._nursery.start_soon(self._watch_child, proc_id, entry)  # type: ignore[union-attr]
-
-    def ack_at_once(self, sender: str | None = None) -> None:
-        """From now on acknowledge what ``sender`` sends (None: every sender)
-        as soon as it is delivered, and what it sent already now (loop
-        thread).  For a sender that is stopping (it waits for its messages to
-        be acknowledged before it goes), and for every sender when this proc
-        stops (a sender must not take a message it handled for one it lost)."""
-        if sender is None:
-            self._eager_ack_all = True
-        else:
-            self._eager_ack.add(sender)
-        if self._poller is not None:
-            self._poller.ack_sender_now(sender)
-        for a in list(self._ackers):
-            if sender is None or a.sender == sender:
-                a.now()
-
-    def acks_at_once(self, sender: str) -> bool:
-        """Whether what ``sender`` sends is acknowledged as soon as it is delivered."""
-        return self._eager_ack_all or sender in self._eager_ack
-
-    async def settle_acks(self, timeout: float) -> None:
-        """Acknowledge everything delivered now and wait (at most ``timeout``
-        s) until the loop's own inbound sessions have written it (loop
-        thread; the poller's sessions acknowledge synchronously)."""
-        self.ack_at_once()
-        with trio.move_on_after(timeout):
-            while any(a.last > a.acked for a in self._ackers):
-                await trio.sleep(0.002)
-
-    def expect_exit(self, proc_id: str) -> None:
-        """``proc_id`` is being stopped on purpose: its end is not a failure."""
-        self._expected_exits.add(proc_id)
-        e = self._children.get(proc_id)
-        if e is not None:
-            e["expected"] = True
-
-    def peers(self) -> dict[str, str]:
-        """Procs that have opened a session to this one, and their addresses."""
-        return dict(self._peers)
-
-    async def wait_dead(self, proc_id: str) -> None:
-        """Wait until ``proc_id`` is known to be gone (loop thread)."""
-        if proc_id in self.dead:
-            return
-        ev = self._dead_events.get(proc_id)
-        if ev is None:
-            ev = self._dead_events[proc_id] = trio.Event()
-        await ev.wait()
-
-    def last_error(self, proc_id: str) -> BaseException | None:
-        """The last connection error of the session to ``proc_id``, if any."""
-        out = self._outbound.get(proc_id)
-        return out.last_error if out is not None else None
-
-    def kill_hung(self, proc_id: str, silent_for: float) -> None:
-        """Kill a child proc that stopped answering heartbeats (loop thread)."""
-        e = self._children.get(proc_id)
-        if e is None or e["proc"].returncode is not None:
-            return
-        e["hung"] = silent_for
-        logger.error("%s answered no heartbeat for %.0fs; killing it", e["describe"], silent_for)
-        e["proc"].kill()
-
-    def child(self, proc_id: str) -> Any:
-        e = self._children.get(proc_id)
-        return e["proc"] if e is not None else None
-
-    async def _watch_child(self, proc_id: str, entry: dict) -> None:
-        proc = entry["proc"]
-        rc = await proc.wait()
-        if rc < 0:
-            try:
-                sig = signal.Signals(-rc).name
-            except ValueError:
-                sig = f"signal {-rc}"
-            status = f"was killed by {sig}"
-        else:
-            status = f"exited with code {rc}"
-        if getattr(proc, "exit_note", None):  # e.g. its fork server died
-            status = f"{status} ({proc.exit_note})"
-        if entry.get("hung"):
-            reason = (
-                f"{entry['describe']} (pid {proc.pid}) was hung: it answered no heartbeat for "
-                f"{entry['hung']:.0f}s and was killed (MONARCH_HEARTBEAT_TIMEOUT)"
-            )
-        elif entry["expected"]:
-            reason = f"{entry['describe']} (pid {proc.pid}) was stopped"
-        else:
-            reason = f"{entry['describe']} (pid {proc.pid}) {status}"
-            logger.log(logging.INFO if rc == 0 else logging.WARNING, "%s", reason)
-        entry["status"] = status
-        self.proc_failed(proc_id, reason, stopped=entry["expected"])
-
-    def children(self) -> dict[str, Any]:
-        return self._children

@@ -22,10 +22,21 @@ from typing import Any, Callable, Protocol
 
 
 class MailboxProtocol(Protocol):
-    """An actor the kernel routes messages to (``Kernel.actors[actor_id]``)."""
+    """An actor the kernel routes messages to (``Kernel.actors[actor_id]``).
 
-    def enqueue(self, h: tuple, payload: Any, buffers: list) -> None:
-        """Queue one message (its decoded 9-field actor header); any thread, must not block."""
+    The kernel checks only an actor message's key (``h[0]``, a str, which it
+    routes on); the header's other fields are the actor layer's, and so is
+    their shape.  :meth:`enqueue` and :meth:`ProcAgentProtocol.no_such_actor`,
+    where an actor message enters that layer, check it before they take the
+    message: a header of the wrong shape raises
+    :class:`~monarch_core.errors.ProtocolError` naming ``sender``, which the
+    kernel lets through to the reader of the connection that carried it (that
+    connection is dropped)."""
+
+    def enqueue(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
+        """Queue one message (its decoded actor header: 9 fields, a traced
+        call's context as a tenth); any thread, must not block.  Raises
+        ``ProtocolError`` for a header of the wrong shape (see above)."""
 
 
 class ProcAgentProtocol(Protocol):
@@ -35,7 +46,9 @@ class ProcAgentProtocol(Protocol):
         """Handle one control message (``h[0]`` is the op name; ``_control.decode(h)`` its message); on the kernel loop."""
 
     def no_such_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        """An actor message for an actor this proc does not (yet) run; any thread."""
+        """An actor message for an actor this proc does not (yet) run; any
+        thread.  Raises ``ProtocolError`` for a header of the wrong shape, as
+        :meth:`MailboxProtocol.enqueue` does."""
 
 
 class InboundKernel(Protocol):

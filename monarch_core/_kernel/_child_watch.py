@@ -1,0 +1,100 @@
+"""The kernel's watch over the child OS processes the launch layer hands it
+(``Kernel.adopt_child``): an exit it was not told to expect
+(``Kernel.expect_exit``) fails the proc, naming the exit status.
+
+:class:`ChildProcess` is what the kernel needs of such a process (the launch
+layer's exec'd ``_launch._children.Child`` and the fork server's
+``ForkedChild`` have it), so the kernel never imports the launch layer.
+:class:`ChildWatch` is a part of ``Kernel`` (a base class of it); it uses the
+kernel's ``_children``, ``_expected_exits``, ``_nursery``, ``expect_proc`` and
+``proc_failed``.
+This module does not import ``_runtime`` (which imports it).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from typing import Any, Protocol
+
+logger = logging.getLogger("monarch.kernel")
+
+
+class ChildProcess(Protocol):
+    """What :meth:`Kernel.adopt_child` watches: a child OS process started by
+    the launch layer (``monarch_core._launch``), exec'd or forked."""
+
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class ChildWatch:
+    """The child-process half of ``Kernel`` (see the module docstring)."""
+
+    def adopt_child(self, proc_id: str, proc: ChildProcess, *, describe: str) -> None:
+        """Watch ``proc``, the OS process of ``proc_id`` that this process
+        started (loop thread; see ``monarch_core._launch``).
+
+        When it exits without :meth:`expect_exit` having been called,
+        :meth:`proc_failed` is called with its exit status."""
+        self.expect_proc(proc_id)
+        entry = {"proc": proc, "expected": False, "describe": describe}
+        self._children[proc_id] = entry
+        self._nursery.start_soon(self._watch_child, proc_id, entry)  # type: ignore[union-attr]
+
+    def expect_exit(self, proc_id: str) -> None:
+        """``proc_id`` is being stopped on purpose: its end is not a failure."""
+        self._expected_exits.add(proc_id)
+        e = self._children.get(proc_id)
+        if e is not None:
+            e["expected"] = True
+
+    def kill_hung(self, proc_id: str, silent_for: float) -> None:
+        """Kill a child proc that stopped answering heartbeats (loop thread)."""
+        e = self._children.get(proc_id)
+        if e is None or e["proc"].returncode is not None:
+            return
+        e["hung"] = silent_for
+        logger.error("%s answered no heartbeat for %.0fs; killing it", e["describe"], silent_for)
+        e["proc"].kill()
+
+    def child(self, proc_id: str) -> Any:
+        e = self._children.get(proc_id)
+        return e["proc"] if e is not None else None
+
+    async def _watch_child(self, proc_id: str, entry: dict) -> None:
+        proc = entry["proc"]
+        rc = await proc.wait()
+        if rc < 0:
+            try:
+                sig = signal.Signals(-rc).name
+            except ValueError:
+                sig = f"signal {-rc}"
+            status = f"was killed by {sig}"
+        else:
+            status = f"exited with code {rc}"
+        if getattr(proc, "exit_note", None):  # e.g. its fork server died
+            status = f"{status} ({proc.exit_note})"
+        if entry.get("hung"):
+            reason = (
+                f"{entry['describe']} (pid {proc.pid}) was hung: it answered no heartbeat for "
+                f"{entry['hung']:.0f}s and was killed (MONARCH_HEARTBEAT_TIMEOUT)"
+            )
+        elif entry["expected"]:
+            reason = f"{entry['describe']} (pid {proc.pid}) was stopped"
+        else:
+            reason = f"{entry['describe']} (pid {proc.pid}) {status}"
+            logger.log(logging.INFO if rc == 0 else logging.WARNING, "%s", reason)
+        entry["status"] = status
+        self.proc_failed(proc_id, reason, stopped=entry["expected"])
+
+    def children(self) -> dict[str, Any]:
+        return self._children
