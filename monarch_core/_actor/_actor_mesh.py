@@ -136,10 +136,8 @@ class ActorMesh(MeshTrait, Generic[T]):
               ret: tuple | None = None, trace: bytes | None = None) -> str:
         slot = self._members[region.root_rank(index)]
         header = W.actor_header(self._key, method, reply, rank_in_msg, region.labels, region.sizes, sender, ret,
-                                explicit)
-        flags = W.F_PACKED
-        if trace is not None:  # a traced call: the context goes first (see ``Kernel.route``)
-            header, flags = trace + header, W.F_PACKED | W.F_TRACE
+                                explicit, trace)
+        flags = W.F_PACKED if trace is None else W.F_PACKED | W.F_TRACE  # (a traced call: see ``Kernel.route``)
         addr = slot.address if slot.ready.is_set() else None
         if ret is not None:  # fire-and-forget: the return port hears only of undeliverable messages
             kernel.send(slot.proc_id, addr, W.K_ACTOR, flags, header, payload, bufs, ret[2], track=False)

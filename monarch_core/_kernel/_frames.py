@@ -53,9 +53,10 @@ K_BYE = 5  # orderly end of a session: receiver forgets it
 F_PACKED = 1  # the routing header is packed (see ``port_header``/``actor_header``), not plain marshal
 F_TREE = 2  # an actor message on its way through a cast tree (header: see ``monarch_core._actor._tree``)
 F_ACK_SOON = 4  # the sender is near its send window: acknowledge this message as soon as it is delivered
-F_TRACE = 8  # an actor message of a traced call: its header starts with TRACE_SIZE bytes of trace context
-#: Bytes of trace context before the header of an ``F_TRACE`` message (opaque to the kernel;
-#: ``monarch_core._telemetry._spans.new_context`` makes them).
+F_TRACE = 8  # an actor message of a traced call: it carries TRACE_SIZE bytes of trace context
+#: Bytes of trace context an ``F_TRACE`` message carries (opaque to the kernel;
+#: ``monarch_core._telemetry._spans.new_context`` makes them): in the fixed part of a packed
+#: header (``actor_header(trace=...)``, with ``F_PACKED``), else before the header.
 TRACE_SIZE = 24
 
 # port message status
@@ -212,6 +213,7 @@ def coalesce(parts: list) -> list:
 
 _PORT_H = struct.Struct("<qqB")  # port id, rank, status
 _ACTOR_P = struct.Struct("<qqq")  # reply port id (-1: none), rank, return port id (-1: none)
+_ACTOR_PT = struct.Struct("<qqq24s")  # the same, and the trace context (``F_TRACE``)
 _ACTOR_CACHE: dict[bytes, tuple] = {}
 _ACTOR_CACHE_MAX = 4096
 
@@ -222,17 +224,21 @@ def port_header(port_id: int, rank: int, status: int) -> bytes:
 
 
 def actor_header(key: str, method: str, reply: tuple | None, rank: int, labels: tuple, sizes: tuple,
-                 sender: str, ret: tuple | None, explicit: bool) -> bytes:
-    """Packed header of an actor message (send with ``flags=F_PACKED``).
+                 sender: str, ret: tuple | None, explicit: bool, trace: bytes | None = None) -> bytes:
+    """Packed header of an actor message (send with ``flags=F_PACKED``, and
+    ``F_TRACE`` with a ``trace`` context of ``TRACE_SIZE`` bytes).
 
-    The fields that change from call to call (port ids, rank) are a fixed
-    struct; the rest is marshal, identical across calls from one sender to one
-    endpoint, so the receiver validates and decodes it once and then reuses it.
+    The fields that change from call to call (port ids, rank, trace context)
+    are a fixed struct; the rest is marshal, identical across calls from one
+    sender to one endpoint, so the receiver validates and decodes it once and
+    then reuses it.
     """
     rest = marshal.dumps((
         key, method, reply[0] if reply else None, reply[1] if reply else None, labels, sizes, sender,
         ret[0] if ret else None, ret[1] if ret else None, bool(explicit),
     ))
+    if trace is not None:
+        return _ACTOR_PT.pack(reply[2] if reply else -1, rank, ret[2] if ret else -1, trace) + rest
     return _ACTOR_P.pack(reply[2] if reply else -1, rank, ret[2] if ret else -1) + rest
 
 
@@ -249,23 +255,45 @@ def decode_packed(peer: str, kind: int, header: bytes) -> tuple:
     rest = header[_ACTOR_P.size:]
     f = _ACTOR_CACHE.get(rest)
     if f is None:
-        f = decode_header(peer, rest)
-        if (
-            len(f) != 10
-            or not isinstance(f[0], str)
-            or not isinstance(f[1], str)
-            or not all(isinstance(x, str) or x is None for x in (f[2], f[3], f[6], f[7], f[8]))
-            or not isinstance(f[4], tuple)
-            or not isinstance(f[5], tuple)
-        ):
-            raise ProtocolError(f"peer {peer} sent a malformed actor message header")
-        if len(_ACTOR_CACHE) >= _ACTOR_CACHE_MAX:
-            _ACTOR_CACHE.clear()
-        _ACTOR_CACHE[rest] = f
+        f = _actor_fields(peer, rest)
     key, method, rproc, raddr, labels, sizes, sender, tproc, taddr, explicit = f
     reply = (rproc, raddr, reply_port) if reply_port >= 0 and rproc is not None else None
     ret = (tproc, taddr, ret_port) if ret_port >= 0 and tproc is not None else None
     return (key, method, reply, rank, labels, sizes, sender, ret, explicit)
+
+
+def decode_packed_traced(peer: str, header: bytes) -> tuple:
+    """Decode the packed header of an ``F_TRACE`` actor message: the tuple of
+    :func:`decode_packed` with the trace context as a tenth field."""
+    if len(header) < _ACTOR_PT.size:
+        raise ProtocolError(f"peer {peer} sent a malformed traced message header ({len(header)} bytes)")
+    reply_port, rank, ret_port, trace = _ACTOR_PT.unpack_from(header)
+    rest = header[_ACTOR_PT.size:]
+    f = _ACTOR_CACHE.get(rest)
+    if f is None:
+        f = _actor_fields(peer, rest)
+    key, method, rproc, raddr, labels, sizes, sender, tproc, taddr, explicit = f
+    reply = (rproc, raddr, reply_port) if reply_port >= 0 and rproc is not None else None
+    ret = (tproc, taddr, ret_port) if ret_port >= 0 and tproc is not None else None
+    return (key, method, reply, rank, labels, sizes, sender, ret, explicit, trace)
+
+
+def _actor_fields(peer: str, rest: bytes) -> tuple:
+    """The marshal part of a packed actor header, checked, and cached by its bytes."""
+    f = decode_header(peer, rest)
+    if (
+        len(f) != 10
+        or not isinstance(f[0], str)
+        or not isinstance(f[1], str)
+        or not all(isinstance(x, str) or x is None for x in (f[2], f[3], f[6], f[7], f[8]))
+        or not isinstance(f[4], tuple)
+        or not isinstance(f[5], tuple)
+    ):
+        raise ProtocolError(f"peer {peer} sent a malformed actor message header")
+    if len(_ACTOR_CACHE) >= _ACTOR_CACHE_MAX:
+        _ACTOR_CACHE.clear()
+    _ACTOR_CACHE[rest] = f
+    return f
 
 
 def decode_header(peer: str, header: bytes) -> tuple:

@@ -511,6 +511,12 @@ class Kernel(InboundServing, ChildWatch):
             if flags & _F_ACK_SOON:
                 self._ack_soon(sender)
             if flags & W.F_TRACE:
+                if flags & W.F_PACKED and kind == W.K_ACTOR and not flags & W.F_TREE:
+                    h = W.decode_packed_traced(sender, header)  # (the common traced call)
+                    if type(h[0]) is not str:
+                        raise ProtocolError(f"peer {sender} sent a malformed actor message header")
+                    self.route_actor(h, payload, buffers, sender)
+                    return
                 self._route_traced(kind, flags, header, payload, buffers, sender)
                 return
             if flags & W.F_TREE:
@@ -546,9 +552,10 @@ class Kernel(InboundServing, ChildWatch):
             raise ProtocolError(f"peer {sender} sent unexpected message kind {kind}")
 
     def _route_traced(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, sender: str) -> None:
-        """An actor message of a traced call: its header starts with the trace
-        context, which the actor (or the cast tree) gets as the header's tenth
-        field (the tree handler as its ``trace`` argument)."""
+        """An actor message of a traced call whose header starts with the trace
+        context (a cast-tree or marshal header), which the actor (or the cast
+        tree) gets as the header's tenth field (the tree handler as its
+        ``trace`` argument)."""
         n = W.TRACE_SIZE
         if kind != W.K_ACTOR or len(header) < n:
             raise ProtocolError(f"peer {sender} sent a malformed traced message (kind {kind}, {len(header)} bytes)")

@@ -64,6 +64,7 @@ from monarch_core._kernel._frames import (  # noqa: F401
     coalesce,
     decode_header,
     decode_packed,
+    decode_packed_traced,
     encode_handshake,
     encode_message,
     port_header,
