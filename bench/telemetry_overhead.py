@@ -21,8 +21,9 @@ Modes (environment of the child; the procs inherit it):
            the Chrome trace file written
 
 Rounds alternate the modes (off, metrics, trace; then metrics, trace, off; ...) so that a
-noisy phase of a shared machine hits all of them; the table holds the median over the rounds
-and each mode's ratio to ``off``.  Standard library and monarch_core only.
+noisy phase of a shared machine hits all of them; the table holds the median over the rounds,
+each mode's ratio to ``off``, and the median over the rounds of each round's own throughput
+ratio (``paired``: the modes of one round ran back to back).  Standard library and monarch_core only.
 """
 
 from __future__ import annotations
@@ -130,17 +131,22 @@ def main() -> int:
     keys = ("p50_us", "p99_us", "rate", "cpu_us")
     med = {m: {k: statistics.median(x[k] for x in results[m]) for k in keys} for m in modes}
     base = med.get("off")
+    # paired: each round runs every mode back to back, so the ratio within a round cancels the
+    # slow and fast phases of a shared machine; the median of those ratios over the rounds
+    paired = {m: statistics.median(x["rate"] / o["rate"] for x, o in zip(results[m], results["off"]))
+              for m in modes} if base else {}
     print("| mode | call_one p50, µs | p99, µs | pipelined, calls/s | CPU per pipelined call, µs "
-          "| p50 ÷ off | calls/s ÷ off | CPU ÷ off |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| p50 ÷ off | calls/s ÷ off | calls/s ÷ off, paired | CPU ÷ off |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for m in modes:
         v = med[m]
         r = {k: f"{v[k] / base[k]:.3f}" if base else "—" for k in keys}
+        pr = f"{paired[m]:.3f}" if base else "—"
         print(f"| {m} | {v['p50_us']:.1f} | {v['p99_us']:.1f} | {v['rate']:.0f} | {v['cpu_us']:.1f} "
-              f"| {r['p50_us']} | {r['rate']} | {r['cpu_us']} |")
+              f"| {r['p50_us']} | {r['rate']} | {pr} | {r['cpu_us']} |")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "runs": results, "medians": med}, f, indent=1)
+            json.dump({"args": vars(args), "runs": results, "medians": med, "paired_rate_ratio": paired}, f, indent=1)
     return 0
 
 

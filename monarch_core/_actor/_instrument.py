@@ -32,7 +32,7 @@ _now = time.perf_counter_ns
 _current_span = _spans.current_span
 _getrandbits = _spans.getrandbits
 _child_context = _spans.child_context
-_MAX_SPANS = _spans.MAX_BUFFERED
+_MAX_FLAT = _spans.MAX_FLAT
 _S_VALUE = W.S_VALUE
 _S_ERROR = W.S_ERROR
 _S_BATCH = W.S_BATCH
@@ -103,8 +103,8 @@ class ClientSide:
     def end_span(self, sp: tuple, adverb: str, rank: Optional[int], error: Optional[str], t0: int, dt: int) -> None:
         m = self.meta(adverb, rank, sp[2])
         spans = state.spans
-        if error is None and len(spans) < _MAX_SPANS:  # (``_spans.record``, inlined)
-            spans.append((m, sp[0], None, sp[1], t0, dt))
+        if len(spans) < _MAX_FLAT:  # (``_spans.record``, inlined)
+            spans.extend((m, sp[0], None, sp[1], t0, dt, error))
         else:
             _spans.record(m, sp[0], None, sp[1], t0, dt, error)
 
@@ -195,8 +195,8 @@ class TimedOneReply(OneReply):
             t0 = self.t0
             dt = _now() - t0
             spans = state.spans
-            if status == _S_VALUE and len(spans) < _MAX_SPANS:  # (``_spans.record``, inlined)
-                spans.append((m, self.ctx, None, self.parent, t0, dt))
+            if status == _S_VALUE and len(spans) < _MAX_FLAT:  # (``_spans.record``, inlined)
+                spans.extend((m, self.ctx, None, self.parent, t0, dt, None))
             else:
                 _spans.record(m, self.ctx, None, self.parent, t0, dt,
                               error_type(payload) if status == _S_ERROR else None)
@@ -336,8 +336,8 @@ def end_server_span(sp: tuple, host: Any, method: str, t0: int, dt: int, error: 
     if m is None:
         m = server_meta(host, method)
     spans = state.spans
-    if error is None and len(spans) < _MAX_SPANS:  # (``_spans.record``, inlined)
-        spans.append((m, sp[0], sp[1], sp[2], t0, dt))
+    if len(spans) < _MAX_FLAT:  # (``_spans.record``, inlined)
+        spans.extend((m, sp[0], sp[1], sp[2], t0, dt, error))
     else:
         _spans.record(m, sp[0], sp[1], sp[2], t0, dt, error)
 

@@ -37,7 +37,7 @@ logger = logging.getLogger("monarch.actor")
 _now = _instrument._now
 _nbytes = _instrument.nbytes
 _FOLD_AT = _metrics.FOLD_AT
-_MAX_SPANS = _spans.MAX_BUFFERED
+_MAX_FLAT = _spans.MAX_FLAT
 _current_span = _spans.current_span
 _get_running_loop = asyncio._get_running_loop
 _set_running_loop = asyncio._set_running_loop
@@ -243,8 +243,8 @@ class EndpointCalls:
             if sp is not None:
                 m = self.span_metas.get(method)
                 spans = _tstate.spans
-                if m is not None and len(spans) < _MAX_SPANS:  # (``_instrument.end_server_span``, inlined)
-                    spans.append((m, sp[0], sp[1], sp[2], t0, dt))
+                if m is not None and len(spans) < _MAX_FLAT:  # (``_instrument.end_server_span``, inlined)
+                    spans.extend((m, sp[0], sp[1], sp[2], t0, dt, None))
                 else:
                     _instrument.end_server_span(sp, self, method, t0, dt, None)
         send_raw_to_port(reply_ref, rank, W.S_VALUE, rp, rb)

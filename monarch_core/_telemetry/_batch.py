@@ -17,7 +17,8 @@ from typing import Any, Optional
 
 from monarch_core._telemetry import _metrics
 from monarch_core._telemetry._core import state
-from monarch_core._telemetry._spans import attrs_dict, clock_offset, decode
+from monarch_core._telemetry._core import SPAN_FIELDS
+from monarch_core._telemetry._spans import attrs_dict, clock_offset, decode, records
 
 VERSION = 1
 
@@ -47,7 +48,7 @@ def collect(*, force: bool = False, address: Optional[str] = None) -> Optional[d
         return None
     return {
         "v": VERSION, **state.identity(), "address": address, "time_ns": time.time_ns(),
-        "metrics": metrics, "spans": spans, "nspans": len(taken), "clock_offset": clock_offset(),
+        "metrics": metrics, "spans": spans, "nspans": len(taken) // SPAN_FIELDS, "clock_offset": clock_offset(),
         "events": events, "dropped": dropped,
     }
 
@@ -58,7 +59,7 @@ def spans_of(batch: dict) -> list:
     if not blob:
         return []
     offset = int(batch.get("clock_offset") or 0)
-    return [decode(rec, offset) for rec in marshal.loads(blob)]
+    return [decode(rec, offset) for rec in records(marshal.loads(blob))]
 
 
 def encode(batch: dict) -> bytes:

@@ -22,6 +22,10 @@ from monarch_core import settings
 #: Most spans / lifecycle events a process holds between two batches; older
 #: ones are dropped (and counted) beyond it.
 MAX_BUFFERED = 200_000
+#: Items of one span in ``State.spans`` (a flat list: see :func:`._spans.record`).
+SPAN_FIELDS = 7
+#: ``len(State.spans)`` at :data:`MAX_BUFFERED` spans.
+MAX_FLAT = MAX_BUFFERED * SPAN_FIELDS
 
 
 class State:
@@ -44,8 +48,10 @@ class State:
         self.is_root = True
         #: The root has a sink (events recorded there go somewhere).
         self.sinks_active = False
-        #: recorded spans (a list: any thread appends; :meth:`take_spans` swaps it)
-        self.spans: list[tuple] = []
+        #: recorded spans, :data:`SPAN_FIELDS` items each in one flat list (any thread
+        #: extends it by one span at a time, atomically; :meth:`take_spans` swaps it).  Flat,
+        #: so that a buffered span is no object the garbage collector has to count.
+        self.spans: list = []
         self._retired: list[tuple] = []
         self._retired_taken = 0
         self.events: collections.deque[tuple] = collections.deque(maxlen=MAX_BUFFERED)
@@ -63,7 +69,7 @@ class State:
             settings.get("MONARCH_TRACE", env) or settings.is_set("MONARCH_TRACE_FILE", env)
         )
 
-    def take_spans(self) -> list[tuple]:
+    def take_spans(self) -> list:
         """The spans recorded since the last call.  Writers append to
         ``self.spans`` without a lock; it is swapped for a new list, and a span
         appended to the old one just after the swap is taken next time."""

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from typing import IO, Any, Optional
 
-from monarch_core._telemetry._spans import attrs_dict, decode
+from monarch_core._telemetry._spans import attrs_dict, decode, records
 from monarch_core.hookspecs import TelemetryEvent, TelemetrySink
 
 logger = logging.getLogger("monarch.telemetry")
@@ -214,7 +214,7 @@ class _ChromeWriter:
             if rec[0] == "b":
                 _tag, (proc, name, host, opid), spans, offset, events = rec
                 pid = self.pid(proc, name, host, opid)
-                for sp in marshal.loads(spans) if spans else ():
+                for sp in records(marshal.loads(spans)) if spans else ():
                     self.span(pid, *decode(sp, offset))
                 for ev_name, ts, attrs in events:
                     self.instant(pid, ev_name, ts, attrs)

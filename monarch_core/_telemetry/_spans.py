@@ -13,11 +13,13 @@ function defined in ``__main__`` that uses ``@traced`` pickles by value (for an
 actor class spawned on a proc) and records, over there, into that proc's own
 buffers.
 
-A recorded span is the small tuple of :func:`record` -- its name, kind,
+A recorded span is the seven items of :func:`record` -- its name, kind,
 thread and attributes shared with every span of its call site (:func:`meta`),
-the trace id, its span id, its parent's, start (``time.perf_counter_ns``) and
-duration -- so that recording costs a tuple and an append, and a batch
-marshals compactly; :func:`decode` gives the full form.  The ids are kept as
+the trace id, its span id, its parent's, start (``time.perf_counter_ns``),
+duration and error -- appended to one flat list, so that recording costs one
+``extend``, a buffered span is no object for the garbage collector, and a
+batch marshals compactly; :func:`records` groups them again and :func:`decode`
+gives the full form.  The ids are kept as
 they were drawn: a server span keeps the whole context it got (parent None),
 a client span the context it sent (span id None), and a span under either
 keeps that context as its trace id; :func:`decode` splits them at the root.  ``kind`` is ``"client"``, ``"server"`` or
@@ -34,7 +36,7 @@ import time
 from random import getrandbits
 from typing import Any, Callable, Optional, TypeVar, overload
 
-from monarch_core._telemetry._core import MAX_BUFFERED, actor_name, state
+from monarch_core._telemetry._core import MAX_FLAT, SPAN_FIELDS, actor_name, state
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -110,26 +112,33 @@ def record(m: tuple, trace: bytes, span_id: int, parent: Optional[int], t0: int,
            error: Optional[str] = None) -> None:
     """Record a finished span: ``m`` from :func:`meta`, ``t0`` its start
     (``perf_counter_ns``), ``dt`` its duration.  ``parent`` None: ``trace`` is
-    a whole 24-byte context (:func:`new_context`) holding trace and parent."""
+    a whole 24-byte context (:func:`new_context`) holding trace and parent.
+    The span's :data:`SPAN_FIELDS` items are appended to ``state.spans`` in one
+    ``extend`` (atomic; the tuple is freed at once)."""
     spans = state.spans
-    if len(spans) >= MAX_BUFFERED:
+    if len(spans) >= MAX_FLAT:
         state.dropped += 1
         return
-    spans.append((m, trace, span_id, parent, t0, dt) if error is None else (m, trace, span_id, parent, t0, dt, error))
+    spans.extend((m, trace, span_id, parent, t0, dt, error))
+
+
+def records(flat: list) -> Any:
+    """The span records (tuples of :data:`SPAN_FIELDS`) of a flat span list."""
+    return zip(*[iter(flat)] * SPAN_FIELDS)
 
 
 def decode(rec: tuple, offset: int) -> tuple:
     """A span record as ``(name, trace_id, span_id, parent_id, start_ns, duration_ns,
     kind, thread, attributes)``: ``offset`` turns ``perf_counter_ns`` into wall-clock
     ns (a batch carries it), ``attributes`` flat, with ``error`` at the end if any."""
-    (name, kind, thread, attrs), trace, span_id, parent, t0, dt = rec[:6]
+    (name, kind, thread, attrs), trace, span_id, parent, t0, dt, error = rec
     if parent is None:  # a server span: ``trace`` is the context it got (trace id, parent)
         parent = _from_bytes(trace[16:24], "big")
     elif span_id is None:  # a client span: ``trace`` is the context it sent (trace id, its id)
         span_id = _from_bytes(trace[16:24], "big")
     trace = trace[:16]
-    if len(rec) > 6:
-        attrs = (*attrs, "error", rec[6])
+    if error is not None:
+        attrs = (*attrs, "error", error)
     return (name, trace, span_id, parent, t0 + offset, dt, kind, thread, attrs)
 
 
