@@ -22,7 +22,6 @@ from monarch_core._actor import _reporting, _serial, _state
 from monarch_core._actor._invoke import EndpointCalls, _loopless
 from monarch_core._actor._port import ReturnPort, send_to_port, this_proc_and_host, wrap_exception
 from monarch_core._kernel import _wire as W
-from monarch_core._kernel._runtime import THREADED_INBOUND
 from monarch_core._mesh._shape import Extent, Point
 from monarch_core.errors import ProtocolError, SupervisionError
 
@@ -110,7 +109,7 @@ class ActorHost(EndpointCalls):
         self._ident = 0
         sel = None
         kernel = agent.kernel
-        if THREADED_INBOUND and getattr(kernel, "inbound_poller", None) is not None:
+        if getattr(kernel, "threaded_inbound", False) and getattr(kernel, "inbound_poller", None) is not None:
             poller = kernel.inbound_poller()
             sel = poller.attach()
         if sel is not None:
