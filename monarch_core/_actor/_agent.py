@@ -118,7 +118,8 @@ class ProcAgent(ProcWatch):
             logger.warning("duplicate spawn of actor %s from %s ignored", key, sender)
             return
         host = ActorHost(
-            self, key, m.mesh_name, m.rank, m.labels, m.sizes, m.init_reply, payload, buffers, m.class_name, owner
+            self, key, m.mesh_name, m.rank, m.labels, m.sizes, m.init_reply, payload, buffers, m.class_name, owner,
+            m.trace,
         )
         with self.hold_lock:  # what was held goes first; then the actor is visible to the readers
             held = self.held.pop(key, None)

@@ -18,7 +18,7 @@ import threading
 from _thread import get_ident as _get_ident
 from typing import TYPE_CHECKING, Any
 
-from monarch_core._actor import _reporting, _serial, _state
+from monarch_core._actor import _instrument, _reporting, _serial, _state
 from monarch_core._actor._invoke import EndpointCalls, _loopless
 from monarch_core._actor._port import ReturnPort, send_to_port, this_proc_and_host, wrap_exception
 from monarch_core._kernel import _wire as W
@@ -69,6 +69,7 @@ class ActorHost(EndpointCalls):
         buffers: list,
         class_name: str = "",
         owner: tuple | None = None,
+        trace: bytes | None = None,
     ) -> None:
         self.agent = agent
         self.owner = owner  # (proc_id, address, owning actor key or "")
@@ -86,6 +87,7 @@ class ActorHost(EndpointCalls):
         self.stopped = False
         self.owned: list[Any] = []  # meshes spawned by this actor (stopped with it)
         self._init = (init_reply, payload, buffers)
+        self._init_trace = trace  # the spawn's trace context (``__init__`` records under it)
         self._init_reply: tuple | None = init_reply
         self._extents: dict[tuple, Extent] = {(labels, sizes): self.mesh_extent}
         self._methods: dict[str, tuple] = {}  # endpoint name -> (class, property or None, function)
@@ -379,7 +381,11 @@ class ActorHost(EndpointCalls):
             instance = cls.__new__(cls)
             self.instance = instance
             self._busy = "__init__"
-            _loopless(instance.__init__)(*args, **kwargs)
+            sp = _instrument.init_span(self._init_trace)
+            if sp is None:
+                _loopless(instance.__init__)(*args, **kwargs)
+            else:
+                _instrument.run_init(self, sp, _loopless(instance.__init__), args, kwargs)
         except BaseException as e:  # any failure of __init__: the actor is stopped, the owner told
             self._busy = None
             if self._abandoned:  # its stop gave up waiting for __init__ long ago

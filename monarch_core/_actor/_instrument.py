@@ -322,6 +322,57 @@ def server_span(h: tuple) -> Optional[tuple]:
     return _spans.begin(None)
 
 
+def spawn_trace(mesh: str) -> tuple[Optional[bytes], Any]:
+    """The trace context a spawn of actor mesh ``mesh`` carries, and the
+    callback that records its client span ``<mesh>.__init__`` when every
+    ``__init__`` has returned (``(None, None)``: the spawn is not traced)."""
+    if not state.enabled:
+        return None, None
+    cur = _current_span.get()
+    if cur is None:
+        if not state.tracing:
+            return None, None
+        ctx, parent = _spans.new_context(), 0
+    else:
+        ctx, parent = _child_context(cur), cur[1]
+    m = _spans.meta(f"{mesh}.__init__", "client", ("mesh", mesh, "endpoint", "__init__", "adverb", "spawn",
+                                                   "rank", None))
+    t0 = _now()
+
+    def end() -> None:
+        _spans.record(m, ctx, None, parent, t0, _now() - t0)
+
+    return ctx, end
+
+
+def init_span(ctx: Optional[bytes]) -> Optional[tuple]:
+    """The server span of an actor's ``__init__`` (as :func:`server_span`
+    gives one): under the spawn's trace context ``ctx``, or a new trace when
+    this process traces everything; None when not traced."""
+    if not state.enabled:
+        return None
+    if ctx is not None:
+        return (ctx, _getrandbits(64) or 1, None)
+    return _spans.begin(None) if state.tracing else None
+
+
+def run_init(host: Any, sp: tuple, init: Any, args: tuple, kwargs: dict) -> None:
+    """Run ``init(*args, **kwargs)`` (an actor's ``__init__``) inside its span
+    ``sp`` (from :func:`init_span`), so that ``@traced`` code in it records
+    under the spawn's trace; the span is recorded, with the error if it raised."""
+    token = _current_span.set(sp)
+    t0 = _now()
+    err: Optional[str] = None
+    try:
+        init(*args, **kwargs)
+    except BaseException as e:
+        err = type(e).__name__
+        raise
+    finally:
+        _current_span.reset(token)
+        end_server_span(sp, host, "__init__", t0, _now() - t0, err)
+
+
 def server_meta(host: Any, method: str) -> tuple:
     """The spans' meta (``_spans.meta``) of ``method`` on actor ``host``, kept
     by the host (``host.span_metas``; an actor has a thread of its own)."""

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
 from monarch_core import _telemetry
-from monarch_core._actor import _reporting, _serial, _state
+from monarch_core._actor import _instrument, _reporting, _serial, _state
 from monarch_core._actor._actor_mesh import ActorMesh
 from monarch_core._actor._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
@@ -114,12 +114,16 @@ class ProcMesh(MeshTrait):
             Supervised(key, name, Class.__qualname__, mesh, owner_host, mesh._health, members)
         )
         procs = []
+        trace, traced = _instrument.spawn_trace(name)  # (the ``__init__`` s record under a traced spawn)
         for i, slot in enumerate(members):
-            header = C.encode(C.Spawn(key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner))
+            header = C.encode(C.Spawn(key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner,
+                                      trace))
             kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0, header,
                         payload, bufs, gather.port_id)
             procs.append(slot.proc_id)
         gather.procs = procs
+        if traced is not None and not gather.cell.add_callback(traced):
+            traced()
         rt.agent.register_owned(mesh)
         _reporting.actor_mesh_spawned(mesh, self._name, gather)
         return mesh  # type: ignore[return-value]

@@ -41,6 +41,7 @@ class Spawn(NamedTuple):
     init_reply: Optional[PortRef]  # hears of the end of ``__init__``
     class_name: str
     owner: Optional[tuple]  # (proc_id, address, owning actor's key or "")
+    trace: Optional[bytes] = None  # the trace context of a traced spawn (``__init__`` records under it)
 
 
 class StopActor(NamedTuple):
@@ -214,13 +215,21 @@ def _optional(f: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return check
 
 
+def _opt_context(v: Any) -> Any:
+    if v is None:
+        return None
+    if type(v) is not bytes or len(v) != 24:
+        raise TypeError(f"expected a 24-byte trace context, got {v!r:.80}")
+    return v
+
+
 _port_ref = _record(_str, _opt_str, _int)
 _proc_ref = _record(_str, _opt_str)
 
 #: op name -> (message type, a check per field, in order).
 _SPEC: dict[str, tuple[type, tuple]] = {
     "spawn": (Spawn, (_str, _str, _int, _seq(_str), _seq(_int), _optional(_port_ref), _str,
-                      _optional(_record(_str, _opt_str, _str)))),
+                      _optional(_record(_str, _opt_str, _str)), _opt_context)),
     "stop_actor": (StopActor, (_str, _optional(_port_ref), _str)),
     "init": (Init, (_port_ref, _int)),
     "stop_proc": (StopProc, (_str, _number)),

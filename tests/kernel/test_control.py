@@ -20,6 +20,7 @@ REF = ("proc-1", "ipc:///tmp/x", 7)
 SAMPLES: list[Any] = [
     C.Spawn("key-1", "mesh", 3, ("hosts", "gpus"), (2, 4), REF, "Counter", ("client", "ipc:///tmp/c", "")),
     C.Spawn("key-2", "ctl", 0, (), (), None, "controller", None),
+    C.Spawn("key-3", "mesh", 0, (), (), REF, "Counter", None, bytes(range(24))),  # a traced spawn
     C.StopActor("key-1", REF, "stopped by its owner"),
     C.StopActor("key-1", None, "why"),
     C.Init(REF, 5),
@@ -71,7 +72,7 @@ def test_the_wire_form_is_the_tuple_it_always_was() -> None:
 
 
 def test_decode_normalizes_what_the_receivers_normalized() -> None:
-    m = C.decode(("spawn", "k", "m", 0, ["a"], [2], list(REF), "C", ["p", "a", ""]))
+    m = C.decode(("spawn", "k", "m", 0, ["a"], [2], list(REF), "C", ["p", "a", ""], None))
     assert m.labels == ("a",) and m.sizes == (2,) and m.init_reply == REF and m.owner == ("p", "a", "")
     assert C.decode(("stop_actor", "k", (), "r")).reply is None  # an empty reply is none
     assert C.decode(("stop_proc", "r", 3)).grace == 3.0 and type(C.decode(("stop_proc", "r", 3)).grace) is float
@@ -90,9 +91,12 @@ MALFORMED = [
     ("ping", ("p", "a", "1")),  # a port id that is not an int
     ("ping", ("p", "a")),
     ("ping", "p"),
-    ("spawn", "k", "m", "0", (), (), REF, "C", None),
-    ("spawn", "k", "m", 0, ("a",), ("2",), REF, "C", None),
-    ("spawn", "k", "m", 0, (), (), REF, "C", ("p", "a")),
+    ("spawn", "k", "m", "0", (), (), REF, "C", None, None),
+    ("spawn", "k", "m", 0, ("a",), ("2",), REF, "C", None, None),
+    ("spawn", "k", "m", 0, (), (), REF, "C", ("p", "a"), None),
+    ("spawn", "k", "m", 0, (), (), REF, "C", None, b"short"),  # a trace context is 24 bytes
+    ("spawn", "k", "m", 0, (), (), REF, "C", None, "x" * 24),
+    ("spawn", "k", "m", 0, (), (), REF, "C", None),  # the field count of a spawn without its trace
     ("stop_proc", "r", "soon"),
     ("stop_proc", "r", True),
     ("init", REF, 1.0),

@@ -68,8 +68,10 @@ def test_the_documented_example_sink_receives_every_event_kind(client_script, tm
     spans = [json.loads(line) for line in out_file.read_text().splitlines()]
     names = {(s["name"], s["proc"].split("{")[0]) for s in spans}
     assert ("hooked.f", "client") in names and ("hooked.f", "procs0") in names and ("inner", "procs0") in names
-    by_name = {s["name"] for s in spans if s["parent"] is None}
-    assert by_name == {"hooked.f"}, "only the client spans are roots; the rest have parents"
+    roots = {(s["name"], s["proc"].split("{")[0]) for s in spans if s["parent"] is None}
+    # only the client's spans are roots (its calls, and the spawn, whose __init__ s are children)
+    assert roots == {("hooked.f", "client"), ("hooked.__init__", "client")}, roots
+    assert ("hooked.__init__", "procs0") in names
 
 
 def test_the_plugin_is_listed_and_blockable(tmp_path: Path) -> None:

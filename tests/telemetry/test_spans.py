@@ -84,6 +84,40 @@ def test_spans_nest_and_link_across_three_processes(procs, tmp_path: Path) -> No
     assert all(s["args"]["span_id"] in by_id for s in chain)
 
 
+class Built(Actor):
+    def __init__(self, x: int) -> None:
+        self.x = double(x)  # @traced in __init__
+
+    @endpoint
+    def value(self) -> int:
+        return self.x
+
+
+def test_traced_code_in_init_records_under_a_traced_spawn(procs, tmp_path: Path) -> None:
+    path = tmp_path / "spawn.json"
+    with telemetry.record_trace(str(path)):
+        m = procs.spawn("span_built", Built, 5)
+        assert m.value.call().get().values() == [10, 10]
+    spans, _p, threads = spans_of(path)
+    client = [s for s in spans if s["name"] == "span_built.__init__" and s["cat"] == "client"]
+    server = [s for s in spans if s["name"] == "span_built.__init__" and s["cat"] == "server"]
+    inner = [s for s in spans if s["name"] == "double"]
+    assert len(client) == 1 and len(server) == 2 and len(inner) == 2, [s["name"] for s in spans]
+    (c,) = client
+    assert c["args"]["adverb"] == "spawn" and c["args"]["parent_id"] is None
+    assert {s["args"]["parent_id"] for s in server} == {c["args"]["span_id"]}
+    assert {s["args"]["parent_id"] for s in inner} == {s["args"]["span_id"] for s in server}
+    assert len({s["args"]["trace_id"] for s in client + server + inner}) == 1
+    assert {threads[(s["pid"], s["tid"])] for s in server} == {"span_built{'gpus': 0/2}", "span_built{'gpus': 1/2}"}
+    assert c["dur"] >= max(s["dur"] for s in server)
+    # an untraced spawn carries no context: its __init__ records nothing
+    path2 = tmp_path / "after.json"
+    m2 = procs.spawn("span_quiet", Built, 1)
+    with telemetry.record_trace(str(path2)):
+        assert m2.value.call().get().values() == [2, 2]
+    assert not [s for s in spans_of(path2)[0] if s["name"] in ("span_quiet.__init__", "double")]
+
+
 def test_an_error_is_recorded_on_its_spans(procs, tmp_path: Path) -> None:
     class Bad(Actor):
         @endpoint
