@@ -27,7 +27,9 @@ class TelemetryEvent:
     ``client``), ``host`` and ``pid``.  Then, by ``kind``:
 
     ``"span"`` -- a finished span: ``name`` (``<mesh>.<endpoint>`` for a call,
-    the function's name for ``@traced``), ``start_ns`` (wall clock, ns since the
+    ``<mesh>.__init__`` for a traced spawn -- adverb ``"spawn"``, one client
+    span until every actor's ``__init__`` returned, one server span per actor
+    -- the function's name for ``@traced``), ``start_ns`` (wall clock, ns since the
     epoch), ``duration_ns``; attributes ``trace_id`` (32 hex digits),
     ``span_id`` and ``parent_id`` (16 hex digits; ``parent_id`` ``None`` at a
     trace's root), ``span_kind`` (``"client"``: the caller's side of one
