@@ -80,15 +80,11 @@ class ClientSide:
         """The client span of a call about to be sent, ``(context, parent_id,
         thread)`` (None: not traced): ``context`` is what its messages carry
         (trace id and this span's id), ``thread`` the caller's track."""
-        cur = _current_span.get()
-        if cur is None:
-            if not state.tracing:
-                return None
-            ctx, parent = _getrandbits(192).to_bytes(24, "little"), 0  # (``_spans.new_context``)
-        else:
-            ctx, parent = _child_context(cur), cur[1]
+        c = client_context()
+        if c is None:
+            return None
         track = getattr(_spans._local, "track", None)
-        return (ctx, parent, track if track is not None else _spans._thread())
+        return (c[0], c[1], track if track is not None else _spans._thread())
 
     def meta(self, adverb: str, rank: Optional[int], track: str) -> tuple:
         """The spans' meta (``_spans.meta``) of this endpoint's calls by ``adverb``
@@ -123,7 +119,7 @@ class ClientSide:
         if cur is None:
             if not state.tracing:
                 return OneReply(kernel, describe, adverb, index, stat, req), None
-            ctx, parent = _getrandbits(192).to_bytes(24, "little"), 0  # (``span``, inlined)
+            ctx, parent = _getrandbits(192).to_bytes(24, "little"), 0  # (``client_context``, inlined)
         else:
             ctx, parent = _child_context(cur), cur[1]
         track = getattr(_spans._local, "track", None)
@@ -167,6 +163,16 @@ class ClientSide:
     def end_cast(self, sp: tuple, adverb: str) -> None:
         now = _now()
         self.end_span(sp, adverb, None, None, sp[3], now - sp[3])
+
+
+def client_context() -> Optional[tuple[bytes, int]]:
+    """The trace context of a client span about to start and its parent's
+    span id (0: a new trace), or None when the caller is not traced (neither
+    inside a traced span nor in a process that traces everything)."""
+    cur = _current_span.get()
+    if cur is None:
+        return (_spans.new_context(), 0) if state.tracing else None
+    return _child_context(cur), cur[1]
 
 
 def client_side(ep: Any) -> Any:
@@ -317,24 +323,17 @@ def server_span(h: tuple) -> Optional[tuple]:
         if type(ctx) is not bytes or len(ctx) != _spans.CONTEXT_SIZE or not state.enabled:
             return None  # a malformed context: the call runs untraced
         return (ctx, _getrandbits(64) or 1, None)
-    if not state.tracing:
-        return None
-    return _spans.begin(None)
+    return _spans.begin(None)  # (None unless this process traces everything)
 
 
 def spawn_trace(mesh: str) -> tuple[Optional[bytes], Any]:
     """The trace context a spawn of actor mesh ``mesh`` carries, and the
     callback that records its client span ``<mesh>.__init__`` when every
     ``__init__`` has returned (``(None, None)``: the spawn is not traced)."""
-    if not state.enabled:
+    c = client_context() if state.enabled else None
+    if c is None:
         return None, None
-    cur = _current_span.get()
-    if cur is None:
-        if not state.tracing:
-            return None, None
-        ctx, parent = _spans.new_context(), 0
-    else:
-        ctx, parent = _child_context(cur), cur[1]
+    ctx, parent = c
     m = _spans.meta(f"{mesh}.__init__", "client", ("mesh", mesh, "endpoint", "__init__", "adverb", "spawn",
                                                    "rank", None))
     t0 = _now()
@@ -353,7 +352,7 @@ def init_span(ctx: Optional[bytes]) -> Optional[tuple]:
         return None
     if ctx is not None:
         return (ctx, _getrandbits(64) or 1, None)
-    return _spans.begin(None) if state.tracing else None
+    return _spans.begin(None)  # (None unless this process traces everything)
 
 
 def run_init(host: Any, sp: tuple, init: Any, args: tuple, kwargs: dict) -> None:

@@ -35,7 +35,7 @@ from monarch_core.errors import SupervisionError
 logger = logging.getLogger("monarch.actor")
 
 _now = _instrument._now
-_nbytes = _instrument.nbytes
+_nbytes = _metrics.nbytes
 _FOLD_AT = _metrics.FOLD_AT
 _MAX_FLAT = _spans.MAX_FLAT
 _current_span = _spans.current_span

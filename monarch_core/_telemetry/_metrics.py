@@ -130,8 +130,7 @@ class EndpointStat:
             self.errors[err] = self.errors.get(err, 0) + 1
 
     def _one(self, dt: int, req: int, rep: int) -> None:
-        b = dt.bit_length()
-        self.buckets[dt if b <= 4 else ((b - 3) << 3) | ((dt >> (b - 4)) & 7)] += 1
+        self.buckets[bucket_of(dt)] += 1
         self.calls += 1
         self.count += 1
         self.sum += dt
@@ -173,13 +172,11 @@ class EndpointStat:
         step = n // HIST_SAMPLES or 1
         buckets = self.buckets
         picked = dts[::step] if step > 1 else dts
-        for dt in picked:
+        for dt in picked:  # (``bucket_of``, inlined)
             b = dt.bit_length()
             buckets[dt if b <= 4 else ((b - 3) << 3) | ((dt >> (b - 4)) & 7)] += step
         if step > 1:
-            dt = picked[-1]
-            b = dt.bit_length()
-            buckets[dt if b <= 4 else ((b - 3) << 3) | ((dt >> (b - 4)) & 7)] += n - step * len(picked)
+            buckets[bucket_of(picked[-1])] += n - step * len(picked)
 
     def record_send(self, req: int) -> None:
         """A call with no reply to wait for (``broadcast``): counted, no latency."""
