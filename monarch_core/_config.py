@@ -457,7 +457,7 @@ def lookup_host_mesh(
             f"{entry.scheduler!r}, which is not installed.\n"
             f"Installed schedulers: {_fmt_names(installed)}.\n"
         )
-        from monarch_core._plugins import KNOWN_SCHEDULER_PACKAGES, install_hint
+        from monarch_core._plugins import KNOWN_SCHEDULER_PACKAGES, broken_note, install_hint
 
         package = KNOWN_SCHEDULER_PACKAGES.get(entry.scheduler)
         if package is not None:
@@ -475,6 +475,9 @@ def lookup_host_mesh(
                     f"scheduler, or change the 'scheduler' key of {loc} in {path} "
                     f"to one of the installed schedulers."
                 )
+        note = broken_note()  # a plugin that failed may be the one that provides it
+        if note:
+            msg += "\n" + note.strip()
         raise ConfigError(msg)
     return entry
 

@@ -3,14 +3,41 @@
 Nothing here runs per message.  The manager is built on first use; transports
 and schedulers are resolved by name into objects that the kernel then calls
 directly.
+
+The plugin boundary is here: every failure of a plugin is mapped into
+:class:`~monarch_core.errors.PluginError` naming the plugin (its entry-point
+name), its distribution and version, and the hook or factory that failed.
+
+* A plugin that fails to import, whose hook implementations do not match the
+  specs (pluggy's validation: unknown argument names; ``check_pending``:
+  unknown hook names, reported with the spec names it could have meant), is
+  *failed*: not registered, listed by ``monarch plugins``.
+* A *description* hook (``monarch_transports``, ``monarch_schedulers``,
+  ``monarch_rdma_backends``, ``monarch_telemetry_sinks``) that raises, or
+  returns something other than its specs, makes the plugin *broken*: what it
+  describes is left out, everything else (the built-ins included) works, and
+  errors for a name it may have provided name it.
+* Any other hook that raises (``monarch_proc_env``, ``monarch_proc_setup``)
+  fails the operation that called it with a ``PluginError`` naming the plugin.
+* A telemetry sink a plugin returns is guarded: an ``emit`` that raises is one
+  WARNING under ``monarch.telemetry`` naming the plugin, then at most one a
+  minute (:data:`SINK_WARNING_INTERVAL`), never a traceback (DEBUG has them).
+
+Each such warning is given once per process: a :class:`RuntimeWarning`
+(``warnings.warn``), with the same text at DEBUG under ``monarch.plugins``.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import logging
 import os
+import sys
 import threading
+import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,12 +45,24 @@ import pluggy
 
 from monarch_core import settings
 from monarch_core import hookspecs
-from monarch_core.errors import UnknownSchedulerError, UnknownTransportError
+from monarch_core.errors import MonarchError, PluginError, UnknownSchedulerError, UnknownTransportError
 
 if TYPE_CHECKING:
     from importlib import metadata
 
 logger = logging.getLogger("monarch.plugins")
+sink_logger = logging.getLogger("monarch.telemetry")
+
+#: Hooks that describe what a plugin provides: one that raises leaves that out
+#: (the plugin is listed as broken), the rest of the process carries on.
+DESCRIPTION_HOOKS = {
+    "monarch_transports": hookspecs.TransportSpec,
+    "monarch_schedulers": hookspecs.SchedulerSpec,
+    "monarch_rdma_backends": hookspecs.RDMABackendSpec,
+    "monarch_telemetry_sinks": None,  # any object with emit(events)
+}
+#: Seconds between two WARNING lines about one plugin sink whose ``emit`` raises.
+SINK_WARNING_INTERVAL = 60.0
 
 ENTRY_POINT_GROUP = "monarch"
 DISABLE_ENV = "MONARCH_DISABLED_PLUGINS"
@@ -77,6 +116,19 @@ class PluginInfo:
     schedulers: list[str] = field(default_factory=list)
     rdma_backends: list[str] = field(default_factory=list)
     hooks: list[str] = field(default_factory=list)
+    #: What failed in it after it loaded, one line per hook
+    #: (``"monarch_schedulers() raised RuntimeError: ..."``); empty: it works.
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def origin(self) -> str:
+        """``plugin 'name' (from dist version)``, how errors name it."""
+        return f"plugin {self.name!r} (from {self.distribution} {self.version})"
+
+    def fix(self) -> str:
+        """What the user can do about a broken plugin."""
+        return (f"Fix or upgrade {self.distribution}, or set {DISABLE_ENV}={self.name} "
+                f"to run without it")
 
 
 class PluginRegistry:
@@ -89,7 +141,11 @@ class PluginRegistry:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
         self.infos: list[PluginInfo] = []
+        #: entry-point name -> why it failed to load (not registered)
         self.failed: dict[str, str] = {}
+        #: entry-point name -> (distribution, version) of those that failed to load
+        self.failed_from: dict[str, tuple[str, str]] = {}
+        self._providers: dict[str, PluginInfo] = {}  # transport/scheduler spec name -> its plugin
         self._lock = threading.RLock()
         self._transport_specs: dict[str, hookspecs.TransportSpec] | None = None
         self._scheduler_specs: dict[str, hookspecs.SchedulerSpec] | None = None
@@ -115,8 +171,7 @@ class PluginRegistry:
         return self.infos[0].version if self.infos else "0+unknown", list(self._resolved)
 
     def _add_loaded(self, name: str, value: str, dist_name: str, dist_version: str, module: Any) -> None:
-        self.pm.register(module, name=name)
-        self.infos.append(PluginInfo(name, dist_name, dist_version, module))
+        self._add(PluginInfo(name, dist_name, dist_version, module))
         self._resolved.append((name, value, dist_name, dist_version))
 
     # -- loading ---------------------------------------------------------
@@ -124,8 +179,108 @@ class PluginRegistry:
         if name in self.blocked:
             logger.info("plugin %r is disabled by %s", name, DISABLE_ENV)
             return
-        self.pm.register(module, name=name)
-        self.infos.append(PluginInfo(name, dist, version, module))
+        self._add(PluginInfo(name, dist, version, module))
+
+    def _add(self, info: PluginInfo) -> None:
+        """Register ``info.module``, validated against the specs (pluggy checks
+        the argument names at ``register``, :meth:`pluggy.PluginManager.check_pending`
+        the hook names), its hook implementations guarded.  Raises
+        :class:`PluginError` (nothing registered) for an invalid plugin."""
+        try:
+            self.pm.register(info.module, name=info.name)
+        except pluggy.PluginValidationError as e:
+            raise PluginError(" ".join(str(e).split())) from None
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError:
+            unknown = sorted(h.name for h in self.pm.get_hookcallers(info.module) or () if not h.has_spec())
+            self.pm.unregister(info.module)
+            raise PluginError("; ".join(self._unknown_hook(n) for n in unknown)) from None
+        for caller in self.pm.get_hookcallers(info.module) or ():
+            for impl in caller.get_hookimpls():
+                if impl.plugin is info.module and not (impl.wrapper or impl.hookwrapper):
+                    # pluggy calls ``impl.function``: the plugin boundary is this
+                    # one wrapper per hook implementation (no cost per message:
+                    # no hook is called there).
+                    setattr(impl, "function", self._guard(info, caller.name, impl.function))
+        self.infos.append(info)
+
+    def _unknown_hook(self, name: str) -> str:
+        specs = sorted(n for n in vars(self.pm.hook) if not n.startswith("_") and getattr(self.pm.hook, n).has_spec())
+        close = difflib.get_close_matches(name, specs, n=3, cutoff=0.6)
+        meant = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else f"the hooks are {specs}."
+        return f"unknown hook {name!r} ({meant} The hooks are specified in monarch_core.hookspecs)"
+
+    def _guard(self, info: PluginInfo, hook: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` (``info``'s implementation of ``hook``) behind the plugin boundary."""
+
+        @functools.wraps(fn)
+        def guarded(*args: Any, **kwargs: Any) -> Any:
+            try:
+                out = fn(*args, **kwargs)
+            except Exception as e:
+                if hook in DESCRIPTION_HOOKS:
+                    self._broken(info, f"{hook}() raised {type(e).__name__}: {e}", e)
+                    return None  # pluggy leaves None out of the results
+                if isinstance(e, MonarchError):
+                    raise  # a plugin's own error in our tree says what it means
+                raise PluginError(
+                    f"{info.origin} failed in its hook {hook}(): {type(e).__name__}: {e}. {info.fix()}."
+                ) from e
+            if hook in DESCRIPTION_HOOKS:
+                specs = self._checked(info, hook, out)
+                if hook == "monarch_telemetry_sinks":
+                    return [GuardedSink(s, info) for s in specs]
+                return specs
+            return out
+
+        return guarded
+
+    def _checked(self, info: PluginInfo, hook: str, out: Any) -> list[Any]:
+        """The items of what the description ``hook`` returned, those of the wrong type left out (broken)."""
+        want = DESCRIPTION_HOOKS[hook]
+        try:
+            items = list(out or ())
+        except TypeError:
+            self._broken(info, f"{hook}() returned {type(out).__name__}, not a list")
+            return []
+        good = []
+        for item in items:
+            if want is not None and not isinstance(item, want):
+                self._broken(info, f"{hook}() returned {item!r}, not a {want.__name__}")
+            elif want is None and not callable(getattr(item, "emit", None)):
+                self._broken(info, f"{hook}() returned {item!r}, which has no emit(events) method")
+            else:
+                good.append(item)
+        return good
+
+    def _broken(self, info: PluginInfo, problem: str, exc: BaseException | None = None) -> None:
+        """``info`` is broken: ``problem``, kept for ``monarch plugins`` and warned about (once)."""
+        with self._lock:
+            if problem not in info.problems:
+                info.problems.append(problem)
+        warn_once(f"monarch {info.origin} is broken: {problem}; what it provides through that hook is not used. "
+                  f"{info.fix()}.", exc)
+
+    def _describe(self, info: PluginInfo, hook: str) -> list[Any]:
+        """What ``info``'s description ``hook`` returns (behind the boundary:
+        the plugin is broken, and nothing returned, if it raises)."""
+        impl = getattr(info.module, hook, None)
+        if impl is None:
+            return []
+        return self._guard(info, hook, impl)() or []
+
+    def broken_note(self) -> str:
+        """A sentence naming the plugins that failed to load or are broken
+        (for errors about a name one of them may have provided); '' if none."""
+        parts = [f"{n!r} (from {' '.join(self.failed_from.get(n, ('?', '?')))}) failed to load: {why}"
+                 for n, why in sorted(self.failed.items())]
+        parts += [f"{i.name!r} (from {i.distribution} {i.version}) is broken: {'; '.join(i.problems)}"
+                  for i in self.infos if i.problems]
+        if not parts:
+            return ""
+        return (" It may come from a plugin that does not work: " + ". ".join(parts)
+                + f" (see `monarch plugins`; fix the plugin, or set {DISABLE_ENV} to its name).")
 
     def _load_entry_points(self) -> None:
         from importlib import metadata
@@ -142,14 +297,16 @@ class PluginRegistry:
                 module = ep.load()
                 self._add_loaded(ep.name, ep.value, dist_name, dist_version, module)
             except Exception as e:  # a broken plugin must not break the others
+                why = str(e) if isinstance(e, PluginError) else f"{type(e).__name__}: {e}"
                 msg = (
                     f"monarch plugin {ep.name!r} (from {dist_name} {dist_version}, entry point "
-                    f"{ep.value!r}) failed to load and is disabled: {type(e).__name__}: {e}. "
-                    f"Reinstall it, or set {DISABLE_ENV}={ep.name} to silence this warning."
+                    f"{ep.value!r}) failed to load and is disabled: {why}. "
+                    + ("Fix or upgrade it" if isinstance(e, PluginError) else "Reinstall it")
+                    + f", or set {DISABLE_ENV}={ep.name} to silence this warning."
                 )
-                self.failed[ep.name] = f"{type(e).__name__}: {e}"
-                warnings.warn(msg, RuntimeWarning, stacklevel=2)
-                logger.warning("%s", msg)
+                self.failed[ep.name] = why
+                self.failed_from[ep.name] = (dist_name, dist_version)
+                warn_once(msg)
                 continue
 
     # -- transports ------------------------------------------------------
@@ -159,11 +316,9 @@ class PluginRegistry:
             if self._transport_specs is None:
                 table: dict[str, hookspecs.TransportSpec] = {}
                 for info in self.infos:
-                    impl = getattr(info.module, "monarch_transports", None)
-                    if impl is None:
-                        continue
-                    for spec in impl() or ():
+                    for spec in self._describe(info, "monarch_transports"):
                         info.transports.append(spec.name)
+                        self._providers.setdefault(f"transport:{spec.name}", info)
                         for key in (spec.name, *spec.aliases, *spec.schemes):
                             if key in table and table[key] is not spec:
                                 logger.warning(
@@ -187,7 +342,7 @@ class PluginRegistry:
                 raise UnknownTransportError(self.unknown_transport_message(name))
             t = self._transports.get(spec.name)
             if t is None:
-                t = spec.load()
+                t = self._load(spec, "transport")
                 if getattr(t, "name", None) != spec.name:
                     # Procs find their transport again by this name: a class
                     # attribute inherited from another transport (``tcp``)
@@ -226,7 +381,31 @@ class PluginRegistry:
                 msg += f" {name!r} is provided by {pkg}: {install_hint(pkg)}."
         else:
             msg += " Check the spelling, or install the plugin that provides it."
-        return msg
+        return msg + self.broken_note()
+
+    def _load(self, spec: Any, kind: str) -> Any:
+        """``spec.load()``, its failure a :class:`PluginError` naming the plugin
+        that provided ``spec``, the factory and (a module missing) how to install it."""
+        try:
+            return spec.load()
+        except Exception as e:
+            info = self._providers.get(f"{kind}:{spec.name}")
+            origin = info.origin if info is not None else "its plugin"
+            factory = spec.factory if isinstance(spec.factory, str) else getattr(spec.factory, "__qualname__", spec.factory)
+            what = f"the {kind} {spec.name!r} of {origin}: its factory {factory!r}"
+            if isinstance(e, ModuleNotFoundError) and e.name:
+                dist = info.distribution if info is not None else "the plugin"
+                if dist in PLUGIN_DIRS:
+                    hint = f"reinstall {dist} with its dependencies: {install_hint(dist)}"
+                else:
+                    hint = (f"install the distribution that provides the module {e.name!r} (a dependency of {dist}), "
+                            f"or reinstall {dist} with its dependencies")
+                msg = f"{what} needs the module {e.name!r}, which is not installed; {hint}."
+            else:
+                msg = f"{what} failed: {type(e).__name__}: {e}."
+            if info is not None:
+                msg += f" Or set {DISABLE_ENV}={info.name} to run without it."
+            raise PluginError(msg) from e
 
     # -- schedulers ------------------------------------------------------
     def scheduler_specs(self) -> dict[str, hookspecs.SchedulerSpec]:
@@ -234,11 +413,9 @@ class PluginRegistry:
             if self._scheduler_specs is None:
                 table: dict[str, hookspecs.SchedulerSpec] = {}
                 for info in self.infos:
-                    impl = getattr(info.module, "monarch_schedulers", None)
-                    if impl is None:
-                        continue
-                    for spec in impl() or ():
+                    for spec in self._describe(info, "monarch_schedulers"):
                         info.schedulers.append(spec.name)
+                        self._providers.setdefault(f"scheduler:{spec.name}", info)
                         if spec.name in table:
                             logger.warning("scheduler %r from plugin %r is already provided; ignoring", spec.name, info.name)
                             continue
@@ -254,24 +431,102 @@ class PluginRegistry:
             pkg = KNOWN_SCHEDULER_PACKAGES.get(name)
             if pkg:
                 msg += f" {name!r} is provided by {pkg}: {install_hint(pkg)}."
-            raise UnknownSchedulerError(msg)
-        return spec.load()
+            raise UnknownSchedulerError(msg + self.broken_note())
+        return self._load(spec, "scheduler")
 
     # -- listing ---------------------------------------------------------
     def describe(self) -> list[PluginInfo]:
         self.transport_specs()
         self.scheduler_specs()
         for info in self.infos:
-            impl = getattr(info.module, "monarch_rdma_backends", None)
-            if impl is not None and not info.rdma_backends:
-                try:
-                    info.rdma_backends = [spec.name for spec in impl() or ()]
-                except Exception as e:  # noqa: BLE001 - listing must not fail
-                    logger.warning("plugin %r: monarch_rdma_backends() failed: %s", info.name, e)
+            if not info.rdma_backends:
+                info.rdma_backends = [spec.name for spec in self._describe(info, "monarch_rdma_backends")]
             info.hooks = sorted(
                 h.name for h in self.pm.get_hookcallers(info.module) or () if h.name.startswith("monarch_")
             )
         return self.infos
+
+
+class GuardedSink:
+    """A telemetry sink a plugin returned, behind the plugin boundary: its
+    ``emit`` raising is logged (WARNING, ``monarch.telemetry``, naming the
+    plugin) at most once per :data:`SINK_WARNING_INTERVAL` seconds, the next
+    line counting the failures left out; the tracebacks are at DEBUG.  The
+    events of a failed ``emit`` are that sink's loss only."""
+
+    def __init__(self, sink: Any, info: PluginInfo) -> None:
+        self.sink = sink
+        self.info = info
+        self._lock = threading.Lock()
+        self._last: float | None = None  # monotonic time of the last WARNING
+        self._left_out = 0
+
+    @property
+    def kinds(self) -> Any:
+        """The wrapped sink's ``kinds`` (None: every kind)."""
+        return getattr(self.sink, "kinds", None)
+
+    def emit(self, events: Any) -> None:
+        """Hand ``events`` to the sink; a failure is logged, never raised."""
+        try:
+            self.sink.emit(events)
+        except Exception as e:  # noqa: BLE001 - one sink must not stop the others
+            self._failed("emit", e)
+
+    def close(self) -> None:
+        """Close the sink (if it has ``close``); a failure is logged, never raised."""
+        close = getattr(self.sink, "close", None)
+        if close is None:
+            return
+        try:
+            close()
+        except Exception as e:  # noqa: BLE001
+            self._failed("close", e, always=True)
+
+    def _failed(self, op: str, e: Exception, *, always: bool = False) -> None:
+        sink_logger.debug("telemetry sink %r of %s: %s() failed", self.sink, self.info.origin, op, exc_info=True)
+        now = time.monotonic()
+        with self._lock:
+            if not always and self._last is not None and now - self._last < SINK_WARNING_INTERVAL:
+                self._left_out += 1
+                return
+            left_out, self._left_out = self._left_out, 0
+            self._last = now
+        more = f" ({left_out} more failure(s) since the last such line)" if left_out else ""
+        sink_logger.warning(
+            "telemetry sink %r of %s failed in %s(): %s: %s%s; its events are dropped while it fails "
+            "(logged at most once every %gs; DEBUG shows the tracebacks). %s.",
+            self.sink, self.info.origin, op, type(e).__name__, e, more, SINK_WARNING_INTERVAL, self.info.fix(),
+        )
+
+    def __repr__(self) -> str:
+        return f"{self.sink!r} (from {self.info.origin})"
+
+
+_CORE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def warn_once(message: str, exc: BaseException | None = None) -> None:
+    """``message`` as a :class:`RuntimeWarning`, once per process (and at DEBUG
+    under ``monarch.plugins``, with ``exc``'s traceback)."""
+    with _warned_lock:
+        if message in _warned:
+            return
+        _warned.add(message)
+    logger.debug("%s", message, exc_info=exc)
+    if sys.version_info >= (3, 12):  # attributed to the first caller outside monarch_core
+        warnings.warn(message, RuntimeWarning, skip_file_prefixes=(_CORE_DIR,))
+    else:  # pragma: no cover - Python 3.10/3.11
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def broken_note() -> str:
+    """:meth:`PluginRegistry.broken_note` of the process-wide registry ('' if
+    it is not built yet)."""
+    reg = _registry
+    return reg.broken_note() if reg is not None else ""
 
 
 def _load_value(value: str) -> Any:

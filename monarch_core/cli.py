@@ -1,6 +1,8 @@
 """The ``monarch`` command line.
 
-``monarch plugins``  list installed plugins: name==version and what each provides.
+``monarch plugins``  list installed plugins: name==version and what each provides;
+                     a plugin that failed to load or is broken (a hook raised) is
+                     listed as such, and the command still exits 0.
 ``monarch debug``    attach to the actors of a running program stopped at ``breakpoint()`` (docs/debugging.md).
 ``monarch summary FILE``  top endpoints by total time (calls, errors, p50/p99) of a
 recorded trace (``record_trace``, ``MONARCH_TRACE_FILE``) or JSON-lines telemetry file
@@ -29,9 +31,12 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         other = [h for h in info.hooks if h not in ("monarch_transports", "monarch_schedulers", "monarch_rdma_backends")]
         if other:
             provides.append("hooks: " + ", ".join(other))
+        if info.problems:
+            provides.append("BROKEN: " + "; ".join(info.problems))
         print(f"{info.name} ({info.distribution}=={info.version})  " + ("; ".join(provides) or "(no hooks)"))
     for name, err in sorted(reg.failed.items()):
-        print(f"{name}  FAILED TO LOAD: {err}")
+        dist, version = reg.failed_from.get(name, ("?", "?"))
+        print(f"{name} ({dist}=={version})  FAILED TO LOAD: {err}")
     for name in sorted(reg.blocked):
         print(f"{name}  disabled by {DISABLE_ENV}")
     return 0
