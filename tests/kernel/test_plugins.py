@@ -360,9 +360,9 @@ def test_broken_plugin_is_listed_as_failed_by_monarch_plugins_and_silenced_by_di
     assert _lines(listed.stdout) == [
         BUILTIN_LINE,
         f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: tcp, tls",
-        "broken  FAILED TO LOAD: ImportError: broken_mod needs libfoo.so.3, which is not installed",
+        "broken (monarch-broken==0.7)  FAILED TO LOAD: ImportError: broken_mod needs libfoo.so.3, which is not installed",
     ]
-    assert "monarch plugin 'broken'" in listed.stderr  # the warning reaches the user
+    assert listed.stderr.count("monarch plugin 'broken'") == 1, listed.stderr  # the warning reaches the user, once
     silenced = subprocess.run(
         [MONARCH_CLI, "plugins"],
         capture_output=True,
@@ -590,3 +590,271 @@ def test_adopting_a_list_is_refused_when_a_registry_exists_and_falls_back_on_a_b
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "OK" in r.stdout, r.stderr
+
+
+# ---------------------------------------------------------------- plugins that load but do not work
+#
+# Each is a real throwaway distribution (``make_dist``) found through
+# ``PYTHONPATH`` by a child interpreter: the real ``monarch plugins`` CLI, the
+# real ``hosts_from_config`` and the real telemetry thread run against it.
+
+RAISING_SCHEDULERS = """
+from monarch_core.hookspecs import hookimpl
+
+@hookimpl
+def monarch_schedulers():
+    raise RuntimeError("cannot reach the cluster's API at 10.0.0.9")
+"""
+
+MISSPELLED_HOOK = """
+from monarch_core.hookspecs import SchedulerSpec, hookimpl
+
+@hookimpl
+def monarch_schedulerz():
+    return [SchedulerSpec("typo", "typo_mod:Nothing")]
+"""
+
+MISSING_FACTORY_MODULE = """
+from monarch_core.hookspecs import TransportSpec, hookimpl
+
+@hookimpl
+def monarch_transports():
+    return [TransportSpec(name="quux", schemes=("quux",), factory="quux_wire.transport:QuuxTransport")]
+"""
+
+RAISING_PROC_ENV = """
+from monarch_core.hookspecs import hookimpl
+
+@hookimpl
+def monarch_proc_env(proc_name, rank, coords):
+    raise KeyError("CUDA_VISIBLE_DEVICES")
+"""
+
+FAILING_SINK = """
+import os
+from monarch_core.hookspecs import TelemetrySink, hookimpl
+
+class CollectorSink(TelemetrySink):
+    kinds = frozenset({"metric", "lifecycle"})
+
+    def emit(self, events):
+        with open(os.environ["MC_SINK_CALLS"], "a") as f:
+            f.write("x")
+        raise OSError("collector at 10.0.0.9:4317 refused the connection")
+
+    def __repr__(self):
+        return "<CollectorSink>"
+
+@hookimpl
+def monarch_telemetry_sinks():
+    return [CollectorSink()]
+"""
+
+
+def _monarch_plugins(site: pathlib.Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([MONARCH_CLI, "plugins"], capture_output=True, text=True, timeout=60,
+                          env=_env(PYTHONPATH=str(site), **env))
+
+
+def test_a_hook_that_raises_is_listed_as_broken_by_monarch_plugins_which_exits_0(tmp_path: pathlib.Path) -> None:
+    make_dist(tmp_path, "monarch-scheduler-k8s", "0.2", {"k8s": "k8s_mod"}, {"k8s_mod": RAISING_SCHEDULERS})
+    res = _monarch_plugins(tmp_path)
+    assert res.returncode == 0, res.stderr
+    problem = "monarch_schedulers() raised RuntimeError: cannot reach the cluster's API at 10.0.0.9"
+    assert _lines(res.stdout) == [
+        BUILTIN_LINE,
+        f"k8s (monarch-scheduler-k8s==0.2)  BROKEN: {problem}",
+        f"transport_tcp (monarch-transport-tcp=={TCP_VERSION})  transports: tcp, tls",
+    ]
+    assert "Traceback" not in res.stderr
+    warning = (f"monarch plugin 'k8s' (from monarch-scheduler-k8s 0.2) is broken: {problem}; what it provides "
+               "through that hook is not used. Fix or upgrade monarch-scheduler-k8s, or set "
+               "MONARCH_DISABLED_PLUGINS=k8s to run without it.")
+    assert res.stderr.count(warning) == 1, res.stderr
+
+
+def test_hosts_from_config_with_the_local_scheduler_works_beside_a_plugin_whose_hook_raises(
+    tmp_path: pathlib.Path,
+) -> None:
+    site = tmp_path / "site"
+    make_dist(site, "monarch-scheduler-k8s", "0.2", {"k8s": "k8s_mod"}, {"k8s_mod": RAISING_SCHEDULERS})
+    (tmp_path / "monarch.toml").write_text('[hosts.dev]\nscheduler = "local"\nhosts = 1\n'
+                                           '[hosts.cluster]\nscheduler = "k8s"\n')
+    res = _py(
+        """
+        import json, warnings
+        warnings.simplefilter("ignore")
+        from monarch_core.actor import hosts_from_config
+        from monarch_core.errors import ConfigError
+        from test_plugins import WhereAmI
+        hm = hosts_from_config("dev", timeout=60)
+        pm = hm.spawn_procs(per_host={"gpus": 1})
+        where = pm.spawn("w", WhereAmI).where.call("HOME").get(timeout=60).values()
+        pm.stop().get(timeout=30)
+        hm.shutdown().get(timeout=30)
+        try:
+            hosts_from_config("cluster", timeout=60)
+            err = None
+        except ConfigError as e:
+            err = str(e)
+        print(json.dumps({"procs": len(where), "cluster": err}))
+        """,
+        PYTHONPATH=str(site),
+        MONARCH_CONFIG=str(tmp_path / "monarch.toml"),
+    )
+    out = _json(res)
+    assert out["procs"] == 1
+    # the mesh that needs the broken plugin's scheduler fails, naming the culprit
+    assert "uses scheduler 'k8s', which is not installed" in out["cluster"]
+    assert ("'k8s' (from monarch-scheduler-k8s 0.2) is broken: monarch_schedulers() raised RuntimeError: "
+            "cannot reach the cluster's API at 10.0.0.9") in out["cluster"]
+
+
+def test_a_misspelled_hook_fails_the_plugin_naming_the_spec_it_could_have_meant(tmp_path: pathlib.Path) -> None:
+    make_dist(tmp_path, "monarch-typo", "0.1", {"typo": "typo_mod"}, {"typo_mod": MISSPELLED_HOOK})
+    res = _monarch_plugins(tmp_path)
+    assert res.returncode == 0, res.stderr
+    why = ("unknown hook 'monarch_schedulerz' (did you mean 'monarch_schedulers'? The hooks are specified in "
+           "monarch_core.hookspecs)")
+    assert _lines(res.stdout)[-1] == f"typo (monarch-typo==0.1)  FAILED TO LOAD: {why}"
+    assert res.stderr.count(f"failed to load and is disabled: {why}. Fix or upgrade it") == 1, res.stderr
+    checked = _py(
+        """
+        import json, warnings
+        warnings.simplefilter("ignore")
+        from monarch_core._plugins import registry
+        reg = registry()
+        print(json.dumps({"registered": reg.pm.get_plugin("typo") is not None, "failed": reg.failed.get("typo"),
+                          "schedulers": sorted(reg.scheduler_specs())}))
+        """,
+        PYTHONPATH=str(tmp_path),
+    )
+    out = _json(checked)
+    assert out["registered"] is False and out["failed"] == why
+    assert "local" in out["schedulers"] and "typo" not in out["schedulers"]
+
+
+def test_a_transport_factory_naming_a_missing_module_names_the_plugin_the_module_and_the_fix(
+    tmp_path: pathlib.Path,
+) -> None:
+    make_dist(tmp_path, "monarch-transport-quux", "1.4", {"quux": "quux_mod"}, {"quux_mod": MISSING_FACTORY_MODULE})
+    res = _py(
+        """
+        import json
+        from monarch_core._plugins import registry
+        from monarch_core.actor import enable_transport
+        from monarch_core.errors import PluginError
+        try:
+            enable_transport("quux")
+            err = None
+        except PluginError as e:
+            err = [str(e), type(e.__cause__).__name__]
+        print(json.dumps({"err": err, "ipc": registry().transport("ipc").name}))
+        """,
+        PYTHONPATH=str(tmp_path),
+    )
+    out = _json(res)
+    assert out["ipc"] == "ipc"
+    assert out["err"] == [
+        "the transport 'quux' of plugin 'quux' (from monarch-transport-quux 1.4): its factory "
+        "'quux_wire.transport:QuuxTransport' needs the module 'quux_wire', which is not installed; install the "
+        "distribution that provides the module 'quux_wire' (a dependency of monarch-transport-quux), or reinstall "
+        "monarch-transport-quux with its dependencies. Or set MONARCH_DISABLED_PLUGINS=quux to run without it.",
+        "ModuleNotFoundError",
+    ]
+
+
+def test_a_project_plugin_whose_factory_module_is_missing_is_told_how_to_reinstall_it() -> None:
+    from monarch_core import hookspecs
+    from monarch_core._plugins import PluginInfo
+
+    reg = PluginRegistry(load_entry_points=False)
+    info = PluginInfo("transport_tcp", "monarch-transport-tcp", TCP_VERSION, module=None)
+    spec = hookspecs.TransportSpec(name="tcp", schemes=("tcp",), factory="no_such_module_xyz:Tcp")
+    reg._providers["transport:tcp"] = info
+    with pytest.raises(PluginError) as ei:
+        reg._load(spec, "transport")
+    assert str(ei.value) == (
+        f"the transport 'tcp' of plugin 'transport_tcp' (from monarch-transport-tcp {TCP_VERSION}): its factory "
+        "'no_such_module_xyz:Tcp' needs the module 'no_such_module_xyz', which is not installed; reinstall "
+        "monarch-transport-tcp with its dependencies: pip install ./plugins/transport_tcp (in a monarch-core "
+        "checkout). Or set MONARCH_DISABLED_PLUGINS=transport_tcp to run without it."
+    )
+
+
+def test_a_proc_env_hook_that_raises_fails_the_spawn_naming_the_plugin(tmp_path: pathlib.Path) -> None:
+    make_dist(tmp_path, "monarch-envr", "0.1", {"envr": "envr_mod"}, {"envr_mod": RAISING_PROC_ENV})
+    res = _py(
+        """
+        import json
+        from monarch_core.actor import this_host
+        pm = this_host().spawn_procs(per_host={"gpus": 1})
+        try:
+            pm.initialized.get(timeout=60)
+            err = None
+        except Exception as e:
+            err = [type(e).__name__, str(e)]
+        print(json.dumps(err))
+        """,
+        PYTHONPATH=str(tmp_path),
+    )
+    kind, message = _json(res)
+    assert kind == "SupervisionError"
+    assert ("PluginError: plugin 'envr' (from monarch-envr 0.1) failed in its hook monarch_proc_env(): "
+            "KeyError: 'CUDA_VISIBLE_DEVICES'. Fix or upgrade monarch-envr, or set MONARCH_DISABLED_PLUGINS=envr "
+            "to run without it.") in message
+
+
+def test_a_plugin_sink_whose_emit_raises_is_one_warning_naming_its_plugin_without_a_traceback(
+    tmp_path: pathlib.Path,
+) -> None:
+    site = tmp_path / "site"
+    calls = tmp_path / "calls"
+    make_dist(site, "monarch-telemetry-collector", "2.0", {"collector": "collector_mod"},
+              {"collector_mod": FAILING_SINK})
+    res = _py(
+        """
+        import os
+        from monarch_core.actor import Actor, endpoint, this_host
+        from test_plugins import WhereAmI
+        pm = this_host().spawn_procs(per_host={"gpus": 1})
+        w = pm.spawn("w", WhereAmI)
+        # until the sink has failed several times (each telemetry interval, 0.05 s here)
+        for _ in range(2000):
+            w.where.call("HOME").get(timeout=60)
+            if os.path.exists(os.environ["MC_SINK_CALLS"]) and os.path.getsize(os.environ["MC_SINK_CALLS"]) >= 5:
+                break
+        pm.stop().get(timeout=30)
+        print("done")
+        """,
+        PYTHONPATH=str(site),
+        MC_SINK_CALLS=str(calls),
+        MONARCH_TELEMETRY_INTERVAL="0.05",
+    )
+    assert res.returncode == 0 and "done" in res.stdout, res.stderr[-4000:]
+    assert calls.read_text().count("x") >= 5  # it failed again and again ...
+    warning = ("telemetry sink <CollectorSink> of plugin 'collector' (from monarch-telemetry-collector 2.0) failed "
+               "in emit(): OSError: collector at 10.0.0.9:4317 refused the connection; its events are dropped while "
+               "it fails (logged at most once every 60s; DEBUG shows the tracebacks). Fix or upgrade "
+               "monarch-telemetry-collector, or set MONARCH_DISABLED_PLUGINS=collector to run without it.")
+    assert res.stderr.count(warning) == 1, res.stderr[-4000:]  # ... and said so once
+    assert "Traceback" not in res.stderr, res.stderr[-4000:]
+
+
+def test_a_broken_plugin_is_warned_about_once_per_process(tmp_path: pathlib.Path) -> None:
+    make_dist(tmp_path, "monarch-broken", "0.7", {"broken": "broken_mod"}, {"broken_mod": BROKEN_MOD})
+    make_dist(tmp_path, "monarch-scheduler-k8s", "0.2", {"k8s": "k8s_mod"}, {"k8s_mod": RAISING_SCHEDULERS})
+    res = _py(
+        """
+        from monarch_core import _plugins
+        for _ in range(3):  # the registry rebuilt, and others built beside it
+            _plugins.reset_registry()
+            _plugins.registry().scheduler_specs()
+            _plugins.PluginRegistry().describe()
+        print("done")
+        """,
+        PYTHONPATH=str(tmp_path),
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stderr.count("monarch plugin 'broken'") == 1, res.stderr
+    assert res.stderr.count("monarch plugin 'k8s'") == 1, res.stderr
