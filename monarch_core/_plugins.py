@@ -452,10 +452,12 @@ class GuardedSink:
     ``emit`` raising is logged (WARNING, ``monarch.telemetry``, naming the
     plugin) at most once per :data:`SINK_WARNING_INTERVAL` seconds, the next
     line counting the failures left out; the tracebacks are at DEBUG.  The
-    events of a failed ``emit`` are that sink's loss only."""
+    events of a failed ``emit`` are that sink's loss only.  The plugin's own
+    object is :attr:`wrapped`."""
 
     def __init__(self, sink: Any, info: PluginInfo) -> None:
-        self.sink = sink
+        #: the plugin's sink
+        self.wrapped = sink
         self.info = info
         self._lock = threading.Lock()
         self._last: float | None = None  # monotonic time of the last WARNING
@@ -464,18 +466,18 @@ class GuardedSink:
     @property
     def kinds(self) -> Any:
         """The wrapped sink's ``kinds`` (None: every kind)."""
-        return getattr(self.sink, "kinds", None)
+        return getattr(self.wrapped, "kinds", None)
 
     def emit(self, events: Any) -> None:
         """Hand ``events`` to the sink; a failure is logged, never raised."""
         try:
-            self.sink.emit(events)
+            self.wrapped.emit(events)
         except Exception as e:  # noqa: BLE001 - one sink must not stop the others
             self._failed("emit", e)
 
     def close(self) -> None:
         """Close the sink (if it has ``close``); a failure is logged, never raised."""
-        close = getattr(self.sink, "close", None)
+        close = getattr(self.wrapped, "close", None)
         if close is None:
             return
         try:
@@ -484,7 +486,7 @@ class GuardedSink:
             self._failed("close", e, always=True)
 
     def _failed(self, op: str, e: Exception, *, always: bool = False) -> None:
-        sink_logger.debug("telemetry sink %r of %s: %s() failed", self.sink, self.info.origin, op, exc_info=True)
+        sink_logger.debug("telemetry sink %r of %s: %s() failed", self.wrapped, self.info.origin, op, exc_info=True)
         now = time.monotonic()
         with self._lock:
             if not always and self._last is not None and now - self._last < SINK_WARNING_INTERVAL:
@@ -496,11 +498,11 @@ class GuardedSink:
         sink_logger.warning(
             "telemetry sink %r of %s failed in %s(): %s: %s%s; its events are dropped while it fails "
             "(logged at most once every %gs; DEBUG shows the tracebacks). %s.",
-            self.sink, self.info.origin, op, type(e).__name__, e, more, SINK_WARNING_INTERVAL, self.info.fix(),
+            self.wrapped, self.info.origin, op, type(e).__name__, e, more, SINK_WARNING_INTERVAL, self.info.fix(),
         )
 
     def __repr__(self) -> str:
-        return f"{self.sink!r} (from {self.info.origin})"
+        return f"{self.wrapped!r} (from {self.info.origin})"
 
 
 _CORE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
