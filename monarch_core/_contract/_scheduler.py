@@ -473,7 +473,8 @@ def monarch_schedulers() -> Sequence[SchedulerSpec]:
                 alloc = _Alloc(request.params["hosts"])
                 try:
                     for i in range(request.params["hosts"]):
-                        p = subprocess.Popen(launch.command("127.0.0.1"), env=launch.environment(),
+                        p = subprocess.Popen(launch.command("127.0.0.1"),
+                                             env=launch.environment(host="127.0.0.1"),
                                              stdout=subprocess.PIPE)
                         alloc.procs.append(p)
                         url = wait_worker_address(p.stdout, launch.timeout, host=f"host{i}")
