@@ -49,7 +49,13 @@ class TelemetryEvent:
     ``reply_bytes``, ``latency_count``, ``latency_sum_ns``,
     ``latency_min_ns``, ``latency_max_ns``, ``latency_p50_ns``,
     ``latency_p99_ns`` and ``latency_buckets`` (see
-    :class:`monarch_core.telemetry.EndpointMetrics`).
+    :class:`monarch_core.telemetry.EndpointMetrics`).  Two of them are empty on
+    one side, as each side knows them: ``rank`` is ``None`` on the client side
+    for ``call``/``stream``/``broadcast`` (one call reaching every rank; the
+    destination's rank for ``call_one``/``choose``), and ``adverb`` is ``""``
+    on the server side (the actor's proc runs the endpoint whatever the adverb;
+    its ``rank`` is the actor's).  Likewise a span has ``adverb`` on the client
+    side only and ``actor_id`` on the server side only.
 
     ``"lifecycle"`` -- a lifecycle or supervision event: ``name`` one of
     ``monarch_core.telemetry.LIFECYCLE`` (``proc.failed``,
@@ -80,7 +86,11 @@ class TelemetrySink(abc.ABC):
     @abc.abstractmethod
     def emit(self, events: Sequence[TelemetryEvent]) -> None:
         """Handle a batch (events of the kinds in ``kinds``).  Must not block
-        for long; exceptions are logged and the sink is kept."""
+        for long.  An exception loses that batch for this sink only; the sink
+        is kept and gets the next one.  For a sink a plugin returned, it is
+        one WARNING under ``monarch.telemetry`` naming the plugin and its
+        distribution, then at most one a minute (counting the failures in
+        between; the tracebacks are at DEBUG)."""
 
     def close(self) -> None:
         """Flush and release resources (the client's shutdown, or
@@ -101,6 +111,19 @@ def monarch_telemetry_sinks() -> Sequence[TelemetrySink]:
     :attr:`TelemetrySink.kinds`, as :class:`TelemetryEvent` s described there.
     Return a sequence of sinks (empty: none).  ``MONARCH_TELEMETRY=0`` records
     nothing at all, and the hook is not called.
+
+    Configuration: the hook takes no arguments, so a sink reads its own when
+    the hook is called, in the client -- environment variables of its own
+    (the example's ``SPAN_LINES``; the project's plugins declare theirs in
+    ``monarch_core.settings``), a file, or what the program has set up
+    before its first mesh (``monarch-telemetry-otel`` uses the OpenTelemetry
+    providers the program installed).  Return no sink when it is not
+    configured.  A program that wants to pass arguments builds the sink itself
+    and installs it with ``monarch_core.telemetry.add_sink(sink)``.
+
+    Failures: a hook that raises, or returns something without ``emit``, makes
+    the plugin *broken* (one ``RuntimeWarning`` naming it, ``monarch plugins``
+    lists it); the other sinks are used.
 
     Complete example -- count events per kind and write each span's name and
     duration as a JSON line (the project's tests run this code)::
