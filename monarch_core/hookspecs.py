@@ -34,8 +34,15 @@ its distribution's ``pyproject.toml``::
     mytransport = "my_package.plugin"
 
 ``monarch plugins`` lists what is installed.  ``MONARCH_DISABLED_PLUGINS=a,b``
-blocks plugins by entry-point name.  A plugin that fails to import becomes a
-warning naming it; the rest keep working.
+blocks plugins by entry-point name.  Implementations are validated against
+these specs when a plugin is registered (argument names; hook names, an
+unknown one reported with the spec names it could have meant).  A plugin that
+fails to import or to validate, or whose describing hook (``monarch_transports``,
+``monarch_schedulers``, ``monarch_rdma_backends``, ``monarch_telemetry_sinks``)
+raises, becomes one warning naming it, its distribution and the hook, and is
+listed as failed or broken by ``monarch plugins``; the rest keep working.  Any
+other hook that raises fails its operation with a ``PluginError`` naming the
+plugin and the hook (``docs/plugin-authors.md``, "When a plugin breaks").
 
 Errors: objects returned by plugins must raise only exceptions from
 :mod:`monarch_core.errors` (``ConnectError``, ``ConnectionClosed``,
