@@ -858,3 +858,39 @@ def test_a_broken_plugin_is_warned_about_once_per_process(tmp_path: pathlib.Path
     assert res.returncode == 0, res.stderr
     assert res.stderr.count("monarch plugin 'broken'") == 1, res.stderr
     assert res.stderr.count("monarch plugin 'k8s'") == 1, res.stderr
+
+
+def test_a_describing_hook_returning_the_wrong_things_is_broken_and_the_good_specs_are_kept() -> None:
+    import types
+    import warnings
+
+    from monarch_core.hookspecs import TransportSpec, hookimpl
+
+    mod = types.ModuleType("wrong_specs_plugin")
+
+    @hookimpl
+    def monarch_transports():  # type: ignore[no-untyped-def]
+        return [TransportSpec(name="good", schemes=("good",), factory=InprocTransport), "bad"]
+
+    @hookimpl
+    def monarch_telemetry_sinks():  # type: ignore[no-untyped-def]
+        return [object()]
+
+    mod.monarch_transports = monarch_transports  # type: ignore[attr-defined]
+    mod.monarch_telemetry_sinks = monarch_telemetry_sinks  # type: ignore[attr-defined]
+    reg = PluginRegistry(load_entry_points=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        reg._register("wrong", mod, "monarch-wrong", "0.1")
+        assert reg.transport("good").name == "good"
+        assert reg.pm.hook.monarch_telemetry_sinks() == [[]]
+    info = next(i for i in reg.infos if i.name == "wrong")
+    assert info.transports == ["good"]
+    assert info.problems == [
+        "monarch_transports() returned 'bad', not a TransportSpec",
+        "monarch_telemetry_sinks() returned <object object at " + info.problems[1].split(" at ", 1)[1],
+    ]
+    assert info.problems[1].endswith(", which has no emit(events) method")
+    assert [str(w.message).split(":", 1)[0] for w in caught] == [
+        "monarch plugin 'wrong' (from monarch-wrong 0.1) is broken"
+    ] * 2
