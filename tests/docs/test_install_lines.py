@@ -29,7 +29,6 @@ import os
 import pathlib
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -73,9 +72,10 @@ def _command_of(fragment: str) -> str:
     return " ".join(out)
 
 
-def install_lines(doc: pathlib.Path) -> list[InstallLine]:
-    """The ``pip install`` commands of ``doc``: in fenced code blocks, and in inline code spans."""
-    rel = doc.relative_to(REPO).as_posix()
+def install_lines(doc: pathlib.Path, root: pathlib.Path = REPO) -> list[InstallLine]:
+    """The ``pip install`` commands of ``doc`` (named relative to ``root``): in
+    fenced code blocks, and in inline code spans."""
+    rel = doc.relative_to(root).as_posix()
     found = []
     in_block = False
     for lineno, line in enumerate(doc.read_text().splitlines(), 1):
@@ -146,7 +146,6 @@ def test_every_install_line_names_checkout_paths_never_an_unpublished_name(line:
 
 def test_the_checker_catches_what_it_should(tmp_path: pathlib.Path) -> None:
     """The rule above, on lines that break it (so it cannot pass vacuously)."""
-    doc = REPO / "README.md"
     bad = tmp_path / "bad.md"
     bad.write_text(
         "Install with `pip install monarch-core>=0.1.0`.\n"
@@ -155,7 +154,7 @@ def test_the_checker_catches_what_it_should(tmp_path: pathlib.Path) -> None:
         "pip install -q ./docs && echo done\n"
         "```\n"
     )
-    lines = install_lines_in(bad, doc.parent)
+    lines = install_lines(bad, tmp_path)
     assert [(line.text, line.in_code_block) for line in lines] == [
         ("pip install monarch-core>=0.1.0", False),
         ("pip install ./plugins/no_such_plugin monarch_transport_tcp", True),
@@ -169,16 +168,6 @@ def test_the_checker_catches_what_it_should(tmp_path: pathlib.Path) -> None:
          "(pip install . ./plugins/...)"],
         ["./docs is not an installable project (no pyproject.toml)"],
     ]
-
-
-def install_lines_in(doc: pathlib.Path, repo: pathlib.Path) -> list[InstallLine]:
-    """:func:`install_lines` of a file outside the checkout's docs (the checker's own test)."""
-    copy = repo / ".install-lines-check.md"
-    shutil.copyfile(doc, copy)
-    try:
-        return [dataclasses.replace(line, doc=doc.name) for line in install_lines(copy)]
-    finally:
-        copy.unlink()
 
 
 # ---------------------------------------------------------------- running them
