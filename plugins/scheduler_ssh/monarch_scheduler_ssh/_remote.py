@@ -47,6 +47,19 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def _read(recv: Callable[[int], bytes]) -> bytes | None:
+    """One read of a channel stream: its bytes, ``b""`` at its end (EOF, the
+    channel or connection closed), ``None`` when the read timed out -- a
+    quiet worker, never an end (the channel is blocking, see ``_send``; this
+    keeps a timeout set by anything else from being read as EOF)."""
+    try:
+        return recv(65536)
+    except TimeoutError:  # socket.timeout: paramiko's timed-out read
+        return None
+    except (OSError, EOFError, paramiko.SSHException):
+        return b""
+
+
 class RemoteWorker:
     """The worker loop of one host (see the module docstring)."""
 
@@ -129,8 +142,14 @@ class RemoteWorker:
         data = line.encode()
         try:
             with self._send_lock:
+                # paramiko keeps one timeout per channel, for writes and reads alike: bound this
+                # write, then put the channel back to blocking, or the pumps' reads would time out
+                # after io_timeout of silence (an idle mesh)
                 self.channel.settimeout(self.io_timeout)
-                self.channel.sendall(data)
+                try:
+                    self.channel.sendall(data)
+                finally:
+                    self.channel.settimeout(None)
         except TimeoutError:
             raise AllocationError(f"{what}: writing to the SSH channel did not finish within {self.io_timeout:g}s "
                                   "(io_timeout)") from None
@@ -219,10 +238,9 @@ class RemoteWorker:
         mark = _bootstrap.MARK.encode()
         found = False  # the readiness line went by: the rest is the worker's and its procs' output
         while True:
-            try:
-                chunk = ch.recv(65536)
-            except (OSError, EOFError, paramiko.SSHException):
-                chunk = b""
+            chunk = _read(ch.recv)
+            if chunk is None:
+                continue  # silence is not the end: only EOF or a closed channel is
             if not chunk:
                 break
             buf += chunk
@@ -271,10 +289,9 @@ class RemoteWorker:
         ch = self.channel
         assert ch is not None
         while True:
-            try:
-                chunk = ch.recv_stderr(65536)
-            except (OSError, EOFError, paramiko.SSHException):
-                chunk = b""
+            chunk = _read(ch.recv_stderr)
+            if chunk is None:
+                continue
             if not chunk:
                 return
             with self._lock:
