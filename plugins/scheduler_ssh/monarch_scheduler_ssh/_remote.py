@@ -196,7 +196,7 @@ class RemoteWorker:
         return out
 
     def _exit_message(self, what: str) -> str:
-        if not self.conn.transport.is_active():
+        if not self.conn.is_active():
             return f"{what}: the SSH connection closed before the worker loop listened" + self._tails()
         status = self._exit_status(2.0)
         if status == 127 and not self.hello:
@@ -328,7 +328,10 @@ class RemoteWorker:
         threading.Thread(target=self._pinger, name=f"monarch-ssh-ping-{self.name}", daemon=True).start()
 
     def _pinger(self) -> None:
-        t = self.conn.transport
+        try:
+            t = self.conn.transport
+        except EOFError:
+            return
         while not self._stopped.wait(self.target.keepalive_interval):
             if not t.is_active():
                 return
@@ -355,10 +358,10 @@ class RemoteWorker:
         self.conn.close()  # stop waiting on it; the worker there is reaped at release if the host comes back
 
     def _ended(self) -> None:
-        if self.closing or not self.ready.is_set():
-            return
-        if not self.conn.transport.is_active():
-            exc = self.conn.transport.get_exception()
+        if self.closing or not self.ready.is_set() or self.lost is not None:
+            return  # expected, not started yet, or already lost (keepalives: the connection was closed on purpose)
+        if not self.conn.is_active():
+            exc = self.conn.exception()
             self._lose(f"its SSH connection ({self.target.where}) closed"
                        + (f": {exc}" if exc else " (sshd stopped, the host rebooted, or the network reset it)"))
             return

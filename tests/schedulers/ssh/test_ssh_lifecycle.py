@@ -142,6 +142,9 @@ def test_link_cut_longer_than_the_keepalives_fails_only_that_hosts_procs(
             _lost_host_checks(c, "h4's link was cut")
             reports = c.run("result = [f.report() for f in failures]")
             assert any("did not answer keepalives" in r for r in reports), reports
+            err = c.err.text() if c.err is not None else ""
+            assert "Exception in thread" not in err and "Traceback" not in err, (
+                f"a host lost by keepalives printed a traceback on the client's stderr:\n{err[-4000:]}")
             assert H.tagged(tag, (4,)), "h4's worker should still run while it is cut off"
         finally:
             stop.set()
