@@ -241,7 +241,10 @@ def _bounded(ch: paramiko.Channel, request: Any, timeout: float, what: str) -> N
 
     def give_up() -> None:
         expired.set()
-        ch.close()
+        try:
+            ch.close()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass  # the connection is gone already: the request ends with it
 
     timer = threading.Timer(timeout, give_up)
     timer.daemon = True
