@@ -389,14 +389,20 @@ class _WatchedScheduler:
 
             return dataclasses.replace(launch, report_lost=report_lost)
 
-        if inspect.iscoroutinefunction(inner):
+        from monarch_core._launch import _alloc
+
+        if not _alloc._takes_launch(inner):  # the first contract, allocate(request): nothing to watch
+            self.allocate = inner
+        elif inspect.iscoroutinefunction(inner):
             async def allocate(request, launch):
                 return await inner(request, watch(launch))
+
+            self.allocate = allocate
         else:
             def allocate(request, launch):
                 return inner(request, watch(launch))
 
-        self.allocate = allocate
+            self.allocate = allocate
 
     def __getattr__(self, attr: str):
         return getattr(self._inner, attr)
