@@ -1,15 +1,14 @@
 """Conformance checks for plugins (a public, supported module).
 
 Every transport the project ships runs :func:`check_transport` in its own
-tests; third-party transports should too (here with the ``ipc`` transport;
-put yours in its place)::
+tests; third-party transports should too::
 
     import trio
     from monarch_core.testing import check_transport
-    from monarch_core._builtins._ipc import IpcTransport   # your Transport here
+    from my_transport.plugin import MyTransport   # your Transport
 
     def test_conformance():
-        trio.run(check_transport, IpcTransport())
+        trio.run(check_transport, MyTransport())
 
 :func:`check_transport` listens on ``bind_spec`` (default: the transport's
 ``default_bind_spec()``), connects to the advertised address, and checks:
@@ -42,12 +41,30 @@ exceptions other than the ones a step expects propagate as they are (a
 Scheduler plugins run :func:`check_scheduler` (a blocking call, from a
 client process whose enabled transport is the one the workers should use)::
 
+    import os, signal
     from monarch_core.testing import check_scheduler
-    from my_sched.plugin import FixedWorkers
+    from fixed_workers.plugin import FixedWorkers   # docs/plugin-authors.md's example
 
     def test_conformance():
-        check_scheduler(FixedWorkers(), {"hosts": 2}, bad_params={"hosts": "two"},
-                        lose_host=lambda host: kill_worker_of(host))
+        check_scheduler(FixedWorkers(), {"workers": ["tcp://127.0.0.1:29611", "tcp://127.0.0.1:29612"]},
+                        bad_params={"workers": []},
+                        lose_host=lambda host: os.kill(int(host.labels["pid"]), signal.SIGKILL))
+
+It checks that the scheduler itself reports a lost host
+(``WorkerLaunch.report_lost``: a ``MeshFailure`` the core found out by other
+means does not count) and that ``Allocation.release()`` returns within
+``MONARCH_RELEASE_TIMEOUT``.  With ``idle=SECONDS`` it also keeps the host
+mesh idle, then busy, that long and calls it after each (the long-idle
+check): give it several multiples of every timeout that silence could trip
+-- the scheduler's own (an SSH channel's ``io_timeout``, keepalives) and the
+core's (``MONARCH_HEARTBEAT_INTERVAL``/``_TIMEOUT``,
+``MONARCH_DELIVERY_TIMEOUT``) -- shortened through the entry's parameters
+and the settings, so that it stays quick::
+
+    # in the client process, before anything starts (settings are read then):
+    #   MONARCH_HEARTBEAT_INTERVAL=0.5 MONARCH_HEARTBEAT_TIMEOUT=2 MONARCH_DELIVERY_TIMEOUT=2
+    check_scheduler(SSHScheduler(), {**params, "io_timeout": 1, "keepalive_interval": 0.5,
+                                     "keepalive_count": 4}, idle=8)
 """
 
 from __future__ import annotations
@@ -337,6 +354,59 @@ class _Probe(Actor):
 
         return (socket.gethostname(), os.getpid())
 
+    @endpoint
+    def busy(self, seconds: float) -> int:
+        """Work for ``seconds`` (computing, and printing a line every half
+        second) without a message in or out; the number of lines printed."""
+        import time
+
+        end = time.monotonic() + seconds
+        lines, nxt, x = 0, 0.0, 0
+        while (now := time.monotonic()) < end:
+            x = (x * 31 + 7) % 1000003  # the GIL is taken and given back, as real work does
+            if now >= nxt:
+                print(f"check_scheduler busy: {end - now:.1f}s to go", flush=True)
+                lines, nxt = lines + 1, now + 0.5
+        return lines
+
+
+class _WatchedScheduler:
+    """``scheduler`` as the core sees it, with each ``launch.report_lost``
+    call of its ``allocate`` recorded in ``reports`` (host name, reason)."""
+
+    def __init__(self, scheduler, reports: list, reported) -> None:
+        import dataclasses
+        import inspect
+
+        self._inner = scheduler
+        inner = scheduler.allocate
+
+        def watch(launch):
+            def report_lost(host, reason):
+                reports.append((getattr(host, "name", host), str(reason)))
+                reported.set()
+                launch.report_lost(host, reason)
+
+            return dataclasses.replace(launch, report_lost=report_lost)
+
+        from monarch_core._launch import _alloc
+
+        if not _alloc._takes_launch(inner):  # the first contract, allocate(request): nothing to watch
+            self.allocate = inner
+        elif inspect.iscoroutinefunction(inner):
+            async def allocate(request, launch):
+                return await inner(request, watch(launch))
+
+            self.allocate = allocate
+        else:
+            def allocate(request, launch):
+                return inner(request, watch(launch))
+
+            self.allocate = allocate
+
+    def __getattr__(self, attr: str):
+        return getattr(self._inner, attr)
+
 
 def check_scheduler(
     scheduler,
@@ -346,6 +416,7 @@ def check_scheduler(
     bad_params=None,
     lose_host=None,
     name: str = "conformance",
+    idle: float = 0.0,
 ) -> None:
     """Conformance checks for a scheduler plugin, through the core's own
     allocation path (the one ``hosts_from_config`` takes).
@@ -364,13 +435,21 @@ def check_scheduler(
       answers from that host;
     * ``HostMesh.stop()`` keeps the worker loops (they answer again, and
       procs spawn on them again);
+    * with ``idle`` > 0 (seconds; the long-idle check): the host mesh kept
+      idle -- no message at all -- for ``idle`` s, then every host answers;
+      then one call per host that works (computes and prints) for ``idle``
+      s, answered; and no host reported lost, no ``MeshFailure``, meanwhile.
+      Make ``idle`` several times every timeout silence could trip (see the
+      module docstring), shortened through parameters and settings;
     * with ``lose_host`` (a callable taking the ``HostHandle`` of the last
       host, ending it by the scheduler's own means: kill its worker
-      process, close its channel): a ``MeshFailure`` arrives for the procs of
-      that host only -- which needs the scheduler to call
-      ``WorkerLaunch.report_lost`` -- and the other hosts keep answering;
+      process, close its channel): the scheduler calls
+      ``WorkerLaunch.report_lost`` for that host (and no other) within the
+      timeout, a ``MeshFailure`` arrives for the procs of that host only,
+      and the other hosts keep answering;
     * ``HostMesh.shutdown()`` calls ``Allocation.release()`` exactly once,
-      and it returns within the timeout.
+      and it returns within ``MONARCH_RELEASE_TIMEOUT`` (the core moves on
+      after that, leaving whatever the scheduler still held).
     """
     import threading
     import time
@@ -393,17 +472,23 @@ def check_scheduler(
             raise AssertionError(f"validate({bad_params!r}) accepted bad parameters instead of raising ConfigError")
     rt = _state.runtime()
     t0 = time.monotonic()
+    reports: list = []
+    reported = threading.Event()
     try:
-        record = _alloc.allocate(scheduler, request, rt, timeout)
+        record = _alloc.allocate(_WatchedScheduler(scheduler, reports, reported), request, rt, timeout)
     except AllocationError as e:
         raise AssertionError(f"allocation through the core failed: {e}") from e
     alloc = record.allocation
     releases = []
+    released = threading.Event()
     original_release = alloc.release
 
     def counting_release():
         releases.append(time.monotonic())
-        return original_release()
+        try:
+            return original_release()
+        finally:
+            released.set()
 
     # The wrapper keeps sync/async-ness: _call awaits what it returns.
     alloc.release = counting_release
@@ -437,6 +522,8 @@ def check_scheduler(
             raise AssertionError(f"worker loops did not survive HostMesh.stop(): {e}") from e
         pm = hm.spawn_procs(name="again")
         ask(pm, "spawn_procs after HostMesh.stop()")
+        if idle > 0:
+            _long_idle(hm, idle, timeout, reports, probe)
         if lose_host is not None:
             assert len(hosts) >= 2, "the lost-host check needs an allocation of two hosts or more"
             failures = []
@@ -453,13 +540,30 @@ def check_scheduler(
                 pm = hm.spawn_procs(name="lose")
                 mesh = pm.spawn("probe", probe)
                 mesh.where.call().get(timeout=timeout)
+                before = len(reports)
                 lose_host(victim)
-                if not seen.wait(timeout):
+                lost_at = time.monotonic()
+                while not any(h == victim.name for h, _ in reports[before:]):
+                    left = timeout - (time.monotonic() - lost_at)
+                    if left <= 0:
+                        got = ("; a MeshFailure did arrive, which only says the core saw the procs go: the "
+                               "scheduler must say the host is gone" if seen.is_set() else "")
+                        raise AssertionError(
+                            f"the scheduler did not call WorkerLaunch.report_lost({victim.name!r}, reason) within "
+                            f"{timeout:.0f}s after host {victim.name!r} was lost{got}. Watch each worker (its "
+                            "process, channel or job step) and call launch.report_lost(host_name, reason) when it "
+                            "ends before release()"
+                        )
+                    reported.wait(min(0.2, left))
+                    reported.clear()
+                if not seen.wait(max(1.0, timeout - (time.monotonic() - lost_at))):
                     raise AssertionError(
-                        f"no MeshFailure within {timeout:.0f}s after host {victim.name!r} was lost; the scheduler "
-                        "must call WorkerLaunch.report_lost(host_name, reason) when a host goes away"
+                        f"no MeshFailure within {timeout:.0f}s after host {victim.name!r} was lost (and reported "
+                        "lost by the scheduler)"
                     )
                 time.sleep(0.5)  # any wrong extra report would come now
+                wrong = [(h, r) for h, r in reports[before:] if h != victim.name]
+                assert not wrong, f"only host {victim.name!r} was lost, but the scheduler reported {wrong}"
                 for f in failures:
                     proc = f.events[0]["proc"]
                     assert proc.endswith(f"on host {victim.name}"), (
@@ -471,14 +575,62 @@ def check_scheduler(
             finally:
                 api.unhandled_fault_hook = saved
         shut = True
+        limit = _alloc.RELEASE_TIMEOUT
         try:
-            hm.shutdown().get(timeout=timeout + _alloc.RELEASE_TIMEOUT)
+            hm.shutdown().get(timeout=timeout + limit)
         except TimeoutError:
             raise AssertionError("HostMesh.shutdown() did not finish (Allocation.release() hangs?)") from None
         assert len(releases) == 1, f"Allocation.release() was called {len(releases)} times on shutdown, not once"
+        if not released.wait(max(0.0, releases[0] + limit - time.monotonic())):
+            raise AssertionError(
+                f"Allocation.release() did not return within {limit:g}s (MONARCH_RELEASE_TIMEOUT): the core gave "
+                "up on it, leaving whatever it still holds (jobs, connections, worker processes). Bound every "
+                "wait in release() (kill what does not end in time) and return"
+            )
     finally:
         if not shut:
             try:
                 hm.shutdown().get(timeout=timeout)
             except Exception:  # noqa: BLE001 - the first failure is the one to report
                 pass
+
+
+def _long_idle(hm, idle: float, timeout: float, reports: list, probe) -> None:
+    """The long-idle check of :func:`check_scheduler` (see its docstring)."""
+    import threading
+
+    import monarch_core.actor as api
+
+    failures: list = []
+    saved = api.unhandled_fault_hook
+    api.unhandled_fault_hook = failures.append
+    try:
+        pm = hm.spawn_procs(name="idle")
+        mesh = pm.spawn("probe", probe)
+        n = len(mesh.where.call().get(timeout=timeout))
+
+        def quiet(what: str) -> None:
+            assert not reports, (
+                f"{what}, the scheduler reported {reports} lost: a silence timeout (an SSH channel's read "
+                "timeout taken for its end, keepalives, a heartbeat) tripped while nothing was wrong"
+            )
+            assert not failures, f"{what}, a MeshFailure arrived:\n{failures[0].report()}"
+
+        threading.Event().wait(idle)  # not one message, in or out, on purpose
+        quiet(f"with the host mesh idle for {idle:g}s")
+        try:
+            got = mesh.where.call().get(timeout=timeout)
+        except Exception as e:  # noqa: BLE001 - the verdict names it
+            raise AssertionError(f"after {idle:g}s idle, the hosts did not answer: {type(e).__name__}: {e}") from e
+        assert len(got) == n, f"after {idle:g}s idle, {len(got)} of {n} procs answered"
+        try:
+            lines = mesh.busy.call(idle).get(timeout=idle + timeout)
+        except Exception as e:  # noqa: BLE001
+            raise AssertionError(f"a call working for {idle:g}s on every host failed: {type(e).__name__}: {e}") from e
+        assert all(v >= 1 for v in lines.values()), f"the busy call returned {lines}"
+        quiet(f"with the host mesh busy for {idle:g}s")
+        got = mesh.where.call().get(timeout=timeout)
+        assert len(got) == n, f"after {idle:g}s busy, {len(got)} of {n} procs answered"
+        pm.stop().get(timeout=timeout)
+    finally:
+        api.unhandled_fault_hook = saved

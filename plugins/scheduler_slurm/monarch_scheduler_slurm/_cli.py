@@ -50,6 +50,22 @@ FINISHED = frozenset({
 WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "RESV_DEL_HOLD", "CONFIGURING", "SUSPENDED"})
 
 
+#: Reasons a pending job gives that no wait will cure (the request exceeds a
+#: limit, or names something that does not exist), with what to change.
+NEVER_RUNS = {
+    "PartitionNodeLimit": "it asks for more nodes than the partition has or allows a job: ask for fewer "
+                          "(nodes = ...), or another partition (partition = ...)",
+    "PartitionTimeLimit": "its time limit is above the partition's: ask for less (time = ...), or another partition",
+    "BadConstraints": "no node of the partition satisfies its constraints (sbatch_args, --constraint)",
+    "InvalidAccount": "its account is not valid (account = ...)",
+    "InvalidQOS": "its QOS is not valid (qos = ...)",
+    "QOSMaxNodePerJobLimit": "it asks for more nodes than its QOS allows a job: ask for fewer (nodes = ...)",
+    "QOSMaxWallDurationPerJobLimit": "its time limit is above its QOS's: ask for less (time = ...)",
+    "AssocMaxNodesPerJobLimit": "it asks for more nodes than its account allows a job: ask for fewer (nodes = ...)",
+    "AssocMaxWallDurationPerJobLimit": "its time limit is above its account's: ask for less (time = ...)",
+}
+
+
 class SlurmCommandError(AllocationError):
     """A Slurm command failed, was not found, or timed out; the message
     holds the command line and Slurm's own words."""
@@ -76,6 +92,12 @@ class JobInfo:
     @property
     def waiting(self) -> bool:
         return self.state in WAITING
+
+    @property
+    def never_runs(self) -> str | None:
+        """Why this pending job will never run as it is (and what to change),
+        from its reason (:data:`NEVER_RUNS`); ``None`` if it may yet run."""
+        return NEVER_RUNS.get(self.reason) if self.state == "PENDING" else None
 
     def describe(self) -> str:
         reason = f", reason {self.reason}" if self.reason and self.reason != "None" else ""

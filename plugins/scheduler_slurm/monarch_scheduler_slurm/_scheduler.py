@@ -264,6 +264,13 @@ class SlurmScheduler(Scheduler):
                     return list(info.nodes)
                 if info.finished:
                     raise AllocationError(f"{p.source}: Slurm job {job_id} ended before it ran ({info.describe()})")
+                never = info.never_runs
+                if never is not None:  # waiting would only run into the timeout
+                    if queued:
+                        self.api.cancel(job_id, timeout=10)
+                    action = "it was cancelled" if queued else "it was left as it is (this client did not submit it)"
+                    raise AllocationError(f"{p.source}: Slurm will never run job {job_id} as asked ({info.describe()}): "
+                                          f"{never}; {action}")
                 bar.show(f"{info.describe()}, waited {_elapsed(t0)}")
                 if time.monotonic() >= limit or launch.cancelled.is_set():
                     waited = time.monotonic() - t0
@@ -323,6 +330,8 @@ class SlurmScheduler(Scheduler):
         bar = _Progress(f"Slurm job {job_id} workers", total=len(nodes))
         try:
             urls = _wait_with_bar(step, deadline, launch.cancelled, bar)
+        except AllocationError as e:
+            raise AllocationError(str(e) + _python_hint(step, nodes, python, p.python is None)) from None
         finally:
             bar.close()
         alloc.hosts = [HostHandle(name=n, address=urls[n], labels={"job": job_id, "node": n}) for n in nodes]
@@ -341,6 +350,21 @@ class SlurmScheduler(Scheduler):
                 alloc._end_step()
         except Exception as e:  # noqa: BLE001 - the first error is the one to raise
             logger.warning("cleaning up after a failed Slurm allocation: %s", e)
+
+
+def _python_hint(step: WorkerStep, nodes: list[str], python: str, default: bool) -> str:
+    """What to fix when some nodes' worker loops never listened and srun's
+    output says the Python could not run the node launcher or the worker
+    (not found, not executable, a module missing): the entry's ``python`` key."""
+    silent = [n for n in nodes if n not in step.addresses]
+    tail = step.tail_text()
+    if not silent or not any(w in tail for w in (python, "No module named", "execve", "Permission denied")):
+        return ""
+    which = "this client's interpreter, as python is not set" if default else "the entry's python"
+    what = "the worker loop" if all(n in step.greeted() for n in silent) else "the node launcher"
+    return (f". The Python {python!r} ({which}) could not run {what} on {', '.join(silent)}: set "
+            f"python = \"/path/to/python\" in the entry to an interpreter every node has, with monarch-core, "
+            "monarch-transport-tcp and monarch-scheduler-slurm installed")
 
 
 def _wait_with_bar(step: WorkerStep, deadline: float, cancelled: threading.Event, bar: _Progress) -> dict[str, str]:

@@ -147,6 +147,11 @@ class WorkerStep:
         if not self.stopping.is_set():
             self._step_ended(rc)
 
+    def greeted(self) -> set[str]:
+        """The nodes whose launcher said hello (it started: its Python runs it)."""
+        with self._cond:
+            return set(self._task_node.values())
+
     # -- output ---------------------------------------------------------
     def _node_of(self, task: int) -> str:
         # before its hello (slurmstepd's own errors): block distribution puts task i on the i-th node

@@ -171,9 +171,21 @@ class Connection:
 
     @property
     def transport(self) -> paramiko.Transport:
+        """The connection's transport; ``EOFError`` once it was closed."""
         t = self.client.get_transport()
-        assert t is not None
+        if t is None:
+            raise EOFError(f"the SSH connection to {self.target.where} was closed")
         return t
+
+    def is_active(self) -> bool:
+        """Is the connection still up (not closed by us, not broken)?"""
+        t = self.client.get_transport()
+        return t is not None and t.is_active()
+
+    def exception(self) -> BaseException | None:
+        """Why the connection broke, when paramiko knows."""
+        t = self.client.get_transport()
+        return t.get_exception() if t is not None else None
 
     def remote_ip(self) -> str | None:
         """The address this connection reached (the remote end of the TCP
@@ -229,7 +241,10 @@ def _bounded(ch: paramiko.Channel, request: Any, timeout: float, what: str) -> N
 
     def give_up() -> None:
         expired.set()
-        ch.close()
+        try:
+            ch.close()
+        except (OSError, EOFError, paramiko.SSHException):
+            pass  # the connection is gone already: the request ends with it
 
     timer = threading.Timer(timeout, give_up)
     timer.daemon = True

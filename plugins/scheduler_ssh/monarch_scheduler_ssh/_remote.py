@@ -47,6 +47,19 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[n:]
 
 
+def _read(recv: Callable[[int], bytes]) -> bytes | None:
+    """One read of a channel stream: its bytes, ``b""`` at its end (EOF, the
+    channel or connection closed), ``None`` when the read timed out -- a
+    quiet worker, never an end (the channel is blocking, see ``_send``; this
+    keeps a timeout set by anything else from being read as EOF)."""
+    try:
+        return recv(65536)
+    except TimeoutError:  # socket.timeout: paramiko's timed-out read
+        return None
+    except (OSError, EOFError, paramiko.SSHException):
+        return b""
+
+
 class RemoteWorker:
     """The worker loop of one host (see the module docstring)."""
 
@@ -129,8 +142,14 @@ class RemoteWorker:
         data = line.encode()
         try:
             with self._send_lock:
+                # paramiko keeps one timeout per channel, for writes and reads alike: bound this
+                # write, then put the channel back to blocking, or the pumps' reads would time out
+                # after io_timeout of silence (an idle mesh)
                 self.channel.settimeout(self.io_timeout)
-                self.channel.sendall(data)
+                try:
+                    self.channel.sendall(data)
+                finally:
+                    self.channel.settimeout(None)
         except TimeoutError:
             raise AllocationError(f"{what}: writing to the SSH channel did not finish within {self.io_timeout:g}s "
                                   "(io_timeout)") from None
@@ -177,7 +196,7 @@ class RemoteWorker:
         return out
 
     def _exit_message(self, what: str) -> str:
-        if not self.conn.transport.is_active():
+        if not self.conn.is_active():
             return f"{what}: the SSH connection closed before the worker loop listened" + self._tails()
         status = self._exit_status(2.0)
         if status == 127 and not self.hello:
@@ -219,10 +238,9 @@ class RemoteWorker:
         mark = _bootstrap.MARK.encode()
         found = False  # the readiness line went by: the rest is the worker's and its procs' output
         while True:
-            try:
-                chunk = ch.recv(65536)
-            except (OSError, EOFError, paramiko.SSHException):
-                chunk = b""
+            chunk = _read(ch.recv)
+            if chunk is None:
+                continue  # silence is not the end: only EOF or a closed channel is
             if not chunk:
                 break
             buf += chunk
@@ -271,10 +289,9 @@ class RemoteWorker:
         ch = self.channel
         assert ch is not None
         while True:
-            try:
-                chunk = ch.recv_stderr(65536)
-            except (OSError, EOFError, paramiko.SSHException):
-                chunk = b""
+            chunk = _read(ch.recv_stderr)
+            if chunk is None:
+                continue
             if not chunk:
                 return
             with self._lock:
@@ -311,7 +328,10 @@ class RemoteWorker:
         threading.Thread(target=self._pinger, name=f"monarch-ssh-ping-{self.name}", daemon=True).start()
 
     def _pinger(self) -> None:
-        t = self.conn.transport
+        try:
+            t = self.conn.transport
+        except EOFError:
+            return
         while not self._stopped.wait(self.target.keepalive_interval):
             if not t.is_active():
                 return
@@ -338,10 +358,10 @@ class RemoteWorker:
         self.conn.close()  # stop waiting on it; the worker there is reaped at release if the host comes back
 
     def _ended(self) -> None:
-        if self.closing or not self.ready.is_set():
-            return
-        if not self.conn.transport.is_active():
-            exc = self.conn.transport.get_exception()
+        if self.closing or not self.ready.is_set() or self.lost is not None:
+            return  # expected, not started yet, or already lost (keepalives: the connection was closed on purpose)
+        if not self.conn.is_active():
+            exc = self.conn.exception()
             self._lose(f"its SSH connection ({self.target.where}) closed"
                        + (f": {exc}" if exc else " (sshd stopped, the host rebooted, or the network reset it)"))
             return

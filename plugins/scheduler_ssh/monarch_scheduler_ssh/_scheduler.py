@@ -29,6 +29,10 @@ logger = logging.getLogger("monarch.ssh")
 
 #: Seconds ``release`` waits for the workers to end after closing their stdin.
 _END_WAIT = 5.0
+#: Seconds the other hosts get, once one failed to start, to fail (or start)
+#: on their own before their connections are closed: a wrong ``python`` fails
+#: every host, and each must say so, not "the connection closed".
+_ERROR_GRACE = 2.0
 
 
 class SSHScheduler(Scheduler):
@@ -159,9 +163,14 @@ class SSHAllocation(Allocation):
         t0 = time.monotonic()
         for t in threads:
             t.start()
+        first_error: float | None = None
         try:
             while any(t.is_alive() for t in threads):
-                if self.launch.cancelled.is_set() or time.monotonic() >= deadline or self._abort.is_set():
+                now = time.monotonic()
+                if errors and first_error is None:
+                    first_error = now
+                failed = first_error is not None and now >= first_error + min(_ERROR_GRACE, self.p.connect_timeout)
+                if self.launch.cancelled.is_set() or now >= deadline or failed:
                     self._abort.set()
                     self._close_all()  # unblocks anything waiting on a connection
                     grace = time.monotonic() + self.p.connect_timeout + 1.0
@@ -227,13 +236,12 @@ class SSHAllocation(Allocation):
             progress.advance(target.name)
         except _remote._Stop:
             return
-        except AllocationError as e:
+        except AllocationError as e:  # (after the abort: a consequence of it, unless nothing else failed)
             if not self._abort.is_set() or not errors:
                 errors[target.name] = str(e)
-            self._abort.set()
         except Exception as e:  # noqa: BLE001 - a bug or an unmapped library error: name the host
-            errors[target.name] = f"host {target.name!r} ({target.where}): {type(e).__name__}: {e}"
-            self._abort.set()
+            if not self._abort.is_set() or not errors:
+                errors[target.name] = f"host {target.name!r} ({target.where}): {type(e).__name__}: {e}"
 
     def _setup(self, w: Any) -> tuple[list[str], dict[str, str], str | None]:
         """After the hello: the worker's address, argv, environment, cwd."""

@@ -35,27 +35,37 @@ registry().transport("tls").set_credentials(ca=SESSION_CREDENTIALS)
 
 
 def kill_worker(host):
-    """The host's worker loop dies on its node (SIGKILL, found in the node's namespace)."""
+    """The host's worker loop dies on its node (SIGKILL, found in the node's namespace): only this job's
+    (the namespace hosts are shared: other tests' worker loops run there too)."""
     pids = subprocess.run(["ip", "netns", "pids", "rt-" + host.labels["node"]], capture_output=True, text=True,
                           timeout=30).stdout.split()
+    job = b"SLURM_JOB_ID=" + host.labels["job"].encode()
     for pid in pids:
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
         except OSError:
             continue
-        if b"monarch_core.worker" in cmd:
+        if b"monarch_core.worker" in cmd and job in env:
             os.kill(int(pid), signal.SIGKILL)
 
 
+# the long-idle check: quiet for several times every timeout it could trip (shortened in this client's environment)
 check_scheduler(SlurmScheduler(), {"nodes": 2, "time": "00:05:00", "job_name": sys.argv[1]},
-                bad_params={"nodes": 0}, lose_host=kill_worker, timeout=120)
+                bad_params={"nodes": 0}, lose_host=kill_worker, timeout=120, idle=float(sys.argv[2]))
 print("conformant")
 '''
 
 
+#: timeouts silence could trip, shortened for the long-idle check (seconds); it stays quiet for QUIET s
+IDLE_SETTINGS = {"MONARCH_HEARTBEAT_INTERVAL": "1", "MONARCH_HEARTBEAT_TIMEOUT": "4", "MONARCH_DELIVERY_TIMEOUT": "4"}
+QUIET = 12.0
+
+
 def test_the_slurm_scheduler_passes_check_scheduler_with_a_job_it_submits(cluster: Any, tmp_path: Path) -> None:
+    assert QUIET >= 3 * max(map(float, IDLE_SETTINGS.values()))
     H.write_project(tmp_path, CONFORMANCE, None)
-    res = H.client(tmp_path, H.JOB_NAME)
+    res = H.client(tmp_path, H.JOB_NAME, str(QUIET), env_extra=IDLE_SETTINGS)
     assert res.returncode == 0, res.stderr[-6000:]
     assert res.stdout.strip().splitlines()[-1] == "conformant"
 
@@ -162,7 +172,7 @@ from monarch_core.actor import hosts_from_config
 from monarch_core.errors import AllocationError
 
 out = {}
-for name in ("badpart", "waits", "nopython"):
+for name in ("badpart", "waits", "nopython", "nomonarch", "toomany"):
     try:
         hosts_from_config(name).shutdown().get(timeout=60)
         out[name] = "allocated"
@@ -191,6 +201,14 @@ def failures(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict:
         [hosts.nopython]
         nodes = 2
         python = "/nonexistent/bin/python3"
+
+        [hosts.nomonarch]
+        nodes = 2
+        python = "/usr/bin/python3"
+
+        [hosts.toomany]
+        nodes = 5
+        queue_timeout = 60   # a bound only: Slurm's reason says at once that it never runs
     ''')
     res = H.client(d)
     return _result(res)
@@ -216,6 +234,24 @@ def test_a_failing_worker_step_gives_srun_s_stderr_and_the_job_is_cancelled(fail
     assert m, msg
     assert "srun exit code" in msg and "srun's last output" in msg, msg
     assert "/nonexistent/bin/python3" in msg and "No such file or directory" in msg, msg
+    assert H.wait_state(m.group(1), {"CANCELLED"}) == "CANCELLED"
+
+
+def test_a_wrong_python_names_the_python_key_and_every_node(failures: dict) -> None:
+    for case, python, what in (("nopython", "/nonexistent/bin/python3", "the node launcher"),
+                               ("nomonarch", "/usr/bin/python3", "the worker loop")):
+        msg = failures[case]
+        assert f"The Python {python!r} (the entry's python) could not run {what} on h1, h2" in msg, msg
+        assert 'set python = "/path/to/python" in the entry' in msg, msg
+    assert "No module named" in failures["nomonarch"], failures["nomonarch"]
+
+
+def test_more_nodes_than_the_partition_has_fails_at_once_with_slurms_reason(failures: dict) -> None:
+    msg = failures["toomany"]
+    m = re.search(r"\[hosts.toomany\]: Slurm will never run job (\d+) as asked \(state PENDING, reason "
+                  r"PartitionNodeLimit\): it asks for more nodes than the partition has", msg)
+    assert m, msg
+    assert "nodes = ..." in msg and "it was cancelled" in msg, msg
     assert H.wait_state(m.group(1), {"CANCELLED"}) == "CANCELLED"
 
 

@@ -55,7 +55,8 @@ def _keys(sshd: Any, d: Path) -> dict[str, Path]:
 
 
 CASES = ["unreachable", "refused", "wrong_user", "wrong_key", "unknown_host_key", "changed_host_key",
-         "no_python", "no_monarch", "worker_crash", "bad_cwd", "one_bad_host"]
+         "no_python", "no_monarch", "worker_crash", "bad_cwd", "one_bad_host", "no_python_everywhere",
+         "no_monarch_everywhere"]
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +79,9 @@ def outcomes(sshd: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, d
                                                            "MONARCH_DELIVERY_TIMEOUT": "soon"}, **base),
         "bad_cwd": H.entry(tag, d, hosts=["h4"], cwd="/proc/1/no-such-dir/work", **base),
         "one_bad_host": H.entry(tag, d, hosts=["h4", "h1:2"], **base),
+        # every host wrong the same way: each says so (none a bare "AssertionError:" or "connection closed")
+        "no_python_everywhere": H.entry(tag, d, hosts=["h1", "h2", "h3"], python="/nonexistent/bin/python3", **base),
+        "no_monarch_everywhere": H.entry(tag, d, hosts=["h1", "h2", "h3"], python="/usr/bin/python3", env={}, **base),
     }
     H.write_config(d, entries)
     listener = H.listener_pid("h4")
@@ -88,7 +92,7 @@ def outcomes(sshd: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, d
         for case in CASES:
             res = client.run(f"result = attempt({case!r})", timeout=BOUND + 60)
             # nothing left behind: no process of this test on h4/h1, no SSH session still open on h4
-            res["leftover_s"] = H.wait_tagged_gone(tag, (1, 4), timeout=15)
+            res["leftover_s"] = H.wait_tagged_gone(tag, (1, 2, 3, 4), timeout=15)
             t0 = time.monotonic()
             while len(H.sshd_sessions(4, listener)) > baseline and time.monotonic() - t0 < 15:
                 time.sleep(0.05)
@@ -156,3 +160,25 @@ def test_working_directory_that_cannot_be_made(outcomes: dict[str, dict[str, Any
 
 def test_one_bad_host_fails_the_allocation_and_closes_the_others(outcomes: dict[str, dict[str, Any]]) -> None:
     _check(outcomes, "one_bad_host", "host 'h1:2'", "connection refused", "the connections to the other 1 host were closed")
+
+
+def _every_host_says(msg: str, *needles: str) -> None:
+    assert "3 of 3 hosts failed" in msg, msg
+    lines = [ln for ln in msg.splitlines() if ln.strip().startswith("host '")]
+    assert sorted(ln.split("'")[1] for ln in lines) == ["h1", "h2", "h3"], msg
+    for ln in lines:
+        assert "AssertionError" not in ln and "connection closed" not in ln, f"a host without the clear message:\n{msg}"
+        for n in needles:
+            assert n in ln, f"{n!r} not in this host's line: {ln}\n{msg}"
+
+
+def test_a_wrong_python_on_every_host_gives_every_host_the_clear_message(outcomes: dict[str, dict[str, Any]]) -> None:
+    msg = _check(outcomes, "no_python_everywhere")
+    _every_host_says(msg, "'/nonexistent/bin/python3' was not found", "Set python = ")
+
+
+def test_a_python_without_monarch_core_on_every_host_gives_every_host_the_clear_message(
+    outcomes: dict[str, dict[str, Any]]
+) -> None:
+    msg = _check(outcomes, "no_monarch_everywhere")
+    _every_host_says(msg, "'/usr/bin/python3'", "cannot import monarch_core.worker", "set python = ")

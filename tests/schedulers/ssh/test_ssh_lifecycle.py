@@ -142,6 +142,9 @@ def test_link_cut_longer_than_the_keepalives_fails_only_that_hosts_procs(
             _lost_host_checks(c, "h4's link was cut")
             reports = c.run("result = [f.report() for f in failures]")
             assert any("did not answer keepalives" in r for r in reports), reports
+            err = c.err.text() if c.err is not None else ""
+            assert "Exception in thread" not in err and "Traceback" not in err, (
+                f"a host lost by keepalives printed a traceback on the client's stderr:\n{err[-4000:]}")
             assert H.tagged(tag, (4,)), "h4's worker should still run while it is cut off"
         finally:
             stop.set()
@@ -163,18 +166,24 @@ from monarch_scheduler_ssh._scheduler import SSHScheduler
 
 sched = SSHScheduler()
 _alloc.prepare_transport(sched, AllocationRequest("conformance", params, "<check_scheduler conformance>"))
-check_scheduler(sched, params, bad_params={"hosts": []}, timeout=120,
+check_scheduler(sched, params, bad_params={"hosts": []}, timeout=120, idle=idle,
                 lose_host=lambda host: os.kill(int(host.labels["pid"]), signal.SIGKILL))
 result = "conforms"
 '''
 
+#: the long-idle check: every timeout silence could trip, shortened (io_timeout 1 s, keepalives 1 s x 4,
+#: heartbeats and delivery 4 s, here and in the workers), and QUIET s of silence: several times the largest
+IDLE_SETTINGS = {"MONARCH_HEARTBEAT_INTERVAL": "1", "MONARCH_HEARTBEAT_TIMEOUT": "4", "MONARCH_DELIVERY_TIMEOUT": "4"}
+QUIET = 12.0
+
 
 def test_the_ssh_scheduler_passes_the_conformance_kit(sshd: SshTestbed, tmp_path: Path) -> None:
     tag = H.new_tag()
-    c = H.Client("", cwd=tmp_path)
+    c = H.Client("", cwd=tmp_path, env=IDLE_SETTINGS)
     try:
-        params = H.entry(tag, tmp_path, hosts=["h1", "h2"])
-        assert c.run(f"params = {params!r}\n" + CONFORMANCE, timeout=400) == "conforms"
+        params = H.entry(tag, tmp_path, hosts=["h1", "h2"], io_timeout=1, keepalive_interval=1, keepalive_count=4)
+        params["env"] = {**params["env"], **IDLE_SETTINGS}
+        assert c.run(f"params = {params!r}\nidle = {QUIET}\n" + CONFORMANCE, timeout=400) == "conforms"
         c.close()
         H.wait_tagged_gone(tag, (1, 2), timeout=15)
     finally:
