@@ -90,7 +90,7 @@ def timeline_svg(spans: list, width: int = 1100) -> dict[str, Any]:
     lanes: dict[str, int] = {}
     for _n, _s, _d, a in spans:
         lanes.setdefault(f"{a.get('proc_name', '?')} · {a.get('thread', '')}", len(lanes))
-    left, lane_h = 260, 18
+    left, lane_h = 360, 18
     rects = []
     for name, start, dur, a in spans:
         lane = lanes[f"{a.get('proc_name', '?')} · {a.get('thread', '')}"]

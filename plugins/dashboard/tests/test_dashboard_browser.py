@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.timeout(600) if hasattr(pytest.mark, "timeout") else []
+pytestmark = pytest.mark.timeout(400)  # a job, a browser and six pages on a loaded machine
 
 WAIT_MS = 30_000  # "within a few seconds" on a loaded 2-core machine: updates come each 0.25-0.5 s
 
