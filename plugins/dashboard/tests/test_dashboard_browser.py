@@ -64,7 +64,7 @@ def test_a_live_job_in_a_real_browser(job: Any, browser: Any, screenshots: Path)
         work.locator("tr.row").click()
         expect(work.locator("tr.ranks table.per-rank tr")).to_have_count(9)  # header + 8 ranks
         expect(work.locator("tr.ranks tr.slow td").first).to_have_text("5")  # the slow rank stands out
-        eps.screenshot(path=str(screenshots / "endpoints.png"), full_page=True)
+        eps.screenshot(path=str(screenshots / "dashboard-endpoints.png"), full_page=True)
 
         # logs: rank 3's line with its prefix, following the tail, filterable
         logs = context.new_page()
@@ -77,12 +77,12 @@ def test_a_live_job_in_a_real_browser(job: Any, browser: Any, screenshots: Path)
         logs.fill("#f-rank", "3")
         logs.dispatch_event("#f-rank", "change")
         expect(logs.locator("#log-lines .line", has_text="hello from rank three")).to_have_count(1)
-        logs.screenshot(path=str(screenshots / "logs.png"), full_page=True)
+        logs.screenshot(path=str(screenshots / "dashboard-logs.png"), full_page=True)
         logs.fill("#f-rank", "2")
         logs.dispatch_event("#f-rank", "change")
         expect(logs.locator("#log-lines .line", has_text="hello from rank three")).to_have_count(0)
 
-        page.screenshot(path=str(screenshots / "job.png"), full_page=True)
+        page.screenshot(path=str(screenshots / "dashboard-job.png"), full_page=True)
 
         # kill rank 3's proc: its node shows the failure, the failures page its event, no reload
         job.do("kill 3")
@@ -92,7 +92,7 @@ def test_a_live_job_in_a_real_browser(job: Any, browser: Any, screenshots: Path)
         expect(dead).to_contain_text("first failure")
         expect(page.locator("li.proc.state-running")).to_have_count(7)
         assert page.evaluate("window.__not_reloaded") == 1
-        page.screenshot(path=str(screenshots / "job-failed.png"), full_page=True)
+        page.screenshot(path=str(screenshots / "dashboard-job-failed.png"), full_page=True)
 
         event = failures.locator('tr.failure[data-event="proc.failed"]')
         expect(event).to_have_count(1)
@@ -103,7 +103,7 @@ def test_a_live_job_in_a_real_browser(job: Any, browser: Any, screenshots: Path)
         expect(sup).to_contain_text("infrastructure")
         expect(sup).to_contain_text("its process died")
         assert failures.evaluate("window.__not_reloaded") == 1
-        failures.screenshot(path=str(screenshots / "failures.png"), full_page=True)
+        failures.screenshot(path=str(screenshots / "dashboard-failures.png"), full_page=True)
 
         # the timeline: a short recording while calls run, then the trace to download
         tl = context.new_page()
@@ -118,7 +118,7 @@ def test_a_live_job_in_a_real_browser(job: Any, browser: Any, screenshots: Path)
             download_link.click()
         trace = json.loads(Path(dl.value.path()).read_text())  # Chrome trace events, as record_trace writes them
         assert any(e.get("name") == "w.ping" and e.get("ph") == "X" for e in trace), trace[:5]
-        tl.screenshot(path=str(screenshots / "timeline.png"), full_page=True)
+        tl.screenshot(path=str(screenshots / "dashboard-timeline.png"), full_page=True)
         assert errors == [], errors
     finally:
         context.close()
