@@ -283,9 +283,7 @@ class JobModel:
         for coords in a.get("ranks") or ():
             r = coords_rank(coords)
             if am is not None and r is not None:
-                am.failed.setdefault(r, (str(a.get("category", "")), first))
-                if am.failed[r][1] != first:
-                    am.failed[r] = (am.failed[r][0], first)
+                am.failed[r] = (str(a.get("category", "")), first)  # the cascade's first event says most
                 for p in self.procs.values():
                     if p.mesh == am.proc_mesh and p.rank == r and not p.first_failure:
                         p.first_failure = first

@@ -43,7 +43,7 @@ def _get(port: int, path: str, *, source: Optional[str] = None, host: Optional[s
         conn.close()
 
 
-def test_the_url_prints_once_and_names_ssh_forwarding(dash: Any, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_url_is_loopback_with_a_long_token_and_one_dashboard_per_process(dash: Any) -> None:
     assert re.fullmatch(r"http://127\.0\.0\.1:\d+/\?token=[A-Za-z0-9_-]{32}", dash.url)
     assert monarch_dashboard.start() is dash  # one per process, the URL is not printed again
 
