@@ -17,7 +17,7 @@ from monarch_dashboard._model import JobModel, LogLine, bucket_bounds
 
 PAGES = ("job", "endpoints", "failures", "logs", "timeline")
 TITLES = {"job": "Job", "endpoints": "Endpoints", "failures": "Failures", "logs": "Logs", "timeline": "Timeline"}
-FAILURE_FIELDS = ("category", "actor", "endpoint", "rank", "ranks", "host_name", "host", "mesh", "owner", "exit_code",
+FAILURE_FIELDS = ("category", "actor", "endpoint", "mesh", "rank", "ranks", "host_name", "owner", "exit_code",
                   "signal", "handled_by")
 
 _env = jinja2.Environment(loader=jinja2.PackageLoader("monarch_dashboard", "templates"),
