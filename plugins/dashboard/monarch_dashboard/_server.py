@@ -115,6 +115,8 @@ class Server:
                 seen = self.model.version
                 msg = {"version": seen, "html": _render.live(self.model, name, q),
                        "failures": self.model.counts()["failures"]}
+                if name == "logs":
+                    msg["meshes"] = self.model.log_meshes()
                 yield "event: update\ndata: " + json.dumps(msg) + "\n\n"
                 await trio.sleep(MIN_INTERVAL)
                 continue

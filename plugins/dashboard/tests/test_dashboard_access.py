@@ -154,3 +154,20 @@ def test_monarch_dashboard_prints_the_running_urls(dash: Any, entry_point_dir: O
     dash.stop()
     assert cli.main(["dashboard"]) == 1
     assert "no dashboard runs" in capsys.readouterr().out
+
+
+def test_the_with_block_serves_for_its_duration_and_puts_the_streams_back(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+    out, err = sys.stdout, sys.stderr
+    with monarch_dashboard.dashboard() as d:
+        assert sys.stdout is not out  # the client's output is followed for the Logs page
+        print("a line of the client")
+        assert any(ln.text == "a line of the client" for ln in d.model.log_view())
+        assert _get(d.port, f"/logs?token={d.token}")[0] == 200
+    assert sys.stdout is out and sys.stderr is err
+    assert monarch_dashboard.stop() is False
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", d.port), timeout=5).close()

@@ -74,6 +74,7 @@ def test_a_live_job_in_a_real_browser(job: Any, browser: Any, screenshots: Path)
         line = logs.locator("#log-lines .line", has_text="hello from rank three")
         expect(line).to_have_count(1)
         expect(line.locator(".prefix")).to_have_text("[w{'hosts': 0/2, 'procs': 3/4} local0]")
+        expect(logs.locator("#f-mesh option", has_text="w")).to_have_count(1)  # the meshes seen so far, live
         logs.fill("#f-rank", "3")
         logs.dispatch_event("#f-rank", "change")
         expect(logs.locator("#log-lines .line", has_text="hello from rank three")).to_have_count(1)

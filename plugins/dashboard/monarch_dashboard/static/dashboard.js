@@ -49,6 +49,13 @@
         nav.appendChild(badge);
       }
       if (badge) badge.textContent = msg.failures;
+      var meshSelect = document.getElementById("f-mesh");
+      if (meshSelect && msg.meshes) {
+        var have = Array.prototype.map.call(meshSelect.options, function (o) { return o.value; });
+        msg.meshes.forEach(function (m) {
+          if (have.indexOf(m) < 0) meshSelect.appendChild(new Option(m, m));
+        });
+      }
       document.body.dataset.version = msg.version;
     });
     source.onopen = function () { conn.textContent = "live"; conn.className = "conn live"; };
