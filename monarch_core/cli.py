@@ -62,6 +62,18 @@ def _debug_cli():  # type: ignore[no-untyped-def]
     return _cli
 
 
+def _plugin_commands(sub: argparse._SubParsersAction) -> None:
+    """Subcommands of installed plugins: entry points of group ``monarch.cli``, each a
+    ``register(subparsers)`` that adds its parser (``monarch dashboard``)."""
+    from importlib.metadata import entry_points
+
+    for ep in sorted(entry_points(group="monarch.cli"), key=lambda e: e.name):
+        try:
+            ep.load()(sub)
+        except Exception as e:  # noqa: BLE001 - a broken plugin must not take the CLI down
+            print(f"monarch: the {ep.name!r} command of a plugin failed to load: {e}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="monarch", description="monarch-core command line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -77,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--side", choices=("client", "server"), help="only this side of the calls")
     p.add_argument("--per-rank", action="store_true", help="one row per rank")
     p.set_defaults(func=_cmd_summary)
+    _plugin_commands(sub)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -109,6 +109,7 @@ def _s(*args: Any, **kw: Any) -> Setting:
 _TCP = "monarch-transport-tcp"
 _SLURM = "monarch-scheduler-slurm"
 _RDMA = "monarch-transport-rdma"
+_DASH = "monarch-dashboard"
 
 SETTINGS: dict[str, Setting] = {
     s.name: s
@@ -137,6 +138,8 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_ADVERTISE_HOST", "str", None, "host name or address `tcp`/`tls` procs advertise (default: the host name)", owner=_TCP),
         _s("MONARCH_CONNECT_TIMEOUT", "seconds", 5.0, "seconds a TCP connect may take", minimum=0.001, owner=_TCP),
         _s("MONARCH_TLS_HANDSHAKE_TIMEOUT", "seconds", 10.0, "seconds a TLS handshake may take", minimum=0.001, owner=_TCP),
+        _s("MONARCH_DASHBOARD", "bool", False, "1 serves the live dashboard of this client on 127.0.0.1 (URL with its token printed once; docs/dashboard.md)", owner=_DASH),
+        _s("MONARCH_DASHBOARD_PORT", "int", 0, "the dashboard's loopback port (0: a free one)", minimum=0, owner=_DASH),
         _s("MONARCH_SLURM_JOB_ID", "str", None, "the Slurm job that `scheduler = \"slurm\"` entries attach to, as their `job_id` would (a restarted client reattaches to its job)", owner=_SLURM),
         _s("MONARCH_CAST_TREE_MIN", "int", 128, "meshes of at least this many actors are reached through a cast tree (see docs/architecture.md)", minimum=2),
         _s("MONARCH_CAST_FANOUT", "int", 16, "children per node of a cast tree: no process sends more than this many messages per cast", minimum=2),

@@ -22,6 +22,9 @@ fi
 "$VENV/bin/python" -m pip install -q -e plugins/scheduler_slurm
 "$VENV/bin/python" -m pip install -q -e plugins/scheduler_ssh
 "$VENV/bin/python" -m pip install -q -e plugins/transport_rdma
+# the dashboard and its browser tests (Playwright drives the system Chromium of
+# scripts/testbed/install.sh; never `playwright install`)
+"$VENV/bin/python" -m pip install -q -e "plugins/dashboard[test]"
 # pyverbs for the ibverbs backend's discovery tests comes from the system (Debian:
 # python3-pyverbs; not installable from the package index): link it in when present.
 # numpy is an optional test dependency (buffers over numpy arrays).
