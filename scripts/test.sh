@@ -41,4 +41,11 @@ fi
 # the tensor payload tests; they skip, loudly, where it cannot be installed.
 "$VENV/bin/python" -m pip install -q torch==2.13.0 \
   || echo "warning: torch==2.13.0 could not be installed; tensor tests will be skipped" >&2
-exec "$VENV/bin/python" -m pytest "$@"
+# The whole suite in parallel: it mostly waits on processes, hosts and
+# timeouts.  Testbed tests share one xdist group (conftest.py), so they still
+# run one at a time; MONARCH_TEST_WORKERS=0 runs everything in this process.
+WORKERS="${MONARCH_TEST_WORKERS:-2}"
+if [ "$WORKERS" = 0 ]; then
+  exec "$VENV/bin/python" -m pytest "$@"
+fi
+exec "$VENV/bin/python" -m pytest -n "$WORKERS" --dist loadgroup "$@"

@@ -7,6 +7,9 @@ from monarch_core._actor._actor_mesh import MESH_ATTRIBUTES
 from monarch_core.actor import Actor, endpoint, this_proc
 
 from _helpers import T, fresh
+import pytest
+
+pytestmark = pytest.mark.unit
 
 
 class Plain(Actor):

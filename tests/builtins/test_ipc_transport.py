@@ -17,6 +17,8 @@ from monarch_core._builtins._ipc import FORMS, IpcTransport
 
 from _helpers import run_async as _run
 
+pytestmark = pytest.mark.unit
+
 
 @pytest.fixture
 def short_dir():  # type: ignore[no-untyped-def]

@@ -17,6 +17,8 @@ from monarch_core._config import (
     lookup_host_mesh,
 )
 
+pytestmark = pytest.mark.unit
+
 INSTALLED = ("local",)
 
 

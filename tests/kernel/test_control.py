@@ -15,6 +15,8 @@ import pytest
 from monarch_core._kernel import _control as C
 from monarch_core.errors import ProtocolError
 
+pytestmark = pytest.mark.unit
+
 REF = ("proc-1", "ipc:///tmp/x", 7)
 
 SAMPLES: list[Any] = [

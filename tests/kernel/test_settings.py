@@ -11,6 +11,8 @@ import pytest
 from monarch_core import settings
 from monarch_core.errors import ConfigError
 
+pytestmark = pytest.mark.unit
+
 REPO = pathlib.Path(__file__).resolve().parents[2]
 SOURCES = [p for p in (REPO / "monarch_core").rglob("*.py")] + [
     p for p in (REPO / "plugins").glob("*/monarch_*/**/*.py")

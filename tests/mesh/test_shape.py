@@ -9,6 +9,8 @@ import pytest
 
 from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
 
+pytestmark = pytest.mark.unit
+
 
 def hg() -> Extent:
     return Extent(["hosts", "gpus"], [2, 4])

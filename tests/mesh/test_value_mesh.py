@@ -10,6 +10,8 @@ import pytest
 from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
 from monarch_core._mesh._value_mesh import ValueMesh
 
+pytestmark = pytest.mark.unit
+
 
 def hg() -> Extent:
     return Extent(["hosts", "gpus"], [2, 4])

@@ -16,6 +16,8 @@ from monarch_core.errors import SupervisionError
 from _helpers import T, fresh
 from _helpers.faults import RECORDER, join_hook_threads
 
+pytestmark = pytest.mark.unit
+
 
 class Worker(Actor):
     @endpoint

@@ -11,6 +11,9 @@ import struct
 import termios
 
 from monarch_scheduler_ssh._progress import Progress
+import pytest
+
+pytestmark = pytest.mark.unit
 
 
 def test_silent_when_not_a_terminal() -> None:

@@ -15,6 +15,8 @@ from monarch_core.errors import RDMAError, SupervisionError
 from monarch_core.hookspecs import MemoryRegion, RDMAPeer, RemoteRegion
 from monarch_transport_rdma._cma import ProcessVmBackend, host_key, ptrace_policy
 
+pytestmark = pytest.mark.unit
+
 
 def _setup():
     b = ProcessVmBackend()

@@ -14,6 +14,8 @@ from monarch_core.testing import check_transport
 from monarch_core._builtins._ipc import IpcTransport
 from monarch_transport_tcp._tcp import TcpTransport
 
+pytestmark = pytest.mark.unit
+
 
 def test_ipc_abstract_passes_the_conformance_kit() -> None:
     trio.run(check_transport, IpcTransport())

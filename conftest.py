@@ -1,0 +1,64 @@
+"""Test tiers for the whole suite (``tests/`` and ``plugins/*/tests``).
+
+Every test is in exactly one tier, selected with ``-m``:
+
+* ``unit``: no process, no socket to another process; a module opts in with
+  ``pytestmark = pytest.mark.unit``.  The fast tier (``pytest -m unit``) is a
+  developer's edit-test loop; a unit test that starts a process fails, saying
+  to move it to ``procs``.
+* ``testbed``: uses the multi-host testbed (namespace hosts, sshd, Slurm:
+  the fixtures in :data:`TESTBED_FIXTURES`).  Marked here, automatically, and
+  put in one ``xdist_group`` so that, run in parallel (``-n``), testbed tests
+  still run one at a time: they share hosts, links and services.
+* ``procs``: everything else — real procs on this machine.  Marked here,
+  automatically.
+
+``scripts/test.sh`` runs the whole suite in parallel with ``--dist loadgroup``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+#: fixtures that bring up or use the multi-host testbed (tests/_helpers/testbed.py, the scheduler suites)
+TESTBED_FIXTURES = frozenset({"netns", "links_up", "sshd", "slurm", "cluster"})
+TIERS = ("unit", "procs", "testbed")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        testbed = bool(TESTBED_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+        if item.get_closest_marker("unit") is not None:
+            if testbed:
+                raise pytest.UsageError(f"{item.nodeid} is marked unit but uses the testbed fixtures "
+                                        f"{sorted(TESTBED_FIXTURES.intersection(item.fixturenames))}: drop the unit mark")
+            continue
+        if testbed:
+            item.add_marker(pytest.mark.testbed)
+            item.add_marker(pytest.mark.xdist_group("testbed"))
+        else:
+            item.add_marker(pytest.mark.procs)
+
+
+class _ProcessStarted(AssertionError):
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ``unit`` test that starts a process fails: the fast tier stays fast."""
+    if request.node.get_closest_marker("unit") is None:
+        return
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise _ProcessStarted(f"{request.node.nodeid} is marked unit but started a process: "
+                              "remove its module's `pytestmark = pytest.mark.unit` (it then runs in the procs tier)")
+
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(os, "fork", refuse)
+    if hasattr(os, "posix_spawn"):
+        monkeypatch.setattr(os, "posix_spawn", refuse)
