@@ -25,3 +25,11 @@ class Pid(Actor):
     @endpoint
     def pid(self) -> int:
         return os.getpid()
+
+
+class Talker(Actor):
+    """Prints what it is told (a proc's output, for the log-file tests)."""
+
+    @endpoint
+    def say(self, text: str) -> None:
+        print(text, flush=True)
