@@ -138,10 +138,11 @@ def _start_time(pid: int) -> int | None:
 
 def writer_alive(data: dict[str, Any]) -> bool:
     """Whether the process that wrote a token file's ``data`` still runs (a
-    file from before start times were recorded: by its pid alone)."""
+    file from before start times were recorded: by its pid alone; one that
+    names no pid cannot be judged, and counts as live)."""
     pid = data.get("pid")
-    if not isinstance(pid, int) or pid <= 0:
-        return False
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return True
     started = _start_time(pid)
     if started is None:
         return False

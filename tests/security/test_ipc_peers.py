@@ -19,7 +19,7 @@ from _helpers.clients import LineReader
 from _helpers.procs import kill_tree
 from _helpers.transport import WorkerSet
 
-from conftest import PY, OtherUser, run_as, security_env
+from security_helpers import PY, OtherUser, run_as, security_env
 
 WARNING = re.compile(r"refused a connection to (\S+) from a process of uid (\d+)")
 

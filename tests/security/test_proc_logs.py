@@ -23,7 +23,7 @@ import pytest
 from _helpers.procs import kill_tree
 from _helpers.transport import WorkerSet
 
-from conftest import PY, OtherUser, run_as, security_env
+from security_helpers import PY, OtherUser, run_as, security_env
 
 #: A client attached to one worker loop; commands on stdin: ``quiet`` (no
 #: streaming: the log file), ``stream``, ``say TEXT``; one JSON line each.
