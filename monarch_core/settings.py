@@ -153,7 +153,7 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_TRACE_FILE", "path", None, "the client writes a Chrome trace-event file (Perfetto UI, chrome://tracing) of the whole run here; implies tracing every call"),
         _s("MONARCH_TELEMETRY_JSONL", "path", None, "the client appends every telemetry event (spans, metrics, lifecycle) to this JSON-lines file"),
         _s("MONARCH_STREAM_LOGS", "bool", None, "1: every proc streams its stdout/stderr/logging to the client; 0: none does (remote procs write a per-host log file); unset: remote procs do, local ones write to the terminal", default_text="unset"),
-        _s("MONARCH_PROC_LOG_DIR", "path", None, "folder of the per-host log files of remote procs that do not stream (default: `<tmp>/monarch-logs-<uid>`)"),
+        _s("MONARCH_PROC_LOG_DIR", "path", None, "folder of the per-host log files of remote procs that do not stream (default: `<tmp>/monarch-<uid>-logs`); it must be a folder of this user with mode 0700 (created so), the files are 0600"),
         _s("MONARCH_DEBUG_SERVER_HOST", "str", "localhost", "host name or address the client's debug server binds at the first `breakpoint()` in an actor, and `monarch debug` connects to (loopback by default; see docs/debugging.md)"),
         _s("MONARCH_DEBUG_SERVER_PORT", "int", 27000, "TCP port of the client's debug server (0: any free port; taken: a free one): the line the client prints names it", minimum=0),
         _s("MONARCH_DEBUG_TOKEN_FILE", "path", None, "file (mode 0600) holding the debug server's access token, written by the client and read by `monarch debug`", default_text="~/.monarch/debug/PORT.token"),

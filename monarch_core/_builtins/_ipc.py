@@ -1,8 +1,12 @@
 """The ``ipc`` transport (built in): Unix-domain stream sockets.
 
-Addresses: ``ipc:///absolute/path`` (a socket file) or ``ipc://@name`` (Linux
-abstract namespace: no file, gone with the process).  The default for a new
-proc is a fresh abstract name.
+Addresses: ``ipc:///absolute/path`` (a socket file, mode 0600) or
+``ipc://@name`` (Linux abstract namespace: no file, gone with the process).
+The default for a new proc is a fresh abstract name.
+
+Neither form has a permission check worth the name (an abstract socket none
+at all), so the kernel refuses a peer of another uid once per connection
+(``SO_PEERCRED``, ``_kernel._serving``), before it reads a byte.
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ class IpcTransport(Transport):
             if not target.startswith("\0"):
                 _remove_stale_socket(target)
             await sock.bind(target)
+            if not target.startswith("\0"):
+                os.chmod(target, 0o600)  # before listen(): only this user (and root) may connect, whatever the umask
             sock.listen(1024)
         except OSError as e:
             sock.close()

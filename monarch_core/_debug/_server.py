@@ -19,6 +19,7 @@ import ipaddress
 import logging
 import os
 import socket
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,7 @@ class DebugServer:
         self._server: asyncio.AbstractServer | None = None
         self._task: asyncio.Task | None = None
         self._sock: socket.socket | None = None  # bound, not yet served
+        self._watcher: subprocess.Popen | None = None  # removes the token file once this program is gone
         self._inflight = 0  # requests being answered (shutdown lets them finish)
         self.taken: int | None = None  # the configured port, when another program had it
         wanted: Any = "?"
@@ -61,6 +63,7 @@ class DebugServer:
             sock, self.taken = self._bind(self.host, wanted)
             self.port = sock.getsockname()[1]
             self.token_file, self.token = P.write_token_file(self.port)
+            self._watcher = P.watch_token_file(self.token_file, self.token)  # removes it if we are killed
         except Exception as e:  # noqa: BLE001 - reported once; breakpoints then continue
             self.error = f"{type(e).__name__}: {e}"
             self._say(f"monarch: the debug server could not start at {self.host}:{wanted} "
@@ -169,6 +172,13 @@ class DebugServer:
         if self.token_file is not None:
             P.remove_token_file(self.token_file, self.token)
             self.token_file = None
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:  # nothing left for it to remove
+            watcher.kill()
+            try:
+                watcher.wait(2.0)
+            except subprocess.TimeoutExpired:  # pragma: no cover - reaped by init once we exit
+                pass
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")

@@ -17,6 +17,7 @@ does not import ``_runtime`` (which imports it).
 from __future__ import annotations
 
 import logging
+import os
 import socket
 from typing import TYPE_CHECKING, Any
 
@@ -114,6 +115,12 @@ class InboundServing:
         peer = getattr(stream, "peer", "?")
         acker: _Acker | None = None
         try:
+            uid = W.foreign_peer_uid(stream)  # once per connection, before any byte is read
+            if uid is not None:
+                _dropped.warning(f"uid {uid}", f"refused a connection to {self.address} from a process of uid {uid}: "
+                                 f"this process (uid {os.getuid()}) serves Unix-socket peers of its own user only; "
+                                 "run the other program as the same user")
+                return
             reader = W.FrameReader(stream)
             with trio.fail_after(HANDSHAKE_TIMEOUT):
                 hello = await W.read_handshake(reader)

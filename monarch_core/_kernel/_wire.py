@@ -135,6 +135,31 @@ def receive_stats() -> dict[str, int]:
     return {"unproven": _unproven, "maps": maps, "mapped": mapped, "pooled": _POOL._kept if _POOL else 0}
 
 
+def peer_uid(stream: Any) -> int | None:
+    """The uid of the process at the other end of ``stream`` when it is a
+    Unix-domain socket (``SO_PEERCRED``: the ``ipc`` and ``inproc``
+    transports, or a plugin's), else None.  Read once per connection."""
+    sock = getattr(stream, "_sock", None)
+    if sock is None or getattr(sock, "family", None) != socket.AF_UNIX:
+        get = getattr(stream, "raw_socket", None)
+        sock = get() if get is not None else None
+    if sock is None or getattr(sock, "family", None) != socket.AF_UNIX or not hasattr(socket, "SO_PEERCRED"):
+        return None
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError, TypeError):
+        return None
+    return int(struct.unpack("3i", creds)[1])
+
+
+def foreign_peer_uid(stream: Any) -> int | None:
+    """The uid of ``stream``'s peer if it is a Unix-socket peer running as
+    another user than this process (who must not be served: a Unix socket,
+    abstract ones above all, has no other permission check); else None."""
+    uid = peer_uid(stream)
+    return uid if uid is not None and uid != os.getuid() else None
+
+
 def _authenticated(stream: Any) -> bool:
     """Whether ``stream`` says who its peer is: it declares it (``authenticated``,
     e.g. TLS with client certificates), or it is a Unix socket whose peer runs
@@ -142,14 +167,7 @@ def _authenticated(stream: Any) -> bool:
     declared = getattr(stream, "authenticated", None)
     if declared is not None:
         return bool(declared)
-    sock = getattr(stream, "_sock", None)
-    if sock is None or getattr(sock, "family", None) != socket.AF_UNIX or not hasattr(socket, "SO_PEERCRED"):
-        return False
-    try:
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except (OSError, AttributeError, TypeError):
-        return False
-    return struct.unpack("3i", creds)[1] == os.getuid()
+    return peer_uid(stream) == os.getuid()
 
 
 def drop_frames(e: BaseException | None, outer: BaseException | None = None) -> None:

@@ -130,13 +130,16 @@ def main() -> None:
 
 def proc_log_file(host_name: str | None) -> str:
     """Where a remote proc that does not stream writes its output: one file per
-    host (worker loop), in ``MONARCH_PROC_LOG_DIR``."""
+    host (worker loop), in ``MONARCH_PROC_LOG_DIR`` (default
+    ``<tmp>/monarch-<uid>-logs``).  The folder is private (0700, this user's;
+    checked before use) and the files are 0600, opened without following a
+    link (``_output.open_private_log``)."""
     import socket
     import tempfile
 
     from monarch_core import settings
 
-    d = settings.get("MONARCH_PROC_LOG_DIR") or os.path.join(tempfile.gettempdir(), f"monarch-logs-{os.getuid()}")
+    d = settings.get("MONARCH_PROC_LOG_DIR") or os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}-logs")
     host = "".join(c if c.isalnum() or c in "-_." else "_" for c in (host_name or socket.gethostname()))
     return os.path.join(d, f"{host}-worker{os.getppid()}.log")
 

@@ -24,10 +24,12 @@ prints identical ones once with a count: ``[16 similar lines] step 10 loss 0.12`
 from __future__ import annotations
 
 import collections
+import errno
 import io
 import logging
 import os
 import selectors
+import stat
 import sys
 import threading
 import time
@@ -41,6 +43,67 @@ DIRECT, FILE, STREAM = "direct", "file", "stream"
 #: Seconds a burst of output waits for more before it is sent.
 COALESCE = 0.005
 MAX_LINE = 64 << 10
+
+
+#: Where the log files of remote procs go, and what their folder must be.
+LOG_DIR_SETTING = "MONARCH_PROC_LOG_DIR"
+
+
+def private_dir(path: str, what: str = f"the proc log folder ({LOG_DIR_SETTING})") -> None:
+    """Make ``path`` a folder of this user's that nobody else may enter
+    (mode 0700), or check that the one there is: a real folder (not a link),
+    owned by this user, with no access for group or others.  Otherwise
+    ``PermissionError`` that names the path, what was found and the fix
+    (another user who creates the folder first must not get our files)."""
+    parent = os.path.dirname(path.rstrip("/")) or "."
+    os.makedirs(parent, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    me = os.geteuid()
+    fix = f"remove it (or `chmod 700` it if it is yours), or set {LOG_DIR_SETTING} to a folder only you can use"
+    if not stat.S_ISDIR(st.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a folder"
+        raise PermissionError(f"{what} {path} is {kind}; {fix}")
+    if st.st_uid != me:
+        raise PermissionError(f"{what} {path} belongs to {_user(st.st_uid)}, not to this process's user "
+                              f"{_user(me)}: another user may read or replace the logs there; {fix}")
+    if st.st_mode & 0o077:
+        raise PermissionError(f"{what} {path} has mode {stat.S_IMODE(st.st_mode):04o}: other users may enter it; "
+                              f"it must be 0700 (`chmod 700 {path}`), or set {LOG_DIR_SETTING} to another folder")
+
+
+def open_private_log(path: str) -> int:
+    """Open (create) the log file ``path`` for appending, readable by this
+    user only (0600), in a folder :func:`private_dir` accepts; a link at
+    ``path`` is not followed.  The descriptor; ``PermissionError`` that says
+    what to fix."""
+    private_dir(os.path.dirname(path) or ".")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise PermissionError(f"the proc log file {path} is a symbolic link; it is not followed: "
+                                  "remove it") from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+        os.close(fd)
+        raise PermissionError(f"the proc log file {path} is not a regular file of {_user(os.geteuid())}; remove it")
+    if st.st_mode & 0o077:
+        os.fchmod(fd, 0o600)  # written by an older version: private from now on
+    return fd
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
 
 
 class _ProcStream(io.TextIOBase):
@@ -177,8 +240,7 @@ class Capture:
                 _repoint_handlers(s, orig)
 
     def _to_file(self, path: str) -> None:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = open_private_log(path)
         self._file_fd = fd
         self.log_file = path
         for target in (1, 2):

@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import socket
+import stat
 import tempfile
 import uuid
 
@@ -188,3 +189,21 @@ def test_stream_errors_after_the_peer_closes_are_connection_closed() -> None:
         await lst.aclose()
 
     _run(go)
+
+
+def test_a_path_socket_is_its_users_only_whatever_the_umask(short_dir) -> None:
+    path = os.path.join(short_dir, "private.sock")
+
+    async def listen_and_look() -> int:
+        listener = await IpcTransport().listen(f"ipc://{path}")
+        try:
+            return stat.S_IMODE(os.stat(path).st_mode)
+        finally:
+            await listener.aclose()
+
+    old = os.umask(0)  # a permissive umask would make the socket file connectable by everyone
+    try:
+        mode = _run(listen_and_look)
+    finally:
+        os.umask(old)
+    assert mode == 0o600
