@@ -246,3 +246,29 @@ def test_worker_stopped_longer_than_the_heartbeat_timeout_kills_no_proc_as_hung(
         if worker:
             _signal([worker], signal.SIGCONT)
         c.kill()
+
+
+def test_a_client_stopped_longer_than_the_host_heartbeat_timeout_loses_no_host(
+    sshd: SshTestbed, tmp_path: Path
+) -> None:
+    tag = H.new_tag()
+    c = _client(
+        tmp_path, tag,
+        worker_env={"MONARCH_HEARTBEAT_INTERVAL": "0.5"},
+        client_env={"MONARCH_HEARTBEAT_INTERVAL": "0.5", "MONARCH_HOST_HEARTBEAT_TIMEOUT": "2"},
+    )
+    try:
+        got = c.run("result = up('spare')")
+        os.kill(c.popen.pid, signal.SIGSTOP)  # the client: the silence it sees on resuming is its own
+        try:
+            time.sleep(6)
+        finally:
+            os.kill(c.popen.pid, signal.SIGCONT)
+        time.sleep(4)  # two host heartbeat timeouts after resuming: the host answers again
+        assert c.run("result = [f.report() for f in failures]") == []
+        assert "LOST" not in c.run("result = hm.to_table()")
+        assert c.run("result = where.where.call().get(timeout=60).values()") == got
+        c.run("hm.shutdown().get(timeout=60)", timeout=120)
+        H.wait_tagged_gone(tag, (4,), timeout=30)
+    finally:
+        c.kill()
