@@ -124,8 +124,6 @@ def test_a_killed_slurmd_leaves_nothing_of_the_job_running_on_its_node(
         killed = True
         tell()
         lost = get("LOST", 200)
-        h3 = [c for proc, c in lost["causes"] if proc.endswith("on host h3")]
-        assert h3 and all(c.startswith("host lost: h3: ") for c in h3), lost
         # slurmd is still dead: the worker loop (no heartbeat for its 4 s delivery timeout),
         # its proc and the step's task end on their own
         deadline = time.monotonic() + 40
@@ -133,11 +131,18 @@ def test_a_killed_slurmd_leaves_nothing_of_the_job_running_on_its_node(
             time.sleep(0.2)
         left = [(q, _cmd(q)[:120]) for q in watched if _alive(q)]
         assert not left, f"still running in h3 after it was declared lost: {left}"
+        h3 = [c for proc, c in lost["causes"] if proc.endswith("on host h3")]
+        assert h3 and all(c.startswith("host lost: h3: ") for c in h3), lost
         tell()
         assert p.wait(90) == 0, err.text()[-4000:]
     finally:
-        if killed:
-            slurm.restart()
         if p.poll() is None:
             p.kill()
-        H.cancel_our_jobs()
+            p.wait(30)
+        H.cancel_our_jobs()  # first: the restart waits for every node to be idle
+        if killed:
+            deadline = time.monotonic() + 60
+            while H.our_jobs() and time.monotonic() < deadline:
+                H.cancel_our_jobs()
+                time.sleep(0.5)
+            slurm.restart()
