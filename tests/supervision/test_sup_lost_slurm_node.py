@@ -142,7 +142,8 @@ def test_a_killed_slurmd_leaves_nothing_of_the_job_running_on_its_node(
         H.cancel_our_jobs()  # first: the restart waits for every node to be idle
         if killed:
             deadline = time.monotonic() + 60
-            while H.our_jobs() and time.monotonic() < deadline:
+            while (set(H.our_jobs().values()) & {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED"}
+                   and time.monotonic() < deadline):
                 H.cancel_our_jobs()
                 time.sleep(0.5)
             slurm.restart()
