@@ -276,6 +276,7 @@ class ProcWatch:
         pong = _Pong(self)
         port_id = kernel.add_port(pong)
         header = C.encode(C.Ping((kernel.proc_id, kernel.address, port_id)))
+        host_limit = max(HOST_HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_INTERVAL)  # a few heartbeats at least
         tick = time.monotonic()
         while True:
             await trio.sleep(HEARTBEAT_INTERVAL)
@@ -307,7 +308,7 @@ class ProcWatch:
                 if proc_id in kernel.dead:
                     self.unwatch_host(proc_id)
                     continue
-                if now - w.last > HOST_HEARTBEAT_TIMEOUT:
+                if now - w.last > host_limit:
                     self.unwatch_host(proc_id)
                     reason = (
                         f"its worker loop at {w.address} answered no heartbeat for {now - w.last:.0f}s "

@@ -30,6 +30,7 @@ import trio
 
 from monarch_core._actor import _serial
 from monarch_core._actor._agent import ProcAgent
+from monarch_core._actor._watch import HEARTBEAT_INTERVAL
 from monarch_core._actor._port import send_to_port
 from monarch_core._kernel import _control as C
 from monarch_core._kernel import _wire as W
@@ -55,6 +56,8 @@ class WorkerLoopAgent(ProcAgent):
         self.proc_spawner: dict[str, tuple] = {}  # proc id -> (client proc id, address)
         #: client proc id -> when its last heartbeat came (clients that heartbeat us)
         self.client_heard: dict[str, float] = {}
+        #: client proc id -> seconds between its last two heartbeats (its interval, as seen here)
+        self.client_gap: dict[str, float] = {}
         #: exit once the last heartbeating client is lost (a worker loop started for one allocation)
         self.exit_without_client = False
 
@@ -122,7 +125,11 @@ class WorkerLoopAgent(ProcAgent):
         """A heartbeat: from a client (its host mesh watches us), it is that
         client's contact, whose absence :meth:`heartbeat_tick` acts on."""
         if sender not in self.proc_spawner and sender != self.kernel.proc_id:
-            self.client_heard[sender] = time.monotonic()
+            now = time.monotonic()
+            prev = self.client_heard.get(sender)
+            if prev is not None:
+                self.client_gap[sender] = now - prev
+            self.client_heard[sender] = now
             self._ensure_heartbeat()
         super()._on_ping(m, payload, buffers, sender)
 
@@ -136,20 +143,24 @@ class WorkerLoopAgent(ProcAgent):
             for client in self.client_heard:
                 self.client_heard[client] = now
             return
-        limit = self.kernel.delivery_timeout
         lost = False
         for client, last in list(self.client_heard.items()):
+            # never less than a few of its heartbeat intervals (a client may send them less often)
+            limit = max(self.kernel.delivery_timeout, 3 * self.client_gap.get(client, HEARTBEAT_INTERVAL))
             gone = client in self.kernel.dead  # its session failed (undeliverable): already handled
             if not gone and now - last <= limit:
                 continue
             del self.client_heard[client]
+            self.client_gap.pop(client, None)
             lost = True
             if not gone:
                 why = (
                     f"its client {client} sent no heartbeat for {now - last:.0f}s (more than "
-                    f"MONARCH_DELIVERY_TIMEOUT={limit:g}s): the client is gone or cut off"
+                    f"MONARCH_DELIVERY_TIMEOUT={self.kernel.delivery_timeout:g}s): the client is gone or cut off"
                 )
-                logger.warning("worker loop %s: %s", self.kernel.address, why)
+                # a client that ended with nothing left here (attached worker loops outlive clients) is no news
+                level = logging.WARNING if self.client_procs.get(client) or self.exit_without_client else logging.INFO
+                logger.log(level, "worker loop %s: %s", self.kernel.address, why)
                 self.kernel.proc_failed(client, why)  # its procs are killed (_host_proc_gone)
         if lost and self.exit_without_client and not self.client_heard:
             logger.warning("worker loop %s was started for its lost client's allocation; exiting (killing its "
