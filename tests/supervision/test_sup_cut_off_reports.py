@@ -25,6 +25,11 @@ pm = this_host().spawn_procs(per_host={"gpus": 1})
 a = pm.spawn("a", A)
 pid = a.pid.call_one().get(timeout=60)
 os.kill(pid, signal.SIGSTOP)  # alive, but it acknowledges nothing
+def state():
+    return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+deadline = time.monotonic() + 10
+while state() not in ("T", "t") and time.monotonic() < deadline:  # the stop takes effect
+    time.sleep(0.01)
 try:
     try:
         a.pid.call_one().get(timeout=30)
@@ -34,7 +39,7 @@ try:
     deadline = time.monotonic() + 20
     while not failures and time.monotonic() < deadline:
         time.sleep(0.05)
-    alive = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    alive = state() not in ("Z", "X")
     print("RESULT " + json.dumps({"err": err, "causes": [f.events[0]["cause"] for f in failures], "alive": alive}))
 finally:
     os.kill(pid, signal.SIGCONT)
