@@ -123,6 +123,7 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_STOP_GRACE", "seconds", 10.0, "seconds a stopping proc gets before SIGTERM, then SIGKILL; a stopping actor, before its stop completes without its thread (one stuck in `__init__` or an endpoint)", minimum=0),
         _s("MONARCH_HEARTBEAT_INTERVAL", "seconds", 2.0, "seconds between heartbeats a parent (the client, or a worker loop for the procs it starts) sends its procs; 0 disables them", minimum=0),
         _s("MONARCH_HEARTBEAT_TIMEOUT", "seconds", 30.0, "seconds of silence after which a proc is declared hung and killed", minimum=0.001),
+        _s("MONARCH_HOST_HEARTBEAT_TIMEOUT", "seconds", 30.0, "seconds a client waits for a worker loop to answer its heartbeats (sent every `MONARCH_HEARTBEAT_INTERVAL`) before it declares that host lost (frozen or cut off) and fails its procs", minimum=0.001),
         _s("MONARCH_ATTACH_TIMEOUT", "seconds", 10.0, "seconds `attach_to_workers` waits for each worker loop to answer", minimum=0.001),
         _s("MONARCH_ALLOCATE_TIMEOUT", "seconds", 300.0, "seconds a scheduler's allocation (and its workers' readiness) may take in `hosts_from_config`", minimum=0.001),
         _s("MONARCH_RELEASE_TIMEOUT", "seconds", 30.0, "seconds a scheduler's `release()` may take at shutdown or exit", minimum=0.001),

@@ -68,6 +68,9 @@ class ProcAgent(ProcWatch):
         self._return_port: tuple | None = None
         self._heartbeat_started = False
         self._last_pong: dict[str, float] = {}
+        self._hosts: dict[str, Any] = {}  # worker loop proc id -> its watch (ProcWatch.watch_host)
+        self._failure_causes: dict[str, str] = {}  # proc id -> what was observed (ProcWatch.note_failure_cause)
+        self._reported_dead: set[str] = set()  # procs whose worker loop reported their end
         kernel.on_proc_failed.append(self._on_proc_failed)
         self._control = self.control_handlers()
         #: seconds an actor's stop may take before it completes without the actor's thread

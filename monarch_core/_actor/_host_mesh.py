@@ -66,6 +66,8 @@ class HostMesh(MeshTrait):
         self._name = name
         # state shared by views of the same host mesh
         self._shared = shared if shared is not None else {"procs": [], "shutdown": False, "lost": {}}
+        if owner and shared is None:
+            self._watch_hosts()
 
     @property
     def _region(self) -> Region:
@@ -116,9 +118,43 @@ class HostMesh(MeshTrait):
             rows.append(f"{i:>4}  {str(Point(i, ext)):<28} {h.name:<20} {h.address or '(this process)':<40} {labels}")
         return "\n".join(rows)
 
+    def _watch_hosts(self) -> None:
+        """Heartbeat the worker loop of every remote host (``ProcWatch.watch_host``):
+        one that answers none for ``MONARCH_HOST_HEARTBEAT_TIMEOUT`` s -- frozen,
+        or cut off while its SSH server or scheduler still answers -- is lost."""
+        rt = _state.current_runtime_or_none()
+        if rt is None:
+            return
+        remote = [(h.name, h.address) for h in self._hosts if h.address is not None]
+        if not remote:
+            return
+
+        def watch() -> None:
+            for name, address in remote:
+                rt.agent.watch_host(host_proc_id(address), address, functools.partial(self._host_silent, name))
+
+        try:
+            rt.kernel.call_soon(watch)
+        except RuntimeError:  # the kernel is gone: nothing to watch with
+            pass
+
+    def _host_silent(self, host_name: str, reason: str) -> None:
+        """The worker loop of ``host_name`` stopped answering heartbeats (loop
+        thread): the host is lost, as if its scheduler had said so."""
+        if self._shared["shutdown"] or host_name in self._shared["lost"]:
+            return
+        if self._allocation is not None:  # through the record: released/closing allocations ignore it
+            self._allocation.report_lost(host_name, reason)
+        else:
+            logger.warning("host %s of %s is lost: %s", host_name, self._name, reason)
+            self._host_lost(host_name, reason)
+
     def _host_lost(self, host_name: str, reason: str) -> None:
-        """A scheduler reported ``host_name`` lost (any thread): every proc on
-        it fails, nothing else does."""
+        """A scheduler (or the heartbeat) reported ``host_name`` lost (any
+        thread): every proc on it fails, nothing else does, and no proc is
+        started there again (later spawns fail naming the host and why)."""
+        if host_name in self._shared["lost"]:
+            return
         self._shared["lost"][host_name] = reason
         _telemetry.lifecycle("host_mesh.lost_host", mesh=self._name, host_name=host_name, reason=reason)
         rt = _state.current_runtime_or_none()
@@ -302,6 +338,7 @@ class HostMesh(MeshTrait):
         async def release() -> None:
             kernel = rt.kernel
             for a in remote:  # worker loops exit (and kill anything left)
+                rt.agent.unwatch_host(host_proc_id(a))
                 kernel.send(host_proc_id(a), a, W.K_CONTROL, 0, C.encode(C.HostShutdown()), b"", [], None)
             await kernel.flush(2.0)
             if alloc is not None:  # off the loop: a scheduler's release may block
@@ -412,9 +449,12 @@ def _fail_lost(kernel: Kernel, slots: list, host_name: str, reason: str, status:
 def _procs_of_host_lost(kernel: Kernel, shared: dict, hosts: list, host_name: str, reason: str) -> None:
     """Fail every proc of the host meshes sharing ``shared`` that runs on
     ``host_name``, and the session to its worker loop (kernel loop)."""
+    agent = getattr(kernel, "agent", None)
     for pm in list(shared["procs"]):
         for slot in pm._slots:
             if slot.host_name == host_name and slot.proc_id not in kernel.dead:
+                if agent is not None:  # what its reports say: the host, not the process, was seen to go
+                    agent.note_failure_cause(slot.proc_id, f"host lost: {host_name}: {reason}")
                 kernel.proc_failed(slot.proc_id, f"{slot.describe}: its host {host_name} was lost: {reason}")
     for h in hosts:
         if h.name == host_name and h.address is not None:

@@ -4,7 +4,8 @@ Every actor mesh has one owner: the actor that spawned it, or the process
 (the client, for meshes created outside any actor).  When an actor dies --
 ``__init__`` raised, an endpoint raised a ``BaseException``, an exception had
 nobody to go to (``broadcast``, explicit response ports), a message it sent
-could not be delivered, or its process died -- a *report* travels to the
+could not be delivered, its process died, or it was cut off (its host lost,
+no acknowledgement) -- a *report* travels to the
 owner's proc, where
 
 * the owning mesh marks the rank failed (calls to any slice containing it
@@ -71,6 +72,29 @@ def make_report(
         "category": category,
         "chain": list(chain or []),
     }
+
+
+def proc_failure_cause(reason: str, *, cause: str | None = None, seen_dead: bool = False,
+                       could_not_start: str | None = None) -> str:
+    """The ``cause`` of the report of a rank whose proc failed, saying what
+    was observed -- never that the process died unless it was seen to:
+
+    * ``cause``: what whoever declared the failure observed (``host lost:
+      h4: ...``), used as it is;
+    * ``seen_dead``: its exit was seen (its parent read the status, or its
+      worker loop reported it): ``its process died: <reason>``;
+    * ``could_not_start``: its process was never started (that message);
+    * otherwise the proc was cut off (no acknowledgement for N s, nothing
+      listening any more): ``lost contact with its process (not seen to
+      exit): <reason>``.
+    """
+    if cause:
+        return cause
+    if seen_dead:
+        return f"its process died: {reason}"
+    if could_not_start:
+        return could_not_start
+    return f"lost contact with its process (not seen to exit): {reason}"
 
 
 def _describe(ev: dict) -> str:

@@ -5,14 +5,18 @@ actor's failure into a report for the mesh's owner, handles reports for the
 meshes this process owns (``__supervise__`` or the root's hook), turns a
 proc's death into a failure of every rank it held, tells registered owners of
 proc deaths, returns undeliverable messages sent outside any actor, and
-heartbeats the child procs this process started.
+heartbeats the child procs this process started and the worker loops of its
+host meshes (a worker loop that stops answering is a lost host: frozen or cut
+off), and notices when this process itself did not run for a while (stopped,
+then continued): then nobody is blamed for the silence, and every clock starts
+again.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_core import settings
 from monarch_core._actor import _reporting, _serial
@@ -29,6 +33,13 @@ logger = logging.getLogger("monarch.proc")
 #: child may go without answering before it is declared hung and killed.
 HEARTBEAT_INTERVAL: float = settings.get("MONARCH_HEARTBEAT_INTERVAL")
 HEARTBEAT_TIMEOUT: float = settings.get("MONARCH_HEARTBEAT_TIMEOUT")
+#: How long a worker loop watched with :meth:`ProcWatch.watch_host` may go
+#: without answering before its host is declared lost.
+HOST_HEARTBEAT_TIMEOUT: float = settings.get("MONARCH_HOST_HEARTBEAT_TIMEOUT")
+#: A heartbeat tick this much later than due (and at least a second) means
+#: this process did not run meanwhile (SIGSTOP, a suspended VM, a stalled
+#: loop): the silence it saw is its own, so nobody is declared hung or lost.
+PAUSE_FACTOR: float = 1.0
 
 
 class Supervised:
@@ -140,8 +151,12 @@ class ProcWatch:
         self.kernel.ack_at_once(m.proc_id)
 
     def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
-        """A proc died: every actor on it, of every mesh this process owns, failed."""
+        """A proc died or was cut off: every actor on it, of every mesh this
+        process owns, failed; the report says what was observed."""
         self._last_pong.pop(proc_id, None)
+        cause = self._failure_causes.pop(proc_id, None)
+        seen_dead = self._seen_dead(proc_id)
+        self._reported_dead.discard(proc_id)
         _reporting.proc_ended(proc_id, reason, stopped)
         if proc_id in self.proc_owners:
             self._tell_owners(proc_id, reason, stopped)
@@ -167,11 +182,23 @@ class ProcWatch:
                         coords=coords,
                         actor=f"{rec.name}{coords}",
                         proc=slot.describe or proc_id,
-                        cause=f"its process died: {reason}",
+                        cause=S.proc_failure_cause(reason, cause=cause, seen_dead=seen_dead,
+                                                   could_not_start=slot.failed if slot.pid is None else None),
                         category=S.INFRASTRUCTURE,
                         host=host,
                     )
                 )
+
+    def note_failure_cause(self, proc_id: str, cause: str) -> None:
+        """What was observed of ``proc_id``'s coming failure, for its reports
+        (``host lost: ...``); set just before ``Kernel.proc_failed``."""
+        self._failure_causes[proc_id] = cause
+
+    def _seen_dead(self, proc_id: str) -> bool:
+        """Was ``proc_id``'s process seen to end: its exit status read here
+        (one of our children), or its worker loop reported it (``proc_died``)?"""
+        entry = self.kernel.children().get(proc_id)
+        return (entry is not None and "status" in entry) or proc_id in self._reported_dead
 
     def return_ref(self) -> tuple:
         """This process's port for undeliverable messages sent outside any actor."""
@@ -201,16 +228,46 @@ class ProcWatch:
             logger.error("a message sent by this proc could not be delivered: %s", exc)
 
     def _on_proc_died(self, m: C.ProcDied, payload: Any, buffers: list, sender: str) -> None:
-        """A worker loop reports that a proc it started for us ended."""
+        """A worker loop reports that a proc it started for us ended (it saw
+        the exit, or killed it)."""
+        self._reported_dead.add(m.proc_id)
         self.kernel.proc_failed(m.proc_id, m.reason, m.stopped)
 
     # ---------------------------------------------------------------- heartbeats
     def watch_child(self, proc_id: str) -> None:
         """Start heartbeating a child proc (loop thread)."""
         self._last_pong[proc_id] = time.monotonic()
+        self._ensure_heartbeat()
+
+    def watch_host(self, proc_id: str, address: str, on_silent: Callable[[str], None]) -> None:
+        """Heartbeat the worker loop ``proc_id`` at ``address`` (loop thread;
+        nothing when heartbeats are off).  When it answers none for
+        ``MONARCH_HOST_HEARTBEAT_TIMEOUT`` s, ``on_silent(reason)`` is called
+        once, on the loop thread, and the watch ends; it ends too when the
+        worker loop is known gone, or on :meth:`unwatch_host`."""
+        if HEARTBEAT_INTERVAL <= 0 or proc_id in self._hosts:
+            return
+        w = _WatchedHost(proc_id, address, on_silent)
+        w.port_id = self.kernel.add_port(_HostPong(w))
+        w.header = C.encode(C.Ping((self.kernel.proc_id, self.kernel.address, w.port_id)))
+        self._hosts[proc_id] = w
+        self._ensure_heartbeat()
+
+    def unwatch_host(self, proc_id: str) -> None:
+        """Stop heartbeating worker loop ``proc_id`` (loop thread)."""
+        w = self._hosts.pop(proc_id, None)
+        if w is not None:
+            self.kernel.remove_port(w.port_id)
+
+    def _ensure_heartbeat(self) -> None:
         if not self._heartbeat_started and HEARTBEAT_INTERVAL > 0:
             self._heartbeat_started = True
             self.kernel.start_task(self._heartbeat)
+
+    def heartbeat_tick(self, now: float, paused: float | None) -> None:
+        """Called once per heartbeat (loop thread); ``paused``: how long this
+        process did not run before this tick (``None``: it ran).  The worker
+        loop checks on its clients here."""
 
     async def _heartbeat(self) -> None:
         import trio
@@ -218,11 +275,26 @@ class ProcWatch:
         kernel = self.kernel
         pong = _Pong(self)
         port_id = kernel.add_port(pong)
-        ref = (kernel.proc_id, kernel.address, port_id)
-        header = C.encode(C.Ping(ref))
+        header = C.encode(C.Ping((kernel.proc_id, kernel.address, port_id)))
+        host_limit = max(HOST_HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_INTERVAL)  # a few heartbeats at least
+        tick = time.monotonic()
         while True:
             await trio.sleep(HEARTBEAT_INTERVAL)
             now = time.monotonic()
+            late = now - tick - HEARTBEAT_INTERVAL
+            tick = now
+            paused = late if late > max(1.0, PAUSE_FACTOR * HEARTBEAT_INTERVAL) else None
+            if paused is not None:
+                # We were stopped (or our loop stalled): the silence was ours.
+                # Nobody is blamed for it; everyone gets a full timeout again.
+                logger.warning(
+                    "%s did not run for %.1fs (stopped and continued, or its loop stalled): not blaming its "
+                    "procs or hosts for the silence; checking them again from now", kernel.proc_id, paused,
+                )
+                for p in self._last_pong:
+                    self._last_pong[p] = now
+                for w in self._hosts.values():
+                    w.last = now
             for proc_id, last in list(self._last_pong.items()):
                 if proc_id in kernel.dead:
                     self._last_pong.pop(proc_id, None)
@@ -232,9 +304,55 @@ class ProcWatch:
                     kernel.kill_hung(proc_id, HEARTBEAT_TIMEOUT)
                     continue
                 kernel.send(proc_id, None, W.K_CONTROL, 0, header, b"", [], None)
+            for proc_id, w in list(self._hosts.items()):
+                if proc_id in kernel.dead:
+                    self.unwatch_host(proc_id)
+                    continue
+                if now - w.last > host_limit:
+                    self.unwatch_host(proc_id)
+                    reason = (
+                        f"its worker loop at {w.address} answered no heartbeat for {now - w.last:.0f}s "
+                        f"(MONARCH_HOST_HEARTBEAT_TIMEOUT={HOST_HEARTBEAT_TIMEOUT:g}s): the host is frozen or "
+                        "cut off"
+                    )
+                    logger.warning("%s", reason)
+                    try:
+                        w.on_silent(reason)
+                    except Exception:
+                        logger.exception("the lost-host callback of %s raised", proc_id)
+                    continue
+                kernel.send(proc_id, w.address, W.K_CONTROL, 0, w.header, b"", [], None)
+            self.heartbeat_tick(now, paused)
 
     def _on_ping(self, m: C.Ping, payload: Any, buffers: list, sender: str) -> None:
         send_to_port(m.reply, -1, W.S_VALUE, self.kernel.proc_id)
+
+
+class _WatchedHost:
+    """A worker loop heartbeated by :meth:`ProcWatch.watch_host`."""
+
+    __slots__ = ("proc_id", "address", "on_silent", "last", "port_id", "header")
+
+    def __init__(self, proc_id: str, address: str, on_silent: Callable[[str], None]) -> None:
+        self.proc_id = proc_id
+        self.address = address
+        self.on_silent = on_silent
+        self.last = time.monotonic()
+        self.port_id = 0
+        self.header = b""
+
+
+class _HostPong:
+    """The port a watched worker loop answers our heartbeats on."""
+
+    def __init__(self, w: _WatchedHost) -> None:
+        self.w = w
+
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        self.w.last = time.monotonic()
+
+    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        return None
 
 
 class _Pong:

@@ -6,8 +6,10 @@ runs :func:`run_worker_loop_forever`: a kernel whose agent is a
 pid, address), starts the :class:`~._spec.ProcSpec` s of ``host_spawn`` as its
 own children (exec, never forked: it is the procs' parent and heartbeats
 them), tells the client when one ends (``proc_died``), kills a client's procs
-when that client goes away, signals procs on ``host_kill`` and exits on
-``host_shutdown``.  When it listens it prints the readiness line
+when that client goes away -- its session fails, or it sent no heartbeat for
+longer than ``MONARCH_DELIVERY_TIMEOUT`` (then a worker loop started for an
+allocation, ``--exit-with-parent``, also exits: nobody will use it again) --
+signals procs on ``host_kill`` and exits on ``host_shutdown``.  When it listens it prints the readiness line
 ``monarch worker loop listening on URL`` on stdout (the handshake schedulers
 read; see ``hookspecs.WORKER_READY_PREFIX``).
 """
@@ -28,6 +30,7 @@ import trio
 
 from monarch_core._actor import _serial
 from monarch_core._actor._agent import ProcAgent
+from monarch_core._actor._watch import HEARTBEAT_INTERVAL
 from monarch_core._actor._port import send_to_port
 from monarch_core._kernel import _control as C
 from monarch_core._kernel import _wire as W
@@ -51,6 +54,12 @@ class WorkerLoopAgent(ProcAgent):
         self.child_bind_spec = child_bind_spec  # where its procs bind (None: the transport's default)
         self.client_procs: dict[str, set[str]] = {}  # client proc id -> procs started for it
         self.proc_spawner: dict[str, tuple] = {}  # proc id -> (client proc id, address)
+        #: client proc id -> when its last heartbeat came (clients that heartbeat us)
+        self.client_heard: dict[str, float] = {}
+        #: client proc id -> seconds between its last two heartbeats (its interval, as seen here)
+        self.client_gap: dict[str, float] = {}
+        #: exit once the last heartbeating client is lost (a worker loop started for one allocation)
+        self.exit_without_client = False
 
     def control_handlers(self) -> dict[type, Callable[[Any, Any, list, str], None]]:
         return {
@@ -112,11 +121,65 @@ class WorkerLoopAgent(ProcAgent):
         if proc_id in self._last_pong:  # it answered: the hung clock restarts now
             self._last_pong[proc_id] = time.monotonic()
 
+    def _on_ping(self, m: C.Ping, payload: Any, buffers: list, sender: str) -> None:
+        """A heartbeat: from a client (its host mesh watches us), it is that
+        client's contact, whose absence :meth:`heartbeat_tick` acts on."""
+        if sender not in self.proc_spawner and sender != self.kernel.proc_id:
+            now = time.monotonic()
+            prev = self.client_heard.get(sender)
+            if prev is not None:
+                self.client_gap[sender] = now - prev
+            self.client_heard[sender] = now
+            self._ensure_heartbeat()
+        super()._on_ping(m, payload, buffers, sender)
+
+    def heartbeat_tick(self, now: float, paused: float | None) -> None:
+        """A client not heard from for longer than the delivery timeout is
+        lost: its procs are killed (through its failure, :meth:`_host_proc_gone`)
+        and, when it was the last one and this worker loop was started for an
+        allocation, the worker loop exits.  After a pause of our own (we were
+        stopped) every client gets a full timeout again."""
+        if paused is not None:
+            for client in self.client_heard:
+                self.client_heard[client] = now
+            return
+        lost = False
+        for client, last in list(self.client_heard.items()):
+            # never less than a few of its heartbeat intervals (a client may send them less often)
+            limit = max(self.kernel.delivery_timeout, 3 * self.client_gap.get(client, HEARTBEAT_INTERVAL))
+            gone = client in self.kernel.dead  # its session failed (undeliverable): already handled
+            if not gone and now - last <= limit:
+                continue
+            del self.client_heard[client]
+            self.client_gap.pop(client, None)
+            lost = True
+            if not gone:
+                why = (
+                    f"its client {client} sent no heartbeat for {now - last:.0f}s (more than "
+                    f"MONARCH_DELIVERY_TIMEOUT={self.kernel.delivery_timeout:g}s): the client is gone or cut off"
+                )
+                # a client that ended with nothing left here (attached worker loops outlive clients) is no news
+                level = logging.WARNING if self.client_procs.get(client) or self.exit_without_client else logging.INFO
+                logger.log(level, "worker loop %s: %s", self.kernel.address, why)
+                self.kernel.proc_failed(client, why)  # its procs are killed (_host_proc_gone)
+        if lost and self.exit_without_client and not self.client_heard:
+            logger.warning("worker loop %s was started for its lost client's allocation; exiting (killing its "
+                           "procs)", self.kernel.address)
+            self.kill_all_children()
+            self.kernel.stop_loop()
+
     def _host_proc_gone(self, proc_id: str, reason: str, stopped: bool) -> None:
         spawner = self.proc_spawner.pop(proc_id, None)
         if spawner is not None:  # one of our children: tell whoever asked for it
             for procs in self.client_procs.values():
                 procs.discard(proc_id)
+            child = self.kernel.child(proc_id)
+            if child is not None and child.returncode is None and not stopped:
+                # declared failed without having exited (cut off from us): a proc
+                # nobody can reach must not keep running
+                self.kernel.expect_exit(proc_id)
+                child.kill()
+                reason = f"{reason}; its worker loop killed it"
             self.kernel.send(
                 spawner[0], spawner[1], W.K_CONTROL, 0, C.encode(C.ProcDied(proc_id, reason, stopped)), b"", []
             )
@@ -245,7 +308,10 @@ def run_worker_loop_forever(
     ``exit_with_parent=True`` (``--exit-with-parent``): end (killing its
     procs) once the process that started it is gone -- the client that
     started a ``local`` host, the ssh session of an SSH exec -- so a worker
-    loop started for one allocation never outlives its starter.
+    loop started for one allocation never outlives its starter; and end too
+    once the client that heartbeats it has sent nothing for longer than
+    ``MONARCH_DELIVERY_TIMEOUT`` (a partition, a lost host: the client will
+    not use it again).  Without it, only that client's procs are killed.
     """
     from monarch_core._actor import _state, _transport
     from monarch_core._kernel._runtime import Kernel
@@ -263,6 +329,7 @@ def run_worker_loop_forever(
     _transport.set_from_parent(transport.name)
     kernel = Kernel(proc_id=f"worker-loop-{os.getpid()}", name=f"worker loop {address}", transport=transport, bind_spec=address)
     agent = WorkerLoopAgent(kernel, child_bind)
+    agent.exit_without_client = exit_with_parent
     kernel.agent = agent
     rt = _state.ProcRuntime(
         kernel=kernel,
