@@ -359,6 +359,7 @@ class ActorMesh(MeshTrait, Generic[T]):
                                           kernel, _sender_name())
             rt.agent.unregister_owned(self)
             rt.agent.unregister_supervised(self._key)
+            _instrument.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
             return Future._of(_reporting.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
         for i in range(region.nelements):
             slot = self._members[region.root_rank(i)]
@@ -371,6 +372,7 @@ class ActorMesh(MeshTrait, Generic[T]):
             h.procs.append(slot.proc_id)
         rt.agent.unregister_owned(self)
         rt.agent.unregister_supervised(self._key)
+        _instrument.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
         return Future._of(_reporting.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
 
     def __reduce__(self) -> Any:
