@@ -481,6 +481,13 @@ class Kernel(InboundServing, ChildWatch):
                 cb(proc_id, reason, stopped)
             except Exception:
                 logger.exception("proc-failure listener raised")
+        # What only a live proc needs goes (``dead`` stays: later sends fail at once).
+        w = self._windows.get(proc_id)
+        if w is not None and not w.msgs:
+            del self._windows[proc_id]
+        self._peers.pop(proc_id, None)
+        for session in [k for k, f in self._fences.items() if f.sender == proc_id]:  # it never reconnects
+            self._fences.pop(session, None)
 
     async def wait_dead(self, proc_id: str) -> None:
         """Wait until ``proc_id`` is known to be gone (loop thread)."""
