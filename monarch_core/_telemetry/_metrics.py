@@ -324,6 +324,10 @@ def proc_ended(proc: str) -> None:
         stopped.add(mesh_key, rows)
 
 
+#: Folded meshes :class:`Stopped` remembers (for rows of theirs that come late).
+_GONE_KEPT = 4096
+
+
 class Stopped:
     """The root's record of stopped actor meshes' metrics (the documented rule,
     ``docs/observability.md``): the rows of the last :attr:`keep` stopped meshes
@@ -340,10 +344,18 @@ class Stopped:
         self.keep: int = settings.get("MONARCH_METRICS_KEEP_STOPPED")
         self.meshes: collections.OrderedDict[str, dict[tuple, tuple]] = collections.OrderedDict()
         self.folded: dict[tuple, EndpointMetrics] = {}
+        #: mesh key -> class name of the meshes folded lately: rows of theirs that arrive late
+        #: (a proc's last batch) are folded at once instead of displacing a newer mesh
+        self.gone: collections.OrderedDict[str, str] = collections.OrderedDict()
 
     def add(self, mesh_key: str, rows: list[tuple]) -> None:
         """``rows``: ``(snapshot, proc, host, class name)`` of stopped mesh ``mesh_key``."""
         with self.lock:
+            late = self.gone.get(mesh_key)
+            if late is not None:
+                for snap, proc, host, class_name in rows:
+                    self._fold(from_snapshot(snap, proc, host), class_name or late)
+                return
             m = self.meshes.get(mesh_key)
             if m is None:
                 m = self.meshes[mesh_key] = {}
@@ -352,9 +364,14 @@ class Stopped:
                 old = m.get(k)
                 m[k] = (snap, host, class_name or (old[2] if old is not None else ""))
             while len(self.meshes) > self.keep:
-                _key, oldest = self.meshes.popitem(last=False)
+                key, oldest = self.meshes.popitem(last=False)
+                names = [c for _s, _h, c in oldest.values() if c]
+                cls = names[0] if names else ""
                 for (proc, _k), (snap, host, class_name) in oldest.items():
-                    self._fold(from_snapshot(snap, proc, host), class_name)
+                    self._fold(from_snapshot(snap, proc, host), class_name or cls)
+                self.gone[key] = cls
+                while len(self.gone) > _GONE_KEPT:
+                    self.gone.popitem(last=False)
 
     def _fold(self, r: EndpointMetrics, class_name: str) -> None:
         k = (r.side, class_name, r.endpoint)
@@ -375,6 +392,7 @@ class Stopped:
         with self.lock:
             self.meshes.clear()
             self.folded.clear()
+            self.gone.clear()
 
 
 #: The root's stopped meshes' metrics.
