@@ -3,8 +3,9 @@ behind in the client or in the procs that ran it.
 
 Each test runs a fresh client (``client_script``) that traces its heap with
 ``tracemalloc``; a long-lived ``Probe`` actor does the same inside the proc.
-After a warm-up (caches, the bounded records of what ended --
-``ProcAgent.gone``, the kept rows of stopped meshes' metrics -- fill up), the
+After a warm-up long enough for the bounded records of what ended to fill up
+(``ProcAgent.gone``: the last 256 ended actors; the rows of the last 16 stopped
+meshes' metrics; trio's lazily pruned deadline heap), the
 heaps are measured, many meshes are spawned, called once and stopped, and the
 heaps measured again: the growth per cycle must stay far below what one
 stopped mesh used to leave (about 7 KB in the client and 15-25 KB in the proc
@@ -108,7 +109,7 @@ def _run(client_script, body: str, *args: int, env: dict | None = None) -> dict:
 
 
 def test_500_stopped_actor_meshes_leave_nothing_in_the_client_or_the_proc(client_script) -> None:
-    got = _run(client_script, ACTOR_MESHES, 50, 500)
+    got = _run(client_script, ACTOR_MESHES, 300, 500)
     print(got)
     # a8b8e1a: ~7 KB a cycle in the client (endpoint-metric entries), 15-25 KB in the proc
     # (stopped ActorHosts kept alive by their stop watchdog, metrics, header cache, records)
@@ -119,7 +120,7 @@ def test_500_stopped_actor_meshes_leave_nothing_in_the_client_or_the_proc(client
 
 
 def test_stopped_actor_meshes_leave_nothing_with_telemetry_off(client_script) -> None:
-    got = _run(client_script, ACTOR_MESHES, 50, 300, env={"MONARCH_TELEMETRY": "0"})
+    got = _run(client_script, ACTOR_MESHES, 300, 300, env={"MONARCH_TELEMETRY": "0"})
     print(got)
     assert got["client"] < 512, f"the client grew {got['client']:.0f} B per stopped actor mesh"
     assert got["proc"] < 512, f"the proc grew {got['proc']:.0f} B per stopped actor mesh"
@@ -131,4 +132,4 @@ def test_stopped_proc_meshes_leave_little_in_the_client(client_script) -> None:
     print(got)
     # a8b8e1a: ~16 KB a cycle (the proc mesh, its actor meshes, their metrics and
     # supervision records, the kernel's window, fences and child entry of each dead proc)
-    assert got["client"] < 3000, f"the client grew {got['client']:.0f} B per stopped proc mesh"
+    assert got["client"] < 4000, f"the client grew {got['client']:.0f} B per stopped proc mesh"

@@ -208,7 +208,9 @@ def test_a_stopped_mesh_leaves_its_totals_by_the_documented_rule(procs, monkeypa
     # docs/observability.md, "Stopped meshes": nothing of a stopped mesh stays live in any
     # process; the client keeps the last MONARCH_METRICS_KEEP_STOPPED meshes' rows as they were
     # and folds older ones into one row per (side, class, endpoint), so the totals stay.
-    monkeypatch.setattr(_metrics.stopped, "keep", 1)
+    stopped = getattr(_metrics, "stopped", None)  # (a8b8e1a had none: there the live-stats check fails)
+    if stopped is not None:
+        monkeypatch.setattr(stopped, "keep", 1)
     keys = []
     for round_ in range(3):
         mesh = procs.spawn("metrics_fold", Calc)
