@@ -204,6 +204,14 @@ def test_an_actor_reading_metrics_does_not_take_them_from_the_client(procs, tmp_
     assert sorted(e["cat"] for e in spans) == ["client"] * 3 + ["server"] * 3
 
 
+class Folded(Actor):
+    """(a class of its own: stopped meshes are folded per class, and other tests stop ``Calc`` meshes)"""
+
+    @endpoint
+    def add(self, a: int, b: int) -> int:
+        return a + b
+
+
 def test_a_stopped_mesh_leaves_its_totals_by_the_documented_rule(procs, monkeypatch: pytest.MonkeyPatch) -> None:
     # docs/observability.md, "Stopped meshes": nothing of a stopped mesh stays live in any
     # process; the client keeps the last MONARCH_METRICS_KEEP_STOPPED meshes' rows as they were
@@ -213,7 +221,7 @@ def test_a_stopped_mesh_leaves_its_totals_by_the_documented_rule(procs, monkeypa
         monkeypatch.setattr(stopped, "keep", 1)
     keys = []
     for round_ in range(3):
-        mesh = procs.spawn("metrics_fold", Calc)
+        mesh = procs.spawn("metrics_fold", Folded)
         keys.append(mesh._key)
         one = mesh.slice(gpus=1)
         assert one.add.call_one(round_, 1).get() == round_ + 1
