@@ -150,6 +150,7 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_BUFFER_POOL_MB", "mib", 256, "MiB of large receive buffers kept for reuse once their consumers drop them; 0 disables", minimum=0),
         _s("MONARCH_MALLOC_REUSE_MB", "mib", 256, "procs: allocations up to this many MiB reuse freed heap pages, with one malloc arena (0: glibc defaults); a client applies it only when the variable is set", minimum=0),
         _s("MONARCH_TELEMETRY", "bool", True, "0 turns all instrumentation off: no endpoint metrics, spans or lifecycle events (see docs/observability.md)"),
+        _s("MONARCH_METRICS_KEEP_STOPPED", "int", 16, "stopped actor meshes whose endpoint metrics the client keeps as they were; an older one's are folded into one row per (side, actor class, endpoint) (see docs/observability.md)", minimum=0),
         _s("MONARCH_TRACE", "bool", False, "1: every process records spans of all its work, not only of traced calls (the client's sinks get them)"),
         _s("MONARCH_TRACE_FILE", "path", None, "the client writes a Chrome trace-event file (Perfetto UI, chrome://tracing) of the whole run here; implies tracing every call"),
         _s("MONARCH_TELEMETRY_JSONL", "path", None, "the client appends every telemetry event (spans, metrics, lifecycle) to this JSON-lines file"),

@@ -357,8 +357,8 @@ class ActorMesh(MeshTrait, Generic[T]):
                 payload, bufs = _serial.dumps(reason)
                 h.procs = self._send_many(live, _tree.STOP_METHOD, reply, region, False, payload, bufs, h.port_id,
                                           kernel, _sender_name())
-            rt.agent.unregister_owned(self)
-            rt.agent.unregister_supervised(self._key)
+            _release(rt, self)
+            _instrument.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
             return Future._of(_reporting.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
         for i in range(region.nelements):
             slot = self._members[region.root_rank(i)]
@@ -369,8 +369,8 @@ class ActorMesh(MeshTrait, Generic[T]):
             kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0, header, b"", [],
                         h.port_id)
             h.procs.append(slot.proc_id)
-        rt.agent.unregister_owned(self)
-        rt.agent.unregister_supervised(self._key)
+        _release(rt, self)
+        _instrument.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
         return Future._of(_reporting.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
 
     def __reduce__(self) -> Any:
@@ -380,6 +380,24 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} of {self._class.__qualname__} {self._region_.extent}>"
+
+
+def _release(rt: Any, mesh: Any) -> None:
+    """A mesh this process owns is stopping: nothing of this process keeps it
+    any more -- the agent's (or the owning actor's) list of owned meshes, its
+    supervision record, its proc mesh's list of actor meshes."""
+    rt.agent.unregister_owned(mesh)
+    host = _state.current_actor.get()
+    if host is not None:
+        try:
+            host.owned.remove(mesh)
+        except ValueError:
+            pass
+    if isinstance(mesh, ActorMesh):
+        rt.agent.unregister_supervised(mesh._key)
+        pm = mesh._proc_mesh
+        if pm is not None:
+            pm._actor_meshes.pop(mesh._key, None)
 
 
 #: Attributes an ``ActorMesh`` instance sets in ``__init__`` (they hide an endpoint of the same name too).

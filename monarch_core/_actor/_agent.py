@@ -15,6 +15,7 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any, Callable
 
 
@@ -37,6 +38,8 @@ logger = logging.getLogger("monarch.proc")
 #: returned as undeliverable.
 HOLD_TIMEOUT = 30.0
 STOP_GRACE: float = settings.get("MONARCH_STOP_GRACE")
+#: Ended actors a proc remembers (a message to one is refused at once, naming it).
+GONE_KEPT = 256
 
 
 class ProcAgent(ProcWatch):
@@ -54,7 +57,8 @@ class ProcAgent(ProcWatch):
         # was held" one step, so a message never overtakes an earlier one
         # that was held because it arrived before the spawn.
         self.hold_lock = threading.Lock()
-        self.gone: dict[str, tuple[str, str]] = {}  # actor key -> (the actor, in words; why it is gone)
+        #: actor key -> (the actor, in words; why it is gone): the last GONE_KEPT ended actors
+        self.gone: MutableMapping[str, tuple[str, str]] = _state.Recent(GONE_KEPT)
         self.owned: list[Any] = []  # ProcMesh/ActorMesh objects created outside any actor
         self.owned_lock = threading.Lock()
         self.controllers: dict[str, Any] = {}

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from monarch_core._actor import _instrument, _reporting, _serial, _state
 from monarch_core._actor._invoke import EndpointCalls, _loopless
 from monarch_core._actor._port import ReturnPort, send_to_port, this_proc_and_host, wrap_exception
+from monarch_core._kernel import _frames
 from monarch_core._kernel import _wire as W
 from monarch_core._mesh._shape import Extent, Point
 from monarch_core.errors import ProtocolError, SupervisionError
@@ -105,6 +106,7 @@ class ActorHost(EndpointCalls):
         self._finished = False
         self._return_ref: tuple | None = None
         self._after_death_task: asyncio.Task | None = None
+        self._watchdog: Any = None  # the stop's watchdog (a trio cancel scope on the kernel loop)
         # The proc's first actor reads the proc's sockets itself while idle
         # (see ``Poller.attach``): a request wakes this thread directly.
         self._poller: Any = None
@@ -239,11 +241,20 @@ class ActorHost(EndpointCalls):
 
     async def _stop_watchdog(self, grace: float) -> None:
         """On the kernel loop: if the stop has not completed after ``grace``
-        seconds (``MONARCH_STOP_GRACE``), stop without the actor's thread."""
+        seconds (``MONARCH_STOP_GRACE``), stop without the actor's thread.  A
+        stop that completes cancels it (:meth:`_finish_stop`): a stopped actor
+        is not kept alive for the grace period by its watchdog."""
         import trio
 
-        await trio.sleep(grace)
-        if not self._finished:
+        if self._finished:
+            return
+        with trio.CancelScope() as scope:
+            self._watchdog = scope
+            if self._finished:  # (finished between the check and the scope: nobody cancels it)
+                return
+            await trio.sleep(grace)
+        self._watchdog = None
+        if not scope.cancelled_caught and not self._finished:
             self._stop_overdue(grace)
 
     def _stop_overdue(self, grace: float) -> None:
@@ -292,9 +303,24 @@ class ActorHost(EndpointCalls):
                              daemon=True).start()
 
     def _finish_stop(self) -> None:
+        """The stop is complete (any thread): its watchdog is cancelled, the
+        actor's server-side metrics leave this process (``_instrument.retire_server``)
+        and the stop is acknowledged.  Nothing of the proc's keeps the host after
+        this: its thread ends and its loop is closed once ``_main`` returns."""
         with self._stop_lock:
+            first = not self._finished
             self._finished = True
             replies, self._stop_replies = self._stop_replies, []
+        if first:
+            scope = self._watchdog
+            if scope is not None:
+                self._watchdog = None
+                try:
+                    self.agent.kernel.call_soon(scope.cancel)
+                except RuntimeError:  # the kernel is shutting down: so is the watchdog
+                    pass
+            _instrument.retire_server(self)
+            _frames.forget_actor(self.key)
         for r in replies:
             send_to_port(r, self.rank.rank, W.S_VALUE, None)
 

@@ -309,6 +309,13 @@ class HostMesh(MeshTrait):
         _telemetry.lifecycle("host_mesh.stopping", mesh=self._name, shutdown=False)
         return _lifecycle_when_done(self._stop_procs(), "host_mesh.stopped", mesh=self._name, shutdown=False)
 
+    def _forget_procs(self, pm: Any) -> None:
+        """``pm`` (spawned here) is stopping: these hosts no longer keep it."""
+        try:
+            self._shared["procs"].remove(pm)
+        except ValueError:
+            pass
+
     def _stop_procs(self, grace: float | None = None) -> Future[None]:
         procs = list(self._shared["procs"])
         self._shared["procs"].clear()

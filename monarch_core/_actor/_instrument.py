@@ -302,6 +302,19 @@ class TimedStream(_RecordsOnce, StreamReplies):
         StreamReplies.fail(self, exc, proc_id)
 
 
+def retire_when_stopped(cell: Any, mesh_key: str, class_name: str) -> None:
+    """Once ``cell`` (an actor mesh's stop) resolves, this process's client-side
+    stats of the mesh are retired (``_metrics.retire``: nothing of it is kept here)."""
+    if not state.enabled:
+        return
+
+    def done() -> None:
+        _metrics.retire(mesh_key, class_name, _metrics.CLIENT)
+
+    if not cell.add_callback(done):
+        done()
+
+
 # ------------------------------------------------------------------ the server side (helpers for ActorHost)
 
 
@@ -310,6 +323,14 @@ def server_stat(host: Any, method: str, prop: Any) -> Any:
     if not state.enabled or (prop is not None and not prop._instrument) or method.startswith("__monarch"):
         return False
     return _metrics.stat_for(_metrics.SERVER, host.key, host.name, method, host.rank.rank, "")
+
+
+def retire_server(host: Any) -> None:
+    """Actor ``host`` stopped: its server-side stats leave this process (their
+    final totals go to the root with the next batch)."""
+    host._stats.clear()
+    if state.enabled:
+        _metrics.retire(host.key, host.class_name, _metrics.SERVER, host.rank.rank)
 
 
 def server_span(h: tuple) -> Optional[tuple]:

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 from monarch_core import _telemetry
 from monarch_core._actor import _instrument, _reporting, _serial, _state
-from monarch_core._actor._actor_mesh import ActorMesh
+from monarch_core._actor._actor_mesh import ActorMesh, _release
 from monarch_core._actor._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
 from monarch_core._actor._port import GatherReplies
@@ -38,6 +38,7 @@ class ProcMesh(MeshTrait):
         host_mesh: HostMesh | None,
         init_cell: Cell,
         owner: bool,
+        actor_meshes: dict[str, ActorMesh] | None = None,
     ) -> None:
         self._name = name
         self._slots = slots
@@ -46,6 +47,9 @@ class ProcMesh(MeshTrait):
         self._init_cell = init_cell
         self._owner = owner
         self._stopped: Cell | None = None
+        #: mesh key -> the actor meshes this process spawned here and has not stopped (shared by slices):
+        #: released when this mesh stops
+        self._actor_meshes: dict[str, ActorMesh] = {} if actor_meshes is None else actor_meshes
         if owner and host_mesh is not None:
             _reporting.register_procs(name, slots, region.extent, getattr(host_mesh, "_name", ""))
 
@@ -54,7 +58,7 @@ class ProcMesh(MeshTrait):
         return self._region_
 
     def _with_region(self, region: Region) -> ProcMesh:
-        return ProcMesh(self._name, self._slots, region, self._host_mesh, self._init_cell, False)
+        return ProcMesh(self._name, self._slots, region, self._host_mesh, self._init_cell, False, self._actor_meshes)
 
     @property
     def initialized(self) -> Future[bool]:
@@ -125,6 +129,7 @@ class ProcMesh(MeshTrait):
         if traced is not None and not gather.cell.add_callback(traced):
             traced()
         rt.agent.register_owned(mesh)
+        self._actor_meshes[key] = mesh
         _reporting.actor_mesh_spawned(mesh, self._name, gather)
         return mesh  # type: ignore[return-value]
 
@@ -141,7 +146,15 @@ class ProcMesh(MeshTrait):
 
         cell = self._stopped = Cell()
         rt = _state.runtime()
-        rt.agent.unregister_owned(self)
+        _release(rt, self)
+        if self._host_mesh is not None:
+            self._host_mesh._forget_procs(self)
+        for am in list(self._actor_meshes.values()):  # they stop with their procs: nothing keeps them
+            if not am._stopped:
+                am._stopped = True
+                _release(rt, am)
+                _instrument.retire_when_stopped(cell, am._key, am._class.__qualname__)
+        self._actor_meshes.clear()
         slots = [s for s in self._slots if s.proc_id != rt.proc_id]
         note = f"its proc mesh {self._name!r} was stopped: {reason}"
         for s in slots:  # shared with the actor meshes spawned here: their failures say why

@@ -262,8 +262,13 @@ def proc_ready(proc_id: str, pid: Any, last: bool) -> None:
 
 
 def proc_ended(proc_id: str, reason: str, stopped: bool) -> None:
-    """A proc this process knows ended (the agent's ``on_proc_failed``)."""
+    """A proc this process knows ended (the agent's ``on_proc_failed``): the root
+    forgets where it was and keeps its figures as stopped meshes' totals."""
     info = procs.pop(proc_id, None)
+    if state.is_root:
+        from monarch_core._telemetry._hub import hub
+
+        hub.proc_ended(proc_id)
     if info is None or not state.enabled:
         return
     if stopped:

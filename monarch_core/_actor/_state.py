@@ -7,12 +7,14 @@ in a worker process ``_proc_main`` creates it before the loop starts.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextvars
 import logging
 import os
 import sys
 import threading
 import uuid
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -27,6 +29,41 @@ if TYPE_CHECKING:
 logger = logging.getLogger("monarch.actor")
 
 ProcRef = tuple  # (proc_id, address)
+
+
+class Recent(MutableMapping):
+    """A mapping that keeps only its ``limit`` most recently set entries (the
+    oldest go first): a record of what ended -- stopped actors -- that a long
+    job does not grow.  Thread-safe for single operations."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._d: collections.OrderedDict[Any, Any] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def __getitem__(self, k: Any) -> Any:
+        return self._d[k]
+
+    def get(self, k: Any, default: Any = None) -> Any:
+        return self._d.get(k, default)
+
+    def __setitem__(self, k: Any, v: Any) -> None:
+        with self._lock:
+            d = self._d
+            d[k] = v
+            d.move_to_end(k)
+            while len(d) > self.limit:
+                d.popitem(last=False)
+
+    def __delitem__(self, k: Any) -> None:
+        with self._lock:
+            del self._d[k]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(list(self._d))
+
+    def __len__(self) -> int:
+        return len(self._d)
 
 
 @dataclass

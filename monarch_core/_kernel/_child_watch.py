@@ -95,6 +95,9 @@ class ChildWatch:
             logger.log(logging.INFO if rc == 0 else logging.WARNING, "%s", reason)
         entry["status"] = status
         self.proc_failed(proc_id, reason, stopped=entry["expected"])
+        if self._children.get(proc_id) is entry:  # it ended and was reported: nothing keeps it here
+            del self._children[proc_id]
+        self._expected_exits.discard(proc_id)
 
     def children(self) -> dict[str, Any]:
         return self._children

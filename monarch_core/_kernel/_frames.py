@@ -298,6 +298,14 @@ def _actor_fields(peer: str, rest: bytes) -> tuple:
     return f
 
 
+def forget_actor(key: str) -> None:
+    """Drop the cached headers of messages to actor ``key`` (it stopped: none
+    is decoded again, and a stopped actor leaves nothing here)."""
+    for rest, f in list(_ACTOR_CACHE.items()):
+        if f[0] == key:
+            _ACTOR_CACHE.pop(rest, None)
+
+
 def decode_header(peer: str, header: bytes) -> tuple:
     check_marshal(header, peer, "message header")
     try:

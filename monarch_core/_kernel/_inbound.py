@@ -59,10 +59,11 @@ class SessionFence:
     read is final.
     """
 
-    __slots__ = ("lock", "last", "epoch", "_stop")
+    __slots__ = ("lock", "last", "epoch", "_stop", "sender")
 
-    def __init__(self) -> None:
+    def __init__(self, sender: str = "") -> None:
         self.lock = threading.Lock()
+        self.sender = sender  # the proc whose session it is (forgotten when that proc is dead)
         self.last = 0  # the last sequence number delivered
         self.epoch = 0  # the connection that may deliver
         self._stop: Any = None  # ends that connection's reader

@@ -423,6 +423,9 @@ class Kernel(InboundServing, ChildWatch):
         finally:
             if self._outbound.get(out.proc_id) is out and out.failed is not None:
                 del self._outbound[out.proc_id]
+                w = self._windows.get(out.proc_id)
+                if out.proc_id in self.dead and w is out.window and not w.msgs and not w.waiters:
+                    del self._windows[out.proc_id]  # (a later send to it takes and releases a new one)
 
     async def flush(self, timeout: float) -> None:
         """Wait (at most ``timeout`` s) until every outbound session has had all
@@ -481,6 +484,11 @@ class Kernel(InboundServing, ChildWatch):
                 cb(proc_id, reason, stopped)
             except Exception:
                 logger.exception("proc-failure listener raised")
+        # What only a live proc needs goes (``dead`` stays: later sends fail at once; its
+        # window goes with its session, ``_run_outbound``).
+        self._peers.pop(proc_id, None)
+        for session in [k for k, f in self._fences.items() if f.sender == proc_id]:  # it never reconnects
+            self._fences.pop(session, None)
 
     async def wait_dead(self, proc_id: str) -> None:
         """Wait until ``proc_id`` is known to be gone (loop thread)."""

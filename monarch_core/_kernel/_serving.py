@@ -137,7 +137,7 @@ class InboundServing:
             # delivering what it buffered) before reading where to resume.
             fence = self._fences.get(session)
             if fence is None:
-                fence = self._fences.setdefault(session, SessionFence())
+                fence = self._fences.setdefault(session, SessionFence(sender))
             scope = trio.CancelScope()
             epoch, last = fence.take(scope.cancel)
             reader.prove_by(lambda: fence.last > 0)  # proven once the session delivered a message

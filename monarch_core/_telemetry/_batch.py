@@ -1,8 +1,9 @@
 """Batches: what a process ships to the root client, and the sink events made of them.
 
 :func:`collect` cuts one batch from this process's buffers -- the spans and
-lifecycle events recorded since the last one, and a snapshot of each endpoint
-stat that changed -- as plain data (``marshal``-able: no user object, no code
+lifecycle events recorded since the last one, a snapshot of each endpoint
+stat that changed, and the final snapshots of stats whose actor mesh stopped
+(``"retired"``, with the mesh's class) -- as plain data (``marshal``-able: no user object, no code
 runs when it is read).  A proc sends it to the root in one control message per
 interval (and when it stops, or the root asks); the root turns batches into
 :class:`~monarch_core.hookspecs.TelemetryEvent` s for its sinks with
@@ -38,17 +39,18 @@ def collect(*, force: bool = False, address: Optional[str] = None) -> Optional[d
     """The next batch of this process, or None when nothing happened since the
     last one (``force``: a batch even then, e.g. to announce this proc)."""
     metrics = _metrics.changed_snapshots()
+    retired = _metrics.take_retired()  # (after ``metrics``: a stat retired meanwhile is in one of them)
     taken = state.take_spans() if state.spans or state._retired else []
     # one ``bytes`` blob: the root keeps it as it is for the trace file (unpacking tens of
     # thousands of tuples per second there would cost the client its garbage collector's time)
     spans = marshal.dumps(taken) if taken else b""
     events = _drain(state.events) if state.events else []
     dropped, state.dropped = state.dropped, 0
-    if not (metrics or taken or events or dropped or force):
+    if not (metrics or retired or taken or events or dropped or force):
         return None
     return {
         "v": VERSION, **state.identity(), "address": address, "time_ns": time.time_ns(),
-        "metrics": metrics, "spans": spans, "nspans": len(taken) // SPAN_FIELDS, "clock_offset": clock_offset(),
+        "metrics": metrics, "retired": retired, "spans": spans, "nspans": len(taken) // SPAN_FIELDS, "clock_offset": clock_offset(),
         "events": events, "dropped": dropped,
     }
 
@@ -87,7 +89,9 @@ def events_of(batch: dict, kinds: frozenset[str]) -> list[Any]:
             out.append(TelemetryEvent("lifecycle", name, ts, 0, {**ident, **attrs}))
     if "metric" in kinds:
         ts = batch.get("time_ns") or time.time_ns()
-        for snap in batch.get("metrics", ()):
+        snaps = list(batch.get("metrics", ()))
+        snaps.extend(snap for _class, snap in batch.get("retired", ()))  # a stopped mesh's final totals
+        for snap in snaps:
             m = _metrics.from_snapshot(snap, str(batch.get("proc")), str(batch.get("host")))
             out.append(TelemetryEvent("metric", "endpoint", ts, 0, {**ident, **m.as_dict()}))
     return out

@@ -119,6 +119,11 @@ class Hub:
         if state.is_root:
             state.tracing = state.enabled and any("span" in k for _s, k in self.entries)
 
+    def proc_ended(self, proc: str) -> None:
+        """``proc`` is gone: forget where it was (its figures stay, as stopped meshes')."""
+        self.sources.pop(proc, None)
+        _metrics.proc_ended(proc)
+
     # -------------------------------------------------------------- batches
     def ingest(self, batch: dict) -> None:
         """A batch a proc shipped (any thread)."""
@@ -128,11 +133,12 @@ class Hub:
             return
         self.sources[proc] = batch.get("address")
         metrics = batch.get("metrics")
-        if metrics:
-            _metrics.merge(proc, str(batch.get("host")), metrics)
+        retired = batch.get("retired")
+        if metrics or retired:
+            _metrics.merge(proc, str(batch.get("host")), metrics or (), retired or ())
         if batch.get("output") or batch.get("log_file"):
             _output.printer.add(batch)
-        if self.entries and (batch.get("spans") or batch.get("events") or metrics):
+        if self.entries and (batch.get("spans") or batch.get("events") or metrics or retired):
             self.pending.append(batch)
 
     def tick(self) -> None:

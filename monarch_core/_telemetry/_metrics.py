@@ -29,6 +29,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
+from monarch_core import settings
 from monarch_core._telemetry._core import state
 
 NBUCKETS = 512
@@ -205,6 +206,10 @@ HIST_SAMPLES = 32
 
 _stats: dict[tuple, EndpointStat] = {}
 _stats_lock = threading.Lock()
+#: mesh key -> the keys of its stats in :data:`_stats` (what :func:`retire` takes out).
+_by_mesh: dict[str, list[tuple]] = {}
+#: Final snapshots of retired stats, ``(class name, snapshot)``, for the next batch (``"retired"``).
+_outgoing: list[tuple[str, tuple]] = []
 
 
 def stat_for(side: str, mesh_key: str, mesh: str, endpoint: str, rank: Optional[int], adverb: str = "") -> EndpointStat:
@@ -216,7 +221,43 @@ def stat_for(side: str, mesh_key: str, mesh: str, endpoint: str, rank: Optional[
             s = _stats.get(key)
             if s is None:
                 s = _stats[key] = EndpointStat(key)
+                _by_mesh.setdefault(mesh_key, []).append(key)
     return s
+
+
+def retire(mesh_key: str, class_name: str, side: Optional[str] = None, rank: Optional[int] = None) -> None:
+    """Actor mesh ``mesh_key`` (of class ``class_name``) stopped: take its stats
+    (of ``side`` only, and of ``rank`` only, if given) out of this process.  Their final totals go out
+    with the next batch (``"retired"``: the root keeps them by the rule of
+    :class:`Stopped`); in the root they go to :data:`stopped` at once.  A
+    recorder still holding one of them records into a stat nobody reads."""
+    with _stats_lock:
+        keys = _by_mesh.pop(mesh_key, None)
+        if not keys:
+            return
+        if side is not None or rank is not None:
+            mine = [k for k in keys if (side is None or k[0] == side) and (rank is None or k[4] == rank)]
+            if len(mine) != len(keys):
+                _by_mesh[mesh_key] = [k for k in keys if k not in mine]
+            keys = mine
+        taken = [s for s in (_stats.pop(k, None) for k in keys) if s is not None]
+    snaps = [s.snapshot() for s in taken]
+    if state.is_root:
+        stopped.add(mesh_key, [(snap, state.proc_id, state.host, class_name) for snap in snaps])
+        if not state.sinks_active:  # (nobody cuts the root's batches then)
+            return
+    with _stats_lock:
+        _outgoing.extend((class_name, snap) for snap in snaps)
+
+
+def take_retired() -> list[tuple[str, tuple]]:
+    """The retired stats' final snapshots since the last call (for a batch)."""
+    global _outgoing
+    if not _outgoing:
+        return []
+    with _stats_lock:
+        out, _outgoing = _outgoing, []
+    return out
 
 
 def changed_snapshots() -> list[tuple]:
@@ -241,19 +282,132 @@ _remote: dict[tuple, tuple] = {}
 _remote_lock = threading.Lock()
 
 
-def merge(proc: str, host: str, snapshots: Iterable[tuple]) -> None:
-    """Keep the snapshots ``proc`` shipped (they are cumulative: the latest wins)."""
+#: Procs that ended recently (what they still ship is kept as stopped): a bounded window.
+_ended: collections.OrderedDict[str, None] = collections.OrderedDict()
+_ENDED_KEPT = 1024
+
+
+def merge(proc: str, host: str, snapshots: Iterable[tuple], retired: Iterable[tuple] = ()) -> None:
+    """Keep the snapshots ``proc`` shipped (they are cumulative: the latest wins);
+    ``retired``: ``(class name, final snapshot)`` of stats of its stopped meshes
+    (moved to :data:`stopped`, with what ``proc`` shipped of them before)."""
+    moved: dict[str, list[tuple]] = {}
     with _remote_lock:
-        for snap in snapshots:
-            _remote[(proc, tuple(snap[0]))] = (snap, host)
+        if proc in _ended:  # a late batch of a proc that ended: nothing of it is live any more
+            for snap in snapshots:
+                key = tuple(snap[0])
+                _remote.pop((proc, key), None)
+                moved.setdefault(key[1], []).append((snap, proc, host, ""))
+        else:
+            for snap in snapshots:
+                _remote[(proc, tuple(snap[0]))] = (snap, host)
+        for class_name, snap in retired:
+            key = tuple(snap[0])
+            _remote.pop((proc, key), None)
+            moved.setdefault(key[1], []).append((snap, proc, host, str(class_name)))
+    for mesh_key, rows in moved.items():
+        stopped.add(mesh_key, rows)
+
+
+def proc_ended(proc: str) -> None:
+    """``proc`` is gone (the root saw it end): what it shipped is kept as stopped
+    meshes' totals, and so is what it still sends."""
+    moved: dict[str, list[tuple]] = {}
+    with _remote_lock:
+        _ended[proc] = None
+        while len(_ended) > _ENDED_KEPT:
+            _ended.popitem(last=False)
+        for k in [k for k in _remote if k[0] == proc]:
+            snap, host = _remote.pop(k)
+            moved.setdefault(k[1][1], []).append((snap, proc, host, ""))
+    for mesh_key, rows in moved.items():
+        stopped.add(mesh_key, rows)
+
+
+#: Folded meshes :class:`Stopped` remembers (for rows of theirs that come late).
+_GONE_KEPT = 4096
+
+
+class Stopped:
+    """The root's record of stopped actor meshes' metrics (the documented rule,
+    ``docs/observability.md``): the rows of the last :attr:`keep` stopped meshes
+    (``MONARCH_METRICS_KEEP_STOPPED``) are kept as they were; an older mesh's rows
+    are folded into one row per (side, actor class, endpoint) -- ``mesh`` the
+    meshes' name if they all had one, else ``"*"``; ``rank`` ``None``; ``adverb``,
+    ``proc`` and ``host`` kept where they agree, else ``"*"``; ``mesh_key``
+    ``"*"`` -- so totals over the whole run stay while memory is bounded by the
+    program's classes and endpoints, not by how many meshes it ran."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        #: stopped meshes whose rows are kept as they were (``MONARCH_METRICS_KEEP_STOPPED``)
+        self.keep: int = settings.get("MONARCH_METRICS_KEEP_STOPPED")
+        self.meshes: collections.OrderedDict[str, dict[tuple, tuple]] = collections.OrderedDict()
+        self.folded: dict[tuple, EndpointMetrics] = {}
+        #: mesh key -> class name of the meshes folded lately: rows of theirs that arrive late
+        #: (a proc's last batch) are folded at once instead of displacing a newer mesh
+        self.gone: collections.OrderedDict[str, str] = collections.OrderedDict()
+
+    def add(self, mesh_key: str, rows: list[tuple]) -> None:
+        """``rows``: ``(snapshot, proc, host, class name)`` of stopped mesh ``mesh_key``."""
+        with self.lock:
+            late = self.gone.get(mesh_key)
+            if late is not None:
+                for snap, proc, host, class_name in rows:
+                    self._fold(from_snapshot(snap, proc, host), class_name or late)
+                return
+            m = self.meshes.get(mesh_key)
+            if m is None:
+                m = self.meshes[mesh_key] = {}
+            for snap, proc, host, class_name in rows:
+                k = (proc, tuple(snap[0]))
+                old = m.get(k)
+                m[k] = (snap, host, class_name or (old[2] if old is not None else ""))
+            while len(self.meshes) > self.keep:
+                key, oldest = self.meshes.popitem(last=False)
+                names = [c for _s, _h, c in oldest.values() if c]
+                cls = names[0] if names else ""
+                for (proc, _k), (snap, host, class_name) in oldest.items():
+                    self._fold(from_snapshot(snap, proc, host), class_name or cls)
+                self.gone[key] = cls
+                while len(self.gone) > _GONE_KEPT:
+                    self.gone.popitem(last=False)
+
+    def _fold(self, r: EndpointMetrics, class_name: str) -> None:
+        k = (r.side, class_name, r.endpoint)
+        g = self.folded.get(k)
+        if g is None:
+            self.folded[k] = dataclasses.replace(r, rank=None, mesh_key="*")
+            return
+        c = combine([g, r], by=("side", "endpoint"))[0]
+        self.folded[k] = c if g.mesh == r.mesh else dataclasses.replace(c, mesh="*")
+
+    def rows(self) -> list[EndpointMetrics]:
+        with self.lock:
+            kept = [(proc, snap, host) for m in self.meshes.values() for (proc, _k), (snap, host, _c) in m.items()]
+            folded = list(self.folded.values())
+        return [from_snapshot(snap, proc, host) for proc, snap, host in kept] + folded
+
+    def clear(self) -> None:
+        with self.lock:
+            self.meshes.clear()
+            self.folded.clear()
+            self.gone.clear()
+
+
+#: The root's stopped meshes' metrics.
+stopped = Stopped()
 
 
 def forget() -> None:
     """Drop every stat, local and shipped (``monarch_core.telemetry.reset_metrics``)."""
     with _stats_lock:
         _stats.clear()
+        _by_mesh.clear()
+        _outgoing.clear()
     with _remote_lock:
         _remote.clear()
+    stopped.clear()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -396,6 +550,7 @@ def all_metrics() -> list[EndpointMetrics]:
     with _remote_lock:
         items = list(_remote.items())
     out.extend(from_snapshot(snap, proc, host) for (proc, _key), (snap, host) in items)
+    out.extend(stopped.rows())
     return out
 
 

@@ -51,7 +51,7 @@ OTHER_SCHEDULERS = sorted(n for names in OTHERS.values() for n in names)
 #: monarch-transport-rdma, when installed (it provides RDMA backends, no transport): left out too.
 RDMA = {ep.name for ep in metadata.entry_points(group="monarch") if ep.name == "transport_rdma"}
 #: monarch-telemetry-otel, when installed (a telemetry sink, no transport or scheduler): left out too.
-TELEMETRY = {ep.name for ep in metadata.entry_points(group="monarch") if ep.name == "telemetry_otel"}
+TELEMETRY = {ep.name for ep in metadata.entry_points(group="monarch") if ep.name in ("telemetry_otel", "dashboard")}
 BUILTIN_LINE = f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local; rdma backends: channel"
 
 
