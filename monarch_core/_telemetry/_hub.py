@@ -106,11 +106,14 @@ class Hub:
         self.tick()
         with self.lock:
             before = len(self.entries)
-            self.entries = [(s, k) for s, k in self.entries if s is not sink]
+            # a plugin's sink is held behind its GuardedSink: the plugin's own object finds it too
+            held = [s for s, _k in self.entries if s is sink or getattr(s, "wrapped", None) is sink]
+            self.entries = [(s, k) for s, k in self.entries if s is not sink and getattr(s, "wrapped", None) is not sink]
             found = len(self.entries) != before
             self._changed()
         if found and close:
-            _close(sink)
+            for s in held:
+                _close(s)
         return found
 
     def _changed(self) -> None:
