@@ -31,6 +31,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "schedulers" / "ssh"))
 import ssh_helpers as H  # noqa: E402 - the SSH suite's helpers (tagged processes, the client)
 
+from _helpers.procs import pid_running, wait_pids_gone  # noqa: E402
 from _helpers.testbed import SshTestbed, links_up, netns, sshd  # noqa: E402,F401 - fixtures
 from _helpers.testbed import Testbed as _Testbed  # noqa: E402 - (a Test* name would be collected)
 
@@ -84,24 +85,6 @@ def _client(d: Path, tag: str, worker_env: dict[str, str], client_env: dict[str,
     entry["env"] = {**entry["env"], **worker_env}
     H.write_config(d, {"spare": entry})
     return H.Client(PRELUDE, cwd=d, env={"MONARCH_CONFIG": str(d / "monarch.toml"), **client_env})
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
-def _wait_gone(pids: list[int], timeout: float) -> list[int]:
-    """The pids still alive after up to ``timeout`` s (empty: all gone)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = [p for p in pids if _alive(p)]
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.1)
 
 
 def _signal(pids: list[int], sig: signal.Signals) -> None:
@@ -159,13 +142,13 @@ def test_partitioned_host_ends_its_worker_and_procs_and_is_never_reused(
         assert [h for h, _ in got] == ["h4", "h4"], got
         worker = int(c.run("result = hm.hosts[0].labels['pid']"))
         pids = [worker] + [p for _, p in got]
-        assert all(_alive(p) for p in pids)
+        assert all(pid_running(p) for p in pids)
         h4_cut()
         failures = c.run("result = wait_failures(2, 40)", timeout=90)
         assert len(failures) == 2, f"the procs of the cut host were not failed\n{c.describe()}"
         # still cut off: the worker loop (no heartbeat from its client for more than its
         # MONARCH_DELIVERY_TIMEOUT of 4 s) ends itself and its procs, on its own
-        left = _wait_gone(pids, 40)
+        left = wait_pids_gone(pids, 40)
         assert not left, f"still running on h4 while it is cut off: {left} (worker pid {worker})"
         for proc, cause, report in failures:
             assert proc.endswith("on host h4"), report
@@ -209,7 +192,7 @@ def test_frozen_host_is_reported_lost_and_its_idle_procs_say_so(sshd: SshTestbed
         _signal(stopped, signal.SIGCONT)
         # the continued worker loop hears no more heartbeats from the client that gave it
         # up: it ends itself and its procs
-        left = _wait_gone(stopped, 40)
+        left = wait_pids_gone(stopped, 40)
         assert not left, f"still running on h4 after the client gave it up: {left} (worker pid {worker})"
         c.run("hm.shutdown().get(timeout=60)", timeout=120)
         H.wait_tagged_gone(tag, (4,), timeout=30)
@@ -236,7 +219,7 @@ def test_worker_stopped_longer_than_the_heartbeat_timeout_kills_no_proc_as_hung(
         time.sleep(6)  # three times its procs' heartbeat timeout
         os.kill(worker, signal.SIGCONT)
         time.sleep(5)  # the heartbeats after it: a proc blamed for the stop would be killed now
-        assert all(_alive(p) for p in procs), f"a proc was killed after its worker loop was stopped\n{c.describe()}"
+        assert all(pid_running(p) for p in procs), f"a proc was killed after its worker loop was stopped\n{c.describe()}"
         again = c.run("result = where.where.call().get(timeout=60).values()")
         assert sorted(p for _, p in again) == procs, again
         assert c.run("result = [f.report() for f in failures]") == []
