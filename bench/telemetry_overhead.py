@@ -36,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from typing import Callable
 
 CHILD = textwrap.dedent(
     """
@@ -56,6 +57,7 @@ CHILD = textwrap.dedent(
             return cpu()
 
     calls, burst, warmup = (int(x) for x in sys.argv[1:4])
+    {setup}
     procs = this_host().spawn_procs()
     one = procs.spawn("w", W)
     one.cpu.call_one().get()
@@ -85,21 +87,34 @@ CHILD = textwrap.dedent(
     client_us = (c1 - c0) / (3 * burst) * 1e6
     proc_us = (s1 - s0) / (3 * burst) * 1e6
     procs.stop().get()
-    print(json.dumps({"p50_us": lat[len(lat) // 2] / 1e3, "p99_us": lat[int(len(lat) * 0.99)] / 1e3,
+    {teardown}
+    print(json.dumps({{"p50_us": lat[len(lat) // 2] / 1e3, "p99_us": lat[int(len(lat) * 0.99)] / 1e3,
                       "rate": statistics.median(rates), "cpu_us": client_us + proc_us,
-                      "client_cpu_us": client_us, "proc_cpu_us": proc_us}))
+                      "client_cpu_us": client_us, "proc_cpu_us": proc_us}}))
     """
 )
 
 
-def run(mode: str, args: argparse.Namespace, tmp: str) -> dict:
+def child(setup: str = "", teardown: str = "") -> str:
+    """The measuring child's code, with ``setup`` run before its proc is spawned and
+    ``teardown`` after it is stopped (each one statement line of the child, or empty)."""
+    return CHILD.format(setup=setup, teardown=teardown)
+
+
+def mode_env(mode: str, tmp: str) -> dict[str, str]:
+    """The child's environment for ``mode``: no ``MONARCH_*`` of the caller's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
     if mode == "off":
         env["MONARCH_TELEMETRY"] = "0"
     elif mode == "trace":
         env["MONARCH_TRACE_FILE"] = os.path.join(tmp, f"trace-{os.getpid()}.json")
+    return env
+
+
+def run(mode: str, args: argparse.Namespace, env: dict[str, str], code: str, extra: list[str]) -> dict:
+    """One measurement of ``mode`` in a fresh child interpreter running ``code``."""
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, str(args.calls), str(args.burst), str(args.warmup)],
+        [sys.executable, "-c", code, str(args.calls), str(args.burst), str(args.warmup), *extra],
         capture_output=True, text=True, env=env, timeout=args.timeout, check=False,
     )
     if out.returncode != 0:
@@ -107,13 +122,17 @@ def run(mode: str, args: argparse.Namespace, tmp: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def rounds(description: str, default_modes: str, base: str,
+           mode_run: Callable[[str, argparse.Namespace, str], dict]) -> int:
+    """The command: parse the arguments, run every mode once per round (rounds
+    alternate the order) through ``mode_run(mode, args, tmp)``, print the medians
+    and each mode's ratio to ``base`` (paired: the median of the per-round ratios)."""
+    p = argparse.ArgumentParser(description=description)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=20000)
     p.add_argument("--burst", type=int, default=10000)
     p.add_argument("--warmup", type=int, default=1000)
-    p.add_argument("--modes", default="off,metrics,trace")
+    p.add_argument("--modes", default=default_modes)
     p.add_argument("--timeout", type=float, default=600)
     p.add_argument("--out", default=None, help="write every figure as JSON here")
     args = p.parse_args()
@@ -123,31 +142,37 @@ def main() -> int:
         for r in range(args.rounds):
             order = modes[r % len(modes):] + modes[: r % len(modes)]
             for m in order:
-                res = run(m, args, tmp)
+                res = mode_run(m, args, tmp)
                 results[m].append(res)
                 print(f"round {r + 1} {m:8} p50 {res['p50_us']:7.1f} µs  p99 {res['p99_us']:7.1f} µs  "
                       f"{res['rate']:9.0f} calls/s  {res['cpu_us']:5.1f} µs CPU/call "
                       f"({res['client_cpu_us']:.1f} client + {res['proc_cpu_us']:.1f} proc)", file=sys.stderr, flush=True)
     keys = ("p50_us", "p99_us", "rate", "cpu_us")
     med = {m: {k: statistics.median(x[k] for x in results[m]) for k in keys} for m in modes}
-    base = med.get("off")
+    ref = med.get(base)
     # paired: each round runs every mode back to back, so the ratio within a round cancels the
     # slow and fast phases of a shared machine; the median of those ratios over the rounds
-    paired = {m: statistics.median(x["rate"] / o["rate"] for x, o in zip(results[m], results["off"]))
-              for m in modes} if base else {}
+    paired = {m: statistics.median(x["rate"] / o["rate"] for x, o in zip(results[m], results[base]))
+              for m in modes} if ref else {}
     print("| mode | call_one p50, µs | p99, µs | pipelined, calls/s | CPU per pipelined call, µs "
-          "| p50 ÷ off | calls/s ÷ off | calls/s ÷ off, paired | CPU ÷ off |")
+          f"| p50 ÷ {base} | calls/s ÷ {base} | calls/s ÷ {base}, paired | CPU ÷ {base} |")
     print("|---|---|---|---|---|---|---|---|---|")
     for m in modes:
         v = med[m]
-        r = {k: f"{v[k] / base[k]:.3f}" if base else "—" for k in keys}
-        pr = f"{paired[m]:.3f}" if base else "—"
+        r = {k: f"{v[k] / ref[k]:.3f}" if ref else "—" for k in keys}
+        pr = f"{paired[m]:.3f}" if ref else "—"
         print(f"| {m} | {v['p50_us']:.1f} | {v['p99_us']:.1f} | {v['rate']:.0f} | {v['cpu_us']:.1f} "
               f"| {r['p50_us']} | {r['rate']} | {pr} | {r['cpu_us']} |")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"args": vars(args), "runs": results, "medians": med, "paired_rate_ratio": paired}, f, indent=1)
     return 0
+
+
+def main() -> int:
+    code = child()
+    return rounds(__doc__.split("\n\n")[0], "off,metrics,trace", "off",
+                  lambda mode, args, tmp: run(mode, args, mode_env(mode, tmp), code, []))
 
 
 if __name__ == "__main__":
