@@ -14,8 +14,6 @@ import pytest
 from monarch_core._debug import _hook, _protocol
 from monarch_core._debug._ranks import RankSpecError, Selection, Span, compact, parse_attach, parse_cast
 
-pytestmark = pytest.mark.unit
-
 pytest.importorskip("lark")
 
 LABELS, SIZES = ["host", "gpu"], [4, 4]
