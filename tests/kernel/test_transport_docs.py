@@ -102,12 +102,21 @@ def test_the_dir_transport_of_the_hookspec_docstring_passes_the_kit_and_leaves_n
         del sys.modules["my_transport.plugin"], sys.modules["my_transport"]
 
 
-def test_the_testing_module_example_runs() -> None:
+def test_the_testing_module_example_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example imports ``my_transport.plugin.MyTransport`` (the reader's
+    transport): here that is the real built-in ipc transport."""
     import monarch_core.testing as kit
+    from monarch_core._builtins._ipc import IpcTransport
 
+    pkg, plugin = types.ModuleType("my_transport"), types.ModuleType("my_transport.plugin")
+    plugin.MyTransport = IpcTransport  # type: ignore[attr-defined]
+    pkg.plugin = plugin  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "my_transport", pkg)
+    monkeypatch.setitem(sys.modules, "my_transport.plugin", plugin)
     doc = kit.__doc__
     assert doc is not None
     block = doc[doc.index("    import trio\n"):doc.index(":func:`check_transport` listens")]
+    assert "monarch_core._" not in block, "the example imports a private module"
     _module("kit_example", textwrap.dedent(block), "monarch_core.testing").test_conformance()
 
 
