@@ -93,15 +93,27 @@ PLUGIN_DIRS = {
     "monarch-scheduler-slurm": "plugins/scheduler_slurm",
     "monarch-scheduler-ssh": "plugins/scheduler_ssh",
     "monarch-transport-rdma": "plugins/transport_rdma",
+    "monarch-telemetry-otel": "plugins/telemetry_otel",
+    "monarch-dashboard": "plugins/dashboard",
+}
+#: The project's distributions each of those requires besides the core (from
+#: the plugins' ``pyproject.toml``): nothing of the project is on an index, so
+#: an install line names them too.
+PLUGIN_NEEDS = {
+    "monarch-scheduler-slurm": ("monarch-transport-tcp",),
+    "monarch-scheduler-ssh": ("monarch-transport-tcp",),
 }
 
 
 def install_hint(pkg: str, *, upgrade: bool = False) -> str:
-    """How to install (or ``upgrade``) the project's plugin distribution ``pkg``."""
+    """How to install (or ``upgrade``) the project's plugin distribution ``pkg``:
+    one ``pip install`` line from a checkout naming the core, the project
+    distributions ``pkg`` requires and ``pkg`` itself, by path."""
     folder = PLUGIN_DIRS.get(pkg)
     if folder is None:
         return f"{pkg} is not part of this monarch-core release yet"
-    return f"pip install {'--upgrade ' if upgrade else ''}./{folder} (in a monarch-core checkout)"
+    paths = [".", *(f"./{PLUGIN_DIRS[d]}" for d in PLUGIN_NEEDS.get(pkg, ())), f"./{folder}"]
+    return f"pip install {'--upgrade ' if upgrade else ''}{' '.join(paths)} (in a monarch-core checkout)"
 
 
 @dataclass

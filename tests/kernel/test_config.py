@@ -496,8 +496,9 @@ def test_known_scheduler_packages_constant() -> None:
         "ssh": "monarch-scheduler-ssh",
         "slurm": "monarch-scheduler-slurm",
     }
-    assert install_hint("monarch-transport-tcp") == "pip install ./plugins/transport_tcp (in a monarch-core checkout)"
-    assert install_hint("monarch-scheduler-ssh") == "pip install ./plugins/scheduler_ssh (in a monarch-core checkout)"
+    assert install_hint("monarch-transport-tcp") == "pip install . ./plugins/transport_tcp (in a monarch-core checkout)"
+    assert install_hint("monarch-scheduler-ssh") == (
+        "pip install . ./plugins/transport_tcp ./plugins/scheduler_ssh (in a monarch-core checkout)")
 
 
 def test_error_unknown_scheduler_not_installed(tmp_path: pathlib.Path) -> None:

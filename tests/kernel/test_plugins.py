@@ -409,7 +409,7 @@ def test_unknown_transport_of_an_installed_but_older_plugin_says_upgrade(monkeyp
         "no installed plugin provides the transport 'quic'. Installed transports: ['inproc', 'ipc', 'tcp', 'tls'] "
         "(URL schemes: ['inproc', 'ipc', 'tcp', 'tls']). "
         f"'quic' comes from monarch-transport-tcp, but the installed monarch-transport-tcp {TCP_VERSION} does not "
-        "provide it; upgrade it: pip install --upgrade ./plugins/transport_tcp (in a monarch-core checkout)."
+        "provide it; upgrade it: pip install --upgrade . ./plugins/transport_tcp (in a monarch-core checkout)."
     )
 
 
@@ -777,7 +777,7 @@ def test_a_project_plugin_whose_factory_module_is_missing_is_told_how_to_reinsta
     assert str(ei.value) == (
         f"the transport 'tcp' of plugin 'transport_tcp' (from monarch-transport-tcp {TCP_VERSION}): its factory "
         "'no_such_module_xyz:Tcp' needs the module 'no_such_module_xyz', which is not installed; reinstall "
-        "monarch-transport-tcp with its dependencies: pip install ./plugins/transport_tcp (in a monarch-core "
+        "monarch-transport-tcp with its dependencies: pip install . ./plugins/transport_tcp (in a monarch-core "
         "checkout). Or set MONARCH_DISABLED_PLUGINS=transport_tcp to run without it."
     )
 
