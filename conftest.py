@@ -44,6 +44,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.procs)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``-n N --dist loadgroup`` the testbed tests must really share one
+    worker.  pytest-xdist (3.8) groups by a ``@group`` suffix it writes into
+    ``item._nodeid``, which pytest 9.2 no longer reads: every group is then
+    silently ignored, testbed tests run side by side on the same hosts and
+    ports and fail in ways that point nowhere near the cause.  Refuse to run
+    instead (the test extra pins a pytest that works)."""
+    if getattr(config.option, "dist", "no") != "loadgroup" or hasattr(config, "workerinput"):
+        return
+    from packaging.version import Version
+
+    if Version(pytest.__version__) >= Version("9.2"):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} ignores pytest-xdist's --dist loadgroup groups, so the testbed tests "
+            "would run in parallel on shared hosts: install the pytest the test extra pins "
+            "(pip install -e '.[test]'), or run without -n"
+        )
+
+
 class _ProcessStarted(AssertionError):
     pass
 
