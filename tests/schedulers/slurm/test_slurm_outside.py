@@ -185,6 +185,13 @@ print("RESULT " + json.dumps(out))
 @pytest.fixture(scope="module")
 def failures(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict:
     d = tmp_path_factory.mktemp("failures")
+    # a Python that can run the node launcher (standard library only, found through
+    # PYTHONPATH) but not the worker loop: monarch-core is not installed for it
+    import monarch_scheduler_slurm
+    nomonarch = d / "python-without-monarch"
+    nomonarch.write_text("#!/bin/sh\nPYTHONPATH=%s exec /usr/bin/python3 \"$@\"\n"
+                         % Path(monarch_scheduler_slurm.__file__).parent.parent)
+    nomonarch.chmod(0o755)
     H.write_project(d, FAILURES, f'''
         [defaults]
         scheduler = "slurm"
@@ -204,14 +211,14 @@ def failures(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict:
 
         [hosts.nomonarch]
         nodes = 2
-        python = "/usr/bin/python3"
+        python = "{nomonarch}"
 
         [hosts.toomany]
         nodes = 5
         queue_timeout = 60   # a bound only: Slurm's reason says at once that it never runs
     ''')
     res = H.client(d)
-    return _result(res)
+    return {**_result(res), "nomonarch-python": str(nomonarch)}
 
 
 def test_a_job_slurm_refuses_fails_with_slurms_own_message(failures: dict) -> None:
@@ -239,7 +246,7 @@ def test_a_failing_worker_step_gives_srun_s_stderr_and_the_job_is_cancelled(fail
 
 def test_a_wrong_python_names_the_python_key_and_every_node(failures: dict) -> None:
     for case, python, what in (("nopython", "/nonexistent/bin/python3", "the node launcher"),
-                               ("nomonarch", "/usr/bin/python3", "the worker loop")):
+                               ("nomonarch", str(failures["nomonarch-python"]), "the worker loop")):
         msg = failures[case]
         assert f"The Python {python!r} (the entry's python) could not run {what} on h1, h2" in msg, msg
         assert 'set python = "/path/to/python" in the entry' in msg, msg
