@@ -121,12 +121,16 @@ class HostMesh(MeshTrait):
     def _watch_hosts(self) -> None:
         """Heartbeat the worker loop of every remote host (``ProcWatch.watch_host``):
         one that answers none for ``MONARCH_HOST_HEARTBEAT_TIMEOUT`` s -- frozen,
-        or cut off while its SSH server or scheduler still answers -- is lost."""
-        rt = _state.current_runtime_or_none()
-        if rt is None:
-            return
+        or cut off while its SSH server or scheduler still answers -- is lost.
+        The heartbeat is also what tells each worker loop that its client is
+        alive, so a host mesh made before anything else in a fresh client
+        starts the client's runtime here."""
         remote = [(h.name, h.address) for h in self._hosts if h.address is not None]
         if not remote:
+            return
+        try:
+            rt = _state.runtime()
+        except RuntimeError:  # the monarch context was shut down: nothing to watch with
             return
 
         def watch() -> None:

@@ -85,6 +85,13 @@ class WorkerLoopAgent(ProcAgent):
 
     def _on_host_spawn(self, m: C.HostSpawn, payload: Any, buffers: list, sender: str) -> None:
         specs = _serial.loads(payload, buffers)
+        if self.exit_without_client and HEARTBEAT_INTERVAL > 0 and sender not in self.client_heard:
+            # A worker loop started for an allocation: its client's host mesh
+            # heartbeats it from now on (HostMesh watches its hosts), so its
+            # silence counts from its first spawn -- a client cut off before
+            # its first heartbeat got through is lost like any other.
+            self.client_heard[sender] = time.monotonic()
+            self._ensure_heartbeat()
         self.kernel.start_task(self._host_spawn, specs, sender)
 
     async def _host_spawn(self, specs: list, client: str) -> None:
