@@ -19,7 +19,7 @@ stopped before the next size).  After a warm-up:
 
 Simulated section: a model, not a measurement of live procs.  The project's tree casting
 (a cast to many procs goes to at most ``fanout`` of them, which forward to their subtrees)
-plans the tree with ``monarch_core._actor._tree.split(members, fanout)``; this section calls
+plans the tree with ``monarch_core._proc._tree.split(members, fanout)``; this section calls
 that real function on N simulated members (no procs, nothing is sent) and reports how the
 work is distributed: messages the client sends, tree depth, the most messages any one node
 sends, and the CPU the client spends planning a cast.  Without that module, the direct
@@ -74,7 +74,7 @@ def live(n: int, warm: int, iters: int, k: int, reps: int, tree: bool = False) -
     """One live row; ``tree``: route through the cast tree whatever the mesh's
     size (this process lowers ``_tree.TREE_MIN`` to ``n`` for the row)."""
     if tree:
-        from monarch_core._actor import _tree
+        from monarch_core._proc import _tree
 
         saved = _tree.TREE_MIN
         _tree.TREE_MIN = min(saved, n)
@@ -121,7 +121,7 @@ def live(n: int, warm: int, iters: int, k: int, reps: int, tree: bool = False) -
         left = wait_gone(pids)
     us = [s / 1e3 for s in samples]
     cpu_b = T.median(b["cpu_us"] for b in bcast)
-    from monarch_core._actor import _tree
+    from monarch_core._proc import _tree
 
     return {
         "procs": n,
@@ -164,12 +164,12 @@ def live_table(rows: list[dict[str, Any]]) -> str:
 # ------------------------------------------------------------------ simulated large mesh
 def load_tree() -> tuple[Callable[[Sequence[Any], int], list] | None, int | None, str | None]:
     try:
-        from monarch_core._actor import _tree
+        from monarch_core._proc import _tree
     except ImportError as e:
         return None, None, f"{e}"
     split, fanout = getattr(_tree, "split", None), getattr(_tree, "FANOUT", None)
     if not callable(split) or not isinstance(fanout, int):
-        return None, None, "monarch_core._actor._tree has no split() or no int FANOUT"
+        return None, None, "monarch_core._proc._tree has no split() or no int FANOUT"
     return split, fanout, None
 
 
@@ -213,7 +213,7 @@ def model_tree(split: Callable[[Sequence[Any], int], list], fanout: int, n: int)
     # keep the member table: plan the first level and encode fanout headers.
     sender_us = None
     try:
-        from monarch_core._actor import _tree
+        from monarch_core._proc import _tree
 
         def one_cast() -> None:
             _here, _rank, groups = _tree.plan(-1, n, fanout, None, lambda m: False)
@@ -332,11 +332,11 @@ def main() -> int:
                 failed = True
                 sim["rows"].append({"members": n, "error": f"{type(e).__name__}: {e}"})
         if split is None:
-            intro = (f"**{NO_TREE}** (`monarch_core._actor._tree` not importable: {why}).  The rows model the "
+            intro = (f"**{NO_TREE}** (`monarch_core._proc._tree` not importable: {why}).  The rows model the "
                      "direct (flat) cast: the client sends every message itself, and there is no planning step.")
         else:
             intro = (f"**A model, not a measurement of live procs**: the real planning function "
-                     f"`monarch_core._actor._tree.split(members, fanout={fanout})` is applied to N simulated "
+                     f"`monarch_core._proc._tree.split(members, fanout={fanout})` is applied to N simulated "
                      "members (tuples `(rank, proc_id, address)`), recursively for every forwarding proc, and "
                      "the resulting tree is counted; no procs are started and nothing is sent.  *Tree depth* = hops "
                      "from the client to the farthest member (1 = the client sends to every member itself); a "

@@ -15,7 +15,7 @@ __all__ = ["BootstrapCommand", "ChannelTransport", "Workspace", "__version__"]
 
 def __getattr__(name: str) -> Any:  # lazy: importing monarch_core stays cheap
     if name == "ChannelTransport":
-        from monarch_core._actor._transport import ChannelTransport
+        from monarch_core._proc._transport import ChannelTransport
 
         return ChannelTransport
     if name == "BootstrapCommand":

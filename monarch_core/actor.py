@@ -20,7 +20,7 @@ from monarch_core._actor._endpoint import (
     endpoint,
     send,
 )
-from monarch_core._actor._future import Future
+from monarch_core._proc._future import Future
 from monarch_core._actor._mesh import (
     HostMesh,
     ProcMesh,
@@ -29,10 +29,10 @@ from monarch_core._actor._mesh import (
     this_host,
     this_proc,
 )
-from monarch_core._actor._port import Channel, Port, PortReceiver
-from monarch_core._actor._supervision import MeshFailure
-from monarch_core._actor._supervision import unhandled_fault_hook as _default_unhandled_fault_hook
-from monarch_core._actor._transport import ChannelTransport, enable_transport  # noqa: F401 (importable, not in __all__)
+from monarch_core._proc._port import Channel, Port, PortReceiver
+from monarch_core._proc._supervision import MeshFailure
+from monarch_core._proc._supervision import unhandled_fault_hook as _default_unhandled_fault_hook
+from monarch_core._proc._transport import ChannelTransport, enable_transport  # noqa: F401 (importable, not in __all__)
 from monarch_core._mesh._shape import Extent, Point
 from monarch_core._mesh._value_mesh import ValueMesh
 from monarch_core._telemetry import traced
@@ -47,7 +47,7 @@ def shutdown_context() -> Future[None]:
 
     Idempotent: later calls return an already-resolved future.  Runs
     automatically at interpreter exit."""
-    from monarch_core._actor import _state
+    from monarch_core._proc import _state
 
     _state.shutdown()
     return Future._resolved(None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from monarch_core._actor import _state
+from monarch_core._proc import _state
 from monarch_core._mesh._shape import Extent, MeshTrait, Region
 
 

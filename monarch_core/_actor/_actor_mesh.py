@@ -7,17 +7,17 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
-from monarch_core._actor import _instrument, _reporting, _serial, _state, _tree
+from monarch_core._proc import _instrument, _reporting, _serial, _state, _tree
 from monarch_core._actor._endpoint import Endpoint, EndpointProperty, NotAnEndpoint
-from monarch_core._actor._future import Cell, Future
+from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
-from monarch_core._actor._port import (
+from monarch_core._proc._port import (
     GatherReplies,
     OneReply,
     StreamIterator,
     StreamReplies,
 )
-from monarch_core._kernel import _control as C
+from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core._mesh._shape import Extent, MeshTrait, Region
 from monarch_core._mesh._value_mesh import ValueMesh
@@ -420,7 +420,7 @@ _RANKS_SHOWN = 4
 def _rank_where(mesh: ActorMesh[Any], index: int) -> str:
     """``rank 1 {'gpus': 1/2} on proc procs0{'gpus': 1/2} on host node7`` for
     rank ``index`` of the view ``mesh``."""
-    from monarch_core._actor._port import this_proc_and_host
+    from monarch_core._proc._port import this_proc_and_host
     from monarch_core._mesh._shape import Point
 
     region = mesh._region_
@@ -481,7 +481,7 @@ def _describe_call(mesh: ActorMesh[Any], endpoint: str, adverb: str, ranks: list
 def _failed_ranks_error(mesh: ActorMesh[Any], endpoint: str, failed: list[tuple[int, dict]]) -> SupervisionError:
     """The fail-fast error of a call to a view with failed ranks: every failed
     rank of the view, then the report of the first (its cascade, first failure first)."""
-    from monarch_core._actor._supervision import MeshFailure
+    from monarch_core._proc._supervision import MeshFailure
 
     ranks = ", ".join(f"{i} ({rep['mesh_name']}{rep['coords'] if rep['coords'] != '{}' else ''})"
                       for i, rep in failed[:_RANKS_SHOWN])

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from monarch_core import _telemetry, settings
-from monarch_core._actor import _state
+from monarch_core._proc import _state
 from monarch_core._actor._host_mesh import HostMesh, _HostMeshOwnership
 from monarch_core._launch import _alloc
 from monarch_core._mesh._shape import Extent
@@ -17,7 +17,7 @@ def attach(
     workers: Any, *, ca: str | None, private_key: str | None, cert: str | None, timeout: float | None
 ) -> HostMesh:
     """See :func:`monarch_core.worker.attach_to_workers`."""
-    from monarch_core._actor import _transport
+    from monarch_core._proc import _transport
     from monarch_core.errors import ConnectError
 
     if isinstance(workers, str) or not workers:

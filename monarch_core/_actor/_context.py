@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monarch_core._actor import _state
+from monarch_core._proc import _state
 from monarch_core._mesh._shape import Point
 
 

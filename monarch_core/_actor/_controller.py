@@ -5,12 +5,12 @@ from __future__ import annotations
 import uuid
 from typing import Any, TypeVar
 
-from monarch_core._actor import _serial, _state
+from monarch_core._proc import _serial, _state
 from monarch_core._actor._actor_mesh import ActorMesh
-from monarch_core._actor._future import Cell, Future
+from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _EMPTY_REGION, _ProcSlot
-from monarch_core._actor._port import OneReply
-from monarch_core._kernel import _control as C
+from monarch_core._proc._port import OneReply
+from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
 
@@ -72,7 +72,7 @@ def spawn_local_controller(agent: Any, name: str, payload: Any, buffers: list) -
     port_id = kernel.add_port(_Init())
     owner = (kernel.proc_id, kernel.address, "")
     spawn = C.Spawn(key, name, 0, (), (), (kernel.proc_id, kernel.address, port_id), "controller", owner)
-    from monarch_core._actor._agent import Supervised
+    from monarch_core._proc._agent import Supervised
 
     agent.register_supervised(
         Supervised(key, name, "controller", None, None, {}, [_ProcSlot(kernel.proc_id, kernel.address)])

@@ -7,9 +7,9 @@ import inspect
 import random
 from typing import TYPE_CHECKING, Any, Callable, Generic, Literal, TypeVar, overload
 
-from monarch_core._actor import _state
-from monarch_core._actor._future import Cell, Future
-from monarch_core._actor._port import Port, StreamIterator
+from monarch_core._proc import _state
+from monarch_core._proc._future import Cell, Future
+from monarch_core._proc._port import Port, StreamIterator
 
 if TYPE_CHECKING:
     from monarch_core._mesh._value_mesh import ValueMesh

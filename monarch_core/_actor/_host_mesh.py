@@ -15,11 +15,11 @@ if TYPE_CHECKING:
     from monarch_core.hookspecs import Allocation, HostHandle
 
 from monarch_core import _telemetry, settings
-from monarch_core._actor import _serial, _state
-from monarch_core._actor._future import Cell, Future
+from monarch_core._proc import _serial, _state
+from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot
 from monarch_core._actor._proc_mesh import ProcMesh
-from monarch_core._kernel import _control as C
+from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core._launch._bootstrap import (
     BootstrapCommand,
@@ -169,7 +169,7 @@ class HostMesh(MeshTrait):
         """A scheduler's notice (any thread): a ``MeshFailure`` with
         ``notice`` set for this host mesh's owner (its ``__supervise__``, or
         the client's ``unhandled_fault_hook``); nothing fails."""
-        from monarch_core._actor import _supervision as S
+        from monarch_core._proc import _supervision as S
 
         coords = "{}"
         for i, root in enumerate(self._region_.root_ranks()):

@@ -16,11 +16,11 @@ if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
 from monarch_core import _telemetry
-from monarch_core._actor import _state
+from monarch_core._proc import _state
 from monarch_core._actor._actor_mesh import ActorMesh
 from monarch_core._actor._attach import ATTACH_TIMEOUT, attach
 from monarch_core._actor._controller import get_or_spawn_controller, spawn_local_controller
-from monarch_core._actor._future import Cell
+from monarch_core._proc._future import Cell
 from monarch_core._actor._host_mesh import HostMesh, _HostMeshOwnership
 from monarch_core._actor._mesh_base import _EMPTY_REGION, START_TIMEOUT, _ProcSlot
 from monarch_core._actor._proc_mesh import ProcMesh
@@ -161,7 +161,7 @@ def _check_params(scheduler: Any, request: Any) -> None:
 
 
 def _client_agent(kernel: Kernel) -> Any:
-    from monarch_core._actor._agent import ProcAgent  # lazily: it imports the kernel (trio)
+    from monarch_core._proc._agent import ProcAgent  # lazily: it imports the kernel (trio)
 
     return ProcAgent(kernel)
 

@@ -10,12 +10,12 @@ if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
 from monarch_core import _telemetry
-from monarch_core._actor import _instrument, _reporting, _serial, _state
+from monarch_core._proc import _instrument, _reporting, _serial, _state
 from monarch_core._actor._actor_mesh import ActorMesh, _release
-from monarch_core._actor._future import Cell, Future
+from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
-from monarch_core._actor._port import GatherReplies
-from monarch_core._kernel import _control as C
+from monarch_core._proc._port import GatherReplies
+from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core._launch._spawn import host_proc_id
 from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
@@ -111,7 +111,7 @@ class ProcMesh(MeshTrait):
         mesh: ActorMesh[Any] = ActorMesh(
             Class, name, key, members, Extent(region.labels, region.sizes).region, self, gather.cell, True
         )
-        from monarch_core._actor._agent import Supervised
+        from monarch_core._proc._agent import Supervised
 
         # Register before sending: a failing __init__ reports back at once.
         rt.agent.register_supervised(
@@ -142,7 +142,7 @@ class ProcMesh(MeshTrait):
     def _stop_owned(self, reason: str, grace: float | None = None) -> Future[None]:
         if self._stopped is not None:
             return Future._of(self._stopped)
-        from monarch_core._actor._agent import STOP_GRACE
+        from monarch_core._proc._agent import STOP_GRACE
 
         cell = self._stopped = Cell()
         rt = _state.runtime()

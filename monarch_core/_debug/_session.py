@@ -42,7 +42,7 @@ import traceback
 from types import FrameType, TracebackType
 from typing import Any
 
-from monarch_core._actor import _state
+from monarch_core._proc import _state
 from monarch_core._debug import _hook
 from monarch_core._debug._protocol import CONTROLLER_NAME
 

@@ -51,7 +51,7 @@ K_BYE = 5  # orderly end of a session: receiver forgets it
 
 # frame flags
 F_PACKED = 1  # the routing header is packed (see ``port_header``/``actor_header``), not plain marshal
-F_TREE = 2  # an actor message on its way through a cast tree (header: see ``monarch_core._actor._tree``)
+F_TREE = 2  # an actor message on its way through a cast tree (header: see ``monarch_core._proc._tree``)
 F_ACK_SOON = 4  # the sender is near its send window: acknowledge this message as soon as it is delivered
 F_TRACE = 8  # an actor message of a traced call: it carries TRACE_SIZE bytes of trace context
 #: Bytes of trace context an ``F_TRACE`` message carries (opaque to the kernel;
@@ -62,7 +62,7 @@ TRACE_SIZE = 24
 # port message status
 S_VALUE = 0
 S_ERROR = 1  # payload: an exception to raise at the receiver (ActorError ...)
-S_BATCH = 3  # replies gathered by a cast tree: see ``monarch_core._actor._tree.encode_batch``
+S_BATCH = 3  # replies gathered by a cast tree: see ``monarch_core._proc._tree.encode_batch``
 
 _COALESCE = 1 << 16  # parts smaller than this are joined into one write
 BYTES_BIT = 1 << 63  # in a buffer length: deliver this buffer as ``bytes`` (not a bytearray)

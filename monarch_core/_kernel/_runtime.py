@@ -105,12 +105,12 @@ class Kernel(InboundServing, ChildWatch):
         self._ackers: set[_Acker] = set()  # inbound sessions read on the loop (TLS, third-party streams)
         self._eager_ack: set[str] = set()  # senders whose messages are acknowledged at once
         self._eager_ack_all = False
-        #: Forwards cast-tree messages (set by the proc agent; see ``_actor._tree``).
+        #: Forwards cast-tree messages (set by the proc agent; see ``_proc._tree``).
         self.tree_handler: Callable[..., None] | None = None
         self.tree_forwarded = 0  # cast-tree messages this proc sent on (tests and benchmarks read it)
         self.tree_batches = 0  # batches of gathered replies this proc sent up a cast tree
         #: (actor mesh key, sender's view id) -> member -> (proc_id, address): the addresses a
-        #: forwarder needs, kept from the first message of a sender (``_actor._tree``).
+        #: forwarder needs, kept from the first message of a sender (``_proc._tree``).
         self.tree_tables: dict[tuple[str, str], dict[int, tuple]] = {}
         #: session id -> the receiving side of that session (its connections come and go)
         self._fences: dict[str, SessionFence] = {}

@@ -4,10 +4,10 @@ The kernel sits below the actor layer and never imports it (the layers
 contract in ``pyproject.toml`` checks this).  It reaches the layer above only
 through the protocols defined here, which that layer implements:
 
-- :class:`ProcAgentProtocol`: the proc agent (``_actor._agent.ProcAgent``,
+- :class:`ProcAgentProtocol`: the proc agent (``_proc._agent.ProcAgent``,
   ``_launch._worker.WorkerLoopAgent``) that the kernel hands control messages
   and messages for actors it does not know;
-- :class:`MailboxProtocol`: an actor's mailbox (``_actor._host.ActorHost``),
+- :class:`MailboxProtocol`: an actor's mailbox (``_proc._host.ActorHost``),
   what ``Kernel.actors`` maps actor ids to.
 
 :class:`InboundKernel` is the part of ``Kernel`` that the inbound poller

@@ -342,8 +342,8 @@ def hello_workers(rt: Any, addresses: list[str], timeout: float) -> tuple[dict[s
     kernel's last error for it or None)`` or ``("failed", the exception its
     answer carried)``.  When any is missing, the sessions the hellos opened are closed
     (the caller gives up on them all: none may keep reconnecting)."""
-    from monarch_core._actor._port import OneReply
-    from monarch_core._kernel import _control as C
+    from monarch_core._proc._port import OneReply
+    from monarch_core._proc import _control as C
     from monarch_core._kernel import _wire as W
     from monarch_core._launch._spawn import host_proc_id
 
@@ -433,7 +433,7 @@ def prepare_transport(scheduler: Any, request: Any) -> None:
     ``scheduler.client_address(request)`` if it names one) and ask it for
     session credentials; a client already on a local-only transport gets a
     ``ConfigError`` that says what to call instead."""
-    from monarch_core._actor import _transport
+    from monarch_core._proc import _transport
     from monarch_core._plugins import registry
     from monarch_core.hookspecs import SESSION_CREDENTIALS
 

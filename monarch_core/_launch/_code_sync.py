@@ -16,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from monarch_core._actor._future import Cell
+from monarch_core._proc._future import Cell
 from monarch_core._workspace import Workspace
 from monarch_core.errors import AllocationError, ConfigError, MonarchError
 

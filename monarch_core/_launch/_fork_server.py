@@ -417,7 +417,7 @@ class ForkServer:
                     return early
                 early.discard()
             try:
-                from monarch_core._actor import _state
+                from monarch_core._proc import _state
 
                 rt = _state.current_runtime_or_none()
                 transport = rt.transport if rt is not None else None
@@ -469,7 +469,7 @@ def start_early() -> None:
     on the main thread, which lives as long as the process: the zygote's death
     signal is tied to the thread that starts it."""
     global _early
-    from monarch_core._actor import _state, _transport
+    from monarch_core._proc import _state, _transport
 
     if (
         _state.current_runtime_or_none() is not None

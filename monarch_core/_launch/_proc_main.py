@@ -21,7 +21,7 @@ import os
 import signal
 import sys
 
-from monarch_core._actor._state import tune_malloc  # noqa: F401 - defined below the launch layer
+from monarch_core._proc._state import tune_malloc  # noqa: F401 - defined below the launch layer
 
 
 def _set_parent_death_signal() -> None:
@@ -66,9 +66,9 @@ def main() -> None:
     _debug_hook.install()  # breakpoint() stops for `monarch debug` (docs/debugging.md)
     import trio
 
-    from monarch_core._actor import _serial, _state, _transport
-    from monarch_core._actor._agent import ProcAgent
-    from monarch_core._kernel import _control as C
+    from monarch_core._proc import _serial, _state, _transport
+    from monarch_core._proc._agent import ProcAgent
+    from monarch_core._proc import _control as C
     from monarch_core._kernel import _wire as W
     from monarch_core._kernel._runtime import Kernel
     from monarch_core._mesh._shape import Extent, Point
@@ -96,7 +96,7 @@ def main() -> None:
     agent.runtime = rt
     _state.set_runtime(rt)
     status = tuple(info["status"])
-    from monarch_core._actor import _reporting
+    from monarch_core._proc import _reporting
 
     output = info.get("output") or "direct"
     host_name = info.get("host_name") or None

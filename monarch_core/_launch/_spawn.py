@@ -24,7 +24,7 @@ import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable
 
-from monarch_core._kernel import _control as C
+from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
 from monarch_core._launch._children import start_child
@@ -197,7 +197,7 @@ def send_init(kernel: Kernel, slot: Any, spec: ProcSpec, boot_payload: tuple, st
 
 def spawn_remote(rt: Any, address: str, entries: list, status: ProcStatus, boot_payload: tuple) -> None:
     """Ask the worker loop at ``address`` to start procs (kernel loop)."""
-    from monarch_core._actor import _serial
+    from monarch_core._proc import _serial
 
     kernel = rt.kernel
     host_id = host_proc_id(address)
@@ -214,7 +214,7 @@ class ProcStatus(PortHandler):
     resolves when every proc is ready, or fails with the first error."""
 
     def __init__(self, kernel: Kernel, slots: list, describe: Callable[[int], str]) -> None:
-        from monarch_core._actor._future import Cell
+        from monarch_core._proc._future import Cell
 
         self.kernel = kernel
         self.slots = slots
@@ -225,7 +225,7 @@ class ProcStatus(PortHandler):
         self.port_id = kernel.add_port(self)
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
-        from monarch_core._actor import _serial
+        from monarch_core._proc import _serial
 
         try:
             msg = _serial.loads(payload, buffers)
@@ -249,7 +249,7 @@ class ProcStatus(PortHandler):
                 self.ready += 1
                 done = self.ready == len(self.slots)
             if 0 <= rank < len(self.slots):
-                from monarch_core._actor import _reporting  # (lazily: this module stays off the mesh layer)
+                from monarch_core._proc import _reporting
 
                 _reporting.proc_ready(self.slots[rank].proc_id, self.slots[rank].pid, done)
             if done:

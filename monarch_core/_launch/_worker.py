@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import trio
 
-from monarch_core._actor import _serial
-from monarch_core._actor._agent import ProcAgent
-from monarch_core._actor._watch import HEARTBEAT_INTERVAL
-from monarch_core._actor._port import send_to_port
-from monarch_core._kernel import _control as C
+from monarch_core._proc import _serial
+from monarch_core._proc._agent import ProcAgent
+from monarch_core._proc._watch import HEARTBEAT_INTERVAL
+from monarch_core._proc._port import send_to_port
+from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core._launch._spawn import start_proc
 
@@ -320,7 +320,7 @@ def run_worker_loop_forever(
     ``MONARCH_DELIVERY_TIMEOUT`` (a partition, a lost host: the client will
     not use it again).  Without it, only that client's procs are killed.
     """
-    from monarch_core._actor import _state, _transport
+    from monarch_core._proc import _state, _transport
     from monarch_core._kernel._runtime import Kernel
     from monarch_core._mesh._shape import Extent, Point
     from monarch_core._plugins import registry

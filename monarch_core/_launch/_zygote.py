@@ -72,7 +72,7 @@ def _preload(transport: str | None, sock: socket.socket | None = None, warm: Seq
     import cloudpickle  # noqa: F401
     import trio  # noqa: F401
 
-    from monarch_core._actor import (  # noqa: F401
+    from monarch_core._proc import (  # noqa: F401
         _agent,
         _host,
         _serial,

@@ -313,14 +313,14 @@ def _user_stacklevel() -> int:
 
 
 def _dead_reason(proc_id: str) -> str | None:
-    from monarch_core._actor import _state
+    from monarch_core._proc import _state
 
     rt = _state.current_runtime_or_none()
     return rt.kernel.dead.get(proc_id) if rt is not None else None
 
 
 def _this_proc_id() -> str | None:
-    from monarch_core._actor import _state
+    from monarch_core._proc import _state
 
     rt = _state.current_runtime_or_none()
     return rt.proc_id if rt is not None else None
@@ -335,7 +335,7 @@ def _watch_deaths() -> None:
     if _watching:
         return
     _watching = True
-    from monarch_core._actor import _state
+    from monarch_core._proc import _state
 
     rt = _state.current_runtime_or_none()
     if rt is not None:

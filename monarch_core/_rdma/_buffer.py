@@ -5,8 +5,8 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from monarch_core._actor import _state
-from monarch_core._actor._future import Future
+from monarch_core._proc import _state
+from monarch_core._proc._future import Future
 from monarch_core._rdma import _backends, _transfer
 from monarch_core._rdma._handle import Handle
 from monarch_core._rdma._memory import local_memory

@@ -18,8 +18,8 @@ import threading
 import time
 from typing import Any
 
-from monarch_core._actor import _state
-from monarch_core._actor._future import Cell
+from monarch_core._proc import _state
+from monarch_core._proc._future import Cell
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
 from monarch_core.errors import RDMAError, SupervisionError

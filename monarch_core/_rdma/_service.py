@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from monarch_core import settings
-from monarch_core._actor import _state
+from monarch_core._proc import _state
 from monarch_core._kernel._ports import PortHandler
 from monarch_core._rdma import _backends, _proto
 from monarch_core._rdma._proto import E_RDMA, E_VALUE, OK, reply

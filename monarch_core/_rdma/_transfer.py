@@ -17,8 +17,8 @@ import time
 from typing import Any
 
 from monarch_core import settings
-from monarch_core._actor import _state
-from monarch_core._actor._future import Cell, Future
+from monarch_core._proc import _state
+from monarch_core._proc._future import Cell, Future
 from monarch_core._rdma import _backends
 from monarch_core._rdma._handle import Handle
 from monarch_core._rdma._memory import Local, local_memory

@@ -28,5 +28,5 @@ __all__ = ["bind_current_actor", "configure_process", "lifecycle", "log_extra", 
 
 
 def bind_current_actor(var: Any) -> None:
-    """Tell telemetry which context variable holds the running actor (``_actor._state``)."""
+    """Tell telemetry which context variable holds the running actor (``_proc._state``)."""
     state.current_actor = var

@@ -56,7 +56,7 @@ class State:
         self._retired_taken = 0
         self.events: collections.deque[tuple] = collections.deque(maxlen=MAX_BUFFERED)
         self.dropped = 0
-        #: ``_actor._state.current_actor`` (this bottom layer does not import it).
+        #: ``_proc._state.current_actor`` (this bottom layer does not import it).
         self.current_actor: Any = None
         self.read_settings()
 

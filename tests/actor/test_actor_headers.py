@@ -14,8 +14,8 @@ import uuid
 import pytest
 import trio
 
-from monarch_core._actor._agent import ProcAgent
-from monarch_core._actor._host import ActorHost
+from monarch_core._proc._agent import ProcAgent
+from monarch_core._proc._host import ActorHost
 from monarch_core._kernel import _wire as W
 from monarch_core._plugins import registry
 from monarch_core.actor import Actor, endpoint, this_host

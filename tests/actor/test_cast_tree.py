@@ -1,4 +1,4 @@
-"""Cast trees (``monarch_core._actor._tree``): a large mesh is reached
+"""Cast trees (``monarch_core._proc._tree``): a large mesh is reached
 through its members, each forwarding to at most ``FANOUT`` others.
 
 The live tests lower the thresholds in this (sending) process only: a mesh
@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from monarch_core._actor import _state, _tree
+from monarch_core._proc import _state, _tree
 from monarch_core._kernel import _wire as W
 from monarch_core.actor import Actor, current_rank, endpoint, this_host
 from monarch_core.errors import ProtocolError, SupervisionError
@@ -234,7 +234,7 @@ def test_a_bad_tree_setting_is_a_clear_error(name: str, value: str) -> None:
     import sys
 
     env = {**os.environ, name: value}
-    r = subprocess.run([sys.executable, "-c", "import monarch_core.actor; from monarch_core._actor import _tree"],
+    r = subprocess.run([sys.executable, "-c", "import monarch_core.actor; from monarch_core._proc import _tree"],
                        capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode != 0
     assert f"{name} must be an integer >= 2, got {value!r}" in r.stderr

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import marshal
 
-from monarch_core._actor import _state
-from monarch_core._actor._port import OneReply
-from monarch_core._kernel import _control as C
+from monarch_core._proc import _state
+from monarch_core._proc._port import OneReply
+from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core.actor import Actor, endpoint, this_host
 

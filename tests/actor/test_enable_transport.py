@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class Probe(Actor):
     @endpoint
     def where(self) -> dict:
-        from monarch_core._actor import _state
+        from monarch_core._proc import _state
 
         rt = _state.runtime()
         return {"address": rt.kernel.address, "transport": rt.transport, "pid": os.getpid()}
@@ -56,7 +56,7 @@ def short_dir():  # type: ignore[no-untyped-def]
 _USE = """
 import json, os, stat
 from monarch_core.actor import ChannelTransport, enable_transport, this_host
-from monarch_core._actor import _state
+from monarch_core._proc import _state
 from test_enable_transport import Probe
 
 choice = {choice}
@@ -216,7 +216,7 @@ def accepted() -> dict:
     code = (
         "import json\n"
         "from monarch_core.actor import ChannelTransport, enable_transport\n"
-        "from monarch_core._actor import _transport as T\n"
+        "from monarch_core._proc import _transport as T\n"
         f"cases = {{\n{cases}\n}}\n"
         "def forget_choice():\n"  # as if no transport was ever enabled in this process
         "    with T._lock:\n"

@@ -38,7 +38,7 @@ class Probe(Actor):
 
     @endpoint
     def leftovers(self) -> list:
-        from monarch_core._actor._host import ActorHost
+        from monarch_core._proc._host import ActorHost
         gc.collect()
         hosts = [o for o in gc.get_objects() if type(o) is ActorHost]
         threads = [t.name for t in threading.enumerate() if t.name.startswith("monarch-actor-")]

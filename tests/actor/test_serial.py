@@ -1,4 +1,4 @@
-"""Serialisation of actor payloads (``monarch_core._actor._serial``): what
+"""Serialisation of actor payloads (``monarch_core._proc._serial``): what
 travels in the pickle and what out of band (end-to-end round trips through
 procs are in ``tests/api/test_payloads.py``)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from monarch_core._actor import _serial
+from monarch_core._proc import _serial
 
 
 def test_plain_cpu_tensor_is_sent_out_of_band_and_rebuilt_without_torch_save() -> None:

@@ -153,7 +153,7 @@ def test_post_mortem_costs_nothing_where_no_breakpoint_was_hit(monkeypatch) -> N
 
 def test_functions_shipped_by_value_keep_their_file_name() -> None:
     """cloudpickle writes ``<dynamic-code>``; tracebacks and pdb need the real name."""
-    from monarch_core._actor import _serial
+    from monarch_core._proc import _serial
 
     ns: dict = {"__name__": "__main__"}
     exec(compile("def f(n):\n    g = lambda k: k + 1\n    return [g(i) for i in range(n)]\n",

@@ -103,7 +103,7 @@ class _Faults(Actor):
 
 
 def test_common_payload_shortcuts_round_trip_and_never_compare_user_objects() -> None:
-    from monarch_core._actor import _serial
+    from monarch_core._proc import _serial
 
     class Touchy:
         def __eq__(self, other: object) -> bool:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from monarch_core._kernel import _control as C
+from monarch_core._proc import _control as C
 from monarch_core.errors import ProtocolError
 
 pytestmark = pytest.mark.unit
@@ -123,7 +123,7 @@ def _fake_kernel() -> Any:
 
 
 def test_every_message_has_a_receiver() -> None:
-    from monarch_core._actor._agent import ProcAgent
+    from monarch_core._proc._agent import ProcAgent
     from monarch_core._launch._worker import WorkerLoopAgent
 
     proc = set(ProcAgent(_fake_kernel()).control_handlers())
@@ -135,7 +135,7 @@ def test_every_message_has_a_receiver() -> None:
 def test_the_agent_dispatches_by_type_and_drops_malformed_messages_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from monarch_core._actor._agent import ProcAgent
+    from monarch_core._proc._agent import ProcAgent
 
     agent = ProcAgent(_fake_kernel())
     got: list = []

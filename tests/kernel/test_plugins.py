@@ -73,7 +73,7 @@ class WhereAmI(Actor):
 
     @endpoint
     def where(self, var: str) -> dict:
-        from monarch_core._actor import _state
+        from monarch_core._proc import _state
 
         return {"address": _state.runtime().kernel.address, "pid": os.getpid(), "var": os.environ.get(var)}
 
@@ -464,7 +464,7 @@ def test_third_party_transport_plugin_is_usable_by_name_and_carries_a_mesh(
         pm = this_host().spawn_procs(per_host={"gpus": 2})
         w = pm.spawn("w", WhereAmI)
         where = w.where.call("MC_DIRT_RANK").get(timeout=60).values()
-        from monarch_core._actor import _state
+        from monarch_core._proc import _state
         client = _state.runtime().kernel.address
         files = sorted(os.listdir(os.environ["MC_DIRT_DIR"]))
         pm.stop().get(timeout=30)

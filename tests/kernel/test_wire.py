@@ -29,7 +29,7 @@ import tracemalloc
 import pytest
 import trio
 
-from monarch_core._actor import _serial
+from monarch_core._proc import _serial
 from monarch_core._compat import leaf_exceptions
 from monarch_core._kernel import _wire as W
 from monarch_core.errors import ConnectionClosed, ProtocolError

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from monarch_core._actor import _state
+from monarch_core._proc import _state
 from monarch_core._launch import _fork_server
 from monarch_core._launch._bootstrap import PROC_MODULE
 from monarch_core.actor import (
@@ -133,8 +133,8 @@ def test_procs_are_forked_from_a_zygote_that_imported_the_kernel_but_not_torch(m
     info = _zygote_info()
     assert info["pid"] == zpid
     mods = set(info["modules"])
-    for m in ("trio", "monarch_core._kernel._runtime", "monarch_core._actor._agent", "monarch_core._actor._serial",
-              "monarch_core._actor._state", "monarch_core._actor._transport", "monarch_core._plugins", "asyncio"):
+    for m in ("trio", "monarch_core._kernel._runtime", "monarch_core._proc._agent", "monarch_core._proc._serial",
+              "monarch_core._proc._state", "monarch_core._proc._transport", "monarch_core._plugins", "asyncio"):
         assert m in mods, m
     assert "torch" not in mods and not any(m.startswith("torch.") for m in mods)
     assert info["threads"] == 1

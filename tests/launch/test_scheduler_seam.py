@@ -22,7 +22,8 @@ import uuid
 import pytest
 import trio
 
-from monarch_core._actor import _mesh, _state
+from monarch_core._actor import _mesh
+from monarch_core._proc import _state
 from monarch_core._builtins._local import LocalScheduler
 from monarch_core._launch import _alloc
 from monarch_core.actor import Actor, endpoint, this_host
@@ -316,7 +317,8 @@ def test_defaults_keys_a_scheduler_does_not_take_are_left_out(tmp_path, monkeypa
 CLIENT = textwrap.dedent(
     """
     import json, os, sys, time
-    from monarch_core._actor import _mesh, _state
+    from monarch_core._actor import _mesh
+    from monarch_core._proc import _state
     from monarch_core._builtins._local import LocalScheduler
     from monarch_core._launch import _alloc
     from monarch_core.actor import Actor, endpoint

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from monarch_core import telemetry
-from monarch_core._actor import _serial
+from monarch_core._proc import _serial
 from monarch_core._telemetry import _hub, _metrics
 from monarch_core.actor import Actor, ActorError, endpoint
 

@@ -81,7 +81,7 @@ def check_good_client(run_client, scheme, i, pki=None, port=None) -> None:  # ty
 # ---------------------------------------------------------------- three hosts, tcp and tls
 
 CROSS_HOSTS = """
-from monarch_core._actor import _state
+from monarch_core._proc import _state
 hosts = attach()
 pm = hosts.spawn_procs(per_host={"gpus": 2})
 a = pm.spawn("a", Where)

@@ -15,7 +15,7 @@ from monarch_core.actor import Actor, endpoint
 
 
 def _my_address() -> str:
-    from monarch_core._actor import _state
+    from monarch_core._proc import _state
 
     return _state.runtime().kernel.address
 
@@ -167,7 +167,7 @@ class ProcBreaker(Actor):
     def begin(self, seed: int) -> None:
         import threading
 
-        from monarch_core._actor import _state
+        from monarch_core._proc import _state
 
         self._thread = threading.Thread(
             target=break_sessions_forever, args=(_state.runtime().kernel, seed, self._stop), daemon=True

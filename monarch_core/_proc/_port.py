@@ -16,8 +16,8 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Protocol, TypeVar
 
-from monarch_core._actor import _serial, _state
-from monarch_core._actor._future import Cell, Future
+from monarch_core._proc import _serial, _state
+from monarch_core._proc._future import Cell, Future
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
 from monarch_core._telemetry import _metrics
@@ -444,7 +444,7 @@ class GatherReplies(PortHandler):
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         if status == W.S_BATCH:  # replies gathered by a cast tree
-            from monarch_core._actor._tree import decode_batch
+            from monarch_core._proc._tree import decode_batch
 
             for item in decode_batch("a cast-tree forwarder", payload, buffers):
                 if item[1] == W.S_BATCH:

@@ -256,7 +256,7 @@ class SubtreeGather:
         self._send_up(batch)
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
-        from monarch_core._actor import _serial
+        from monarch_core._proc import _serial
 
         with self.lock:
             if self.closed:
@@ -375,7 +375,7 @@ def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_p
             kernel.send(entry[0], entry[1], W.K_ACTOR, flags, out, payload, buffers)
         kernel.tree_forwarded += 1
     if g is not None:
-        from monarch_core._actor import _serial
+        from monarch_core._proc import _serial
 
         for m in passed:  # nobody below answers for a dead member
             g.deliver(m, W.S_ERROR, *_serial.dumps(kernel._dead_error(table[m][0])))
@@ -390,7 +390,7 @@ def _fail_targets(kernel: Kernel, at: int, n: int, fanout: int, targets: list | 
     cannot route)."""
     if reply is None:
         return
-    from monarch_core._actor import _serial
+    from monarch_core._proc import _serial
     from monarch_core.errors import SupervisionError
 
     err = SupervisionError(

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from monarch_core._actor._port import GatherReplies, OneReply, StreamReplies
+from monarch_core._proc._port import GatherReplies, OneReply, StreamReplies
 from monarch_core._kernel import _wire as W
 from monarch_core._telemetry import _metrics, _spans
 from monarch_core._telemetry._core import state

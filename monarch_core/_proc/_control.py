@@ -1,6 +1,6 @@
 """Control messages: the named types of what ``K_CONTROL`` frames carry.
 
-A control message asks a proc's agent (``_actor._agent.ProcAgent``, or a
+A control message asks a proc's agent (``_proc._agent.ProcAgent``, or a
 worker loop's ``_launch._worker.WorkerLoopAgent``) to do something: spawn or
 stop an actor, run the proc's bootstrap, stop the proc, answer a heartbeat...
 On the wire its header is the ``marshal`` of a tuple, the op name first and

@@ -18,9 +18,9 @@ import threading
 from _thread import get_ident as _get_ident
 from typing import TYPE_CHECKING, Any
 
-from monarch_core._actor import _instrument, _reporting, _serial, _state
-from monarch_core._actor._invoke import EndpointCalls, _loopless
-from monarch_core._actor._port import ReturnPort, send_to_port, this_proc_and_host, wrap_exception
+from monarch_core._proc import _instrument, _reporting, _serial, _state
+from monarch_core._proc._invoke import EndpointCalls, _loopless
+from monarch_core._proc._port import ReturnPort, send_to_port, this_proc_and_host, wrap_exception
 from monarch_core._kernel import _frames
 from monarch_core._kernel import _wire as W
 from monarch_core._mesh._shape import Extent, Point
@@ -421,7 +421,7 @@ class ActorHost(EndpointCalls):
                          extra=self._log_extra("user", "__init__"))
             if init_reply is not None:
                 send_to_port(init_reply, self.rank.rank, W.S_ERROR, self.init_error)
-            from monarch_core._actor import _supervision as S
+            from monarch_core._proc import _supervision as S
 
             self.agent.actor_failed(self, f"__init__ raised:\n{self.init_error.remote_traceback}", S.USER, [])
             return
@@ -451,7 +451,7 @@ class ActorHost(EndpointCalls):
         self.failure = err
         cause = f"{why}:\n{err.remote_traceback}" if err.remote_traceback else f"{why}: {exc!r}"
         if chain:  # a cascade: its refusals show how it came up to this actor
-            from monarch_core._actor import _supervision as S
+            from monarch_core._proc import _supervision as S
 
             self._chain = [*chain, S.make_report(
                 mesh_key=self.key, mesh_name=self.name, class_name=self.class_name, rank=self.rank.rank,

@@ -16,8 +16,8 @@ import inspect
 import logging
 from typing import Any
 
-from monarch_core._actor import _instrument, _serial, _state, _tree
-from monarch_core._actor._port import (
+from monarch_core._proc import _instrument, _serial, _state, _tree
+from monarch_core._proc._port import (
     _DroppingPort,
     Port,
     send_raw_to_port,
@@ -75,7 +75,7 @@ class EndpointCalls:
                 on += f" on host {host}"
             chain = ""
             if self._chain:  # a cascade: where it started, and how it came up to this actor
-                from monarch_core._actor import _supervision as S
+                from monarch_core._proc import _supervision as S
 
                 chain = "\n" + S.cascade(self._chain)
             exc = SupervisionError(

@@ -232,7 +232,7 @@ def _run_notice_hook(hook: Any, failure: MeshFailure) -> None:
 
 
 def _end_client() -> None:
-    from monarch_core._actor import _state
+    from monarch_core._proc import _state
 
     if _state._requested_exit_code:
         return  # already ending: a second interrupt would cut short the shutdown at exit

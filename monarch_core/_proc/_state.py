@@ -150,7 +150,7 @@ def runtime() -> ProcRuntime:
 
 
 def _start_client() -> None:
-    from monarch_core._actor import _transport
+    from monarch_core._proc import _transport
     from monarch_core._kernel._runtime import Kernel
     from monarch_core._plugins import registry
 

@@ -176,7 +176,7 @@ def _following() -> Iterator[None]:
 
 
 def _kernel_thread_check() -> None:
-    from monarch_core._actor import _state
+    from monarch_core._proc import _state
 
     rt = _state.current_runtime_or_none()
     if rt is not None and rt.kernel.in_loop():

@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_core import settings
 from monarch_core import _telemetry
-from monarch_core._actor import _reporting, _serial, _state
-from monarch_core._actor._port import send_to_port, wrap_exception
-from monarch_core._actor._watch import ProcWatch, Supervised
-from monarch_core._kernel import _control as C
+from monarch_core._proc import _reporting, _serial, _state
+from monarch_core._proc._port import send_to_port, wrap_exception
+from monarch_core._proc._watch import ProcWatch, Supervised
+from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core.errors import ProtocolError, SupervisionError, UndeliverableMessageError
 
 if TYPE_CHECKING:
-    from monarch_core._actor._host import ActorHost
+    from monarch_core._proc._host import ActorHost
     from monarch_core._kernel._runtime import Kernel
 
 logger = logging.getLogger("monarch.proc")
@@ -44,7 +44,7 @@ GONE_KEPT = 256
 
 class ProcAgent(ProcWatch):
     def __init__(self, kernel: Kernel) -> None:
-        from monarch_core._actor import _tree
+        from monarch_core._proc import _tree
 
         self.kernel = kernel
         kernel.tree_handler = _tree.forward  # this proc forwards cast-tree messages it is on the way of
@@ -118,7 +118,7 @@ class ProcAgent(ProcWatch):
             logger.exception("control op %r from %s failed", op, sender)
 
     def _on_spawn(self, m: C.Spawn, payload: Any, buffers: list, sender: str) -> None:
-        from monarch_core._actor._host import ActorHost
+        from monarch_core._proc._host import ActorHost
 
         key, owner = m.key, m.owner
         if key in self.kernel.actors:
@@ -377,7 +377,7 @@ class ProcAgent(ProcWatch):
             host.owned.clear()
         _stop_meshes(owned, timeout)
         cells = []
-        from monarch_core._actor._future import Cell
+        from monarch_core._proc._future import Cell
 
         for host in hosts:
             c = Cell()

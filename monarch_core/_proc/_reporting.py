@@ -20,9 +20,9 @@ import time
 from typing import TYPE_CHECKING, Any, Optional
 
 from monarch_core import _telemetry
-from monarch_core._actor import _state
-from monarch_core._actor._port import GatherReplies, send_to_port
-from monarch_core._kernel import _control as C
+from monarch_core._proc import _state
+from monarch_core._proc._port import GatherReplies, send_to_port
+from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core._telemetry import _batch, _events, _output
 from monarch_core._telemetry._core import lifecycle, state
@@ -165,7 +165,7 @@ def flush(timeout: float = 5.0) -> None:
     """Ask every proc that shipped telemetry here to send what it has, wait for
     them (at most ``timeout`` s), and hand everything to the sinks (root only;
     blocking, not on the kernel's loop)."""
-    from monarch_core._actor._future import Cell
+    from monarch_core._proc._future import Cell
     from monarch_core._telemetry._hub import hub
 
     rt = _state.current_runtime_or_none()
@@ -356,7 +356,7 @@ async def after_procs_stopped(kernel: Kernel, mesh: str) -> None:
 
 def log_option(slots: list, stream: bool, level: int, timeout: float) -> None:
     """Send ``LogOption`` to the procs of ``slots`` and wait until each applied it."""
-    from monarch_core._actor._future import Cell
+    from monarch_core._proc._future import Cell
 
     rt = _state.runtime()
     kernel = rt.kernel
@@ -394,7 +394,7 @@ class _Answer:
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         self.kernel.remove_port(self.port_id)
         if status != W.S_VALUE:
-            from monarch_core._actor import _serial
+            from monarch_core._proc import _serial
 
             try:
                 self.error = str(_serial.loads(payload, buffers))

@@ -19,13 +19,13 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_core import settings
-from monarch_core._actor import _reporting, _serial
-from monarch_core._actor._port import ReturnPort, send_to_port
-from monarch_core._kernel import _control as C
+from monarch_core._proc import _reporting, _serial
+from monarch_core._proc._port import ReturnPort, send_to_port
+from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
 
 if TYPE_CHECKING:
-    from monarch_core._actor._host import ActorHost
+    from monarch_core._proc._host import ActorHost
 
 logger = logging.getLogger("monarch.proc")
 
@@ -65,8 +65,8 @@ class ProcWatch:
     def actor_failed(self, host: ActorHost, cause: str, category: str, chain: list[dict]) -> dict:
         """An actor of this proc died (any thread): report it to its owner;
         the report (what its later refusals quote)."""
-        from monarch_core._actor import _supervision as S
-        from monarch_core._actor._port import this_proc_and_host
+        from monarch_core._proc import _supervision as S
+        from monarch_core._proc._port import this_proc_and_host
 
         self.gone.setdefault(host.key, (host.describe(), f"failed: {cause.strip().splitlines()[-1] if cause.strip() else cause}"))
         _reporting.actor_failed(host, cause, category)
@@ -108,7 +108,7 @@ class ProcWatch:
     def handle_report(self, report: dict) -> None:
         """A mesh this process owns lost a rank (any thread): mark it, and hand
         the failure to the owner (``__supervise__``, or the root's hook)."""
-        from monarch_core._actor import _supervision as S
+        from monarch_core._proc import _supervision as S
 
         rec = self.supervised.get(report["mesh_key"])
         if rec is None:
@@ -162,8 +162,8 @@ class ProcWatch:
             self._tell_owners(proc_id, reason, stopped)
         if stopped:
             return
-        from monarch_core._actor import _supervision as S
-        from monarch_core._actor._port import this_proc_and_host
+        from monarch_core._proc import _supervision as S
+        from monarch_core._proc._port import this_proc_and_host
 
         for rec in list(self.supervised.values()):
             for rank, slot in enumerate(rec.members):
@@ -209,7 +209,7 @@ class ProcWatch:
 
     def undeliverable(self, exc: BaseException) -> None:
         """A message sent from outside any actor could not be delivered."""
-        from monarch_core._actor import _supervision as S
+        from monarch_core._proc import _supervision as S
 
         if self.runtime is not None and self.runtime.is_client:
             report = S.make_report(
