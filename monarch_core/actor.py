@@ -9,6 +9,10 @@ the reference's signatures) are importable from here too, and from
 
 from __future__ import annotations
 
+import sys
+import types
+from typing import Any, Callable
+
 from monarch_core._actor._actor import Actor
 from monarch_core._launch._bootstrap import BootstrapCommand, default_bootstrap_cmd  # noqa: F401 (importable, not in __all__)
 from monarch_core._actor._context import Context, context, current_actor_name, current_rank, current_size
@@ -29,9 +33,10 @@ from monarch_core._actor._mesh import (
     this_host,
     this_proc,
 )
-from monarch_core._proc._port import Channel, Port, PortReceiver
+from monarch_core._actor._channel import Channel
+from monarch_core._proc._port import Port, PortReceiver
 from monarch_core._proc._supervision import MeshFailure
-from monarch_core._proc._supervision import unhandled_fault_hook as _default_unhandled_fault_hook
+from monarch_core._proc import _supervision
 from monarch_core._proc._transport import ChannelTransport, enable_transport  # noqa: F401 (importable, not in __all__)
 from monarch_core._mesh._shape import Extent, Point
 from monarch_core._mesh._value_mesh import ValueMesh
@@ -39,7 +44,28 @@ from monarch_core._telemetry import traced
 from monarch_core._workspace import Workspace  # noqa: F401 (importable, not in __all__)
 from monarch_core.errors import ActorError
 
-unhandled_fault_hook = _default_unhandled_fault_hook
+
+
+class _ActorModule(types.ModuleType):
+    """This module's type: ``unhandled_fault_hook`` is a property, so that
+    assigning it (``monarch_core.actor.unhandled_fault_hook = fn``, the
+    reference's way) sets the hook the supervision runtime calls."""
+
+    @property
+    def unhandled_fault_hook(self) -> Callable[[MeshFailure], Any]:
+        """Called (on a helper thread of the client) with a failure nobody
+        handled.  Assign a function to replace it: a normal return drops the
+        fault; raising anything (including ``SystemExit``) leaves it unhandled.
+        The default logs the report and leaves it unhandled, which ends the
+        client with exit code 1."""
+        return _supervision.fault_hook()
+
+    @unhandled_fault_hook.setter
+    def unhandled_fault_hook(self, fn: Callable[[MeshFailure], Any]) -> None:
+        _supervision.set_fault_hook(fn)
+
+
+sys.modules[__name__].__class__ = _ActorModule
 
 
 def shutdown_context() -> Future[None]:
@@ -47,9 +73,9 @@ def shutdown_context() -> Future[None]:
 
     Idempotent: later calls return an already-resolved future.  Runs
     automatically at interpreter exit."""
-    from monarch_core._proc import _state
+    from monarch_core._proc import _start, _state
 
-    _state.shutdown()
+    _start.shutdown()
     return Future._resolved(None)
 
 

@@ -3,10 +3,15 @@
 ``monarch plugins``  list installed plugins: name==version and what each provides;
                      a plugin that failed to load or is broken (a hook raised) is
                      listed as such, and the command still exits 0.
-``monarch debug``    attach to the actors of a running program stopped at ``breakpoint()`` (docs/debugging.md).
+``monarch debug``    attach to the actors of a running program stopped at ``breakpoint()``
+                     (docs/debugging.md; comes with the monarch-debugger plugin).
 ``monarch summary FILE``  top endpoints by total time (calls, errors, p50/p99) of a
 recorded trace (``record_trace``, ``MONARCH_TRACE_FILE``) or JSON-lines telemetry file
 (``record_events``, ``MONARCH_TELEMETRY_JSONL``).
+
+Plugins add commands through the ``monarch.cli`` entry point group; a known
+plugin command that is not installed (``monarch debug`` without the debugger)
+says which plugin to install.
 """
 
 from __future__ import annotations
@@ -56,12 +61,6 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
-def _debug_cli():  # type: ignore[no-untyped-def]
-    from monarch_core._debug import _cli
-
-    return _cli
-
-
 def _plugin_commands(sub: argparse._SubParsersAction) -> None:
     """Subcommands of installed plugins: entry points of group ``monarch.cli``, each a
     ``register(subparsers)`` that adds its parser (``monarch dashboard``)."""
@@ -74,14 +73,28 @@ def _plugin_commands(sub: argparse._SubParsersAction) -> None:
             print(f"monarch: the {ep.name!r} command of a plugin failed to load: {e}", file=sys.stderr)
 
 
+#: Commands that the project's plugins add: command -> (plugin, install line).
+PLUGIN_COMMANDS = {
+    "debug": ("monarch-debugger", "pip install ./plugins/debugger"),
+    "dashboard": ("monarch-dashboard", "pip install ./plugins/dashboard"),
+}
+
+
+def _missing_plugin_command(argv: list[str], sub: argparse._SubParsersAction) -> str | None:
+    """What to say when ``argv`` names a plugin's command that is not installed."""
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command is None or command in sub.choices or command not in PLUGIN_COMMANDS:
+        return None
+    dist, install = PLUGIN_COMMANDS[command]
+    return (f"monarch: the {command!r} command comes with the {dist} plugin, which is not installed here; "
+            f"install it in a monarch-core checkout with `{install}`")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="monarch", description="monarch-core command line")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("plugins", help="list installed plugins and what they provide")
     p.set_defaults(func=_cmd_plugins)
-    p = sub.add_parser("debug", help="debug the actors of a running program that stopped at breakpoint()")
-    _debug_cli().add_arguments(p)
-    p.set_defaults(func=lambda args: _debug_cli().main(args))
     p = sub.add_parser("summary", help="top endpoints of a recorded trace or telemetry file (p50/p99, errors)")
     p.add_argument("file", help="a Chrome trace (record_trace, MONARCH_TRACE_FILE) or JSON-lines file "
                    "(record_events, MONARCH_TELEMETRY_JSONL)")
@@ -90,6 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--per-rank", action="store_true", help="one row per rank")
     p.set_defaults(func=_cmd_summary)
     _plugin_commands(sub)
+    argv = sys.argv[1:] if argv is None else argv
+    missing = _missing_plugin_command(argv, sub)
+    if missing:
+        print(missing, file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

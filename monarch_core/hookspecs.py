@@ -1,7 +1,7 @@
 """The plugin contract of monarch-core: pluggy hookspecs for five seams.
 
 This module, together with the public types it names, is the *only* thing a
-plugin imports from monarch-core.  Five families of hooks:
+plugin imports from monarch-core.  Six families of hooks:
 
 * **transport** -- :func:`monarch_transports` yields :class:`TransportSpec`
   descriptions of byte-stream channels (``ipc``, ``tcp``, ``tls`` ...).
@@ -13,6 +13,11 @@ plugin imports from monarch-core.  Five families of hooks:
 * **bootstrap** -- :func:`monarch_proc_env` adjusts the environment of a proc
   about to start; :func:`monarch_proc_setup` runs inside each new proc before
   any actor.
+* **lifecycle** -- :func:`monarch_actor_stopped`,
+  :func:`monarch_proc_stopping`, :func:`monarch_proc_stopped` and
+  :func:`monarch_endpoint_raised` tell a plugin, inside the process where it
+  happens, that an actor stopped, the process begins to stop or stopped, or
+  an endpoint raised (release what an actor held; a post-mortem debugger);
 * **telemetry** -- :func:`monarch_telemetry_sinks` yields sinks that receive,
   in the client, batches of :class:`TelemetryEvent` (spans, endpoint metrics,
   lifecycle events) recorded in every process of the program.
@@ -22,9 +27,10 @@ plugin imports from monarch-core.  Five families of hooks:
   :class:`RDMABackend` is resolved once per process, its
   :class:`RDMAConnection` once per peer proc.
 
-Hooks are plain synchronous functions that *describe* or *decide*; they are
-called once (when a transport is enabled, a host mesh is allocated, a proc
-starts, or the kernel starts), never per message.  The objects they return do
+Hooks are plain synchronous functions that *describe*, *decide* or *react*;
+they are called once (when a transport is enabled, a host mesh is allocated, a
+proc starts, or the kernel starts) or at a lifecycle event (an actor stopped,
+an endpoint raised), never per message.  The objects they return do
 the asynchronous work on the kernel's trio loop.
 
 A plugin is a module with functions decorated by :data:`hookimpl`, declared in
@@ -70,6 +76,9 @@ and the names here are its objects (their ``__module__`` names that module):
   its worked example (:class:`Workspace` comes from ``monarch_core._workspace``);
 * ``_contract/_bootstrap.py`` -- :func:`monarch_proc_env`,
   :func:`monarch_proc_setup`;
+* ``_contract/_lifecycle.py`` -- :func:`monarch_actor_stopped`,
+  :func:`monarch_proc_stopping`, :func:`monarch_proc_stopped`,
+  :func:`monarch_endpoint_raised`;
 * ``_contract/_telemetry.py`` -- :class:`TelemetryEvent`,
   :class:`TelemetrySink`, :func:`monarch_telemetry_sinks` and its worked
   example;
@@ -87,6 +96,12 @@ from __future__ import annotations
 
 from monarch_core._contract._bootstrap import monarch_proc_env, monarch_proc_setup
 from monarch_core._contract._common import PROJECT_NAME, hookimpl, hookspec
+from monarch_core._contract._lifecycle import (
+    monarch_actor_stopped,
+    monarch_endpoint_raised,
+    monarch_proc_stopped,
+    monarch_proc_stopping,
+)
 from monarch_core._contract._rdma import (
     MemoryRegion,
     RDMABackend,
@@ -147,6 +162,10 @@ __all__ = [
     "hookspec",
     "monarch_proc_env",
     "monarch_proc_setup",
+    "monarch_actor_stopped",
+    "monarch_endpoint_raised",
+    "monarch_proc_stopping",
+    "monarch_proc_stopped",
     "monarch_rdma_backends",
     "monarch_schedulers",
     "monarch_telemetry_sinks",

@@ -456,7 +456,7 @@ def check_scheduler(
 
     import monarch_core.actor as api
     from monarch_core._actor import _mesh
-    from monarch_core._proc import _state
+    from monarch_core._proc import _start, _state
     from monarch_core._launch import _alloc
     from monarch_core.errors import AllocationError, ConfigError
     from monarch_core.hookspecs import AllocationRequest
@@ -471,7 +471,7 @@ def check_scheduler(
             assert source in str(e), f"validate()'s ConfigError does not name the source {source!r}: {e}"
         else:
             raise AssertionError(f"validate({bad_params!r}) accepted bad parameters instead of raising ConfigError")
-    rt = _state.runtime()
+    rt = _start.runtime()
     t0 = time.monotonic()
     reports: list = []
     reported = threading.Event()

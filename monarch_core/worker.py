@@ -37,13 +37,15 @@ Example::
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
-from typing import Sequence
+from typing import Any, Sequence
 
 from monarch_core import settings
 from monarch_core._launch import _fork_server
-from monarch_core._launch._worker import READY_PREFIX, run_worker_loop_forever
+from monarch_core._launch import _worker
+from monarch_core._launch._worker import READY_PREFIX
 
 __all__ = ["attach_to_workers", "main", "run_worker_loop_forever"]
 
@@ -51,7 +53,13 @@ logger = logging.getLogger("monarch.worker")
 
 # What the worker loop's fork server imports above the proc runtime (the same
 # as ``_actor._mesh._FORK_SERVER_WARM``; the launch layer names nothing above it).
-_fork_server.warm_modules = ("monarch_core.actor", "monarch_core._actor._endpoint")
+_FORK_SERVER_WARM = ("monarch_core.actor", "monarch_core._actor._endpoint")
+
+
+@functools.wraps(_worker.run_worker_loop_forever)
+def run_worker_loop_forever(*args: Any, **kwargs: Any) -> Any:
+    _fork_server.warm(_FORK_SERVER_WARM)
+    return _worker.run_worker_loop_forever(*args, **kwargs)
 
 def attach_to_workers(
     workers: Sequence[str],

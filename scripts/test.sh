@@ -22,6 +22,7 @@ fi
 "$VENV/bin/python" -m pip install -q -e plugins/scheduler_slurm
 "$VENV/bin/python" -m pip install -q -e plugins/scheduler_ssh
 "$VENV/bin/python" -m pip install -q -e plugins/transport_rdma
+"$VENV/bin/python" -m pip install -q -e plugins/debugger
 # the dashboard and its browser tests (Playwright drives the system Chromium of
 # scripts/testbed/install.sh; never `playwright install`)
 "$VENV/bin/python" -m pip install -q -e "plugins/dashboard[test]"

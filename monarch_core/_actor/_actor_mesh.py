@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
-from monarch_core._proc import _instrument, _reporting, _serial, _state, _tree
+from monarch_core._proc import _instrument, _reporting, _serial, _start, _state, _tree
 from monarch_core._actor._endpoint import Endpoint, EndpointProperty, NotAnEndpoint
 from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
@@ -240,7 +240,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         if err is not None:
             return _failed_cell(err)
         payload, bufs = self._pack(ep, args, kwargs)
-        rt = _state.runtime()
+        rt = _start.runtime()
         kernel = rt.kernel
         tm = ep._tm
         if tm is None:
@@ -264,7 +264,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         if err is not None:
             return _failed_cell(err)
         payload, bufs = self._pack(ep, args, kwargs)
-        rt = _state.runtime()
+        rt = _start.runtime()
         kernel = rt.kernel
         region = self._region_
         tm = ep._tm
@@ -283,7 +283,7 @@ class ActorMesh(MeshTrait, Generic[T]):
     def _call_stream(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> StreamIterator[Any]:
         err = self._failed_error(ep)
         payload, bufs = self._pack(ep, args, kwargs)
-        rt = _state.runtime()
+        rt = _start.runtime()
         kernel = rt.kernel
         region = self._region_
         tm = ep._tm
@@ -309,7 +309,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         if err is not None:
             raise err
         payload, bufs = self._pack(ep, args, kwargs)
-        rt = _state.runtime()
+        rt = _start.runtime()
         kernel = rt.kernel
         region = self._region_
         reply = port._ref if port is not None else None
@@ -339,7 +339,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         if self._stopped:
             return Future._resolved(None)
         self._stopped = True
-        rt = _state.runtime()
+        rt = _start.runtime()
         kernel = rt.kernel
         region = self._region_
         h = GatherReplies(kernel, region.extent, "", lambda e, v: None)

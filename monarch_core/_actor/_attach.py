@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from monarch_core import _telemetry, settings
-from monarch_core._proc import _state
+from monarch_core._proc import _start, _state
 from monarch_core._actor._host_mesh import HostMesh, _HostMeshOwnership
 from monarch_core._launch import _alloc
 from monarch_core._mesh._shape import Extent
@@ -43,7 +43,7 @@ def attach(
         transport.normalize(a)
     if _state.current_runtime_or_none() is None and _transport.enabled_choice() is None:
         _transport.enable_transport(scheme)
-    rt = _state.runtime()
+    rt = _start.runtime()
     if rt.transport != transport.name:
         raise RuntimeError(
             f"attach_to_workers: the workers speak {transport.name!r} but this process enabled {rt.transport!r}; "

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
-from monarch_core._proc import _state
+from monarch_core._proc import _start, _state
 from monarch_core._mesh._shape import Point
 
 
@@ -30,6 +31,48 @@ class ClientInstance:
         return f"<{self.name} on {self.proc_id}>"
 
 
+class ActorInstance:
+    """``context().actor_instance`` inside an actor: the running actor's
+    ``name``, ``rank`` (its ``Point`` in its mesh), ``actor_id``,
+    ``proc_id``, ``key``, ``class_name``, ``display_name``... (those of the
+    runtime's actor host, read through), and ``proc``: the ``ProcMesh`` of
+    the proc it runs on."""
+
+    __slots__ = ("_host", "__weakref__")
+
+    def __init__(self, host: Any) -> None:
+        self._host = host
+
+    @property
+    def proc(self) -> Any:
+        from monarch_core._actor._mesh import this_proc
+
+        return this_proc()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._host, name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ActorInstance) and other._host is self._host
+
+    def __hash__(self) -> int:
+        return id(self._host)
+
+    def __repr__(self) -> str:
+        return repr(self._host)
+
+
+#: actor host -> its ActorInstance (made once per actor).
+_views: weakref.WeakKeyDictionary[Any, ActorInstance] = weakref.WeakKeyDictionary()
+
+
+def _instance(host: Any) -> ActorInstance:
+    view = _views.get(host)
+    if view is None:
+        view = _views[host] = ActorInstance(host)
+    return view
+
+
 class Context:
     """What ``context()`` returns: ``actor_instance`` (the running actor: its
     ``rank``, ``actor_id``, ``name``, ``proc``) and ``message_rank`` (the
@@ -50,8 +93,8 @@ def context() -> Context:
     host = _state.current_actor.get()
     if host is not None:
         rank = _state.current_message_rank.get()
-        return Context(host, host.rank if rank is None else rank)
-    rt = _state.runtime()
+        return Context(_instance(host), host.rank if rank is None else rank)
+    rt = _start.runtime()
     inst = rt.caches.get("client_instance")
     if inst is None:
         inst = rt.caches["client_instance"] = ClientInstance(rt)

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import uuid
 from typing import Any, TypeVar
 
-from monarch_core._proc import _serial, _state
+from monarch_core._proc import _serial, _start, _state
 from monarch_core._actor._actor_mesh import ActorMesh
 from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _EMPTY_REGION, _ProcSlot
 from monarch_core._proc._port import OneReply
 from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
-from monarch_core._kernel._ports import PortHandler
 
 T = TypeVar("T")
 
@@ -30,7 +28,7 @@ def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any
             f"get_or_spawn_controller({name!r}, {getattr(Class, '__name__', Class)!r}): the class must subclass Actor"
         )
     payload, bufs = _serial.dumps((Class, args, kwargs))
-    rt = _state.runtime()
+    rt = _start.runtime()
     kernel = rt.kernel
     h = OneReply(kernel, "")
     reply = (rt.proc_id, kernel.address, h.port_id)
@@ -48,33 +46,3 @@ def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any
     from monarch_core._actor._endpoint import _map_future
 
     return _map_future(Future._of(h.cell), build)
-
-
-def spawn_local_controller(agent: Any, name: str, payload: Any, buffers: list) -> None:
-    """On the root proc (kernel loop): spawn controller ``name`` here."""
-    kernel = agent.kernel
-    key = f"controller-{name}-{uuid.uuid4().hex[:8]}"
-
-    class _Init(PortHandler):
-        def deliver(self, rank: int, status: int, p: Any, b: list) -> None:
-            kernel.remove_port(port_id)
-            err = None
-            if status != W.S_VALUE:
-                try:
-                    err = _serial.loads(p, b)
-                except Exception as e:  # noqa: BLE001
-                    err = e
-            agent.controller_ready(name, (key, kernel.proc_id, kernel.address), err)
-
-        def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
-            agent.controller_ready(name, None, exc)
-
-    port_id = kernel.add_port(_Init())
-    owner = (kernel.proc_id, kernel.address, "")
-    spawn = C.Spawn(key, name, 0, (), (), (kernel.proc_id, kernel.address, port_id), "controller", owner)
-    from monarch_core._proc._agent import Supervised
-
-    agent.register_supervised(
-        Supervised(key, name, "controller", None, None, {}, [_ProcSlot(kernel.proc_id, kernel.address)])
-    )
-    agent._on_spawn(spawn, payload, buffers, kernel.proc_id)

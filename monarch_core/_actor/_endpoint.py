@@ -34,8 +34,11 @@ class EndpointProperty(Generic[P, R]):
 
     On a spawned actor mesh, the attribute becomes an :class:`Endpoint` with the
     messaging adverbs.  Inside the actor itself (``self.method``) it is the
-    plain bound method.
+    plain bound method.  ``__monarch_endpoint__`` is how the proc runtime
+    (which does not import this layer) tells an endpoint from a plain method.
     """
+
+    __monarch_endpoint__ = True
 
     def __init__(
         self,
@@ -398,6 +401,3 @@ class Accumulator(Generic[P, R, A]):
 
         return _map_future(self._endpoint.call(*args, **kwargs), fold)
 
-
-# What ``ActorHost`` looks for on an actor's class (the proc runtime never imports this module).
-_state.upper.endpoint_property = EndpointProperty

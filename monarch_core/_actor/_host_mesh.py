@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from monarch_core.hookspecs import Allocation, HostHandle
 
 from monarch_core import _telemetry, settings
-from monarch_core._proc import _serial, _state
+from monarch_core._proc import _serial, _start, _state
 from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot
 from monarch_core._actor._proc_mesh import ProcMesh
@@ -129,7 +129,7 @@ class HostMesh(MeshTrait):
         if not remote:
             return
         try:
-            rt = _state.runtime()
+            rt = _start.runtime()
         except RuntimeError:  # the monarch context was shut down: nothing to watch with
             return
 
@@ -226,7 +226,7 @@ class HostMesh(MeshTrait):
         except Exception as e:
             raise TypeError(f"bootstrap callable could not be pickled: {e}") from e
         name = name or f"procs{next(_names)}"
-        rt = _state.runtime()
+        rt = _start.runtime()
         host_region = self._region_
         labels = host_region.labels + tuple(per_host)
         sizes = host_region.sizes + tuple(per_host.values())
@@ -343,7 +343,7 @@ class HostMesh(MeshTrait):
         remote = [h.address for h in self._hosts if h.address is not None]
         if alloc is None and not remote:
             return _lifecycle_when_done(fut, "host_mesh.stopped", mesh=self._name, shutdown=True)
-        rt = _state.runtime()
+        rt = _start.runtime()
         out = Cell()
 
         async def release() -> None:

@@ -3,8 +3,7 @@
 The mesh objects live in a module each: ``ActorMesh`` in ``_actor_mesh``,
 ``ProcMesh`` in ``_proc_mesh``, ``HostMesh`` in ``_host_mesh``; controllers in
 ``_controller``, ``attach`` in ``_attach``, the shared ``_ProcSlot`` in
-``_mesh_base``.  They are importable from here too.  Importing this module
-fills in ``_state.upper`` (how the proc runtime calls up into this layer).
+``_mesh_base``.  They are importable from here too.
 """
 
 from __future__ import annotations
@@ -16,10 +15,10 @@ if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
 from monarch_core import _telemetry
-from monarch_core._proc import _state
+from monarch_core._proc import _start, _state
 from monarch_core._actor._actor_mesh import ActorMesh
 from monarch_core._actor._attach import ATTACH_TIMEOUT, attach
-from monarch_core._actor._controller import get_or_spawn_controller, spawn_local_controller
+from monarch_core._actor._controller import get_or_spawn_controller
 from monarch_core._proc._future import Cell
 from monarch_core._actor._host_mesh import HostMesh, _HostMeshOwnership
 from monarch_core._actor._mesh_base import _EMPTY_REGION, START_TIMEOUT, _ProcSlot
@@ -28,7 +27,7 @@ from monarch_core._mesh._shape import Extent
 
 __all__ = [
     "ATTACH_TIMEOUT", "START_TIMEOUT", "ActorMesh", "HostMesh", "ProcMesh", "attach", "get_or_spawn_controller",
-    "host_mesh_of", "hosts_from_config", "spawn_local_controller", "this_host", "this_proc",
+    "host_mesh_of", "hosts_from_config", "this_host", "this_proc",
 ]
 
 logger = logging.getLogger("monarch.mesh")
@@ -36,7 +35,7 @@ logger = logging.getLogger("monarch.mesh")
 
 def this_proc() -> ProcMesh:
     """The proc this code runs in (the client's own process on the client)."""
-    rt = _state.runtime()
+    rt = _start.runtime()
     pm = rt.caches.get("this_proc")
     if pm is None:
         c = Cell()
@@ -46,7 +45,7 @@ def this_proc() -> ProcMesh:
     return pm
 
 
-#: What the fork server imports above the proc runtime (see ``_fork_server.warm_modules``).
+#: What the fork server imports above the proc runtime (see ``_fork_server.warm``).
 _FORK_SERVER_WARM = ("monarch_core.actor", "monarch_core._actor._endpoint")
 
 
@@ -59,10 +58,10 @@ def this_host() -> HostMesh:
 
     # The fork server's imports overlap with the runtime's start and the
     # caller's work before its first spawn.
-    _fork_server.warm_modules = _FORK_SERVER_WARM
+    _fork_server.warm(_FORK_SERVER_WARM)
     _fork_server.start_early()
     try:
-        rt = _state.runtime()
+        rt = _start.runtime()
     except BaseException:
         _fork_server.discard_early()
         raise
@@ -110,7 +109,7 @@ def hosts_from_config(name: str, *, timeout: float | None = None) -> HostMesh:
     scheduler.validate(request)
     _check_params(scheduler, request)
     _alloc.prepare_transport(scheduler, request)
-    rt = _state.runtime()
+    rt = _start.runtime()
     record = _alloc.allocate(scheduler, request, rt, timeout)
     return host_mesh_of(record, name)
 
@@ -127,7 +126,7 @@ def host_mesh_of(record: Any, name: str) -> HostMesh:
         hm._host_lost(host_name, reason)
     for host_name, message in record.listen_notices(hm._host_notice):  # reported while allocating
         hm._host_notice(host_name, message)
-    _state.runtime().agent.register_owned(_HostMeshOwnership(hm))
+    _start.runtime().agent.register_owned(_HostMeshOwnership(hm))
     return hm
 
 
@@ -158,15 +157,3 @@ def _check_params(scheduler: Any, request: Any) -> None:
             f"{request.source}: unknown parameter(s) {unknown} for scheduler {scheduler.name!r}; "
             f"it accepts {sorted(accepted)}"
         )
-
-
-def _client_agent(kernel: Kernel) -> Any:
-    from monarch_core._proc._agent import ProcAgent  # lazily: it imports the kernel (trio)
-
-    return ProcAgent(kernel)
-
-
-# The proc runtime calls up into this layer through these (it never imports it).
-_state.upper.client_agent = _client_agent
-_state.upper.this_proc = this_proc
-_state.upper.spawn_local_controller = spawn_local_controller

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
 from monarch_core import _telemetry
-from monarch_core._proc import _instrument, _reporting, _serial, _state
+from monarch_core._proc import _instrument, _reporting, _serial, _start, _state
 from monarch_core._actor._actor_mesh import ActorMesh, _release
 from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
@@ -98,7 +98,7 @@ class ProcMesh(MeshTrait):
             payload, bufs = _serial.dumps((Class, args, kwargs))
         except Exception as e:
             raise TypeError(f"constructor arguments of {Class.__qualname__} could not be pickled: {e}") from e
-        rt = _state.runtime()
+        rt = _start.runtime()
         kernel = rt.kernel
         region = self._region_
         key = f"{name}-{uuid.uuid4().hex[:10]}"
@@ -145,7 +145,7 @@ class ProcMesh(MeshTrait):
         from monarch_core._proc._agent import STOP_GRACE
 
         cell = self._stopped = Cell()
-        rt = _state.runtime()
+        rt = _start.runtime()
         _release(rt, self)
         if self._host_mesh is not None:
             self._host_mesh._forget_procs(self)

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from monarch_core import settings
+from monarch_core._proc import _lifecycle
 from monarch_core.errors import AllocationError, ConfigError, MonarchError
 
 logger = logging.getLogger("monarch.launch")
@@ -182,6 +183,7 @@ def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None
     with _live_lock:
         _live[id(record)] = record
     _install_sigterm()
+    _lifecycle.subscribe("proc_stopped", _on_proc_stopped)
     try:
         _check(record, allocation, rt)
         wait_ready(rt, record.hosts, max(0.0, deadline - time.monotonic()), what=record.what)
@@ -476,6 +478,12 @@ def _scheme_of(transport: str) -> str:
     if spec is not None and getattr(spec, "schemes", None):
         return spec.schemes[0]
     return transport
+
+
+def _on_proc_stopped(why: str) -> None:
+    """This process stops (``shutdown_context``, interpreter exit): give back
+    every allocation it still holds, whatever stopping its meshes managed."""
+    release_all()
 
 
 def release_all(timeout: float | None = None) -> None:

@@ -37,11 +37,18 @@ _PER_PROC = frozenset({"MONARCH_PROC_BOOTSTRAP", "MONARCH_PROC_ID", OPT_OUT_ENV}
 #: Seconds a new zygote may take to import everything and say it is ready.
 READY_TIMEOUT = 30.0
 #: Modules of the layers above that the fork server imports before its first
-#: fork (user actor modules import ``monarch_core.actor``).  Set by the mesh
-#: layer (``this_host``): the launch layer names nothing above it.
+#: fork (user actor modules import ``monarch_core.actor``): see :func:`warm`.
 warm_modules: tuple[str, ...] = ()
 #: Seconds the procs of a dead zygote get to die of their death signal.
 ORPHAN_GRACE = 5.0
+
+
+def warm(modules: tuple[str, ...]) -> None:
+    """Have fork servers started from now on import ``modules`` before their
+    first fork.  The mesh API calls it (``this_host()``, the worker loop's
+    main) with its own modules: the launch layer names nothing above it."""
+    global warm_modules
+    warm_modules = tuple(modules)
 
 
 def startup_fingerprint(env: Any) -> tuple:

@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 from monarch_core._proc._state import tune_malloc  # noqa: F401 - defined below the launch layer
 
@@ -61,9 +62,7 @@ def main() -> None:
     )
     # monarch's own loggers keep this level when ProcMesh.logging_option(level=...) changes the root's
     logging.getLogger("monarch").setLevel(logging.getLogger().level)
-    from monarch_core._debug import _hook as _debug_hook
-
-    _debug_hook.install()  # breakpoint() stops for `monarch debug` (docs/debugging.md)
+    sys.breakpointhook = _breakpoint_without_debugger  # the debugger plugin's proc setup replaces it
     import trio
 
     from monarch_core._proc import _serial, _state, _transport
@@ -164,6 +163,24 @@ def _exit_if_parent(parent_id: str):  # type: ignore[no-untyped-def]
             os._exit(1)
 
     return cb
+
+def _breakpoint_without_debugger(*args: Any, **kwargs: Any) -> Any:
+    """``breakpoint()`` in a proc with no debugger plugin installed: a proc
+    has no terminal, so pdb would read end-of-file and fail the endpoint.
+    Say what to install, and go on.  ``PYTHONBREAKPOINT`` keeps its meaning."""
+    from monarch_core import settings
+
+    hookname = os.environ.get("PYTHONBREAKPOINT", "").strip()
+    if hookname == "0":
+        return None
+    if hookname:
+        return sys.__breakpointhook__(*args, **kwargs)
+    logging.getLogger("monarch.debug").warning(
+        "breakpoint() in proc %s: stopping an actor for `monarch debug` needs the debugger plugin "
+        "(pip install ./plugins/debugger, then restart the program); continuing",
+        settings.get("MONARCH_PROC_ID") or "?",
+    )
+    return None
 
 
 if __name__ == "__main__":

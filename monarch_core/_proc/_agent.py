@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import sys
 import threading
 import time
 from collections.abc import MutableMapping
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_core import settings
 from monarch_core import _telemetry
-from monarch_core._proc import _reporting, _serial, _state
+from monarch_core._proc import _lifecycle, _reporting, _serial, _state
 from monarch_core._proc._port import send_to_port, wrap_exception
 from monarch_core._proc._watch import ProcWatch, Supervised
 from monarch_core._proc import _control as C
@@ -221,7 +220,42 @@ class ProcAgent(ProcWatch):
             waiters.append(reply)
             return
         self.controller_waiters[name] = [reply]
-        _state.upper.spawn_local_controller(self, name, payload, buffers)  # type: ignore[misc] - set by _mesh
+        self._spawn_controller_here(name, payload, buffers)
+
+    def _spawn_controller_here(self, name: str, payload: Any, buffers: list) -> None:
+        """On the root proc (kernel loop): spawn controller ``name`` here
+        (``payload``: its pickled ``(Class, args, kwargs)``); every waiter
+        hears of it through :meth:`controller_ready`."""
+        import uuid
+
+        from monarch_core._kernel._ports import PortHandler
+        from monarch_core._proc._slot import ProcSlot
+
+        kernel = self.kernel
+        key = f"controller-{name}-{uuid.uuid4().hex[:8]}"
+        agent = self
+
+        class _Init(PortHandler):
+            def deliver(self, rank: int, status: int, p: Any, b: list) -> None:
+                kernel.remove_port(port_id)
+                err = None
+                if status != W.S_VALUE:
+                    try:
+                        err = _serial.loads(p, b)
+                    except Exception as e:  # noqa: BLE001
+                        err = e
+                agent.controller_ready(name, (key, kernel.proc_id, kernel.address), err)
+
+            def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+                agent.controller_ready(name, None, exc)
+
+        port_id = kernel.add_port(_Init())
+        owner = (kernel.proc_id, kernel.address, "")
+        spawn = C.Spawn(key, name, 0, (), (), (kernel.proc_id, kernel.address, port_id), "controller", owner)
+        self.register_supervised(
+            Supervised(key, name, "controller", None, None, {}, [ProcSlot(kernel.proc_id, kernel.address)])
+        )
+        self._on_spawn(spawn, payload, buffers, kernel.proc_id)
 
     def controller_ready(self, name: str, mesh: Any, error: BaseException | None) -> None:
         """Called (any thread) when a controller's __init__ finished."""
@@ -328,7 +362,7 @@ class ProcAgent(ProcWatch):
     def actor_stopped(self, host: ActorHost, reason: str) -> None:
         self.gone[host.key] = (host.describe(), f"stopped: {reason}")
         self.kernel.actors.pop(host.key, None)
-        _release_rdma(host.key, f"its owner {host.display_name} stopped ({reason})")
+        _lifecycle.emit("actor_stopped", actor_key=host.key, actor_name=host.display_name, why=reason)
         tables = self.kernel.tree_tables
         for k in [k for k in tables if k[0] == host.key]:  # cast-tree addresses of its mesh
             tables.pop(k, None)
@@ -367,28 +401,34 @@ class ProcAgent(ProcWatch):
 
     def stop_everything(self, reason: str, timeout: float) -> None:
         """Stop all actors of this process and every mesh it owns (blocking;
-        not on the loop thread)."""
-        with self.owned_lock:
-            owned = list(self.owned)
-            self.owned.clear()
-        hosts = list(self.kernel.actors.values())
-        for host in hosts:
-            owned.extend(host.owned)
-            host.owned.clear()
-        _stop_meshes(owned, timeout)
-        cells = []
-        from monarch_core._proc._future import Cell
+        not on the loop thread), between the ``proc_stopping`` and
+        ``proc_stopped`` lifecycle events (what the layers above and plugins
+        hold for this process is released at the second, whatever the
+        stopping managed)."""
+        _lifecycle.emit("proc_stopping", why=reason)
+        try:
+            with self.owned_lock:
+                owned = list(self.owned)
+                self.owned.clear()
+            hosts = list(self.kernel.actors.values())
+            for host in hosts:
+                owned.extend(host.owned)
+                host.owned.clear()
+            _stop_meshes(owned, timeout)
+            cells = []
+            from monarch_core._proc._future import Cell
 
-        for host in hosts:
-            c = Cell()
-            host_reply = _LocalSignal(c)
-            pid = self.kernel.add_port(host_reply)
-            host.request_stop(reason, (self.kernel.proc_id, self.kernel.address, pid))
-            cells.append(c)
-        deadline = time.monotonic() + timeout
-        for c in cells:
-            c.wait(max(0.0, deadline - time.monotonic()))
-        _release_rdma(None, f"its owner's process stopped ({reason})")
+            for host in hosts:
+                c = Cell()
+                host_reply = _LocalSignal(c)
+                pid = self.kernel.add_port(host_reply)
+                host.request_stop(reason, (self.kernel.proc_id, self.kernel.address, pid))
+                cells.append(c)
+            deadline = time.monotonic() + timeout
+            for c in cells:
+                c.wait(max(0.0, deadline - time.monotonic()))
+        finally:
+            _lifecycle.emit("proc_stopped", why=reason)
 
 
 class _LocalSignal:
@@ -416,22 +456,6 @@ def _stop_meshes(meshes: list, timeout: float) -> None:
             f.get(timeout=max(0.1, deadline - time.monotonic()))
         except Exception as e:
             logger.warning("stop did not complete cleanly: %s", e)
-
-
-def _release_rdma(owner_key: str | None, why: str) -> None:
-    """End the RDMA buffer registrations of actor ``owner_key`` (``None``: all
-    of this process's).  Nothing to do, and nothing imported, in a process
-    that never registered one."""
-    service = sys.modules.get("monarch_core._rdma._service")
-    if service is None:
-        return
-    try:
-        if owner_key is None:
-            service.release_all(why)
-        else:
-            service.release_owner(owner_key, why)
-    except Exception:  # noqa: BLE001 - stopping must go on
-        logger.exception("releasing RDMA registrations failed")
 
 
 def _run_proc_setup(rt: Any) -> None:

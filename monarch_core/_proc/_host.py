@@ -55,7 +55,7 @@ CLEANUP_TIMEOUT = 10.0
 
 
 class ActorHost(EndpointCalls):
-    """The runtime side of one actor (also what ``context().actor_instance`` is)."""
+    """The runtime side of one actor (``context().actor_instance`` is a view of it: ``_actor._context``)."""
 
     def __init__(
         self,
@@ -138,10 +138,6 @@ class ActorHost(EndpointCalls):
         self._thread.start()
 
     # ---------------------------------------------------------------- public-ish
-    @property
-    def proc(self) -> Any:
-        return _state.upper.this_proc()  # type: ignore[misc] - set by _mesh
-
     def describe(self) -> str:
         """The actor in words, for failure texts: ``trainers{'gpus': 1/4}
         (Trainer) on proc procs0{'gpus': 1/4} on host node7``."""

@@ -16,7 +16,7 @@ import inspect
 import logging
 from typing import Any
 
-from monarch_core._proc import _instrument, _serial, _state, _tree
+from monarch_core._proc import _instrument, _lifecycle, _serial, _state, _tree
 from monarch_core._proc._port import (
     _DroppingPort,
     Port,
@@ -25,7 +25,6 @@ from monarch_core._proc._port import (
     this_proc_and_host,
     wrap_exception,
 )
-from monarch_core._debug import _hook as _debug_hook
 from monarch_core._kernel import _wire as W
 from monarch_core._mesh._shape import Extent, Point
 from monarch_core._telemetry import _metrics, _spans
@@ -213,7 +212,7 @@ class EndpointCalls:
             _state.current_message_rank.reset(token)
 
     def _raised(self, e: Exception, reply_ref: tuple | None, rank: int, where: str, explicit: bool) -> None:
-        _debug_hook.post_mortem(e)  # stops here if this message hit breakpoint() (docs/debugging.md)
+        _lifecycle.endpoint_raised(e)  # a debugger may stop here (post-mortem: docs/debugging.md)
         if reply_ref is not None and not explicit:
             logger.debug("endpoint %s raised %r", where, e)
             send_to_port(reply_ref, rank, W.S_ERROR, wrap_exception(e, where))
@@ -253,14 +252,12 @@ class EndpointCalls:
         found = self._methods.get(name)
         if found is not None and found[0] is type(self.instance):
             return found[1], found[2]
-        EndpointProperty = _state.upper.endpoint_property  # noqa: N806 - set by _endpoint
-
         cls = type(self.instance)
         for klass in cls.__mro__:
             attr = klass.__dict__.get(name)
             if attr is None:
                 continue
-            if EndpointProperty is not None and isinstance(attr, EndpointProperty):
+            if getattr(type(attr), "__monarch_endpoint__", False):  # an @endpoint (``_actor._endpoint``)
                 func = _loopless(attr._method, self.loop)
                 self._methods[name] = (cls, attr, func)
                 return attr, func
@@ -300,7 +297,7 @@ class EndpointCalls:
             except Exception as e:
                 if tm is not None:
                     self._record(tm, 0, type(e).__name__, method)
-                _debug_hook.post_mortem(e)
+                _lifecycle.endpoint_raised(e)
                 where = self._where(method)
                 if reply_ref is not None:
                     send_to_port(reply_ref, rank, W.S_ERROR, wrap_exception(e, where))

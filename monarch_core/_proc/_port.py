@@ -52,7 +52,7 @@ def send_raw_to_port(ref: tuple, rank: int | None, status: int, payload: Any, bu
     if not isinstance(proc_id, str) or not isinstance(port_id, int) or not (address is None or isinstance(address, str)):
         raise ValueError(f"malformed port reference {ref!r}")
     header = W.port_header(port_id, -1 if rank is None else rank, status)
-    _state.runtime().kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, header, payload, bufs)
+    _state.current().kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, header, payload, bufs)
 
 
 def wrap_exception(e: BaseException, where: str = "") -> ActorError:
@@ -205,7 +205,7 @@ class _DroppingPort(Port[Any]):
 # ----------------------------------------------------------------- receivers
 
 
-class _QueueHandler(PortHandler):
+class QueueHandler(PortHandler):
     """Buffers arriving messages; hands them to waiting cells in order."""
 
     def __init__(self, once: bool) -> None:
@@ -226,7 +226,7 @@ class _QueueHandler(PortHandler):
         if cell is not None:
             _resolve(cell, ranked, item)
         if self._once:
-            _state.runtime().kernel.remove_port(self.port_id)
+            _state.current().kernel.remove_port(self.port_id)
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
         with self._lock:
@@ -266,7 +266,7 @@ class PortReceiver(Generic[R]):
 
     _ranked = False
 
-    def __init__(self, mailbox: Any, receiver: _QueueHandler) -> None:
+    def __init__(self, mailbox: Any, receiver: QueueHandler) -> None:
         self._handler = receiver
 
     def recv(self) -> Future[R]:
@@ -292,26 +292,6 @@ class RankedPortReceiver(PortReceiver[R]):
     """A receiver whose ``recv()`` resolves to ``(sender_rank, value)``."""
 
     _ranked = True
-
-
-class Channel(Generic[R]):
-    """Low-level message passing: open a (Port, PortReceiver) pair in the
-    current actor (or the client)."""
-
-    @staticmethod
-    def open(once: bool = False) -> tuple[Port[R], PortReceiver[R]]:
-        """Open a channel.  With ``once=True`` the port accepts one message."""
-        kernel = _state.runtime().kernel
-        h = _QueueHandler(once)
-        h.port_id = kernel.add_port(h)
-        port: Port[R] = Port((kernel.proc_id, kernel.address, h.port_id), None, None)
-        return port, PortReceiver(None, h)
-
-    @staticmethod
-    def open_ranked(once: bool = False) -> tuple[Port[R], RankedPortReceiver[R]]:
-        """Like :meth:`open`, but the receiver yields ``(rank, value)``."""
-        port, recv = Channel.open(once)
-        return port, recv.ranked()
 
 
 # ----------------------------------------------------------------- reply collectors

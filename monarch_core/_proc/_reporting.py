@@ -358,7 +358,7 @@ def log_option(slots: list, stream: bool, level: int, timeout: float) -> None:
     """Send ``LogOption`` to the procs of ``slots`` and wait until each applied it."""
     from monarch_core._proc._future import Cell
 
-    rt = _state.runtime()
+    rt = _state.current()
     kernel = rt.kernel
     waits = []
     for slot in slots:

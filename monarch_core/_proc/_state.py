@@ -1,22 +1,22 @@
 """Process-wide runtime state: the kernel, this proc's identity, the context.
 
-In the client the runtime is created on first use (starting the kernel thread);
-in a worker process ``_proc_main`` creates it before the loop starts.
+In the client the runtime is created on first use (``_start.runtime()``,
+starting the kernel thread); in a proc ``_launch._proc_main`` creates it
+before the loop starts.  This module holds the state only: it imports
+nothing of the runtime above it.
 """
 
 from __future__ import annotations
 
-import atexit
 import collections
 import contextvars
 import logging
 import os
 import sys
 import threading
-import uuid
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from monarch_core import settings
 from monarch_core import _telemetry
@@ -24,7 +24,6 @@ from monarch_core._mesh._shape import Extent, Point
 
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
-    from monarch_core._kernel._upper import ProcAgentProtocol
 
 logger = logging.getLogger("monarch.actor")
 
@@ -88,25 +87,9 @@ class ProcRuntime:
         return (self.proc_id, self.kernel.address)
 
 
-class Upper:
-    """Entry points of the layers above the proc runtime, filled in when those
-    modules are imported: the runtime calls up through these and never
-    imports them (the layers contract in ``pyproject.toml``)."""
-
-    #: ``kernel -> agent``: the client's proc agent (set by ``_mesh``).
-    client_agent: Callable[[Kernel], ProcAgentProtocol] | None = None
-    #: ``() -> ProcMesh``: ``_mesh.this_proc``.
-    this_proc: Callable[[], Any] | None = None
-    #: ``(agent, name, payload, buffers)``: ``_controller.spawn_local_controller`` (set by ``_mesh``).
-    spawn_local_controller: Callable[..., None] | None = None
-    #: ``_endpoint.EndpointProperty``: what marks an endpoint on an actor class.
-    endpoint_property: type | None = None
-
-
-upper = Upper()
 
 _runtime: ProcRuntime | None = None
-_runtime_lock = threading.Lock()
+runtime_lock = threading.Lock()
 _shutdown_done = False
 
 #: The actor (an ``_host.ActorHost``) whose code is running, if any.
@@ -131,62 +114,17 @@ def set_runtime(rt: ProcRuntime) -> None:
     _runtime = rt
 
 
-def runtime() -> ProcRuntime:
-    """This process's runtime, starting the client kernel on first use."""
+def current() -> ProcRuntime:
+    """This process's runtime; ``RuntimeError`` if it has none (yet, or any
+    more).  Code that may be the first to need one in a client --
+    the mesh API's entry points -- calls ``_start.runtime()``, which starts it."""
     rt = _runtime
-    if rt is not None:
-        return rt
-    with _runtime_lock:
-        if _runtime is not None:
-            return _runtime
-        if _runtime is None:
-            if _shutdown_done:
-                raise RuntimeError(
-                    "the monarch context was shut down (shutdown_context() or interpreter exit); "
-                    "no new meshes can be created in this process"
-                )
-            _start_client()
-    return _runtime  # type: ignore[return-value]
-
-
-def _start_client() -> None:
-    from monarch_core._proc import _transport
-    from monarch_core._kernel._runtime import Kernel
-    from monarch_core._plugins import registry
-
-    if settings.is_set("MONARCH_MALLOC_REUSE_MB"):  # procs tune malloc by default; a client only when asked
-        tune_malloc()
-    choice = _transport.current_choice()
-    transport = registry().transport(choice.name)
-    proc_id = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    kernel = Kernel(proc_id=proc_id, name="client", transport=transport, bind_spec=choice.bind_spec)
-    if upper.client_agent is None:
-        raise RuntimeError("the monarch client runtime starts from monarch_core.actor: import it first")
-    agent = upper.client_agent(kernel)
-    kernel.agent = agent
-    kernel.start_thread()
-    ref = (proc_id, kernel.address)
-    rt = ProcRuntime(
-        kernel=kernel,
-        agent=agent,
-        proc_id=proc_id,
-        name="client",
-        is_client=True,
-        transport=choice.name,
-        root=ref,
-        parent=None,
-        point=ROOT_POINT,
-        python_executable=sys.executable,
-    )
-    agent.runtime = rt
-    agent.proc_ready.set()
-    set_runtime(rt)
-    _telemetry.configure_process(proc_id=proc_id, name="client", is_root=True)
-    from monarch_core._telemetry._hub import hub
-
-    hub.start()  # the root's sinks: settings, plugins (procs ship their telemetry here)
-    atexit.register(_atexit_shutdown)
-    logger.debug("client kernel listening on %s", kernel.address)
+    if rt is None:
+        raise RuntimeError(
+            "this process has no monarch runtime: the monarch context was shut down, or nothing started it "
+            "(this_proc(), this_host() or hosts_from_config() start it in a client)"
+        )
+    return rt
 
 
 def tune_malloc(env: dict | None = None) -> bool:
@@ -233,63 +171,24 @@ def request_exit_code(code: int) -> None:
     _requested_exit_code = code
 
 
-def _atexit_shutdown() -> None:
-    try:
-        shutdown(timeout=5.0)
-    except Exception:  # pragma: no cover - best effort at exit
-        logger.exception("error while shutting down the monarch context at exit")
-    if _requested_exit_code:
-        import sys as _sys
-
-        _sys.stdout.flush()
-        _sys.stderr.flush()
-        os._exit(_requested_exit_code)
+def requested_exit_code() -> int:
+    return _requested_exit_code
 
 
-def shutdown(timeout: float = 10.0) -> None:
-    """Stop every proc this process owns and stop the kernel.  Idempotent."""
-    global _runtime, _shutdown_done
-    with _runtime_lock:
-        rt = _runtime
-        if rt is None or _shutdown_done:
-            _shutdown_done = True
-            return
+def mark_shut_down() -> bool:
+    """Record that this process's monarch context is shut down (no new
+    runtime starts); False if it already was."""
+    global _shutdown_done
+    with runtime_lock:
+        was = _shutdown_done
         _shutdown_done = True
-    try:
-        rt.agent.shutdown_owned(timeout)
-    finally:
-        _release_allocations()
-        if rt.is_client:  # what the procs shipped before they stopped goes to the sinks
-            _close_telemetry(rt)
-        rt.kernel.stop_loop()
-        rt.kernel.join(timeout)
-        with _runtime_lock:
-            _runtime = None
+    return not was
 
 
-def _close_telemetry(rt: ProcRuntime) -> None:
-    try:
-        from monarch_core._telemetry._hub import hub
-
-        if not rt.kernel.in_loop():  # the batches delivered so far wait in the loop's queue: let them through
-            done = threading.Event()
-            rt.kernel.call_soon(done.set)
-            done.wait(1.0)
-        hub.close()
-    except Exception:  # pragma: no cover - best effort at exit
-        logger.exception("closing the telemetry sinks failed")
-
-
-def _release_allocations() -> None:
-    """Give back every host allocation still held (whatever stopping the
-    meshes managed), each within ``MONARCH_RELEASE_TIMEOUT`` s."""
-    alloc = sys.modules.get("monarch_core._launch._alloc")
-    if alloc is None:
-        return
-    try:
-        alloc.release_all()
-    except Exception:  # pragma: no cover - best effort at exit
-        logger.exception("releasing host allocations failed")
+def clear_runtime() -> None:
+    global _runtime
+    with runtime_lock:
+        _runtime = None
 
 
 def is_shut_down() -> bool:

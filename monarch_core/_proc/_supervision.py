@@ -31,9 +31,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 logger = logging.getLogger("monarch.supervision")
 
@@ -183,16 +182,31 @@ def unhandled_fault_hook(failure: MeshFailure) -> None:
     raise SystemExit(1)
 
 
+#: The hook in force: the default, or what the user assigned to
+#: ``monarch_core.actor.unhandled_fault_hook`` (that module attribute reads
+#: and writes this through :func:`fault_hook` / :func:`set_fault_hook`).
+_fault_hook: list[Callable[[MeshFailure], Any]] = [unhandled_fault_hook]
+
+
+def fault_hook() -> Callable[[MeshFailure], Any]:
+    """The ``unhandled_fault_hook`` in force."""
+    return _fault_hook[0]
+
+
+def set_fault_hook(fn: Callable[[MeshFailure], Any]) -> None:
+    """Make ``fn`` the ``unhandled_fault_hook`` (``TypeError`` unless callable)."""
+    if not callable(fn):
+        raise TypeError(f"unhandled_fault_hook must be a callable taking a MeshFailure, got {fn!r}")
+    _fault_hook[0] = fn
+
+
 def deliver_to_root(failure: MeshFailure) -> None:
     """Run the (possibly user-assigned) hook on a helper thread."""
     threading.Thread(target=_run_hook, args=(failure,), name="monarch-fault-hook", daemon=True).start()
 
 
 def _run_hook(failure: MeshFailure) -> None:
-    # The public façade, if loaded, may hold a user's hook (assigned to
-    # ``monarch_core.actor.unhandled_fault_hook``); this layer does not import it.
-    api = sys.modules.get("monarch_core.actor")
-    hook = getattr(api, "unhandled_fault_hook", unhandled_fault_hook)
+    hook = _fault_hook[0]
     if getattr(failure, "notice", False):
         _run_notice_hook(hook, failure)
         return

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from monarch_core._proc import _state
+from monarch_core._proc import _start, _state
 from monarch_core._proc._future import Future
 from monarch_core._rdma import _backends, _transfer
 from monarch_core._rdma._handle import Handle
@@ -19,7 +19,7 @@ def _owner_now() -> tuple[str, str]:
     host = _state.current_actor.get()
     if host is not None:
         return host.key, str(host.display_name)
-    rt = _state.runtime()
+    rt = _start.runtime()
     return "", f"{rt.name} ({rt.proc_id})"
 
 

@@ -23,7 +23,7 @@ import time
 from typing import Any, Mapping
 
 from monarch_core import settings
-from monarch_core._proc import _state
+from monarch_core._proc import _start, _state
 from monarch_core._proc._future import Cell
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
@@ -44,7 +44,7 @@ class ChannelBackend(RDMABackend):
     one_sided = False
 
     def announce(self) -> Mapping[str, Any]:
-        return {"address": _state.runtime().kernel.address, "port": _proto.service_port}
+        return {"address": _start.runtime().kernel.address, "port": _proto.service_port}
 
     def register(self, region: MemoryRegion) -> Mapping[str, Any] | None:
         return {}  # the core's service serves every registration (device memory included, staged)
@@ -86,7 +86,7 @@ class _Chunks(PortHandler):
         self.finished = 0
         self.lock = threading.Lock()
         self.cell = Cell()
-        self.kernel = _state.runtime().kernel
+        self.kernel = _start.runtime().kernel
         self.port_id = self.kernel.add_port(self)
         self.ref = (self.kernel.proc_id, self.kernel.address, self.port_id)
 

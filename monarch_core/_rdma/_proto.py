@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any
 
-from monarch_core._proc import _state
+from monarch_core._proc import _start, _state
 from monarch_core._proc._future import Cell
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
@@ -31,10 +31,16 @@ E_RDMA, E_VALUE = "rdma", "value"
 service_port: int | None = None
 
 
+def set_service_port(port_id: int) -> None:
+    """Record the port of this proc's RDMA service (``_service.Service``)."""
+    global service_port
+    service_port = port_id
+
+
 def reply(ref: tuple, tag: int, status: int, payload: bytes, buffers: list | None = None) -> None:
     """Send a reply to ``ref = (proc_id, address, port_id)`` with ``tag`` as its rank."""
     proc_id, address, port = ref
-    _state.runtime().kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, W.port_header(port, tag, status),
+    _start.runtime().kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, W.port_header(port, tag, status),
                                  payload, buffers or [])
 
 
@@ -79,7 +85,7 @@ def call(info: tuple, request: tuple, what: str, timeout: float) -> tuple[Any, l
     """Send ``request + (reply, tag)`` to the service of owner ``info`` and wait
     for the reply: ``(payload, buffers)`` of an ``OK``; raises the error of
     an ``ERR``, ``SupervisionError`` if the owner proc dies, ``TimeoutError``."""
-    kernel = _state.runtime().kernel
+    kernel = _start.runtime().kernel
     proc_id, address, port = info[0], info[1], info[2]
     h = _OneShot(kernel, proc_id)
     ref = (kernel.proc_id, kernel.address, h.port_id)
@@ -102,7 +108,7 @@ def send_request(info: tuple, request: tuple, what: str, timeout: float, *, gone
     ``OK``, or the error (``TimeoutError`` after ``timeout`` s).  ``gone_ok``:
     the owner proc's death counts as success (a drop: the registration went
     with it)."""
-    kernel = _state.runtime().kernel
+    kernel = _start.runtime().kernel
     proc_id, address, port = info[0], info[1], info[2]
     h = _OneShot(kernel, proc_id)
     out = Cell()

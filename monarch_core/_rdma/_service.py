@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from monarch_core import settings
-from monarch_core._proc import _state
+from monarch_core._proc import _lifecycle, _start, _state
 from monarch_core._kernel._ports import PortHandler
 from monarch_core._rdma import _backends, _proto
 from monarch_core._rdma._proto import E_RDMA, E_VALUE, OK, reply
@@ -98,16 +98,28 @@ def proc_info() -> tuple:
     if info is None:
         with _lock:
             if _info is None:
-                rt = _state.runtime()
+                rt = _start.runtime()
                 svc = service()
                 _info = (rt.proc_id, rt.kernel.address, svc.port_id, host_key(), os.getpid(), _backends.announces())
             info = _info
     return info
 
 
+def _on_actor_stopped(actor_key: str, actor_name: str, why: str) -> None:
+    release_owner(actor_key, f"its owner {actor_name} stopped ({why})")
+
+
+def _on_proc_stopped(why: str) -> None:
+    release_all(f"its owner's process stopped ({why})")
+
+
 def register(local: Local, owner_key: str, owner: str) -> Registration:
-    """Register ``local`` (owned by actor ``owner_key``, ``""``: the process)."""
+    """Register ``local`` (owned by actor ``owner_key``, ``""``: the process).
+    The registrations of an actor end when it stops, and all of them when the
+    process stops (lifecycle events this module subscribes to here)."""
     proc_info()
+    _lifecycle.subscribe("actor_stopped", _on_actor_stopped)
+    _lifecycle.subscribe("proc_stopped", _on_proc_stopped)
     with _lock:
         rid = next(_ids)
     reg = Registration(rid, secrets.randbits(63), local, owner_key, owner)
@@ -198,9 +210,9 @@ class Service(PortHandler):
     """This proc's RDMA service port (see the module docstring)."""
 
     def __init__(self) -> None:
-        kernel = _state.runtime().kernel
+        kernel = _start.runtime().kernel
         self.port_id = kernel.add_port(self)
-        _proto.service_port = self.port_id
+        _proto.set_service_port(self.port_id)
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="monarch-rdma-service", daemon=True)
         self.thread.start()

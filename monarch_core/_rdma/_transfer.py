@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from monarch_core import settings
-from monarch_core._proc import _state
+from monarch_core._proc import _start, _state
 from monarch_core._proc._future import Cell, Future
 from monarch_core._rdma import _backends
 from monarch_core._rdma._handle import Handle
@@ -101,7 +101,7 @@ def submit(ops: list[Op], timeout: float) -> Future[None]:
     if not ops:
         cell.set_result(None)
         return Future._of(cell)
-    _state.runtime()
+    _start.runtime()
     deadline = time.monotonic() + timeout
     paths = []
     for op in ops:  # on the caller's thread: cached after the first transfer to an owner proc

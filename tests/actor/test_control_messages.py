@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import marshal
 
-from monarch_core._proc import _state
+from monarch_core._proc import _start, _state
 from monarch_core._proc._port import OneReply
 from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
@@ -43,7 +43,7 @@ def test_malformed_control_messages_are_dropped_and_the_proc_keeps_serving(meshe
     meshes.append(pm)
     echo = pm.spawn(fresh("echo"), Echo)
     assert echo.echo.call_one(1).get(timeout=T) == 1
-    rt = _state.runtime()
+    rt = _start.runtime()
     kernel = rt.kernel
     proc_id, address = pm._slots[0].ref()
     for h in BAD:

@@ -120,6 +120,36 @@ def test_a_client_with_pythonbreakpoint_0_releases_procs_that_lack_it(tmp) -> No
         prog.kill()
 
 
+def test_without_the_debugger_plugin_a_breakpoint_names_the_plugin_and_the_endpoint_goes_on(tmp) -> None:
+    """With monarch-debugger absent (disabled here), ``breakpoint()`` in a proc
+    cannot stop for ``monarch debug``: each rank logs what to install and
+    runs on (a proc has no terminal for pdb)."""
+    prog, _ = start(tmp, "call", MONARCH_DISABLED_PLUGINS="debugger")
+    try:
+        assert prog.result("values") == [7, 17]
+        assert prog.wait() == 0, prog.describe()
+        assert prog.notices() == []
+        err = prog.describe()
+        assert err.count("needs the debugger plugin (pip install ./plugins/debugger") == 2, err
+        assert markers(tmp / "markers") == {"continued-0": "7", "continued-1": "17"}
+    finally:
+        prog.kill()
+
+
+def test_monarch_debug_without_the_plugin_says_which_plugin_to_install(monkeypatch) -> None:
+    import argparse
+
+    from monarch_core import cli
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    sub.add_parser("plugins")
+    said = cli._missing_plugin_command(["debug", "--port", "1"], sub)
+    assert said == ("monarch: the 'debug' command comes with the monarch-debugger plugin, which is not installed "
+                    "here; install it in a monarch-core checkout with `pip install ./plugins/debugger`")
+    assert cli._missing_plugin_command(["plugins"], sub) is None
+    assert cli._missing_plugin_command(["nonsense"], sub) is None  # argparse says what the commands are
+
+
 def test_stopping_the_procs_releases_the_ranks_waiting_at_a_breakpoint(tmp) -> None:
     prog, _ = start(tmp, "stop")
     try:

@@ -20,7 +20,7 @@ import pytest
 
 from _helpers import poll_until
 from _helpers.debugger import debug_env, run_program
-from monarch_core._debug import _protocol
+from monarch_debugger import _protocol
 
 pytest.importorskip("pexpect")
 pytest.importorskip("lark")

@@ -5,14 +5,16 @@ objects of functions shipped by value keeping their file names."""
 
 from __future__ import annotations
 
+import sys
+
 import os
 import pickle
 import stat
 
 import pytest
 
-from monarch_core._debug import _hook, _protocol
-from monarch_core._debug._ranks import RankSpecError, Selection, Span, compact, parse_attach, parse_cast
+from monarch_debugger import _hook, _protocol
+from monarch_debugger._ranks import RankSpecError, Selection, Span, compact, parse_attach, parse_cast
 
 pytest.importorskip("lark")
 
@@ -83,7 +85,7 @@ def test_spans_and_compact_rank_lists() -> None:
 
 
 def test_the_list_table_has_the_guides_columns() -> None:
-    from monarch_core._debug._cli import format_table
+    from monarch_debugger._cli import format_table
 
     rows = [{"actor": "debugee", "rank": 10, "labels": ["host", "gpu"], "coords": [2, 2], "hostname": "h3",
              "function": "_bad_rank", "lineno": 17, "post_mortem": True}]
@@ -147,7 +149,7 @@ def test_pythonbreakpoint_keeps_its_meaning_in_procs(monkeypatch) -> None:
 
 def test_post_mortem_costs_nothing_where_no_breakpoint_was_hit(monkeypatch) -> None:
     monkeypatch.setattr(_hook, "armed", False)
-    monkeypatch.setattr(_hook, "_SESSION", "no.such.module")  # would fail if it were imported
+    monkeypatch.setitem(sys.modules, "monarch_debugger._session", None)  # importing it would raise ImportError
     _hook.post_mortem(ValueError("x"))
 
 
@@ -169,8 +171,8 @@ def _serve(coro_fn, monkeypatch, tmp_path, **env: str):  # type: ignore[no-untyp
     """Run ``coro_fn(server)`` with a DebugServer on a fresh asyncio loop."""
     import asyncio
 
-    from monarch_core._debug._registry import Registry
-    from monarch_core._debug._server import DebugServer
+    from monarch_debugger._registry import Registry
+    from monarch_debugger._server import DebugServer
 
     monkeypatch.setenv("MONARCH_DEBUG_TOKEN_FILE", str(tmp_path / "t.token"))
     monkeypatch.setenv("MONARCH_DEBUG_SERVER_PORT", "0")

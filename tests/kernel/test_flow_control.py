@@ -412,9 +412,9 @@ class Echo(Actor):
 
     @endpoint
     def window(self) -> tuple[int, int]:
-        from monarch_core._proc import _state
+        from monarch_core._proc import _start, _state
 
-        k = _state.runtime().kernel
+        k = _start.runtime().kernel
         return k.send_window_msgs, k.send_window_bytes
 
     @endpoint
@@ -444,9 +444,9 @@ class Spammer(Actor):
         """Broadcast ``n`` messages to ``target`` from this actor's asyncio
         loop; the first makes ``target`` call back into ``ping``.  Returns the
         most messages this proc held for ``target`` and how many it received."""
-        from monarch_core._proc import _state
+        from monarch_core._proc import _start, _state
 
-        k = _state.runtime().kernel
+        k = _start.runtime().kernel
         with Sampler(k, [target._members[0].proc_id]) as sampler:
             for i in range(n):
                 target.take.broadcast(i, me if i == 0 else None)
@@ -464,7 +464,7 @@ def small_window():
     """Worker procs (and this client) with a 16-message / 64 KiB window; the
     client's supervision failures are recorded instead of exiting."""
     import monarch_core.actor as mactor
-    from monarch_core._proc import _state
+    from monarch_core._proc import _start, _state
     from monarch_core.actor import this_host
 
     failures: list = []
@@ -472,7 +472,7 @@ def small_window():
     for k, v in ENV_WINDOW.items():
         mp.setenv(k, v)
     mp.setattr(mactor, "unhandled_fault_hook", failures.append)
-    kernel = _state.runtime().kernel
+    kernel = _start.runtime().kernel
     mp.setattr(kernel, "send_window_msgs", WINDOW, raising=False)
     mp.setattr(kernel, "send_window_bytes", 64 << 10, raising=False)
     pm = this_host().spawn_procs(per_host={"gpus": 2})

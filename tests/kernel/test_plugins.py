@@ -50,8 +50,10 @@ OTHERS = _project_schedulers()
 OTHER_SCHEDULERS = sorted(n for names in OTHERS.values() for n in names)
 #: monarch-transport-rdma, when installed (it provides RDMA backends, no transport): left out too.
 RDMA = {ep.name for ep in metadata.entry_points(group="monarch") if ep.name == "transport_rdma"}
-#: monarch-telemetry-otel, when installed (a telemetry sink, no transport or scheduler): left out too.
-TELEMETRY = {ep.name for ep in metadata.entry_points(group="monarch") if ep.name in ("telemetry_otel", "dashboard")}
+#: monarch-telemetry-otel, the dashboard and the debugger, when installed (sinks and lifecycle
+#: hooks, no transport or scheduler): left out too.
+TELEMETRY = {ep.name for ep in metadata.entry_points(group="monarch")
+             if ep.name in ("telemetry_otel", "dashboard", "debugger")}
 BUILTIN_LINE = f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local; rdma backends: channel"
 
 
@@ -73,9 +75,9 @@ class WhereAmI(Actor):
 
     @endpoint
     def where(self, var: str) -> dict:
-        from monarch_core._proc import _state
+        from monarch_core._proc import _start, _state
 
-        return {"address": _state.runtime().kernel.address, "pid": os.getpid(), "var": os.environ.get(var)}
+        return {"address": _start.runtime().kernel.address, "pid": os.getpid(), "var": os.environ.get(var)}
 
 
 # ---------------------------------------------------------------- helpers
@@ -464,8 +466,8 @@ def test_third_party_transport_plugin_is_usable_by_name_and_carries_a_mesh(
         pm = this_host().spawn_procs(per_host={"gpus": 2})
         w = pm.spawn("w", WhereAmI)
         where = w.where.call("MC_DIRT_RANK").get(timeout=60).values()
-        from monarch_core._proc import _state
-        client = _state.runtime().kernel.address
+        from monarch_core._proc import _start, _state
+        client = _start.runtime().kernel.address
         files = sorted(os.listdir(os.environ["MC_DIRT_DIR"]))
         pm.stop().get(timeout=30)
         print(json.dumps({
@@ -894,3 +896,94 @@ def test_a_describing_hook_returning_the_wrong_things_is_broken_and_the_good_spe
     assert [str(w.message).split(":", 1)[0] for w in caught] == [
         "monarch plugin 'wrong' (from monarch-wrong 0.1) is broken"
     ] * 2
+
+
+LIFECYCLE_PLUGIN = '''
+import json, os
+from monarch_core.hookspecs import hookimpl
+
+def _log(*a):
+    with open(os.environ["LIFECYCLE_LOG"], "a") as f:
+        f.write(json.dumps([os.getpid(), *a]) + "\\n")
+
+@hookimpl
+def monarch_proc_setup(proc_name, rank):
+    _log("setup", rank)
+
+@hookimpl
+def monarch_endpoint_raised(exc):
+    _log("raised", type(exc).__name__, str(exc))
+
+@hookimpl
+def monarch_actor_stopped(actor_key, actor_name, why):
+    _log("actor_stopped", actor_name, why)
+
+@hookimpl
+def monarch_proc_stopping(why):
+    _log("stopping", why)
+
+@hookimpl
+def monarch_proc_stopped(why):
+    _log("stopped", why)
+'''
+
+RAISING_LIFECYCLE = '''
+from monarch_core.hookspecs import hookimpl
+
+@hookimpl
+def monarch_actor_stopped(actor_key, actor_name, why):
+    raise RuntimeError("lifecycle listener broke")
+'''
+
+
+def test_lifecycle_hooks_reach_a_third_party_plugin_in_every_proc_in_order(tmp_path: pathlib.Path) -> None:
+    """proc set up, endpoint raised, actor stopped, proc stopping/stopped: in
+    each proc, in that order, beside a plugin whose listener raises (logged,
+    the stop goes on); the client's own stop is announced too."""
+    make_dist(tmp_path, "monarch-lifelog", "0.1", {"lifelog": "lifelog_mod"}, {"lifelog_mod": LIFECYCLE_PLUGIN})
+    make_dist(tmp_path, "monarch-lifebad", "0.1", {"lifebad": "lifebad_mod"}, {"lifebad_mod": RAISING_LIFECYCLE})
+    log = tmp_path / "events.jsonl"
+    res = _py(
+        f"""
+        import json, os
+        from monarch_core.actor import Actor, endpoint, shutdown_context, this_host
+        sys.path.insert(0, {str(HERE)!r})
+
+        class Boom(Actor):
+            @endpoint
+            def boom(self) -> None:
+                raise ValueError("boom " + str(os.getpid()))
+
+            @endpoint
+            def pid(self) -> int:
+                return os.getpid()
+
+        pm = this_host().spawn_procs(per_host={{"gpus": 2}})
+        am = pm.spawn("boomers", Boom)
+        pids = sorted(am.pid.call().get(timeout=60).values())
+        for rank in range(2):
+            try:
+                am.slice(gpus=rank).boom.call_one().get(timeout=60)
+            except Exception as e:
+                pass
+        am.stop("done with it").get(timeout=60)
+        pm.stop().get(timeout=60)
+        shutdown_context().get()
+        print(json.dumps({{"pids": pids, "client": os.getpid()}}))
+        """,
+        PYTHONPATH=str(tmp_path), LIFECYCLE_LOG=str(log),
+    )
+    out = _json(res)
+    events: dict[int, list] = {}
+    for line in log.read_text().splitlines():
+        pid, *ev = json.loads(line)
+        events.setdefault(pid, []).append(ev)
+    for pid in out["pids"]:
+        kinds = [e[0] for e in events[pid]]
+        assert kinds == ["setup", "raised", "actor_stopped", "stopping", "stopped"], events[pid]
+        raised, stopped = events[pid][1], events[pid][2]
+        assert raised == ["raised", "ValueError", f"boom {pid}"]
+        assert stopped[1].startswith("boomers") and "done with it" in stopped[2]
+    assert [e[0] for e in events[out["client"]]] == ["stopping", "stopped"]
+    assert "the actor_stopped listener lifebad raised" in res.stderr
+    assert "RuntimeError: lifecycle listener broke" in res.stderr

@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from monarch_core._proc import _state
+from monarch_core._proc import _start, _state
 from monarch_core._launch import _fork_server
 from monarch_core._launch._bootstrap import PROC_MODULE
 from monarch_core.actor import (
@@ -89,7 +89,7 @@ def _infos(probe) -> list[dict]:  # type: ignore[no-untyped-def]
 
 def _zygote_info() -> dict:
     """Ask the current zygote of this process what it has imported."""
-    kernel = _state.runtime().kernel
+    kernel = _start.runtime().kernel
 
     async def ask() -> dict:
         z = _fork_server.server_of(kernel).start()

@@ -104,3 +104,92 @@ def test_importing_the_actor_api_loads_no_kernel_machinery() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", f"import monarch_core.actor loaded {out.stdout.strip()}"
+
+
+#: Name-based imports that stay, each for a reason: plugin factories named by
+#: the plugins' own specs, and the fork server importing what the layer above
+#: handed it explicitly (``_fork_server.warm``).
+_BY_NAME_ALLOWED = {
+    ("_plugins.py", "import_module"),
+    ("_contract/_common.py", "import_module"),
+    ("_launch/_zygote.py", "import_module"),
+}
+#: ``sys.modules`` keys that are looked up without importing: optional
+#: third-party libraries ("is torch loaded?"), and a module's own entry.
+_PROBES_ALLOWED = {"torch", "asyncio", "__main__"}
+
+
+def _hidden_up_calls(path: pathlib.Path) -> list[str]:
+    """Module-level reaches that the import checker cannot see in ``path``:
+    ``sys.modules`` lookups of monarch modules (or of a computed name),
+    ``importlib.import_module``/``__import__`` outside the allowed places, and
+    assignments to attributes of another monarch module (slot filling)."""
+    import ast
+
+    rel = str(path.relative_to(ROOT / "monarch_core"))
+    tree = ast.parse(path.read_text(), str(path))
+    modules: set[str] = set()  # local names bound to monarch modules
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("monarch_core"):
+            for a in node.names:
+                if a.name.startswith("_"):
+                    modules.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("monarch_core") and a.asname and any(
+                        part.startswith("_") for part in a.name.split(".")):
+                    modules.add(a.asname)
+    found = []
+
+    def is_sys_modules(n: ast.AST) -> bool:
+        return (isinstance(n, ast.Attribute) and n.attr == "modules" and isinstance(n.value, ast.Name)
+                and n.value.id == "sys")
+
+    def key_ok(k: ast.AST) -> bool:
+        if isinstance(k, ast.Name) and k.id == "__name__":
+            return True
+        return isinstance(k, ast.Constant) and k.value in _PROBES_ALLOWED
+
+    for node in ast.walk(tree):
+        where = f"{rel}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Subscript) and is_sys_modules(node.value) and not key_ok(node.slice):
+            found.append(f"{where}: sys.modules[{ast.unparse(node.slice)}]")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            f = node.func
+            if is_sys_modules(f.value) and f.attr in ("get", "pop", "setdefault") and not (
+                    node.args and key_ok(node.args[0])):
+                found.append(f"{where}: sys.modules.{f.attr}({ast.unparse(node.args[0]) if node.args else ''})")
+            if f.attr == "import_module" and (rel, "import_module") not in _BY_NAME_ALLOWED:
+                found.append(f"{where}: importlib.import_module(...)")
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "__import__":
+            found.append(f"{where}: __import__(...)")
+        if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id in modules:
+                    found.append(f"{where}: assigns {ast.unparse(t)} (another module's slot)")
+    return found
+
+
+def test_no_hidden_up_calls_sys_modules_probes_or_slot_filling_in_monarch_core() -> None:
+    """Every arrow between monarch modules is an import the checker sees:
+    what calls up goes through a declared extension point (the lifecycle
+    registry and hooks, the actor class's protocol), never through a
+    ``sys.modules`` probe, an import by name, or a slot another module fills."""
+    found = [f for p in sorted((ROOT / "monarch_core").rglob("*.py")) for f in _hidden_up_calls(p)]
+    assert found == [], "\n".join(found)
+
+
+def test_the_hidden_up_call_check_catches_each_kind(tmp_path: pathlib.Path) -> None:
+    bad = ROOT / "monarch_core" / "_probe_example_for_test.py"
+    bad.write_text(
+        "import sys\nfrom monarch_core._launch import _fork_server\n"
+        "x = sys.modules.get('monarch_core.actor')\ny = sys.modules[name]\n"
+        "_fork_server.warm_modules = ()\n"
+        "import importlib\nz = importlib.import_module('monarch_core._actor._mesh')\n"
+    )
+    try:
+        found = _hidden_up_calls(bad)
+    finally:
+        bad.unlink()
+    assert len(found) == 4, found

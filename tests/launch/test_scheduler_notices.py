@@ -61,11 +61,11 @@ class Noticing(Scheduler):
 
 def host_mesh(sched):
     from monarch_core._actor import _mesh
-    from monarch_core._proc import _state
+    from monarch_core._proc import _start, _state
     from monarch_core._launch import _alloc
     from monarch_core.hookspecs import AllocationRequest
     request = AllocationRequest(name="n", params={}, source="<test>")
-    record = _alloc.allocate(sched, request, _state.runtime(), 90)
+    record = _alloc.allocate(sched, request, _start.runtime(), 90)
     return _mesh.host_mesh_of(record, "n")
 '''
 

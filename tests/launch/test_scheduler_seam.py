@@ -23,7 +23,7 @@ import pytest
 import trio
 
 from monarch_core._actor import _mesh
-from monarch_core._proc import _state
+from monarch_core._proc import _start, _state
 from monarch_core._builtins._local import LocalScheduler
 from monarch_core._launch import _alloc
 from monarch_core.actor import Actor, endpoint, this_host
@@ -46,7 +46,7 @@ def _request(params: dict, name: str = "t") -> AllocationRequest:
 
 
 def _allocate(scheduler: Scheduler, params: dict, timeout: float = 60.0):
-    rt = _state.runtime()
+    rt = _start.runtime()
     return _alloc.allocate(scheduler, _request(params), rt, timeout)
 
 
@@ -318,7 +318,7 @@ CLIENT = textwrap.dedent(
     """
     import json, os, sys, time
     from monarch_core._actor import _mesh
-    from monarch_core._proc import _state
+    from monarch_core._proc import _start, _state
     from monarch_core._builtins._local import LocalScheduler
     from monarch_core._launch import _alloc
     from monarch_core.actor import Actor, endpoint
@@ -339,7 +339,7 @@ CLIENT = textwrap.dedent(
         def die(self):
             os._exit(3)
 
-    record = _alloc.allocate(Marked(), AllocationRequest("two", {"hosts": 2}, "<client>"), _state.runtime(), 60)
+    record = _alloc.allocate(Marked(), AllocationRequest("two", {"hosts": 2}, "<client>"), _start.runtime(), 60)
     hm = _mesh.host_mesh_of(record, "two")
     pids = [int(h.labels["pid"]) for h in hm.hosts]
     pm = hm.spawn_procs()

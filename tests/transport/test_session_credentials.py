@@ -19,7 +19,7 @@ trustme = pytest.importorskip("trustme")
 CLIENT = r'''
 import json, os, socket, ssl, subprocess, sys, tempfile
 from monarch_core._actor import _mesh
-from monarch_core._proc import _state
+from monarch_core._proc import _start, _state
 from monarch_core._launch import _alloc
 from monarch_core.actor import Actor, endpoint
 from monarch_core.hookspecs import Allocation, AllocationRequest, HostHandle, Scheduler, wait_worker_address
@@ -65,7 +65,7 @@ class Echo(Actor):
 sched = TlsLocal()
 request = AllocationRequest(name="t", params={}, source="<test>")
 _alloc.prepare_transport(sched, request)
-rt = _state.runtime()
+rt = _start.runtime()
 record = _alloc.allocate(sched, request, rt, 90)
 hm = _mesh.host_mesh_of(record, "t")
 pm = hm.spawn_procs(per_host={"gpus": 2})

@@ -34,7 +34,7 @@ NEEDS_V6 = pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no 
 PAIR = """
 import json, os
 from monarch_core.actor import ChannelTransport, enable_transport, this_host
-from monarch_core._proc import _state
+from monarch_core._proc import _start, _state
 from transport_actors import Where, my_listening
 choice = {choice}
 enable_transport(choice)
@@ -45,8 +45,8 @@ where = a.where.call().get(timeout=60).values()
 one_to_zero = a.slice(gpus=1).call_peers.call_one(a.slice(gpus=0)).get(timeout=60)
 zero_to_one = a.slice(gpus=0).call_peers.call_one(a.slice(gpus=1)).get(timeout=60)
 out = {{
-    "client": _state.runtime().kernel.address,
-    "client_transport": _state.runtime().transport,
+    "client": _start.runtime().kernel.address,
+    "client_transport": _start.runtime().transport,
     "client_listens": my_listening(),
     "where": where,
     "listens": a.listening.call().get(timeout=60).values(),

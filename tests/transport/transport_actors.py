@@ -15,9 +15,9 @@ from monarch_core.actor import Actor, endpoint
 
 
 def _my_address() -> str:
-    from monarch_core._proc import _state
+    from monarch_core._proc import _start, _state
 
-    return _state.runtime().kernel.address
+    return _start.runtime().kernel.address
 
 
 def _listen_port(address: str) -> int:
@@ -167,10 +167,10 @@ class ProcBreaker(Actor):
     def begin(self, seed: int) -> None:
         import threading
 
-        from monarch_core._proc import _state
+        from monarch_core._proc import _start, _state
 
         self._thread = threading.Thread(
-            target=break_sessions_forever, args=(_state.runtime().kernel, seed, self._stop), daemon=True
+            target=break_sessions_forever, args=(_start.runtime().kernel, seed, self._stop), daemon=True
         )
         self._thread.start()
 

@@ -24,10 +24,10 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from monarch_core._debug import _protocol as P
+from monarch_debugger import _protocol as P
 
 if TYPE_CHECKING:
-    from monarch_core._debug._registry import Registry, Session
+    from monarch_debugger._registry import Registry, Session
 
 __all__ = ["DebugServer"]
 

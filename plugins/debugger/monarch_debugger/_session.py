@@ -22,7 +22,7 @@ do) is asked of the controller once and registered in this proc's
 ``linecache``, so ``l``/``ll`` and the ``->`` lines show the real source.
 
 Post-mortem: when an endpoint raises in a message that already stopped at a
-breakpoint, the actor host calls :func:`post_mortem` (through ``_hook``)
+breakpoint, the plugin's ``monarch_endpoint_raised`` hook calls :func:`post_mortem`
 before the error goes to the caller: a new session stops where the error was
 raised, with its traceback, until continued.
 """
@@ -42,9 +42,9 @@ import traceback
 from types import FrameType, TracebackType
 from typing import Any
 
-from monarch_core._proc import _state
-from monarch_core._debug import _hook
-from monarch_core._debug._protocol import CONTROLLER_NAME
+from monarch_core.actor import context
+from monarch_debugger import _hook
+from monarch_debugger._protocol import CONTROLLER_NAME
 
 __all__ = ["RemotePdb", "post_mortem", "set_trace"]
 
@@ -56,7 +56,7 @@ POLL = 0.5
 #: Seconds the controller may take to start, or to answer anything but a read.
 CONTROLLER_TIMEOUT = 60.0
 #: Module name prefixes whose frames end the user's part of a stack.
-_RUNTIME = ("monarch_core.", "asyncio.", "concurrent.futures.", "threading")
+_RUNTIME = ("monarch_core.", "monarch_debugger.", "asyncio.", "concurrent.futures.", "threading")
 _YIELDS = {dis.opmap[n] for n in ("YIELD_VALUE", "INSTRUMENTED_YIELD_VALUE") if n in dis.opmap}
 
 _lock = threading.Lock()
@@ -77,7 +77,7 @@ def set_trace(frame: FrameType, *args: Any, header: str | None = None, **kwargs:
     if args or kwargs:
         logger.warning("breakpoint() arguments %r %r ignored (only header= is understood)", args, kwargs)
     _hook.armed = True
-    _hits[threading.get_ident()] = _state.current_message_rank.get()
+    _hits[threading.get_ident()] = context().message_rank
     p = RemotePdb(_Link(_identity()), _endpoint_frame(frame))
     if header is not None:
         p.message(header)
@@ -88,7 +88,7 @@ def post_mortem(exc: BaseException) -> None:
     """If the message being handled on this thread stopped at a breakpoint,
     stop where ``exc`` was raised (its traceback, then pdb), until continued."""
     hit = _hits.pop(threading.get_ident(), None)
-    if hit is None or hit is not _state.current_message_rank.get() or isinstance(exc, bdb.BdbQuit):
+    if hit is None or hit is not context().message_rank or isinstance(exc, bdb.BdbQuit):
         return
     tb = _user_traceback(exc.__traceback__)
     if tb is None:
@@ -161,7 +161,7 @@ class RemotePdb(pdb.Pdb):
 
     def __init__(self, link: _Link, endpoint_frame: FrameType | None, post_mortem: bool = False) -> None:
         self._out = _Output()
-        super().__init__(stdin=_Input(self), stdout=self._out, skip=["monarch_core.*"], nosigint=True,
+        super().__init__(stdin=_Input(self), stdout=self._out, skip=["monarch_core.*", "monarch_debugger.*"], nosigint=True,
                          readrc=False)
         self.prompt = "(Pdb) "
         self._link = link
@@ -366,7 +366,7 @@ def _get_controller(start: bool = True) -> Any:
     global _controller
     with _lock:
         if _controller is None and start:
-            from monarch_core._debug._controller import DebugController
+            from monarch_debugger._controller import DebugController
             from monarch_core.actor import get_or_spawn_controller
 
             try:
@@ -380,12 +380,8 @@ def _get_controller(start: bool = True) -> Any:
 
 
 def _release_reason() -> str | None:
-    rt = _state.current_runtime_or_none()
-    if rt is None or _state.is_shut_down():
-        return "the proc is shutting down"
-    if getattr(rt.agent, "stopping", False):
-        return "the proc is stopping"
-    return None
+    why = _hook.stopping_why
+    return None if why is None else f"the proc is stopping ({why})"
 
 
 # ---------------------------------------------------------------- helpers
@@ -393,15 +389,14 @@ def _release_reason() -> str | None:
 
 def _identity() -> dict[str, Any]:
     """Who stops: the actor (mesh name, rank, coordinates) and where it runs."""
-    rt = _state.current_runtime_or_none()
-    proc_id = rt.proc_id if rt is not None else f"pid-{os.getpid()}"
-    host = _state.current_actor.get()
-    if host is not None:
-        point, name, key = host.rank, host.name, host.key
+    inst = context().actor_instance
+    proc_id = str(inst.proc_id)
+    point = inst.rank
+    name = inst.name
+    key = getattr(inst, "key", None)
+    if key is not None:  # an actor
         sid = f"{proc_id}/{key}"
     else:  # outside any actor (a proc's bootstrap, a thread of the user's)
-        point = rt.point if rt is not None else _state.ROOT_POINT
-        name = rt.proc_mesh_name if rt is not None else "proc"
         key = f"{name}-proc"
         sid = f"{proc_id}/thread-{threading.get_ident()}"
     labels = list(point.extent.labels)

@@ -21,8 +21,8 @@ import logging
 import os
 import sys
 
-from monarch_core._debug._registry import Registry
-from monarch_core._debug._server import DebugServer
+from monarch_debugger._registry import Registry
+from monarch_debugger._server import DebugServer
 from monarch_core.actor import Actor, concurrent_endpoint, endpoint
 
 __all__ = ["DebugController"]

@@ -1,28 +1,26 @@
 """The breakpoint hook every proc installs, and the post-mortem check.
 
-Kept light and free of monarch imports: ``_launch._proc_main`` installs
-:func:`breakpointhook` at proc start and the actor host calls
-:func:`post_mortem` when an endpoint raises, and both sit below the layers
-that do the work.  The remote pdb (``monarch_core._debug._session``, which
-uses the actor API) is imported by name when a breakpoint is hit: a call up
-through a name, like ``_zygote.warm_modules``, not an import arrow.
+Kept light: the plugin's ``monarch_proc_setup`` hook installs
+:func:`breakpointhook` in every new proc and its ``monarch_endpoint_raised``
+hook calls :func:`post_mortem`; the remote pdb (:mod:`._session`, which uses
+the actor API) is imported only when a breakpoint is hit.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 from typing import Any
 
-__all__ = ["armed", "breakpointhook", "install", "post_mortem"]
-
-_SESSION = "monarch_core._debug._session"
+__all__ = ["armed", "breakpointhook", "install", "post_mortem", "stopping", "stopping_why"]
 
 #: Set once a breakpoint was hit in this process (by ``_session``): only then
 #: can an exception be a post-mortem stop, so endpoints that raise in a
 #: process that never stopped pay one attribute read.
 armed = False
+#: Why this process stops, once it began to (``monarch_proc_stopping``):
+#: ranks waiting at a breakpoint are released then.
+stopping_why: str | None = None
 
 
 def install() -> None:
@@ -42,8 +40,9 @@ def breakpointhook(*args: Any, **kwargs: Any) -> Any:
         return None
     if hookname:
         return sys.__breakpointhook__(*args, **kwargs)
-    session = importlib.import_module(_SESSION)
-    return session.set_trace(sys._getframe(1), *args, **kwargs)
+    from monarch_debugger import _session
+
+    return _session.set_trace(sys._getframe(1), *args, **kwargs)
 
 
 def post_mortem(exc: BaseException) -> None:
@@ -52,4 +51,12 @@ def post_mortem(exc: BaseException) -> None:
     breakpoint, stop again where it was raised, until continued."""
     if not armed:
         return
-    importlib.import_module(_SESSION).post_mortem(exc)
+    from monarch_debugger import _session
+
+    _session.post_mortem(exc)
+
+
+def stopping(why: str) -> None:
+    """This process begins to stop: release every rank stopped here."""
+    global stopping_why
+    stopping_why = why

@@ -18,8 +18,8 @@ import socket
 import sys
 from typing import Any
 
-from monarch_core._debug import _protocol as P
-from monarch_core._debug._ranks import RankSpecError, compact, parse_attach, parse_cast
+from monarch_debugger import _protocol as P
+from monarch_debugger._ranks import RankSpecError, compact, parse_attach, parse_cast
 
 __all__ = ["BANNER", "DebugCli", "main"]
 
@@ -319,8 +319,15 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join([rule, line(head), rule, *(line(b) for b in body), rule])
 
 
+def register(sub: argparse._SubParsersAction) -> None:
+    """The ``monarch.cli`` entry point: add ``monarch debug`` to the CLI."""
+    p = sub.add_parser("debug", help="debug the actors of a running program that stopped at breakpoint()")
+    add_arguments(p)
+    p.set_defaults(func=main)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``monarch debug`` options (``cli.py`` registers the subcommand)."""
+    """The ``monarch debug`` options."""
     p.add_argument("--host", default=None,
                    help=f"the program's MONARCH_DEBUG_SERVER_HOST (default: that variable here, else {P.DEFAULT_HOST})")
     p.add_argument("--port", type=int, default=None,

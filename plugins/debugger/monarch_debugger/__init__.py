@@ -1,10 +1,14 @@
-"""``breakpoint()`` in actors, and the ``monarch debug`` CLI (docs/debugging.md).
+"""monarch-debugger: ``breakpoint()`` in actors, and the ``monarch debug`` CLI
+(docs/debugging.md).  A plugin of monarch-core: it attaches through the
+bootstrap and lifecycle hooks (:mod:`.plugin`) and the ``monarch.cli`` entry
+point, and uses only the public API.
 
 Modules, by the process they run in:
 
-* every proc: :mod:`._hook` (the ``sys.breakpointhook`` that ``_launch._proc_main``
-  installs, and the post-mortem check the actor host calls when an endpoint
-  raises; light, imports the rest by name when a breakpoint is hit) and
+* every proc: :mod:`.plugin` (its hooks), :mod:`._hook` (the
+  ``sys.breakpointhook`` the plugin's ``monarch_proc_setup`` installs, and the
+  post-mortem check its ``monarch_endpoint_raised`` runs; light, imports the
+  rest when a breakpoint is hit) and
   :mod:`._session` (the remote pdb: a ``pdb.Pdb`` whose input and output travel
   to the client's debug controller as endpoint calls);
 * the client: :mod:`._controller` (the ``DebugController`` actor, spawned on

@@ -1,0 +1,122 @@
+"""Starting and stopping this process's runtime in a client.
+
+:func:`runtime` is what the mesh API's entry points call: the runtime of this
+process, starting the client's (its kernel thread, its proc agent, the
+telemetry hub) on first use.  :func:`shutdown` stops it (``shutdown_context``,
+interpreter exit).  A proc's runtime is built by ``_launch._proc_main``
+instead.  The state itself lives in :mod:`._state`, which imports nothing
+above it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import sys
+import threading
+import uuid
+
+from monarch_core import settings
+from monarch_core import _telemetry
+from monarch_core._proc import _state, _transport
+
+__all__ = ["runtime", "shutdown"]
+
+logger = logging.getLogger("monarch.actor")
+
+
+def runtime() -> _state.ProcRuntime:
+    """This process's runtime, starting the client kernel on first use."""
+    rt = _state.current_runtime_or_none()
+    if rt is not None:
+        return rt
+    with _state.runtime_lock:
+        rt = _state.current_runtime_or_none()
+        if rt is not None:
+            return rt
+        if _state.is_shut_down():
+            raise RuntimeError(
+                "the monarch context was shut down (shutdown_context() or interpreter exit); "
+                "no new meshes can be created in this process"
+            )
+        _start_client()
+    return _state.current()
+
+
+def _start_client() -> None:
+    from monarch_core._kernel._runtime import Kernel  # (lazily: importing the API loads no trio)
+    from monarch_core._proc._agent import ProcAgent
+    from monarch_core._plugins import registry
+
+    if settings.is_set("MONARCH_MALLOC_REUSE_MB"):  # procs tune malloc by default; a client only when asked
+        _state.tune_malloc()
+    choice = _transport.current_choice()
+    transport = registry().transport(choice.name)
+    proc_id = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    kernel = Kernel(proc_id=proc_id, name="client", transport=transport, bind_spec=choice.bind_spec)
+    agent = ProcAgent(kernel)
+    kernel.agent = agent
+    kernel.start_thread()
+    ref = (proc_id, kernel.address)
+    rt = _state.ProcRuntime(
+        kernel=kernel,
+        agent=agent,
+        proc_id=proc_id,
+        name="client",
+        is_client=True,
+        transport=choice.name,
+        root=ref,
+        parent=None,
+        point=_state.ROOT_POINT,
+        python_executable=sys.executable,
+    )
+    agent.runtime = rt
+    agent.proc_ready.set()
+    _state.set_runtime(rt)
+    _telemetry.configure_process(proc_id=proc_id, name="client", is_root=True)
+    from monarch_core._telemetry._hub import hub
+
+    hub.start()  # the root's sinks: settings, plugins (procs ship their telemetry here)
+    atexit.register(_atexit_shutdown)
+    logger.debug("client kernel listening on %s", kernel.address)
+
+
+def _atexit_shutdown() -> None:
+    try:
+        shutdown(timeout=5.0)
+    except Exception:  # pragma: no cover - best effort at exit
+        logger.exception("error while shutting down the monarch context at exit")
+    code = _state.requested_exit_code()
+    if code:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def shutdown(timeout: float = 10.0) -> None:
+    """Stop every proc this process owns and stop the kernel.  Idempotent."""
+    rt = _state.current_runtime_or_none()
+    if not _state.mark_shut_down() or rt is None:
+        return
+    try:
+        rt.agent.shutdown_owned(timeout)  # ends with the ``proc_stopped`` event (allocations are given back)
+    finally:
+        if rt.is_client:  # what the procs shipped before they stopped goes to the sinks
+            _close_telemetry(rt)
+        rt.kernel.stop_loop()
+        rt.kernel.join(timeout)
+        _state.clear_runtime()
+
+
+def _close_telemetry(rt: _state.ProcRuntime) -> None:
+    try:
+        from monarch_core._telemetry._hub import hub
+
+        if not rt.kernel.in_loop():  # the batches delivered so far wait in the loop's queue: let them through
+            done = threading.Event()
+            rt.kernel.call_soon(done.set)
+            done.wait(1.0)
+        hub.close()
+    except Exception:  # pragma: no cover - best effort at exit
+        logger.exception("closing the telemetry sinks failed")
