@@ -45,7 +45,7 @@ import pluggy
 
 from monarch_core import settings
 from monarch_core import hookspecs
-from monarch_core.errors import MonarchError, PluginError, UnknownSchedulerError, UnknownTransportError
+from monarch_core.errors import ConfigError, MonarchError, PluginError, UnknownSchedulerError, UnknownTransportError
 
 if TYPE_CHECKING:
     from importlib import metadata
@@ -60,6 +60,7 @@ DESCRIPTION_HOOKS = {
     "monarch_schedulers": hookspecs.SchedulerSpec,
     "monarch_rdma_backends": hookspecs.RDMABackendSpec,
     "monarch_telemetry_sinks": None,  # any object with emit(events)
+    "monarch_settings": settings.Setting,
 }
 #: Seconds between two WARNING lines about one plugin sink whose ``emit`` raises.
 SINK_WARNING_INTERVAL = 60.0
@@ -216,6 +217,12 @@ class PluginRegistry:
                     # no hook is called there).
                     setattr(impl, "function", self._guard(info, caller.name, impl.function))
         self.infos.append(info)
+        declared = self._describe(info, "monarch_settings")
+        if declared:
+            try:
+                settings.declare(declared, info.distribution)
+            except ConfigError as e:
+                self._broken(info, f"monarch_settings(): {e}")
 
     def _unknown_hook(self, name: str) -> str:
         specs = sorted(n for n in vars(self.pm.hook) if not n.startswith("_") and getattr(self.pm.hook, n).has_spec())

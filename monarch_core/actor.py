@@ -9,6 +9,7 @@ the reference's signatures) are importable from here too, and from
 
 from __future__ import annotations
 
+import importlib
 import sys
 import types
 from typing import Any, Callable
@@ -63,6 +64,9 @@ class _ActorModule(types.ModuleType):
     @unhandled_fault_hook.setter
     def unhandled_fault_hook(self, fn: Callable[[MeshFailure], Any]) -> None:
         _supervision.set_fault_hook(fn)
+
+    def __reduce__(self) -> Any:  # pickled by name, as a plain module is
+        return (importlib.import_module, (self.__name__,))
 
 
 sys.modules[__name__].__class__ = _ActorModule

@@ -5,6 +5,7 @@
                      listed as such, and the command still exits 0.
 ``monarch debug``    attach to the actors of a running program stopped at ``breakpoint()``
                      (docs/debugging.md; comes with the monarch-debugger plugin).
+``monarch settings`` every ``MONARCH_*`` variable of the core and the installed plugins.
 ``monarch summary FILE``  top endpoints by total time (calls, errors, p50/p99) of a
 recorded trace (``record_trace``, ``MONARCH_TRACE_FILE``) or JSON-lines telemetry file
 (``record_events``, ``MONARCH_TELEMETRY_JSONL``).
@@ -33,7 +34,7 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
             provides.append("schedulers: " + ", ".join(info.schedulers))
         if info.rdma_backends:
             provides.append("rdma backends: " + ", ".join(info.rdma_backends))
-        other = [h for h in info.hooks if h not in ("monarch_transports", "monarch_schedulers", "monarch_rdma_backends")]
+        other = [h for h in info.hooks if h not in ("monarch_transports", "monarch_schedulers", "monarch_rdma_backends", "monarch_settings")]
         if other:
             provides.append("hooks: " + ", ".join(other))
         if info.problems:
@@ -58,6 +59,18 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     if args.side:
         rows = [r for r in rows if r.side == args.side]
     print(_summary.table(rows, args.top, args.per_rank))
+    return 0
+
+
+def _cmd_settings(args: argparse.Namespace) -> int:
+    from monarch_core import settings
+    from monarch_core._plugins import registry
+
+    registry()  # the installed plugins declare theirs
+    print("User settings:\n")
+    print(settings.markdown_table(True))
+    print("Internal tuning knobs (not a stable interface):\n")
+    print(settings.markdown_table(False))
     return 0
 
 
@@ -95,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("plugins", help="list installed plugins and what they provide")
     p.set_defaults(func=_cmd_plugins)
+    p = sub.add_parser("settings", help="every MONARCH_* variable of the core and the installed plugins")
+    p.set_defaults(func=_cmd_settings)
     p = sub.add_parser("summary", help="top endpoints of a recorded trace or telemetry file (p50/p99, errors)")
     p.add_argument("file", help="a Chrome trace (record_trace, MONARCH_TRACE_FILE) or JSON-lines file "
                    "(record_events, MONARCH_TELEMETRY_JSONL)")

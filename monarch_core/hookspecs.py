@@ -1,7 +1,7 @@
 """The plugin contract of monarch-core: pluggy hookspecs for five seams.
 
 This module, together with the public types it names, is the *only* thing a
-plugin imports from monarch-core.  Six families of hooks:
+plugin imports from monarch-core.  Seven families of hooks:
 
 * **transport** -- :func:`monarch_transports` yields :class:`TransportSpec`
   descriptions of byte-stream channels (``ipc``, ``tcp``, ``tls`` ...).
@@ -18,6 +18,9 @@ plugin imports from monarch-core.  Six families of hooks:
   :func:`monarch_endpoint_raised` tell a plugin, inside the process where it
   happens, that an actor stopped, the process begins to stop or stopped, or
   an endpoint raised (release what an actor held; a post-mortem debugger);
+* **settings** -- :func:`monarch_settings` declares the ``MONARCH_*``
+  variables a plugin reads (:class:`Setting`, read with
+  ``monarch_core.settings.get``);
 * **telemetry** -- :func:`monarch_telemetry_sinks` yields sinks that receive,
   in the client, batches of :class:`TelemetryEvent` (spans, endpoint metrics,
   lifecycle events) recorded in every process of the program.
@@ -76,6 +79,8 @@ and the names here are its objects (their ``__module__`` names that module):
   its worked example (:class:`Workspace` comes from ``monarch_core._workspace``);
 * ``_contract/_bootstrap.py`` -- :func:`monarch_proc_env`,
   :func:`monarch_proc_setup`;
+* ``_contract/_settings.py`` -- :func:`monarch_settings` (:class:`Setting`
+  comes from ``monarch_core.settings``);
 * ``_contract/_lifecycle.py`` -- :func:`monarch_actor_stopped`,
   :func:`monarch_proc_stopping`, :func:`monarch_proc_stopped`,
   :func:`monarch_endpoint_raised`;
@@ -132,7 +137,9 @@ from monarch_core._contract._transport import (
     TransportSpec,
     monarch_transports,
 )
+from monarch_core._contract._settings import monarch_settings
 from monarch_core._workspace import Workspace
+from monarch_core.settings import Setting
 
 __all__ = [
     "PROJECT_NAME",
@@ -166,6 +173,8 @@ __all__ = [
     "monarch_endpoint_raised",
     "monarch_proc_stopping",
     "monarch_proc_stopped",
+    "monarch_settings",
+    "Setting",
     "monarch_rdma_backends",
     "monarch_schedulers",
     "monarch_telemetry_sinks",

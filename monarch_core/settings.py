@@ -15,9 +15,11 @@ The configuration tables in ``README.md`` and ``docs/configuration.md`` are
 generated from these declarations (``python -m monarch_core.settings``); a
 test fails when they drift.
 
-Plugins read their own variables through :func:`get` too; those of the
-project's plugins are declared here (``owner``), so one table covers an
-installation.
+Plugins declare their own variables (the ``monarch_settings`` hook of
+:mod:`monarch_core.hookspecs`, or :func:`declare` before their first read) and
+read them through :func:`get` too; the plugin registry declares every loaded
+plugin's when it loads it, with the plugin's distribution as ``owner``.  The
+tables cover an installation: ``monarch settings`` prints them.
 """
 
 from __future__ import annotations
@@ -25,12 +27,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from monarch_core.errors import ConfigError
 
-__all__ = ["SETTINGS", "Setting", "get", "is_set", "markdown_table"]
+__all__ = ["SETTINGS", "Setting", "all_settings", "declare", "get", "is_set", "markdown_table"]
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -106,10 +109,6 @@ def _s(*args: Any, **kw: Any) -> Setting:
     return Setting(*args, **kw)
 
 
-_TCP = "monarch-transport-tcp"
-_SLURM = "monarch-scheduler-slurm"
-_RDMA = "monarch-transport-rdma"
-_DASH = "monarch-dashboard"
 
 SETTINGS: dict[str, Setting] = {
     s.name: s
@@ -131,17 +130,6 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_UNPROVEN_CONN_BYTES_MAX", "int", 1 << 30, "bytes one connection whose peer has not proven itself (no message delivered, not authenticated) may make a proc hold; beyond, it is dropped", minimum=0, default_text="1 GiB"),
         _s("MONARCH_UNPROVEN_BYTES_MAX", "int", 2 << 30, "the same for all such connections of a process together", minimum=0, default_text="2 GiB"),
         _s("MONARCH_HANDSHAKE_TIMEOUT", "seconds", 10.0, "seconds a new connection may take to send its handshake", minimum=0.001),
-        _s("MONARCH_TLS_CERT", "credential", None, "this process's TLS certificate for the `tls` transport (may be in the key file)", owner=_TCP),
-        _s("MONARCH_TLS_KEY", "credential", None, "this process's TLS private key for the `tls` transport", owner=_TCP),
-        _s("MONARCH_TLS_CA", "credential", None, "the CA the `tls` transport's peers must chain to", owner=_TCP),
-        _s("MONARCH_TLS_SESSION_DAYS", "float", 8.0, "days the session CA a client makes for its scheduled hosts (and its certificates) stays valid", minimum=0.01, owner=_TCP),
-        _s("MONARCH_TLS_VERIFY_HOSTNAME", "bool", True, "0 skips the host-name check of TLS peers (the CA check stays)", owner=_TCP),
-        _s("MONARCH_ADVERTISE_HOST", "str", None, "host name or address `tcp`/`tls` procs advertise (default: the host name)", owner=_TCP),
-        _s("MONARCH_CONNECT_TIMEOUT", "seconds", 5.0, "seconds a TCP connect may take", minimum=0.001, owner=_TCP),
-        _s("MONARCH_TLS_HANDSHAKE_TIMEOUT", "seconds", 10.0, "seconds a TLS handshake may take", minimum=0.001, owner=_TCP),
-        _s("MONARCH_DASHBOARD", "bool", False, "1 serves the live dashboard of this client on 127.0.0.1 (URL with its token printed once; docs/dashboard.md)", owner=_DASH),
-        _s("MONARCH_DASHBOARD_PORT", "int", 0, "the dashboard's loopback port (0: a free one)", minimum=0, owner=_DASH),
-        _s("MONARCH_SLURM_JOB_ID", "str", None, "the Slurm job that `scheduler = \"slurm\"` entries attach to, as their `job_id` would (a restarted client reattaches to its job)", owner=_SLURM),
         _s("MONARCH_CAST_TREE_MIN", "int", 128, "meshes of at least this many actors are reached through a cast tree (see docs/architecture.md)", minimum=2),
         _s("MONARCH_CAST_FANOUT", "int", 16, "children per node of a cast tree: no process sends more than this many messages per cast", minimum=2),
         _s("MONARCH_SEND_WINDOW_MB", "float", 64.0, "MiB a process holds for one destination proc, sent and not yet acknowledged, before a sender waits for room (flow control; 0: no limit)", minimum=0),
@@ -156,11 +144,7 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_TELEMETRY_JSONL", "path", None, "the client appends every telemetry event (spans, metrics, lifecycle) to this JSON-lines file"),
         _s("MONARCH_STREAM_LOGS", "bool", None, "1: every proc streams its stdout/stderr/logging to the client; 0: none does (remote procs write a per-host log file); unset: remote procs do, local ones write to the terminal", default_text="unset"),
         _s("MONARCH_PROC_LOG_DIR", "path", None, "folder of the per-host log files of remote procs that do not stream (default: `<tmp>/monarch-<uid>-logs`); it must be a folder of this user with mode 0700 (created so), the files are 0600"),
-        _s("MONARCH_DEBUG_SERVER_HOST", "str", "localhost", "host name or address the client's debug server binds at the first `breakpoint()` in an actor, and `monarch debug` connects to (loopback by default; see docs/debugging.md)"),
-        _s("MONARCH_DEBUG_SERVER_PORT", "int", 27000, "TCP port of the client's debug server (0: any free port; taken: a free one): the line the client prints names it", minimum=0),
-        _s("MONARCH_DEBUG_TOKEN_FILE", "path", None, "file (mode 0600) holding the debug server's access token, written by the client and read by `monarch debug`", default_text="~/.monarch/debug/PORT.token"),
         _s("MONARCH_RDMA_BACKEND", "str", "auto", "the data path of `RDMABuffer` transfers: `auto` (per owner proc, the first that reaches it of `ibverbs`, `process_vm`, `channel`) or one of those names, forced (see docs/rdma.md)"),
-        _s("MONARCH_RDMA_DEVICE", "str", None, "the ibverbs device `RDMABuffer`s use, e.g. `mlx5_0` (default: the first one found)", owner=_RDMA),
         # ------------------------------------------------------------ internal tuning knobs
         _s("MONARCH_TELEMETRY_INTERVAL", "seconds", 1.0, "seconds between two telemetry batches a proc ships to the client (and the client hands its sinks)", public=False, minimum=0.01),
         _s("MONARCH_DIRECT_GAP_US", "float", 100.0, "µs after a direct write during which a session's next messages go through the loop, batched", public=False, minimum=0),
@@ -177,30 +161,72 @@ SETTINGS: dict[str, Setting] = {
 }
 
 
+#: Settings declared by plugins: name -> declaration (its ``owner`` the plugin's distribution).
+_declared: dict[str, Setting] = {}
+_declared_lock = threading.Lock()
+
+
+def declare(items: Iterable[Setting], owner: str) -> None:
+    """Declare the settings ``items`` of distribution ``owner`` (a plugin).
+    Idempotent for the same declarations.  :class:`ConfigError` for a name
+    that is not ``MONARCH_*``, of an unknown kind, or already declared by
+    monarch-core or another distribution (nothing is declared then)."""
+    items = [dataclasses.replace(s, owner=owner) for s in items]
+    with _declared_lock:
+        for s in items:
+            if not isinstance(s.name, str) or not s.name.startswith("MONARCH_") or s.kind not in _KINDS:
+                raise ConfigError(f"{owner} declares setting {s.name!r} of kind {s.kind!r}: a setting is named "
+                                  f"MONARCH_* and has one of the kinds {sorted(_KINDS)}")
+            other = SETTINGS.get(s.name) or _declared.get(s.name)
+            if other is not None and other != s:
+                raise ConfigError(f"{owner} declares setting {s.name}, which {other.owner} declares already; "
+                                  f"a variable has one owner: rename it (MONARCH_<PLUGIN>_...)")
+        for s in items:
+            _declared[s.name] = s
+
+
+def _lookup(name: str) -> Setting:
+    s = SETTINGS.get(name) or _declared.get(name)
+    if s is None:
+        raise KeyError(
+            f"{name} is not a declared setting: not monarch-core's, and no plugin loaded so far declares it "
+            f"(a plugin declares its own with the monarch_settings hook; `monarch settings` lists them all)"
+        )
+    return s
+
+
+def all_settings() -> list[Setting]:
+    """The core's settings, then those plugins declared (in declaration order)."""
+    with _declared_lock:
+        return [*SETTINGS.values(), *_declared.values()]
+
+
 def get(name: str, environ: Mapping[str, str] | None = None) -> Any:
     """The parsed value of setting ``name`` from ``environ`` (default: the
     process environment).  Raises :class:`ConfigError` on a malformed value
-    and :class:`KeyError` for a name that is not declared here."""
-    return SETTINGS[name].parse((os.environ if environ is None else environ).get(name))
+    and :class:`KeyError` for a name that is not declared."""
+    return _lookup(name).parse((os.environ if environ is None else environ).get(name))
 
 
 def is_set(name: str, environ: Mapping[str, str] | None = None) -> bool:
     """Whether setting ``name`` is given a (non-blank) value."""
-    _ = SETTINGS[name]
+    _lookup(name)
     raw = (os.environ if environ is None else environ).get(name)
     return raw is not None and bool(raw.strip())
 
 
 def markdown_table(public: bool) -> str:
-    """The settings table of README.md / docs/configuration.md."""
+    """The settings table of README.md / docs/configuration.md: the core's
+    and those of the plugins declared so far (``monarch settings`` loads them)."""
     rows = ["| variable | default | meaning | read by |", "|---|---|---|---|"]
-    for s in SETTINGS.values():
+    for s in all_settings():
         if s.public == public and s.name not in ("MONARCH_PROC_ID", "MONARCH_PROC_BOOTSTRAP"):
             rows.append(f"| `{s.name}` | {s.shown_default} | {s.meaning} | {s.owner} |")
     return "\n".join(rows) + "\n"
 
 
 def _main(argv: list[str]) -> int:
+    print("monarch-core's settings (with those of the installed plugins: `monarch settings`).\n")
     print("User settings:\n")
     print(markdown_table(True))
     print("Internal tuning knobs (not a stable interface):\n")

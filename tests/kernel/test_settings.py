@@ -9,7 +9,10 @@ import re
 import pytest
 
 from monarch_core import settings
+from monarch_core._plugins import registry
 from monarch_core.errors import ConfigError
+
+registry()  # the installed plugins declare their settings: the tables cover an installation
 
 pytestmark = pytest.mark.unit
 
@@ -44,16 +47,18 @@ def test_readme_tables_are_generated_from_the_declarations() -> None:
 
 
 def test_every_variable_the_code_names_is_declared() -> None:
+    declared = {s.name for s in settings.all_settings()}
     named = set()
     for p in SOURCES:
         named |= set(re.findall(r"MONARCH_[A-Z][A-Z0-9_]*[A-Z0-9]", p.read_text()))
     undeclared = sorted(
         n for n in named
-        if n not in settings.SETTINGS
+        if n not in declared
         and n != "MONARCH_TOML"  # a constant's name, not a variable
-        and not any(s.startswith(n + "_") for s in settings.SETTINGS)  # a family in prose: MONARCH_TLS_*
+        and n != "MONARCH_ZLIB_LEVEL"  # the hookspec's example plugin
+        and not any(s.startswith(n + "_") for s in declared)  # a family in prose: MONARCH_TLS_*
     )
-    assert undeclared == [], f"declare these in monarch_core/settings.py: {undeclared}"
+    assert undeclared == [], f"declare these in monarch_core/settings.py or the plugin's _settings.py: {undeclared}"
 
 
 def test_no_module_but_settings_reads_a_monarch_variable_itself() -> None:
@@ -101,9 +106,36 @@ def test_values_parse_by_kind_and_blank_means_the_default() -> None:
 
 
 def test_every_declaration_is_complete() -> None:
-    for s in settings.SETTINGS.values():
+    for s in settings.all_settings():
         assert s.name.startswith("MONARCH_") and s.meaning and s.kind in settings._KINDS, s
         assert s.parse(None) == s.default
+
+
+def test_the_project_plugins_declare_their_own_settings_and_own_them() -> None:
+    owners = {s.name: s.owner for s in settings.all_settings()}
+    for name, owner in [("MONARCH_TLS_CA", "monarch-transport-tcp"), ("MONARCH_SLURM_JOB_ID", "monarch-scheduler-slurm"),
+                        ("MONARCH_DEBUG_SERVER_PORT", "monarch-debugger"), ("MONARCH_DASHBOARD", "monarch-dashboard"),
+                        ("MONARCH_RDMA_DEVICE", "monarch-transport-rdma")]:
+        if owner.split("-", 1)[1].replace("-", "_") in {i.distribution.split("-", 1)[1].replace("-", "_")
+                                                         for i in registry().infos}:
+            assert owners.get(name) == owner and name not in settings.SETTINGS, name
+
+
+def test_a_third_party_declaration_parses_and_a_clash_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(settings, "_declared", dict(settings._declared))  # this test's declarations go with it
+    mine = settings.Setting("MONARCH_TEST_THIRD_PARTY_LEVEL", "int", 6, "a test plugin's level", minimum=0)
+    settings.declare([mine], "monarch-test-plugin")
+    settings.declare([mine], "monarch-test-plugin")  # idempotent
+    assert settings.get("MONARCH_TEST_THIRD_PARTY_LEVEL", {}) == 6
+    assert settings.get("MONARCH_TEST_THIRD_PARTY_LEVEL", {"MONARCH_TEST_THIRD_PARTY_LEVEL": "3"}) == 3
+    with pytest.raises(ConfigError, match="MONARCH_TEST_THIRD_PARTY_LEVEL must be an integer >= 0"):
+        settings.get("MONARCH_TEST_THIRD_PARTY_LEVEL", {"MONARCH_TEST_THIRD_PARTY_LEVEL": "-1"})
+    with pytest.raises(ConfigError, match="which monarch-core declares already"):
+        settings.declare([settings.Setting("MONARCH_DELIVERY_TIMEOUT", "int", 1, "x")], "monarch-thief")
+    with pytest.raises(ConfigError, match="a setting is named MONARCH_"):
+        settings.declare([settings.Setting("ZLIB_LEVEL", "int", 1, "x")], "monarch-thief")
+    with pytest.raises(KeyError, match="monarch_settings hook"):
+        settings.get("MONARCH_NOBODY_DECLARES_THIS", {})
 
 
 if __name__ == "__main__":

@@ -148,13 +148,13 @@ def start(*, port: Optional[int] = None, add_sink: bool = True) -> Dashboard:
     """The dashboard of this process, started on first call (``port``: default
     ``MONARCH_DASHBOARD_PORT``, 0 for a free one)."""
     global _current
-    from monarch_core import settings
+    from monarch_dashboard import _settings
 
     with _lock:
         if _current is not None:
             return _current
         if port is None:
-            port = int(settings.get("MONARCH_DASHBOARD_PORT"))
+            port = int(_settings.get("MONARCH_DASHBOARD_PORT"))
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
             raise ValueError(f"dashboard(port=...) takes a TCP port 0-65535 (0: a free one), got {port!r}")
         d = Dashboard(port)

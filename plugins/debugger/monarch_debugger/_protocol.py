@@ -49,7 +49,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from monarch_core import settings
+from monarch_debugger import _settings
 
 __all__ = [
     "CONTROLLER_NAME",
@@ -70,8 +70,8 @@ __all__ = [
 
 #: The name of the debug controller (``get_or_spawn_controller``).
 CONTROLLER_NAME = "monarch.debug"
-DEFAULT_HOST = settings.SETTINGS["MONARCH_DEBUG_SERVER_HOST"].default
-DEFAULT_PORT = settings.SETTINGS["MONARCH_DEBUG_SERVER_PORT"].default
+DEFAULT_HOST = next(s.default for s in _settings.SETTINGS if s.name == "MONARCH_DEBUG_SERVER_HOST")
+DEFAULT_PORT = next(s.default for s in _settings.SETTINGS if s.name == "MONARCH_DEBUG_SERVER_PORT")
 #: Longest line either side accepts, in bytes.
 MAX_LINE = 4 << 20
 
@@ -82,12 +82,12 @@ class CliError(Exception):
 
 def server_host() -> str:
     """``MONARCH_DEBUG_SERVER_HOST``."""
-    return str(settings.get("MONARCH_DEBUG_SERVER_HOST")).strip()
+    return str(_settings.get("MONARCH_DEBUG_SERVER_HOST")).strip()
 
 
 def server_port() -> int:
     """``MONARCH_DEBUG_SERVER_PORT``, checked to be a TCP port."""
-    port = int(settings.get("MONARCH_DEBUG_SERVER_PORT"))
+    port = int(_settings.get("MONARCH_DEBUG_SERVER_PORT"))
     check_port(port, "MONARCH_DEBUG_SERVER_PORT")
     return port
 
@@ -102,7 +102,7 @@ def check_port(port: int, what: str) -> None:
 def token_path(port: int) -> Path:
     """Where the token of the server on ``port`` is (``MONARCH_DEBUG_TOKEN_FILE``,
     default ``~/.monarch/debug/<port>.token``)."""
-    explicit = settings.get("MONARCH_DEBUG_TOKEN_FILE")
+    explicit = _settings.get("MONARCH_DEBUG_TOKEN_FILE")
     if explicit:
         return Path(os.path.expanduser(explicit))
     return Path(os.path.expanduser("~")) / ".monarch" / "debug" / f"{port}.token"

@@ -21,3 +21,10 @@ def monarch_endpoint_raised(exc: BaseException) -> None:
 @hookimpl
 def monarch_proc_stopping(why: str) -> None:
     _hook.stopping(why)
+
+
+@hookimpl
+def monarch_settings() -> list:
+    from monarch_debugger import _settings
+
+    return _settings.SETTINGS

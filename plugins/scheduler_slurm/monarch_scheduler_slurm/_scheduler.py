@@ -41,7 +41,7 @@ import threading
 import time
 from typing import Any
 
-from monarch_core import settings
+from monarch_scheduler_slurm import _settings
 from monarch_core.errors import AllocationError
 from monarch_core.hookspecs import Allocation, AllocationRequest, HostHandle, Scheduler, WorkerLaunch
 
@@ -202,7 +202,7 @@ class SlurmScheduler(Scheduler):
         inside = os.environ.get("SLURM_JOB_ID", "").strip()
         job = p.job_id
         if job is None:
-            env_job = settings.get("MONARCH_SLURM_JOB_ID")
+            env_job = _settings.get("MONARCH_SLURM_JOB_ID")
             if env_job:
                 if not str(env_job).strip().isdigit():
                     raise AllocationError(f"MONARCH_SLURM_JOB_ID must be a Slurm job id (digits), got {env_job!r}")

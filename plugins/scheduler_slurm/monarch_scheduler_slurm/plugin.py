@@ -17,3 +17,10 @@ def monarch_schedulers() -> Sequence[SchedulerSpec]:
             description="Slurm jobs: the allocation a client runs in, a job it submits, or one it attaches to",
         )
     ]
+
+
+@hookimpl
+def monarch_settings() -> list:
+    from monarch_scheduler_slurm import _settings
+
+    return _settings.SETTINGS

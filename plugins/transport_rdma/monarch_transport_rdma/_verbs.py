@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-from monarch_core import settings
+from monarch_transport_rdma import _settings
 from monarch_core.errors import RDMAError
 from monarch_core.hookspecs import MemoryRegion, RDMABackend, RDMAConnection, RDMAPeer, RemoteRegion
 
@@ -186,7 +186,7 @@ class VerbsBackend(RDMABackend):
                     "RDMA support or no device (see /sys/class/infiniband)")
         if not names:
             return "no RDMA device found (ibv_get_device_list returned none)"
-        want = settings.get("MONARCH_RDMA_DEVICE")
+        want = _settings.get("MONARCH_RDMA_DEVICE")
         if want and want not in names:
             return f"MONARCH_RDMA_DEVICE={want!r} is not among this host's RDMA devices: {names}"
         name = want or names[0]

@@ -14,3 +14,10 @@ def monarch_rdma_backends() -> list[RDMABackendSpec]:
         RDMABackendSpec("process_vm", "monarch_transport_rdma._cma:ProcessVmBackend", preference=50,
                         description="process_vm_readv/writev between procs of one host (zero copy, one-sided)"),
     ]
+
+
+@hookimpl
+def monarch_settings() -> list:
+    from monarch_transport_rdma import _settings
+
+    return _settings.SETTINGS

@@ -31,7 +31,7 @@ import threading
 from dataclasses import dataclass
 from typing import Iterable
 
-from monarch_core import settings
+from monarch_transport_tcp import _settings
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class SessionCA:
 
         self._x509, self._hashes, self._ec, self._ser = x509, hashes, ec, serialization
         self._NameOID = NameOID
-        days = float(settings.get("MONARCH_TLS_SESSION_DAYS"))
+        days = float(_settings.get("MONARCH_TLS_SESSION_DAYS"))
         now = datetime.datetime.now(datetime.timezone.utc)
         self.not_before = now - datetime.timedelta(minutes=5)  # clock skew between hosts
         self.not_after = now + datetime.timedelta(days=days)

@@ -41,6 +41,7 @@ from typing import Any
 import trio
 
 from monarch_core import settings
+from monarch_transport_tcp import _settings
 from monarch_core.errors import AuthenticationError, ConnectError, ConnectionClosed, TransportError
 from monarch_core.hookspecs import SESSION_CREDENTIALS, TRUST_ALL, Listener, Stream, Transport
 from monarch_core.streams import SocketStream
@@ -48,8 +49,8 @@ from monarch_core.streams import SocketStream
 logger = logging.getLogger("monarch.transport.tcp")
 
 FORMS = "{s}://host:port, {s}://*:port, {s}://[::1]:port, {s}://PUBLIC:PORT@{s}://BIND:PORT"
-CONNECT_TIMEOUT: float = settings.get("MONARCH_CONNECT_TIMEOUT")
-TLS_HANDSHAKE_TIMEOUT: float = settings.get("MONARCH_TLS_HANDSHAKE_TIMEOUT")
+CONNECT_TIMEOUT: float = _settings.get("MONARCH_CONNECT_TIMEOUT")
+TLS_HANDSHAKE_TIMEOUT: float = _settings.get("MONARCH_TLS_HANDSHAKE_TIMEOUT")
 _HOSTPORT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.%a-zA-Z]+)\]|(?P<host>[^\[\]:/@]*)):(?P<port>\d{1,5})$")
 _warned_loopback = False
 _warn_lock = threading.Lock()
@@ -113,7 +114,7 @@ def _format(scheme: str, host: str, port: int) -> str:
 
 
 def advertised_host() -> str:
-    return settings.get("MONARCH_ADVERTISE_HOST") or _stdsocket.gethostname()
+    return _settings.get("MONARCH_ADVERTISE_HOST") or _stdsocket.gethostname()
 
 
 def _resolves_only_to_loopback(host: str) -> bool:
@@ -379,7 +380,7 @@ class _Credentials:
     def contexts(self) -> tuple[ssl.SSLContext, ssl.SSLContext]:
         v = self.values()
         key = (v.get("MONARCH_TLS_CERT"), v.get("MONARCH_TLS_KEY"), v.get("MONARCH_TLS_CA"),
-               settings.get("MONARCH_TLS_VERIFY_HOSTNAME"))
+               _settings.get("MONARCH_TLS_VERIFY_HOSTNAME"))
         with self.lock:
             if key != self._key or self.server is None or self.client is None:
                 self.server, self.client = _build_contexts(*key)

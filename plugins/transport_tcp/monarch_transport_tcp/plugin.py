@@ -24,3 +24,10 @@ def monarch_transports() -> list[TransportSpec]:
             description="TCP + TLS 1.3, mutual authentication (MONARCH_TLS_CERT/KEY/CA)",
         ),
     ]
+
+
+@hookimpl
+def monarch_settings() -> list:
+    from monarch_transport_tcp import _settings
+
+    return _settings.SETTINGS
