@@ -73,7 +73,7 @@ def lab(sshd: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[st
 def test_one_rank_per_host_named_in_to_table(lab: dict[str, Any]) -> None:
     c = lab["client"]
     out = c.run("result = {'table': hm.to_table(), 'sizes': hm.sizes, 'hosts': [[h.name, h.address, dict(h.labels)] "
-                "for h in hm.hosts], 'client': __import__('monarch_core._proc._state', fromlist=['x']).runtime()"
+                "for h in hm.hosts], 'client': __import__('monarch_core._proc._state', fromlist=['x']).current()"
                 ".kernel.address}")
     assert out["sizes"] == {"hosts": 3}
     for i, (name, address, labels) in enumerate(out["hosts"], 1):
