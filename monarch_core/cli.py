@@ -6,6 +6,8 @@
 ``monarch debug``    attach to the actors of a running program stopped at ``breakpoint()``
                      (docs/debugging.md; comes with the monarch-debugger plugin).
 ``monarch settings`` every ``MONARCH_*`` variable of the core and the installed plugins.
+``monarch torchrun [torchrun's options] SCRIPT ARGS...``  run a torch.distributed
+                     script on every proc of a host mesh (docs/spmd.md).
 ``monarch summary FILE``  top endpoints by total time (calls, errors, p50/p99) of a
 recorded trace (``record_trace``, ``MONARCH_TRACE_FILE``) or JSON-lines telemetry file
 (``record_events``, ``MONARCH_TELEMETRY_JSONL``).
@@ -19,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+
+from monarch_core._spmd import _command
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
@@ -117,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--side", choices=("client", "server"), help="only this side of the calls")
     p.add_argument("--per-rank", action="store_true", help="one row per rank")
     p.set_defaults(func=_cmd_summary)
+    _command.register(sub)
     _plugin_commands(sub)
     argv = sys.argv[1:] if argv is None else argv
     missing = _missing_plugin_command(argv, sub)

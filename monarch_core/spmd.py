@@ -1,0 +1,17 @@
+"""``monarch_core.spmd``: ``torch.distributed`` programs on meshes (the
+reference's ``monarch.spmd``).
+
+``setup_torch_elastic_env(proc_mesh)`` gives every proc torchrun's
+environment, so ``torch.distributed.init_process_group()`` works in its
+actors; ``SPMDActor.main(master_addr, master_port, argv)`` runs an existing
+training script on every proc, as ``torchrun`` would (``monarch torchrun``
+is the command-line form).  See ``docs/spmd.md``.
+"""
+
+from __future__ import annotations
+
+from monarch_core._spmd._actor import SPMDActor, setup_torch_elastic_env, setup_torch_elastic_env_async
+from monarch_core._spmd._address import AddrType
+from monarch_core._spmd._script import ScriptError
+
+__all__ = ["AddrType", "SPMDActor", "ScriptError", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]

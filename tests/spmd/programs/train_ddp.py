@@ -1,0 +1,104 @@
+"""A few steps of SGD with DDP over gloo (CPU): the reference's example, cut
+down to what a test can check.  Rank r trains on rows [r*B, (r+1)*B) of a
+fixed data set; with --single it trains alone on all the rows (the batches
+concatenated).  The data, the initial weights and the learning rate are
+dyadic rationals, so every operation is exact in float64 and the DDP run
+must give *exactly* the single-process parameters.  Rank 0 (or the single
+run) writes the parameters to --out as JSON.
+
+Options: --steps N, --batch B (per rank), --out FILE, --single,
+--fail-rank R --fail-step S (rank R raises at step S),
+--exit-rank R --exit-code C (rank R calls sys.exit(C) after setup),
+--hang-rank R (rank R sleeps forever after setup: to be SIGKILLed),
+--sleep-step SECONDS (slow steps, so that a kill lands mid-training).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=5)
+p.add_argument("--batch", type=int, default=4)
+p.add_argument("--out", default="")
+p.add_argument("--single", action="store_true")
+p.add_argument("--world", type=int, default=0, help="with --single: how many ranks' batches to concatenate")
+p.add_argument("--fail-rank", type=int, default=-1)
+p.add_argument("--fail-step", type=int, default=0)
+p.add_argument("--exit-rank", type=int, default=-1)
+p.add_argument("--exit-code", type=int, default=3)
+p.add_argument("--hang-rank", type=int, default=-1)
+p.add_argument("--sleep-step", type=float, default=0.0)
+args = p.parse_args()
+
+torch.set_default_dtype(torch.float64)
+
+
+def data(world):
+    g = torch.Generator().manual_seed(1234)
+    n = world * args.batch
+    x = torch.randint(-2, 3, (n, 4), generator=g).double()
+    y = torch.randint(-2, 3, (n, 2), generator=g).double()
+    return x, y
+
+
+def model():
+    m = nn.Linear(4, 2)
+    with torch.no_grad():
+        m.weight.copy_(torch.arange(8).reshape(2, 4).double() / 8)
+        m.bias.copy_(torch.tensor([0.5, -0.25]))
+    return m
+
+
+def params(m):
+    return {k: v.detach().tolist() for k, v in m.state_dict().items()}
+
+
+if args.single:
+    world = args.world
+    x, y = data(world)
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=1 / 64)
+    for _ in range(args.steps):
+        opt.zero_grad()
+        nn.functional.mse_loss(m(x), y).backward()
+        opt.step()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(params(m), f)
+    sys.exit(0)
+
+dist.init_process_group("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+assert rank == int(os.environ["RANK"]) and world == int(os.environ["WORLD_SIZE"])
+print(f"rank {rank}/{world} local {os.environ['LOCAL_RANK']} host {os.uname().nodename} joined", flush=True)
+if rank == args.exit_rank:
+    sys.exit(args.exit_code)
+if rank == args.hang_rank:
+    print(f"rank {rank} pid {os.getpid()} waits to be killed", flush=True)
+    time.sleep(3600)
+x, y = data(world)
+x, y = x[rank * args.batch:(rank + 1) * args.batch], y[rank * args.batch:(rank + 1) * args.batch]
+m = DDP(model())
+opt = torch.optim.SGD(m.parameters(), lr=1 / 64)
+for step in range(args.steps):
+    if rank == args.fail_rank and step == args.fail_step:
+        raise RuntimeError(f"rank {rank} fails at step {step} on purpose")
+    opt.zero_grad()
+    loss = nn.functional.mse_loss(m(x), y)
+    loss.backward()
+    opt.step()
+    print(f"rank {rank} step {step} loss {loss.item():.6f}", flush=True)
+    if args.sleep_step:
+        time.sleep(args.sleep_step)
+if rank == 0 and args.out:
+    with open(args.out, "w") as f:
+        json.dump(params(m.module), f)
+dist.destroy_process_group()

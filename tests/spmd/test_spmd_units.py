@@ -1,0 +1,138 @@
+"""``monarch_core.spmd`` without processes: torchrun's variables from a mesh
+position, the rendezvous address from a transport address, argument checks,
+and the command's usage errors (all before any proc starts)."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+
+import pytest
+
+from monarch_core._spmd import _command
+from monarch_core._spmd._address import AddrType, master_address, transport_host
+from monarch_core._spmd._env import Layout, apply, torchrun_env
+from monarch_core._spmd._script import ScriptError, _exit_code, check_argv
+from monarch_core.spmd import setup_torch_elastic_env
+
+pytestmark = pytest.mark.unit
+
+
+def test_three_hosts_by_two_procs_give_torchruns_numbers_for_every_rank() -> None:
+    sizes = {"hosts": 3, "gpus": 2}
+    got = [torchrun_env(Layout(r, sizes), "10.0.0.1", 29500) for r in range(6)]
+    for r, env in enumerate(got):
+        assert env["RANK"] == env["ROLE_RANK"] == str(r)
+        assert env["LOCAL_RANK"] == str(r % 2) and env["LOCAL_WORLD_SIZE"] == "2"
+        assert env["GROUP_RANK"] == str(r // 2) and env["GROUP_WORLD_SIZE"] == "3"
+        assert env["WORLD_SIZE"] == env["ROLE_WORLD_SIZE"] == "6"
+        assert env["ROLE_NAME"] == "default" and env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "29500"
+        assert env["TORCHELASTIC_USE_AGENT_STORE"] == "False"  # rank 0 hosts the store: env:// works unchanged
+
+
+def test_the_last_dimension_is_the_local_one_whatever_its_name_and_more_dimensions_enumerate_hosts() -> None:
+    layout = Layout(5, {"dc": 2, "rack": 2, "procs": 2})
+    assert (layout.local_rank, layout.group_rank, layout.group_world_size, layout.world_size) == (1, 2, 4, 8)
+    one = Layout(0, {"gpus": 4})
+    assert (one.local_world_size, one.group_world_size) == (4, 1)
+
+
+def test_a_mesh_with_no_dimension_and_bad_rendezvous_values_are_refused_saying_what_to_do() -> None:
+    with pytest.raises(ValueError, match="at least one dimension.*per_host"):
+        Layout(0, {})
+    with pytest.raises(ValueError, match="master_port must be a port number"):
+        torchrun_env(Layout(0, {"gpus": 1}), "h", 0)
+    with pytest.raises(ValueError, match="master_addr must be"):
+        torchrun_env(Layout(0, {"gpus": 1}), "", 29500)
+
+
+def test_omp_threads_is_set_to_one_only_for_several_procs_per_host_and_never_overrides() -> None:
+    env: dict[str, str] = {}
+    apply(torchrun_env(Layout(0, {"gpus": 2}), "h", 1), env)
+    assert env["OMP_NUM_THREADS"] == "1"
+    env = {"OMP_NUM_THREADS": "8"}
+    apply(torchrun_env(Layout(0, {"gpus": 2}), "h", 1), env)
+    assert env["OMP_NUM_THREADS"] == "8"
+    env = {}
+    apply(torchrun_env(Layout(0, {"gpus": 1}), "h", 1), env)
+    assert "OMP_NUM_THREADS" not in env
+
+
+def test_the_master_address_is_the_one_the_transport_listens_on_never_a_loopback_name() -> None:
+    assert transport_host("tls://10.250.0.11:4000") == ("tls", "10.250.0.11")
+    assert transport_host("tcp://[fd00::7]:4000") == ("tcp", "fd00::7")
+    assert transport_host("tcp://10.0.0.7:80@tcp://0.0.0.0:80") == ("tcp", "10.0.0.7")
+    assert transport_host("ipc://@monarch-abc") == ("ipc", "")
+    assert master_address("tls://10.250.0.11:4000") == "10.250.0.11"
+    assert master_address("tls://10.250.0.11:4000", AddrType.IPv4) == "10.250.0.11"
+    assert master_address("tcp://h7:4000") == "h7"  # a name the peers already resolve
+    # a local transport has only local peers
+    assert master_address("ipc://@x") == "127.0.0.1"
+    assert master_address("ipc://@x", AddrType.IPv6) == "::1"
+    with pytest.raises(ValueError, match="IPv4 address.*IPv6"):
+        master_address("tls://10.250.0.11:4000", AddrType.IPv6)
+    with pytest.raises(TypeError, match="AddrType"):
+        master_address("tls://10.250.0.11:4000", "ipv4")  # type: ignore[arg-type]
+
+
+def test_a_name_resolving_only_to_loopback_is_refused_for_a_cross_host_transport(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    def fake(name, port, family=0, type=0, *a):  # type: ignore[no-untyped-def]
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.1.1", 0))] if family == socket.AF_INET else []
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake)
+    with pytest.raises(ValueError, match="loopback addresses are left out.*master_addr"):
+        master_address("tcp://node7:4000", AddrType.IPv4)
+
+
+def test_argv_and_exit_statuses_follow_python() -> None:
+    assert check_argv(("t.py", "--lr", "1")) == ["t.py", "--lr", "1"]
+    with pytest.raises(ValueError, match="No script or module specified"):
+        check_argv([])
+    with pytest.raises(ValueError, match="No module specified after '-m'"):
+        check_argv(["-m"])
+    with pytest.raises(TypeError, match="list of str"):
+        check_argv("train.py")  # type: ignore[arg-type]
+    assert [_exit_code(c) for c in (None, 0, 3, True, "boom", 256 + 7)] == [0, 0, 3, 1, 1, 7]
+
+
+def test_a_script_error_survives_pickling_with_its_fields() -> None:
+    import pickle
+
+    e = pickle.loads(pickle.dumps(ScriptError("m", rank=3, exit_code=4, argv=["t.py"], host="h", failed_at=1.5,
+                                              collective=True)))
+    assert (str(e), e.rank, e.exit_code, e.argv, e.host, e.failed_at, e.collective) == ("m", 3, 4, ["t.py"], "h",
+                                                                                        1.5, True)
+
+
+def test_master_addr_without_master_port_is_refused_before_anything_is_spawned() -> None:
+    with pytest.raises(ValueError, match="both master_addr and master_port, or neither"):
+        setup_torch_elastic_env(object(), master_addr="10.0.0.1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="must be a ProcMesh"):
+        setup_torch_elastic_env(object())  # type: ignore[arg-type]
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    _command.register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["torchrun", *argv])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nnodes", "1:4", "t.py"], "elastic ranges are not supported"),
+    (["--nnodes", "3", "t.py"], "--nnodes 3 needs --hosts NAME"),
+    (["--nproc-per-node", "zero", "t.py"], "positive number, auto, cpu or gpu"),
+    (["--master-addr", "h", "t.py"], "both --master-addr and --master-port"),
+    (["--node-rank", "1", "t.py"], "run it once"),
+    (["--rdzv-backend", "c10d", "t.py"], "rendezvous is static"),
+    (["--no-python", "t.py"], "--no-python is not supported"),
+    (["/nonexistent/train.py"], "does not exist"),
+])
+def test_the_command_refuses_bad_input_with_status_2_and_says_why(argv, message, capsys) -> None:  # type: ignore[no-untyped-def]
+    assert _command.run(_parse(*argv)) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_torchruns_underscore_spellings_and_the_script_arguments_after_it_are_kept() -> None:
+    args = _parse("--nproc_per_node", "2", "--max_restarts", "1", "-m", "pkg.train", "--lr", "0.1", "--nnodes", "9")
+    assert (args.nproc_per_node, args.max_restarts, args.module, args.script) == ("2", 1, True, "pkg.train")
+    assert args.args == ["--lr", "0.1", "--nnodes", "9"]  # the script's own options are its own
