@@ -11,8 +11,8 @@ from typing import Any, Sequence
 from monarch_core._proc import _state
 from monarch_core._spmd import _env
 from monarch_core._spmd._address import AddrType, free_port, master_address
-from monarch_core._spmd._script import check_argv, run_main
-from monarch_core.actor import Actor, ProcMesh, current_rank, current_size, endpoint
+from monarch_core._spmd._script import check_argv, release, run_main
+from monarch_core.actor import Actor, Port, ProcMesh, current_rank, current_size, endpoint
 
 logger = logging.getLogger("monarch.spmd")
 
@@ -65,16 +65,26 @@ class SPMDActor(Actor):
         """Set torchrun's variables in this proc's ``os.environ``."""
         self._setup_env(master_addr, master_port, role, run_id, restart_count, max_restarts)
 
-    @endpoint
-    def main(self, master_addr: str, master_port: int, script_args: Sequence[str], *,
+    @endpoint(explicit_response_port=True)
+    def main(self, port: Port, master_addr: str, master_port: int, script_args: Sequence[str], *,
              role: str = _env.DEFAULT_ROLE, run_id: str = "none", restart_count: int = 0,
-             max_restarts: int = 0) -> bool:
+             max_restarts: int = 0) -> None:
         """Set the environment, then run ``script_args`` here as ``__main__``;
-        ``True`` once it returns."""
-        argv = check_argv(script_args)
-        self._setup_env(master_addr, master_port, role, run_id, restart_count, max_restarts)
-        run_main(argv, rank=self.rank, host=socket.gethostname())
-        return True
+        ``True`` once it returns.  A failure is answered before the script's
+        process groups are torn down, so the caller hears of this rank before
+        its peers' collectives break."""
+        try:
+            argv = check_argv(script_args)
+            self._setup_env(master_addr, master_port, role, run_id, restart_count, max_restarts)
+            failure = run_main(argv, rank=self.rank, host=socket.gethostname())
+        except Exception as e:
+            port.exception(e)
+            return
+        if failure is None:
+            port.send(True)
+            return
+        port.exception(failure)
+        release(failure)
 
 
 def check_master(master_addr: str | None, master_port: int | None) -> None:

@@ -8,15 +8,15 @@ Contract of :func:`run_main`:
   (``sys.argv[0]`` is the module's file, the working directory first on
   ``sys.path``).
 * It returns when the script returns, or calls ``sys.exit(0)``/``sys.exit()``.
-  A script that raises, or exits with another status, raises
+  A script that raises, or exits with another status, gives a
   :class:`ScriptError` (its ``exit_code`` is what ``python`` would have
   exited with: 1 for an exception or ``sys.exit("message")``), chained to
   the original exception.
 * ``sys.argv``, ``sys.path`` and ``sys.modules['__main__']`` are restored
-  afterwards, and a default ``torch.distributed`` process group the script
-  left initialized is destroyed, as the end of the process would under
-  torchrun: a failing rank so releases its peers' collectives (they fail
-  instead of waiting for it) and the next ``main`` can initialize again.
+  afterwards, and the ``torch.distributed`` process groups the script left
+  initialized are ended (:func:`release`), as the end of the process would
+  under torchrun: a failing rank so releases its peers' collectives (they
+  fail instead of waiting for it) and the next ``main`` can initialize again.
 """
 
 from __future__ import annotations
@@ -156,8 +156,11 @@ def check_argv(argv: Sequence[str]) -> list[str]:
     return argv
 
 
-def run_main(argv: Sequence[str], *, rank: int, host: str) -> None:
-    """Run ``argv`` here (see the module docstring)."""
+def run_main(argv: Sequence[str], *, rank: int, host: str) -> ScriptError | None:
+    """Run ``argv`` here (see the module docstring): ``None`` when it
+    succeeded (its state already released), else the :class:`ScriptError`
+    to report, whose state :func:`release` ends.  Raises before running
+    when ``argv`` is malformed or the script does not exist."""
     argv = check_argv(argv)
     if argv[0] == "-m":
         what = f"module {argv[1]}"
@@ -194,12 +197,23 @@ def run_main(argv: Sequence[str], *, rank: int, host: str) -> None:
         sys.argv, sys.path[:] = saved[0], saved[1]
         if saved[2] is not None:
             sys.modules["__main__"] = saved[2]
-        _release_process_group(error is not None)
-    if error is not None:
-        _end_script_state(error, saved[2])
-    if error is not None:
-        collective = _from_collective(error)
-        why = f"raised {type(error).__name__}: {error}" if not isinstance(error, SystemExit) else "called sys.exit"
-        raise ScriptError(f"rank {rank} on host {host}: {what} exited with status {code} ({why})", rank=rank,
+    if error is None:
+        release(None)
+        return None
+    why = f"raised {type(error).__name__}: {error}" if not isinstance(error, SystemExit) else "called sys.exit"
+    failure = ScriptError(f"rank {rank} on host {host}: {what} exited with status {code} ({why})", rank=rank,
                           exit_code=code, argv=argv, host=host, failed_at=time.time(),
-                          collective=collective) from error
+                          collective=_from_collective(error))
+    failure.__cause__ = error
+    return failure
+
+
+def release(failure: ScriptError | None) -> None:
+    """End the script's ``torch.distributed`` state (and, after a failure,
+    what it still holds: see :func:`_end_script_state`), as the end of its
+    process would.  After a failure, call it once the failure was reported:
+    it is what makes the other ranks' collectives fail, and the caller
+    should hear of this rank first."""
+    _release_process_group(failure is not None)
+    if failure is not None and failure.__cause__ is not None:
+        _end_script_state(failure.__cause__, sys.modules.get("__main__"))

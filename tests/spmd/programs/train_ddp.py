@@ -2,8 +2,10 @@
 down to what a test can check.  Rank r trains on rows [r*B, (r+1)*B) of a
 fixed data set; with --single it trains alone on all the rows (the batches
 concatenated).  The data, the initial weights and the learning rate are
-dyadic rationals, so every operation is exact in float64 and the DDP run
-must give *exactly* the single-process parameters.  Rank 0 (or the single
+dyadic rationals, so for the first 5 steps every value fits float64's
+53-bit mantissa, every operation is exact whatever its order, and the DDP
+run must give *exactly* the single-process parameters (from the 6th step
+on, rounding makes the order of the additions show).  Rank 0 (or the single
 run) writes the parameters to --out as JSON.
 
 Options: --steps N, --batch B (per rank), --out FILE, --single,
