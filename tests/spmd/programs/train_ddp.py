@@ -8,7 +8,13 @@ run must give *exactly* the single-process parameters (from the 6th step
 on, rounding makes the order of the additions show).  Rank 0 (or the single
 run) writes the parameters to --out as JSON.
 
-Options: --steps N, --batch B (per rank), --out FILE, --single,
+DDP averages the gradients over the ranks, and a division by a world size
+that is not a power of two rounds: with --sum every rank's loss is the sum
+over its rows and a DDP communication hook sums the gradients instead of
+averaging them (the single run sums over all rows), which stays exact for
+any number of ranks.
+
+Options: --steps N, --batch B (per rank), --out FILE, --single, --sum,
 --fail-rank R --fail-step S (rank R raises at step S),
 --exit-rank R --exit-code C (rank R calls sys.exit(C) after setup),
 --hang-rank R (rank R sleeps forever after setup: to be SIGKILLed),
@@ -31,6 +37,7 @@ p.add_argument("--steps", type=int, default=5)
 p.add_argument("--batch", type=int, default=4)
 p.add_argument("--out", default="")
 p.add_argument("--single", action="store_true")
+p.add_argument("--sum", action="store_true", help="sum losses and gradients instead of averaging them")
 p.add_argument("--world", type=int, default=0, help="with --single: how many ranks' batches to concatenate")
 p.add_argument("--fail-rank", type=int, default=-1)
 p.add_argument("--fail-step", type=int, default=0)
@@ -63,14 +70,24 @@ def params(m):
     return {k: v.detach().tolist() for k, v in m.state_dict().items()}
 
 
+REDUCTION = "sum" if args.sum else "mean"
+LR = 1 / 1024 if args.sum else 1 / 64
+
+
+def sum_hook(state, bucket):
+    """All-reduce a gradient bucket without dividing by the world size."""
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
 if args.single:
     world = args.world
     x, y = data(world)
     m = model()
-    opt = torch.optim.SGD(m.parameters(), lr=1 / 64)
+    opt = torch.optim.SGD(m.parameters(), lr=LR)
     for _ in range(args.steps):
         opt.zero_grad()
-        nn.functional.mse_loss(m(x), y).backward()
+        nn.functional.mse_loss(m(x), y, reduction=REDUCTION).backward()
         opt.step()
     if args.out:
         with open(args.out, "w") as f:
@@ -89,12 +106,14 @@ if rank == args.hang_rank:
 x, y = data(world)
 x, y = x[rank * args.batch:(rank + 1) * args.batch], y[rank * args.batch:(rank + 1) * args.batch]
 m = DDP(model())
-opt = torch.optim.SGD(m.parameters(), lr=1 / 64)
+if args.sum:
+    m.register_comm_hook(None, sum_hook)
+opt = torch.optim.SGD(m.parameters(), lr=LR)
 for step in range(args.steps):
     if rank == args.fail_rank and step == args.fail_step:
         raise RuntimeError(f"rank {rank} fails at step {step} on purpose")
     opt.zero_grad()
-    loss = nn.functional.mse_loss(m(x), y)
+    loss = nn.functional.mse_loss(m(x), y, reduction=REDUCTION)
     loss.backward()
     opt.step()
     print(f"rank {rank} step {step} loss {loss.item():.6f}", flush=True)
