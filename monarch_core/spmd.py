@@ -5,13 +5,17 @@ reference's ``monarch.spmd``).
 environment, so ``torch.distributed.init_process_group()`` works in its
 actors; ``SPMDActor.main(master_addr, master_port, argv)`` runs an existing
 training script on every proc, as ``torchrun`` would (``monarch torchrun``
-is the command-line form).  See ``docs/spmd.md``.
+is the command-line form, ``launch(host_mesh, argv, nproc_per_node=...)``
+its Python form: stop every rank at the first failure, restarts).  See
+``docs/spmd.md``.
 """
 
 from __future__ import annotations
 
 from monarch_core._spmd._actor import SPMDActor, setup_torch_elastic_env, setup_torch_elastic_env_async
 from monarch_core._spmd._address import AddrType
+from monarch_core._spmd._launch import JobFailed, RankFailure, launch
 from monarch_core._spmd._script import ScriptError
 
-__all__ = ["AddrType", "SPMDActor", "ScriptError", "setup_torch_elastic_env", "setup_torch_elastic_env_async"]
+__all__ = ["AddrType", "JobFailed", "RankFailure", "SPMDActor", "ScriptError", "launch", "setup_torch_elastic_env",
+           "setup_torch_elastic_env_async"]
