@@ -87,3 +87,32 @@ def test_the_command_across_hosts_exits_with_the_failing_ranks_status_and_leaves
     assert "on host h3" in out, out[-4000:]
     for h in HOSTS:  # every rank's output came back, prefixed with its host
         assert f" {h}] rank " in out, out[-4000:]
+
+
+def test_a_sigkilled_rank_on_another_host_ends_the_command_with_137_and_leaves_nothing(sshd: Any,
+                                                                                       tmp_path: Path) -> None:
+    import os
+    import re
+    import signal
+
+    from _helpers.clients import LineReader
+
+    tag = H.new_tag()
+    H.write_config(tmp_path, {"lab": H.entry(tag, tmp_path, hosts=list(HOSTS))})
+    env = H._clients.child_env({"MONARCH_CONFIG": str(tmp_path / "monarch.toml")}, drop=("MONARCH_",))
+    p = subprocess.Popen([sys.executable, "-m", "monarch_core.cli", "torchrun", "--hosts", "lab", "--nproc-per-node",
+                          "2", TRAIN, "--hang-rank", "3", "--steps", "100000"], cwd=tmp_path, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    reader = LineReader(p.stdout, "torchrun-ssh")
+    try:
+        _, m = reader.wait_for(lambda s: re.search(r"h2\] rank 3 pid (\d+) waits to be killed", s), 240)
+        os.kill(int(m.group(1)), signal.SIGKILL)  # the namespace hosts share this machine's pid space
+        rc = p.wait(timeout=240)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    reader.join(30)
+    H.wait_tagged_gone(tag, (1, 2, 3))
+    out = reader.text()
+    assert rc == 128 + signal.SIGKILL, out[-4000:]
+    assert "first failure rank 3 {'hosts': 1, 'gpus': 1}: exit status 137" in out, out[-4000:]
