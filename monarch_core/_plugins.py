@@ -77,8 +77,8 @@ KNOWN_TRANSPORT_PACKAGES = {
 NOT_TRANSPORTS = {
     "rdma": (
         "'rdma' is not a transport: RDMA is monarch-core's data plane, beside whichever transport is enabled "
-        "(monarch_core.rdma.RDMABuffer: one-sided reads and writes of a proc's memory; its ibverbs and "
-        "process_vm backends come from monarch-transport-rdma: pip install ./plugins/transport_rdma in a "
+        "(monarch_core.rdma.RDMABuffer: one-sided reads and writes of a proc's memory; it and its channel, "
+        "ibverbs and process_vm backends come from monarch-transport-rdma: pip install ./plugins/transport_rdma in a "
         "monarch-core checkout; see docs/rdma.md). Enable 'ipc', 'tcp' or 'tls' for messages."
     ),
 }

@@ -114,6 +114,7 @@ from monarch_core._contract._rdma import (
     RDMAConnection,
     RDMAPeer,
     RemoteRegion,
+    monarch_rdma_api,
     monarch_rdma_backends,
 )
 from monarch_core._contract._scheduler import (
@@ -175,6 +176,7 @@ __all__ = [
     "monarch_proc_stopped",
     "monarch_settings",
     "Setting",
+    "monarch_rdma_api",
     "monarch_rdma_backends",
     "monarch_schedulers",
     "monarch_telemetry_sinks",

@@ -3,11 +3,13 @@
 The names of the reference's ``monarch.rdma`` (torchmonarch 0.7.0):
 :class:`RDMABuffer`, :class:`RDMAAction`, :func:`get_rdma_backend`,
 :func:`is_ibverbs_available`, :func:`is_rdma_available` (deprecated) and
-:class:`RDMATcpFallbackWarning`.  A façade: the work lives in the private
-``monarch_core._rdma`` package; backends come from plugins through the
-``monarch_rdma_backends`` hook (``monarch-transport-rdma``: ``ibverbs``,
-``process_vm``) and the built-in ``channel`` fallback.  Importing this module
-loads neither trio nor pluggy nor any backend.  See docs/rdma.md.
+:class:`RDMATcpFallbackWarning`.  A façade over a plugin: the classes come
+from whichever installed plugin answers the ``monarch_rdma_api`` hook --
+``monarch-transport-rdma`` (``pip install ./plugins/transport_rdma``), with
+its ``channel`` fallback and its ``ibverbs`` and ``process_vm`` backends.
+Without it this module still imports, and using a name raises
+``ImportError`` saying what to install.  Importing this module loads nothing;
+the first name used loads the plugin registry.  See docs/rdma.md.
 
 ::
 
@@ -28,23 +30,38 @@ loads neither trio nor pluggy nor any backend.  See docs/rdma.md.
 
 from __future__ import annotations
 
-from monarch_core._actor import _mesh  # noqa: F401 - lets a client runtime start from this API alone (light)
-from monarch_core._rdma._backends import RDMATcpFallbackWarning
-from monarch_core._rdma._buffer import (
-    RDMAAction,
-    RDMABuffer,
-    get_rdma_backend,
-    is_ibverbs_available,
-    is_rdma_available,
-)
+from typing import Any
+
 from monarch_core.errors import RDMAError
 
-__all__ = [
-    "RDMAAction",
-    "RDMABuffer",
-    "RDMAError",
-    "RDMATcpFallbackWarning",
-    "get_rdma_backend",
-    "is_ibverbs_available",
-    "is_rdma_available",
-]
+#: the names the providing plugin supplies
+PROVIDED = ("RDMAAction", "RDMABuffer", "RDMATcpFallbackWarning", "get_rdma_backend", "is_ibverbs_available",
+            "is_rdma_available")
+
+__all__ = ["RDMAError", *PROVIDED]
+
+DISTRIBUTION = "monarch-transport-rdma"
+
+
+def _provider() -> Any:
+    from monarch_core._plugins import install_hint, registry
+
+    api = registry().pm.hook.monarch_rdma_api()
+    if api is None:
+        raise ImportError(
+            f"monarch_core.rdma needs a plugin that provides RDMABuffer, and none is installed here: "
+            f"{install_hint(DISTRIBUTION)} (monarch-transport-rdma: the channel fallback, ibverbs and "
+            f"process_vm; see docs/rdma.md)")
+    return api
+
+
+def __getattr__(name: str) -> Any:
+    if name not in PROVIDED:
+        raise AttributeError(f"module 'monarch_core.rdma' has no attribute {name!r}")
+    value = getattr(_provider(), name)
+    globals()[name] = value  # found once per process
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -144,16 +144,11 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_TELEMETRY_JSONL", "path", None, "the client appends every telemetry event (spans, metrics, lifecycle) to this JSON-lines file"),
         _s("MONARCH_STREAM_LOGS", "bool", None, "1: every proc streams its stdout/stderr/logging to the client; 0: none does (remote procs write a per-host log file); unset: remote procs do, local ones write to the terminal", default_text="unset"),
         _s("MONARCH_PROC_LOG_DIR", "path", None, "folder of the per-host log files of remote procs that do not stream (default: `<tmp>/monarch-<uid>-logs`); it must be a folder of this user with mode 0700 (created so), the files are 0600"),
-        _s("MONARCH_RDMA_BACKEND", "str", "auto", "the data path of `RDMABuffer` transfers: `auto` (per owner proc, the first that reaches it of `ibverbs`, `process_vm`, `channel`) or one of those names, forced (see docs/rdma.md)"),
         # ------------------------------------------------------------ internal tuning knobs
         _s("MONARCH_TELEMETRY_INTERVAL", "seconds", 1.0, "seconds between two telemetry batches a proc ships to the client (and the client hands its sinks)", public=False, minimum=0.01),
         _s("MONARCH_DIRECT_GAP_US", "float", 100.0, "µs after a direct write during which a session's next messages go through the loop, batched", public=False, minimum=0),
         _s("MONARCH_DROP_LOG_INTERVAL", "seconds", 10.0, "seconds between two WARNING lines about connections dropped from one peer host for one reason (the next line counts those left out); 0 logs every one", public=False, minimum=0),
         _s("MONARCH_THREADED_INBOUND", "bool", True, "0 reads plain-socket sessions on the trio loop (the path TLS takes) instead of the poller thread: for diagnosing the poller and testing that path over plain sockets", public=False),
-        _s("MONARCH_RDMA_CHUNK_MB", "mib", 8, "MiB per request of the `channel` RDMA fallback (a large transfer is this many MiB at a time, so other messages pass between)", public=False, minimum=1),
-        _s("MONARCH_RDMA_PIPELINE", "int", 4, "requests of one `channel` RDMA transfer in flight at once", public=False, minimum=1),
-        _s("MONARCH_RDMA_THREADS", "int", 4, "threads per process that run `RDMABuffer` transfers (one transfer at a time each)", public=False, minimum=1),
-        _s("MONARCH_RDMA_RELEASE_GRACE", "seconds", 2.0, "seconds a dropped `RDMABuffer`'s memory is kept after its registration ends, for same-host transfers already past their check", public=False, minimum=0),
         # ------------------------------------------------------------ set by monarch-core for its own children
         _s("MONARCH_PROC_ID", "str", None, "set in every proc: its proc id (read it, do not set it)", public=False),
         _s("MONARCH_PROC_BOOTSTRAP", "str", None, "set by the spawner for a new proc: its start-up message (internal)", public=False),

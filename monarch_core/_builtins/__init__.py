@@ -5,11 +5,10 @@
 * the ``inproc`` transport (connections inside one process, over socket
   pairs; used for tests and by the conformance kit), :mod:`._inproc`;
 * the ``local`` scheduler (hosts on this machine, procs as child
-  processes), :mod:`._local`;
-* the ``channel`` RDMA backend (``RDMABuffer`` transfers over the proc's own
-  session, served by the owner's proc), whose code is the proc runtime's
-  (``monarch_core._rdma._channel``, named here as a string: imported only
-  when a buffer is used).
+  processes), :mod:`._local`.
+
+(``RDMABuffer`` and its ``channel`` fallback come with
+``monarch-transport-rdma``.)
 
 ``pip install monarch-core`` alone therefore runs every single-host program;
 ``monarch-transport-tcp`` adds ``tcp`` and ``tls``.
@@ -19,9 +18,9 @@ from __future__ import annotations
 
 from monarch_core._builtins._inproc import InprocTransport
 from monarch_core._builtins._local import LocalScheduler
-from monarch_core.hookspecs import RDMABackendSpec, SchedulerSpec, TransportSpec, hookimpl
+from monarch_core.hookspecs import SchedulerSpec, TransportSpec, hookimpl
 
-__all__ = ["InprocTransport", "LocalScheduler", "monarch_rdma_backends", "monarch_schedulers", "monarch_transports"]
+__all__ = ["InprocTransport", "LocalScheduler", "monarch_schedulers", "monarch_transports"]
 
 
 @hookimpl
@@ -47,9 +46,3 @@ def monarch_transports() -> list[TransportSpec]:
 def monarch_schedulers() -> list[SchedulerSpec]:
     return [SchedulerSpec("local", LocalScheduler, "hosts on this machine; procs are child processes")]
 
-
-@hookimpl
-def monarch_rdma_backends() -> list[RDMABackendSpec]:
-    return [RDMABackendSpec("channel", "monarch_core._rdma._channel:ChannelBackend", preference=0,
-                            description="chunked requests over the proc's session, served by the owner's proc; "
-                                        "reaches every proc")]

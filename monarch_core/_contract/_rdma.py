@@ -25,6 +25,7 @@ __all__ = [
     "RDMAConnection",
     "RDMAPeer",
     "RemoteRegion",
+    "monarch_rdma_api",
     "monarch_rdma_backends",
 ]
 
@@ -263,3 +264,14 @@ def monarch_rdma_backends() -> Sequence[RDMABackendSpec]:
 
     See ``docs/rdma.md`` for what the project's backends need and do.
     """
+
+
+@hookspec(firstresult=True)
+def monarch_rdma_api() -> Any:
+    """Provide the implementation of ``monarch_core.rdma``: an object (a
+    module) with the attributes ``RDMABuffer``, ``RDMAAction``,
+    ``RDMATcpFallbackWarning``, ``get_rdma_backend``, ``is_ibverbs_available``
+    and ``is_rdma_available``.  The first plugin that answers provides them
+    (``monarch-transport-rdma`` does); with none installed, ``from
+    monarch_core.rdma import RDMABuffer`` raises ``ImportError`` naming the
+    plugin to install.  Called once per process, when a name is first used."""

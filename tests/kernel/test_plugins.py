@@ -54,7 +54,7 @@ RDMA = {ep.name for ep in metadata.entry_points(group="monarch") if ep.name == "
 #: hooks, no transport or scheduler): left out too.
 TELEMETRY = {ep.name for ep in metadata.entry_points(group="monarch")
              if ep.name in ("telemetry_otel", "dashboard", "debugger")}
-BUILTIN_LINE = f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local; rdma backends: channel"
+BUILTIN_LINE = f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local"
 
 
 def _mine(names: list[str]) -> list[str]:
@@ -525,7 +525,7 @@ def test_monarch_plugins_lists_each_plugin_with_version_and_what_it_provides(arg
     assert _lines(res.stdout) == EXPECTED_LISTING
     if RDMA:  # monarch-transport-rdma, when installed
         version = metadata.version("monarch-transport-rdma")
-        assert f"transport_rdma (monarch-transport-rdma=={version})  rdma backends: ibverbs, process_vm" in res.stdout
+        assert f"transport_rdma (monarch-transport-rdma=={version})  rdma backends: channel, ibverbs, process_vm; hooks: monarch_rdma_api" in res.stdout
     for name, schedulers in OTHERS.items():  # the project's scheduler plugins, when installed
         assert any(line.startswith(f"{name} (") and f"schedulers: {', '.join(schedulers)}" in line
                    for line in res.stdout.splitlines()), res.stdout

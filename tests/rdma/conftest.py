@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from monarch_core.actor import this_host
+pytest.importorskip("monarch_transport_rdma", reason="RDMABuffer comes with monarch-transport-rdma "
+                    "(pip install -e plugins/transport_rdma; scripts/test.sh does)")
 
-from rdma_actors import Owner, Reader, require_backend
+from monarch_core.actor import this_host  # noqa: E402
+
+from rdma_actors import Owner, Reader, require_backend  # noqa: E402
 
 #: Backends that can run on this machine (no RDMA device: see docs/rdma.md).
 RUNNABLE = ["process_vm", "channel"]

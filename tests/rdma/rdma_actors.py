@@ -95,7 +95,7 @@ class Owner(Actor):
 
     @endpoint
     def live(self) -> int:
-        from monarch_core._rdma import _service
+        from monarch_transport_rdma._buffers import _service
 
         return _service.live_count()
 
@@ -161,7 +161,7 @@ def require_backend(name: str) -> None:
     """Skip, saying why, when backend ``name`` is not installed in this process."""
     import pytest
 
-    from monarch_core._rdma import _backends
+    from monarch_transport_rdma._buffers import _backends
 
     if name not in _backends.load().known:
         pytest.skip(f"the {name} backend is not installed here: pip install -e plugins/transport_rdma "

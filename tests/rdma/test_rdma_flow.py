@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from monarch_core._rdma import _channel
+from monarch_transport_rdma._buffers import _channel
 
 from rdma_actors import pattern
 

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 import monarch_core.rdma as rdma
-from monarch_core._rdma import _backends
+from monarch_transport_rdma._buffers import _backends
 from monarch_core.errors import ConfigError, RDMAError
 from monarch_core.rdma import RDMABuffer, get_rdma_backend, is_ibverbs_available, is_rdma_available
 
@@ -106,9 +106,26 @@ def test_each_owner_proc_is_connected_once_and_no_hook_runs_per_transfer(meshes,
     assert len(calls) == 1
 
 
-def test_without_the_plugin_the_channel_serves_and_warns_once(client_script) -> None:
+def test_without_the_plugin_the_api_imports_and_using_it_says_what_to_install(client_script) -> None:
+    out = client_script(textwrap.dedent("""
+        import monarch_core.rdma as rdma
+        print("all", sorted(rdma.__all__) == sorted(dir(rdma)))
+        try:
+            from monarch_core.rdma import RDMABuffer
+        except ImportError as e:
+            print("error", e)
+    """), env={"MONARCH_DISABLED_PLUGINS": "transport_rdma"}, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "all True" in out.stdout
+    assert "needs a plugin that provides RDMABuffer" in out.stdout and \
+        "pip install . ./plugins/transport_rdma" in out.stdout, out.stdout
+
+
+def test_with_no_other_backend_the_channel_serves_and_warns_once(client_script) -> None:
     out = client_script(textwrap.dedent("""
         import warnings
+        from monarch_transport_rdma import _cma
+        _cma.ProcessVmBackend.unavailable = lambda self: "turned off by this test"  # this client has no other path
         from monarch_core.actor import this_host
         from monarch_core.rdma import RDMATcpFallbackWarning, get_rdma_backend
         from rdma_actors import Owner, pattern
@@ -128,7 +145,7 @@ def test_without_the_plugin_the_channel_serves_and_warns_once(client_script) -> 
         print("warnings", len(fallback))
         print("says", "channel fallback" in str(fallback[0].message), fallback[0].filename.endswith("client.py"))
         procs.stop().get(timeout=30)
-    """), env={"MONARCH_DISABLED_PLUGINS": "transport_rdma"}, path=[_tests_rdma()], timeout=120)
+    """), path=[_tests_rdma()], timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "best channel" in out.stdout and out.stdout.count("backend channel") == 2
     assert "warnings 1" in out.stdout and "says True True" in out.stdout

@@ -1,4 +1,8 @@
-"""monarch-transport-rdma: one-sided data paths behind ``monarch_core.rdma.RDMABuffer``.
+"""monarch-transport-rdma: ``monarch_core.rdma.RDMABuffer`` and its one-sided data paths.
+
+* ``RDMABuffer``/``RDMAAction`` (:mod:`._buffers`, provided to
+  ``monarch_core.rdma`` through the ``monarch_rdma_api`` hook), with the
+  ``channel`` fallback through the owner proc's session;
 
 * ``ibverbs`` (:mod:`._verbs`): RDMA READ/WRITE over RC queue pairs, through
   ``pyverbs`` (imported only when the backend is first used);

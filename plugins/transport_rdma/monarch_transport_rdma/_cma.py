@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
-from monarch_core import settings
+from monarch_transport_rdma import _settings
 from monarch_core.errors import RDMAError, SupervisionError
 from monarch_core.hookspecs import MemoryRegion, RDMABackend, RDMAConnection, RDMAPeer, RemoteRegion
 
@@ -134,7 +134,7 @@ class ProcessVmBackend(RDMABackend):
     def __init__(self) -> None:
         self._probe = ctypes.c_uint64(_MAGIC)
         self._tickets = _Tickets()
-        self._grace: float = settings.get("MONARCH_RDMA_RELEASE_GRACE")
+        self._grace: float = _settings.get("MONARCH_RDMA_RELEASE_GRACE")
         self._host = host_key()
 
     def unavailable(self) -> str | None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from monarch_core._rdma._memory import Local
+from monarch_transport_rdma._buffers._memory import Local
 
 
 class Handle:
@@ -33,7 +33,7 @@ class Handle:
 
     def local_memory(self) -> Local | None:
         """The memory itself, when this process is the owner and it is registered."""
-        from monarch_core._rdma import _service
+        from monarch_transport_rdma._buffers import _service
 
         found = _service.lookup(self.id, self.key)
         return found[1] if found is not None else None

@@ -29,12 +29,12 @@ import threading
 import time
 from typing import Any
 
-from monarch_core import settings
-from monarch_core._proc import _lifecycle, _start, _state
-from monarch_core._kernel._ports import PortHandler
-from monarch_core._rdma import _backends, _proto
-from monarch_core._rdma._proto import E_RDMA, E_VALUE, OK, reply
-from monarch_core._rdma._memory import Local
+from monarch_transport_rdma import _settings
+from monarch_core import runtime
+from monarch_core.runtime import PortHandler
+from monarch_transport_rdma._buffers import _backends, _proto
+from monarch_transport_rdma._buffers._proto import E_RDMA, E_VALUE, OK, reply
+from monarch_transport_rdma._buffers._memory import Local
 from monarch_core.errors import RDMAError
 from monarch_core.hookspecs import MemoryRegion
 
@@ -43,7 +43,7 @@ logger = logging.getLogger("monarch.rdma")
 __all__ = ["Registration", "register", "release", "release_owner", "release_all", "proc_info", "service"]
 
 
-RELEASE_GRACE: float = settings.get("MONARCH_RDMA_RELEASE_GRACE")
+RELEASE_GRACE: float = _settings.get("MONARCH_RDMA_RELEASE_GRACE")
 _TOMBSTONES = 4096  # ids of released buffers remembered, for "dropped" vs "unknown"
 
 
@@ -98,9 +98,8 @@ def proc_info() -> tuple:
     if info is None:
         with _lock:
             if _info is None:
-                rt = _start.runtime()
                 svc = service()
-                _info = (rt.proc_id, rt.kernel.address, svc.port_id, host_key(), os.getpid(), _backends.announces())
+                _info = (*runtime.local_ref(), svc.port_id, host_key(), os.getpid(), _backends.announces())
             info = _info
     return info
 
@@ -118,8 +117,8 @@ def register(local: Local, owner_key: str, owner: str) -> Registration:
     The registrations of an actor end when it stops, and all of them when the
     process stops (lifecycle events this module subscribes to here)."""
     proc_info()
-    _lifecycle.subscribe("actor_stopped", _on_actor_stopped)
-    _lifecycle.subscribe("proc_stopped", _on_proc_stopped)
+    runtime.subscribe("actor_stopped", _on_actor_stopped)
+    runtime.subscribe("proc_stopped", _on_proc_stopped)
     with _lock:
         rid = next(_ids)
     reg = Registration(rid, secrets.randbits(63), local, owner_key, owner)
@@ -210,8 +209,7 @@ class Service(PortHandler):
     """This proc's RDMA service port (see the module docstring)."""
 
     def __init__(self) -> None:
-        kernel = _start.runtime().kernel
-        self.port_id = kernel.add_port(self)
+        self.port_id = runtime.open_port(self)
         _proto.set_service_port(self.port_id)
         self.requests: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._run, name="monarch-rdma-service", daemon=True)

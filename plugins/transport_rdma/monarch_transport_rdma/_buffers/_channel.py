@@ -22,19 +22,17 @@ import threading
 import time
 from typing import Any, Mapping
 
-from monarch_core import settings
-from monarch_core._proc import _start, _state
-from monarch_core._proc._future import Cell
-from monarch_core._kernel import _wire as W
-from monarch_core._kernel._ports import PortHandler
-from monarch_core._rdma import _proto
+from monarch_transport_rdma import _settings
+from monarch_core import runtime
+from monarch_core.runtime import Cell, PortHandler
+from monarch_transport_rdma._buffers import _proto
 from monarch_core.errors import SupervisionError
 from monarch_core.hookspecs import MemoryRegion, RDMABackend, RDMAConnection, RDMAPeer, RemoteRegion
 
 __all__ = ["ChannelBackend", "ChannelConnection"]
 
-CHUNK: int = settings.get("MONARCH_RDMA_CHUNK_MB") << 20
-PIPELINE: int = settings.get("MONARCH_RDMA_PIPELINE")
+CHUNK: int = _settings.get("MONARCH_RDMA_CHUNK_MB") << 20
+PIPELINE: int = _settings.get("MONARCH_RDMA_PIPELINE")
 
 
 class ChannelBackend(RDMABackend):
@@ -44,7 +42,7 @@ class ChannelBackend(RDMABackend):
     one_sided = False
 
     def announce(self) -> Mapping[str, Any]:
-        return {"address": _start.runtime().kernel.address, "port": _proto.service_port}
+        return {"address": runtime.local_ref()[1], "port": _proto.service_port}
 
     def register(self, region: MemoryRegion) -> Mapping[str, Any] | None:
         return {}  # the core's service serves every registration (device memory included, staged)
@@ -86,9 +84,8 @@ class _Chunks(PortHandler):
         self.finished = 0
         self.lock = threading.Lock()
         self.cell = Cell()
-        self.kernel = _start.runtime().kernel
-        self.port_id = self.kernel.add_port(self)
-        self.ref = (self.kernel.proc_id, self.kernel.address, self.port_id)
+        self.port_id = runtime.open_port(self)
+        self.ref = (*runtime.local_ref(), self.port_id)
 
     def run(self, deadline: float) -> None:
         if self.n == 0:
@@ -117,8 +114,7 @@ class _Chunks(PortHandler):
         req = (self.op, self.rid, self.key, self.offset + off, m, self.ref, i)
         bufs = [self.view[off:off + m]] if self.op == "w" else []
         c = self.conn
-        self.kernel.send(c.proc_id, c.address, W.K_PORT, W.F_PACKED, W.port_header(c.port, 0, 0),
-                         marshal.dumps(req), bufs, reply_port=self.port_id)
+        runtime.send_to_port(c.proc_id, c.address, c.port, marshal.dumps(req), bufs, reply_port=self.port_id)
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         if self.cell.done():
@@ -158,5 +154,4 @@ class _Chunks(PortHandler):
         self.cell.set_exception(exc)
 
     def _end(self) -> None:
-        self.kernel.remove_port(self.port_id)
-        self.kernel.reply_done(self.conn.proc_id, self.port_id)
+        runtime.close_port(self.port_id, self.conn.proc_id)

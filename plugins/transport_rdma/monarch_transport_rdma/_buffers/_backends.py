@@ -19,8 +19,8 @@ import threading
 import warnings
 from typing import TYPE_CHECKING, Any, Mapping
 
-from monarch_core import settings
-from monarch_core._rdma import _proto
+from monarch_transport_rdma import _settings
+from monarch_transport_rdma._buffers import _proto
 from monarch_core.errors import ConfigError, RDMAError, SupervisionError
 
 if TYPE_CHECKING:  # the contract's types are loaded with the backends, not when monarch_core.rdma is imported
@@ -31,7 +31,7 @@ logger = logging.getLogger("monarch.rdma")
 __all__ = ["RDMATcpFallbackWarning", "load", "route", "best_name", "forced", "is_available"]
 
 #: The project's backend names and the distribution that provides each.
-KNOWN = {"ibverbs": "monarch-transport-rdma", "process_vm": "monarch-transport-rdma", "channel": "monarch-core"}
+KNOWN = {"ibverbs": "monarch-transport-rdma", "process_vm": "monarch-transport-rdma", "channel": "monarch-transport-rdma"}
 
 
 class RDMATcpFallbackWarning(Warning):
@@ -61,17 +61,15 @@ def load() -> _Loaded:
     with _load_lock:
         if _loaded is not None:
             return _loaded
-        from monarch_core._plugins import registry
+        from monarch_core import runtime
 
-        reg = registry()
         out = _Loaded()
         specs: dict[str, Any] = {}
-        for batch in reg.pm.hook.monarch_rdma_backends():
-            for spec in batch or ():
-                if spec.name in specs:
-                    logger.warning("RDMA backend %r is provided twice; keeping the first", spec.name)
-                    continue
-                specs[spec.name] = spec
+        for spec in runtime.rdma_backend_specs():
+            if spec.name in specs:
+                logger.warning("RDMA backend %r is provided twice; keeping the first", spec.name)
+                continue
+            specs[spec.name] = spec
         for spec in sorted(specs.values(), key=lambda s: -s.preference):
             out.known.append(spec.name)
             try:
@@ -93,7 +91,7 @@ def load() -> _Loaded:
 
 def forced() -> str | None:
     """The backend ``MONARCH_RDMA_BACKEND`` names (``None``: ``auto``)."""
-    raw = str(settings.get("MONARCH_RDMA_BACKEND")).strip()
+    raw = str(_settings.get("MONARCH_RDMA_BACKEND")).strip()
     if raw in ("", "auto"):
         return None
     known = load().known
@@ -313,17 +311,15 @@ def _user_stacklevel() -> int:
 
 
 def _dead_reason(proc_id: str) -> str | None:
-    from monarch_core._proc import _state
+    from monarch_core import runtime
 
-    rt = _state.current_runtime_or_none()
-    return rt.kernel.dead.get(proc_id) if rt is not None else None
+    return runtime.proc_death(proc_id)
 
 
 def _this_proc_id() -> str | None:
-    from monarch_core._proc import _state
+    from monarch_core import runtime
 
-    rt = _state.current_runtime_or_none()
-    return rt.proc_id if rt is not None else None
+    return runtime.local_ref()[0] if runtime.started() else None
 
 
 _watching = False
@@ -335,11 +331,9 @@ def _watch_deaths() -> None:
     if _watching:
         return
     _watching = True
-    from monarch_core._proc import _state
+    from monarch_core import runtime
 
-    rt = _state.current_runtime_or_none()
-    if rt is not None:
-        rt.kernel.on_proc_failed.append(lambda proc_id, reason, stopped: forget_proc(proc_id))
+    runtime.on_proc_failed(lambda proc_id, reason, stopped: forget_proc(proc_id))
 
 
 def forget_proc(proc_id: str) -> None:

@@ -5,22 +5,21 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from monarch_core._proc import _start, _state
-from monarch_core._proc._future import Future
-from monarch_core._rdma import _backends, _transfer
-from monarch_core._rdma._handle import Handle
-from monarch_core._rdma._memory import local_memory
+from monarch_core import runtime
+from monarch_core.runtime import Future
+from monarch_transport_rdma._buffers import _backends, _transfer
+from monarch_transport_rdma._buffers._handle import Handle
+from monarch_transport_rdma._buffers._memory import local_memory
 
 __all__ = ["RDMABuffer", "RDMAAction", "get_rdma_backend", "is_ibverbs_available", "is_rdma_available"]
 
 
 def _owner_now() -> tuple[str, str]:
     """(key, name) of whoever creates a buffer now: the running actor, else this process."""
-    host = _state.current_actor.get()
-    if host is not None:
-        return host.key, str(host.display_name)
-    rt = _start.runtime()
-    return "", f"{rt.name} ({rt.proc_id})"
+    actor = runtime.current_actor()
+    if actor is not None:
+        return actor
+    return "", f"{runtime.process_name()} ({runtime.local_ref()[0]})"
 
 
 class RDMABuffer:
@@ -45,7 +44,7 @@ class RDMABuffer:
     __slots__ = ("_h", "_reg", "__weakref__")
 
     def __init__(self, data: Any) -> None:
-        from monarch_core._rdma import _service
+        from monarch_transport_rdma._buffers import _service
 
         local = local_memory(data, role="data", writable=False)
         if local.nbytes == 0:
@@ -114,18 +113,17 @@ class RDMABuffer:
         ``drop`` (or one after the owner stopped) is a no-op."""
         h = self._h
         if h.dropped:
-            return Future._resolved(None)
+            return runtime.resolved(None)
         h.dropped = True
-        from monarch_core._rdma import _proto, _service
+        from monarch_transport_rdma._buffers import _proto, _service
 
-        rt = _state.current_runtime_or_none()
-        if rt is not None and rt.proc_id == h.proc[0]:
+        if runtime.started() and runtime.local_ref()[0] == h.proc[0]:
             _service.release(h.id, h.key, "dropped by its owner's process")
-            return Future._resolved(None)
+            return runtime.resolved(None)
 
         # Sent now (a drop() nobody waits for still drops); an owner proc that died took the
         # registration with it, which is success.
-        return Future._of(_proto.send_request(h.proc, ("d", h.id, h.key), f"drop of {h.name()}", 60.0, gone_ok=True))
+        return runtime.future_of(_proto.send_request(h.proc, ("d", h.id, h.key), f"drop of {h.name()}", 60.0, gone_ok=True))
 
 
 class RDMAAction:

@@ -18,10 +18,8 @@ import threading
 import time
 from typing import Any
 
-from monarch_core._proc import _start, _state
-from monarch_core._proc._future import Cell
-from monarch_core._kernel import _wire as W
-from monarch_core._kernel._ports import PortHandler
+from monarch_core import runtime
+from monarch_core.runtime import Cell, PortHandler
 from monarch_core.errors import RDMAError, SupervisionError
 
 OK, ERR = 0, 1
@@ -40,8 +38,7 @@ def set_service_port(port_id: int) -> None:
 def reply(ref: tuple, tag: int, status: int, payload: bytes, buffers: list | None = None) -> None:
     """Send a reply to ``ref = (proc_id, address, port_id)`` with ``tag`` as its rank."""
     proc_id, address, port = ref
-    _start.runtime().kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, W.port_header(port, tag, status),
-                                 payload, buffers or [])
+    runtime.send_to_port(proc_id, address, port, payload, buffers, rank=tag, status=status)
 
 
 def error(ref: tuple, tag: int, kind: str, message: str) -> None:
@@ -60,13 +57,12 @@ def raise_error(payload: Any, what: str) -> None:
 
 
 class _OneShot(PortHandler):
-    __slots__ = ("cell", "kernel", "port_id", "proc_id")
+    __slots__ = ("cell", "port_id", "proc_id")
 
-    def __init__(self, kernel: Any, proc_id: str) -> None:
+    def __init__(self, proc_id: str) -> None:
         self.cell = Cell()
-        self.kernel = kernel
         self.proc_id = proc_id
-        self.port_id = kernel.add_port(self)
+        self.port_id = runtime.open_port(self)
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         self.done()
@@ -77,20 +73,17 @@ class _OneShot(PortHandler):
         self.cell.set_exception(exc)
 
     def done(self) -> None:
-        self.kernel.remove_port(self.port_id)
-        self.kernel.reply_done(self.proc_id, self.port_id)
+        runtime.close_port(self.port_id, self.proc_id)
 
 
 def call(info: tuple, request: tuple, what: str, timeout: float) -> tuple[Any, list]:
     """Send ``request + (reply, tag)`` to the service of owner ``info`` and wait
     for the reply: ``(payload, buffers)`` of an ``OK``; raises the error of
     an ``ERR``, ``SupervisionError`` if the owner proc dies, ``TimeoutError``."""
-    kernel = _start.runtime().kernel
     proc_id, address, port = info[0], info[1], info[2]
-    h = _OneShot(kernel, proc_id)
-    ref = (kernel.proc_id, kernel.address, h.port_id)
-    kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, W.port_header(port, 0, 0),
-                marshal.dumps(request + (ref, 0)), [], reply_port=h.port_id)
+    h = _OneShot(proc_id)
+    ref = (*runtime.local_ref(), h.port_id)
+    runtime.send_to_port(proc_id, address, port, marshal.dumps(request + (ref, 0)), reply_port=h.port_id)
     if not h.cell.wait(timeout):
         h.done()
         raise TimeoutError(f"{what}: the owner proc {proc_id} did not answer within {timeout:g} s")
@@ -108,9 +101,8 @@ def send_request(info: tuple, request: tuple, what: str, timeout: float, *, gone
     ``OK``, or the error (``TimeoutError`` after ``timeout`` s).  ``gone_ok``:
     the owner proc's death counts as success (a drop: the registration went
     with it)."""
-    kernel = _start.runtime().kernel
     proc_id, address, port = info[0], info[1], info[2]
-    h = _OneShot(kernel, proc_id)
+    h = _OneShot(proc_id)
     out = Cell()
 
     def settle() -> None:
@@ -130,9 +122,8 @@ def send_request(info: tuple, request: tuple, what: str, timeout: float, *, gone
 
     if not h.cell.add_callback(settle):
         settle()
-    ref = (kernel.proc_id, kernel.address, h.port_id)
-    kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, W.port_header(port, 0, 0),
-                marshal.dumps(request + (ref, 0)), [], reply_port=h.port_id)
+    ref = (*runtime.local_ref(), h.port_id)
+    runtime.send_to_port(proc_id, address, port, marshal.dumps(request + (ref, 0)), reply_port=h.port_id)
 
     def expire() -> None:
         if not h.cell.done():

@@ -1,4 +1,5 @@
-"""The machinery behind ``monarch_core.rdma`` (``RDMABuffer``, ``RDMAAction``).
+"""``RDMABuffer`` and ``RDMAAction``: the classes behind ``monarch_core.rdma``, built
+on the public runtime seam (``monarch_core.runtime``: ports, lifecycle events).
 
 One module per job: :mod:`._memory` (what memory an object is),
 :mod:`._service` (the owner side: registrations, the proc's RDMA service),

@@ -16,17 +16,17 @@ import threading
 import time
 from typing import Any
 
-from monarch_core import settings
-from monarch_core._proc import _start, _state
-from monarch_core._proc._future import Cell, Future
-from monarch_core._rdma import _backends
-from monarch_core._rdma._handle import Handle
-from monarch_core._rdma._memory import Local, local_memory
+from monarch_transport_rdma import _settings
+from monarch_core import runtime
+from monarch_core.runtime import Cell, Future
+from monarch_transport_rdma._buffers import _backends
+from monarch_transport_rdma._buffers._handle import Handle
+from monarch_transport_rdma._buffers._memory import Local, local_memory
 from monarch_core.errors import RDMAError, SupervisionError
 
 logger = logging.getLogger("monarch.rdma")
 
-THREADS: int = settings.get("MONARCH_RDMA_THREADS")
+THREADS: int = _settings.get("MONARCH_RDMA_THREADS")
 
 
 class Op:
@@ -100,8 +100,8 @@ def submit(ops: list[Op], timeout: float) -> Future[None]:
     cell = Cell()
     if not ops:
         cell.set_result(None)
-        return Future._of(cell)
-    _start.runtime()
+        return runtime.future_of(cell)
+    runtime.start()
     deadline = time.monotonic() + timeout
     paths = []
     for op in ops:  # on the caller's thread: cached after the first transfer to an owner proc
@@ -109,12 +109,12 @@ def submit(ops: list[Op], timeout: float) -> Future[None]:
             paths.append(_backends.route(op.handle))
         except BaseException as e:  # noqa: BLE001 - the future's outcome
             cell.set_exception(_explain(op, e, timeout))
-            return Future._of(cell)
+            return runtime.future_of(cell)
     batch = _Batch(cell, len(ops))
     pool = _pool()
     for op, path in zip(ops, paths):
         pool.put((op, path, deadline, timeout, batch))
-    return Future._of(cell)
+    return runtime.future_of(cell)
 
 
 class _Batch:
@@ -164,8 +164,7 @@ def _explain(op: Op, e: BaseException, timeout: float) -> BaseException:
     if isinstance(e, TimeoutError):
         return TimeoutError(f"{what} did not finish within its timeout of {timeout:g} s ({e})")
     if isinstance(e, SupervisionError):
-        rt = _state.current_runtime_or_none()
-        dead = rt.kernel.dead.get(op.handle.proc[0]) if rt is not None else None
+        dead = runtime.proc_death(op.handle.proc[0])
         return SupervisionError(f"{what} failed: the owner's proc is gone: {dead or e}")
     if isinstance(e, (RDMAError, ValueError)):
         msg = str(e)

@@ -1,0 +1,138 @@
+"""``monarch_core.runtime``: what a data-plane plugin may use of this
+process's runtime (the seam ``monarch-transport-rdma``'s ``RDMABuffer`` is
+built on).
+
+Plugins import hookspecs, errors, streams, settings and the public API; a
+plugin that moves bytes between procs beside the actor messages also needs
+the proc's ports.  This façade is that part of the runtime, and nothing else:
+
+* **ports** -- :class:`PortHandler` (``deliver(rank, status, payload,
+  buffers)`` and ``fail(exc, proc_id)``, called from any thread: hand the
+  work over, never block), :func:`open_port`, :func:`close_port`,
+  :func:`send_to_port` (a port message: ``payload`` bytes plus out-of-band
+  ``buffers``, FIFO per sending thread, acknowledged and retransmitted like
+  every message of the proc's sessions; with ``reply_port`` the port hears
+  ``fail(SupervisionError)`` if the destination proc dies first);
+* **who** -- :func:`start` (this process's runtime, starting a client's on
+  first use), :func:`started`, :func:`local_ref` (``(proc_id, address)``),
+  :func:`process_name`, :func:`current_actor` (``(key, display name)`` of the
+  running actor, or ``None``);
+* **failures and lifecycle** -- :func:`proc_death` (why a proc is known dead),
+  :func:`on_proc_failed`, :func:`subscribe` (the lifecycle events:
+  ``actor_stopped(actor_key, actor_name, why)``, ``proc_stopping(why)``,
+  ``proc_stopped(why)``, ``endpoint_raised(...)``);
+* **futures** -- :class:`Cell` (a thread-safe one-shot result),
+  :func:`future_of` and :func:`resolved` (the public ``Future`` over one).
+
+Nothing here goes through pluggy; each call is a plain function call on the
+per-message path.  Importing this module starts nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from monarch_core._actor import _mesh  # noqa: F401 - a client runtime started from here has the mesh API's hooks
+from monarch_core._kernel import _wire as W
+from monarch_core._kernel._ports import PortHandler
+from monarch_core._proc import _lifecycle, _start, _state
+from monarch_core._proc._future import Cell, Future
+
+__all__ = [
+    "Cell", "Future", "PortHandler", "close_port", "current_actor", "future_of", "local_ref", "on_proc_failed",
+    "open_port", "proc_death", "process_name", "rdma_backend_specs", "resolved", "send_to_port", "start", "started",
+    "subscribe",
+]
+
+
+def start() -> None:
+    """This process's runtime: a proc's own, or the client's (started now if
+    it was not: its kernel, its agent, its listener)."""
+    _start.runtime()
+
+
+def started() -> bool:
+    """True when this process has a runtime (nothing is started to find out)."""
+    return _state.current_runtime_or_none() is not None
+
+
+def local_ref() -> tuple[str, str]:
+    """``(proc_id, address)`` of this process, as other procs reach it."""
+    rt = _start.runtime()
+    return rt.proc_id, rt.kernel.address
+
+
+def process_name() -> str:
+    """This process's name, as messages name it (``"client"``, a proc's name)."""
+    return str(_start.runtime().name)
+
+
+def current_actor() -> tuple[str, str] | None:
+    """``(key, display name)`` of the actor whose code runs now, or ``None``
+    outside any actor.  The key is what ``actor_stopped`` events carry."""
+    host = _state.current_actor.get()
+    return None if host is None else (host.key, str(host.display_name))
+
+
+def open_port(handler: PortHandler) -> int:
+    """Register ``handler`` for messages to a new port of this process; its id."""
+    return int(_start.runtime().kernel.add_port(handler))
+
+
+def close_port(port_id: int, peer: str | None = None) -> None:
+    """Unregister ``port_id``; ``peer``: the proc it waited on replies from
+    (``send_to_port(..., reply_port=port_id)``), which stops watching it."""
+    kernel = _start.runtime().kernel
+    kernel.remove_port(port_id)
+    if peer is not None:
+        kernel.reply_done(peer, port_id)
+
+
+def send_to_port(proc_id: str, address: str | None, port_id: int, payload: bytes, buffers: list | None = None, *,
+                 rank: int = 0, status: int = 0, reply_port: int | None = None) -> None:
+    """Send one port message to ``port_id`` of proc ``proc_id`` at
+    ``address`` (any thread; see the module docstring)."""
+    _start.runtime().kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, W.port_header(port_id, rank, status),
+                                 payload, buffers or [], reply_port=reply_port)
+
+
+def proc_death(proc_id: str) -> str | None:
+    """Why ``proc_id`` is known to be gone (the report's text), or ``None``."""
+    rt = _state.current_runtime_or_none()
+    return rt.kernel.dead.get(proc_id) if rt is not None else None
+
+
+def on_proc_failed(fn: Callable[[str, str, bool], None]) -> None:
+    """Call ``fn(proc_id, reason, stopped)`` when this process learns a proc
+    failed or stopped (on the kernel's thread: return quickly).  Nothing
+    happens when no runtime runs here."""
+    rt = _state.current_runtime_or_none()
+    if rt is not None:
+        rt.kernel.on_proc_failed.append(fn)
+
+
+def subscribe(event: str, fn: Callable[..., Any]) -> None:
+    """Call ``fn`` at each lifecycle ``event`` of this process (idempotent per function)."""
+    _lifecycle.subscribe(event, fn)
+
+
+def future_of(cell: Cell) -> Future[Any]:
+    """The public ``Future`` that resolves with ``cell``."""
+    return Future._of(cell)
+
+
+def resolved(value: Any) -> Future[Any]:
+    """A ``Future`` already resolved with ``value``."""
+    return Future._resolved(value)
+
+
+def rdma_backend_specs() -> list[Any]:
+    """Every ``RDMABackendSpec`` the installed plugins' ``monarch_rdma_backends``
+    hooks give, in the order pluggy calls them (loads the plugin registry;
+    call it once and keep the result)."""
+    from monarch_core._plugins import registry
+
+    out: list[Any] = []
+    for batch in registry().pm.hook.monarch_rdma_backends():
+        out.extend(batch or ())
+    return out
