@@ -481,6 +481,14 @@ class GuardedSink:
         self._lock = threading.Lock()
         self._last: float | None = None  # monotonic time of the last WARNING
         self._left_out = 0
+        if callable(getattr(sink, "emit_batches", None)):  # a sink that reads raw batches keeps that path
+            self.emit_batches = self._emit_batches
+
+    def _emit_batches(self, batches: Any) -> None:
+        try:
+            self.wrapped.emit_batches(batches)
+        except Exception as e:  # noqa: BLE001 - one sink must not stop the others
+            self._failed("emit_batches", e)
 
     @property
     def kinds(self) -> Any:

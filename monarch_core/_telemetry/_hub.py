@@ -1,8 +1,9 @@
 """The root client's side: sinks, the batches procs ship, and the telemetry thread.
 
 Sinks live in the root client only: the ``monarch_telemetry_sinks`` plugins
-(resolved once, when the client's runtime starts), the ones the settings name
-(``MONARCH_TRACE_FILE``, ``MONARCH_TELEMETRY_JSONL``) and the ones added from
+(resolved once, when the client's runtime starts; the built-in plugin
+``telemetry_files``, :mod:`._plugin`, gives the ones the settings name,
+``MONARCH_TRACE_FILE`` and ``MONARCH_TELEMETRY_JSONL``) and the ones added from
 Python (``monarch_core.telemetry.add_sink``, ``record_trace``).  Procs ship
 their batches here (:func:`ingest`); the telemetry thread hands them, with the
 client's own, to every sink about once per ``MONARCH_TELEMETRY_INTERVAL`` and
@@ -57,21 +58,12 @@ class Hub:
 
     # -------------------------------------------------------------- sinks
     def start(self) -> None:
-        """Resolve the plugin and settings sinks (once; the root's runtime start)."""
+        """Resolve the plugins' sinks (once; the root's runtime start)."""
         with self.lock:
             if self.started or not state.enabled:
                 return
             self.started = True
             self.closed = False
-            for name, cls in (("MONARCH_TRACE_FILE", "ChromeTraceSink"), ("MONARCH_TELEMETRY_JSONL", "JsonLinesSink")):
-                if settings.is_set(name):
-                    from monarch_core._telemetry import _sinks
-
-                    path = settings.get(name)
-                    try:
-                        self._add(getattr(_sinks, cls)(path))
-                    except (OSError, TypeError, ValueError) as e:
-                        logger.error("%s=%r: %s; no telemetry is written there", name, path, e)
             try:
                 from monarch_core._plugins import registry
 

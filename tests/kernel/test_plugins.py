@@ -51,9 +51,11 @@ OTHER_SCHEDULERS = sorted(n for names in OTHERS.values() for n in names)
 #: monarch-transport-rdma, when installed (it provides RDMA backends, no transport): left out too.
 RDMA = {ep.name for ep in metadata.entry_points(group="monarch") if ep.name == "transport_rdma"}
 #: monarch-telemetry-otel, the dashboard and the debugger, when installed (sinks and lifecycle
-#: hooks, no transport or scheduler): left out too.
+#: hooks, no transport or scheduler), and monarch-core's own sink plugin ``telemetry_files``:
+#: left out too.
 TELEMETRY = {ep.name for ep in metadata.entry_points(group="monarch")
-             if ep.name in ("telemetry_otel", "dashboard", "debugger")}
+             if ep.name in ("telemetry_otel", "dashboard", "debugger", "telemetry_files")}
+TELEMETRY_FILES_LINE = f"telemetry_files (monarch-core=={CORE_VERSION})  hooks: monarch_telemetry_sinks"
 BUILTIN_LINE = f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local"
 
 
@@ -523,6 +525,7 @@ def test_monarch_plugins_lists_each_plugin_with_version_and_what_it_provides(arg
     res = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=_env())
     assert res.returncode == 0, res.stderr
     assert _lines(res.stdout) == EXPECTED_LISTING
+    assert TELEMETRY_FILES_LINE in res.stdout.splitlines()  # monarch-core's built-in sink plugin
     if RDMA:  # monarch-transport-rdma, when installed
         version = metadata.version("monarch-transport-rdma")
         assert f"transport_rdma (monarch-transport-rdma=={version})  rdma backends: channel, ibverbs, process_vm; hooks: monarch_rdma_api" in res.stdout

@@ -254,3 +254,37 @@ def test_traced_keeps_errors_and_refuses_non_functions() -> None:
         traced(3)  # type: ignore[call-overload]
     with pytest.raises(TypeError, match="must be a str"):
         traced(name=5)  # type: ignore[call-overload]
+
+
+FILE_SINKS = """
+import sys
+from monarch_core.actor import Actor, endpoint, this_host
+
+class A(Actor):
+    @endpoint
+    def f(self, i):
+        return i
+
+pm = this_host().spawn_procs({"gpus": 1})
+pm.spawn("files", A).f.call(0).get()
+pm.stop().get()
+print("done")
+"""
+
+
+def test_the_file_sinks_come_from_monarch_cores_own_plugin_which_can_be_turned_off(client_script,
+                                                                                   tmp_path: Path) -> None:
+    """``MONARCH_TRACE_FILE`` / ``MONARCH_TELEMETRY_JSONL`` sinks are made by the
+    built-in plugin ``telemetry_files`` (an entry point of monarch-core, like
+    any plugin's): it writes both files; disabled, neither is written."""
+    for disabled in ("", "telemetry_files"):
+        trace, jsonl = tmp_path / f"t{disabled}.json", tmp_path / f"e{disabled}.jsonl"
+        out = client_script(FILE_SINKS, env={"MONARCH_TRACE_FILE": str(trace), "MONARCH_TELEMETRY_JSONL": str(jsonl),
+                                             "MONARCH_DISABLED_PLUGINS": disabled or None}, timeout=120)
+        assert out.returncode == 0 and "done" in out.stdout, out.stderr
+        if disabled:
+            assert not trace.exists() and not jsonl.exists()
+        else:
+            spans, _p, _t = spans_of(trace)
+            assert any(s["name"] == "files.f" for s in spans)
+            assert '"name":"files.f"' in jsonl.read_text()
