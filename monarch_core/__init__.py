@@ -2,6 +2,11 @@
 
 The public API is :mod:`monarch_core.actor`; plugins implement
 :mod:`monarch_core.hookspecs`; errors live in :mod:`monarch_core.errors`.
+The reference's distributed-tensor names (``fetch_shard``, ``inspect``,
+``reduce``, ``remote``, ``Tensor``, ``no_mesh``, ...) are attributes of this
+package, resolved lazily from the tensor engine plugin
+(``monarch-tensor-engine``), so that ``import monarch_core as monarch`` runs
+the reference's programs.
 """
 
 from __future__ import annotations
@@ -26,4 +31,10 @@ def __getattr__(name: str) -> Any:  # lazy: importing monarch_core stays cheap
         from monarch_core._workspace import Workspace
 
         return Workspace
+    from monarch_core._contract._tensor import TENSOR_ENGINE_NAMES
+
+    if name in TENSOR_ENGINE_NAMES:  # the reference's distributed-tensor names, from the engine plugin
+        from monarch_core._actor._engine import engine
+
+        return getattr(engine(f"monarch_core.{name}"), name)
     raise AttributeError(f"module 'monarch_core' has no attribute {name!r}")

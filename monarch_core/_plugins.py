@@ -96,6 +96,8 @@ PLUGIN_DIRS = {
     "monarch-transport-rdma": "plugins/transport_rdma",
     "monarch-telemetry-otel": "plugins/telemetry_otel",
     "monarch-dashboard": "plugins/dashboard",
+    "monarch-debugger": "plugins/debugger",
+    "monarch-tensor-engine": "plugins/tensor_engine",
 }
 #: The project's distributions each of those requires besides the core (from
 #: the plugins' ``pyproject.toml``): nothing of the project is on an index, so

@@ -139,6 +139,7 @@ from monarch_core._contract._transport import (
     monarch_transports,
 )
 from monarch_core._contract._settings import monarch_settings
+from monarch_core._contract._tensor import TENSOR_ENGINE_NAMES, monarch_tensor_engine
 from monarch_core._workspace import Workspace
 from monarch_core.settings import Setting
 
@@ -177,6 +178,8 @@ __all__ = [
     "monarch_settings",
     "Setting",
     "monarch_rdma_api",
+    "monarch_tensor_engine",
+    "TENSOR_ENGINE_NAMES",
     "monarch_rdma_backends",
     "monarch_schedulers",
     "monarch_telemetry_sinks",

@@ -13,9 +13,21 @@ its Python form: stop every rank at the first failure, restarts).  See
 from __future__ import annotations
 
 from monarch_core._spmd._actor import SPMDActor, setup_torch_elastic_env, setup_torch_elastic_env_async
-from monarch_core._spmd._address import AddrType
+from monarch_core._spmd._address import AddrType, master_address
 from monarch_core._spmd._launch import JobFailed, RankFailure, launch
 from monarch_core._spmd._script import ScriptError
 
-__all__ = ["AddrType", "JobFailed", "RankFailure", "SPMDActor", "ScriptError", "launch", "setup_torch_elastic_env",
+
+
+def host_address(use_ipaddr: AddrType | None = None) -> str:
+    """The address other procs of the mesh reach this process at (the host of
+    the address its transport listens on; ``127.0.0.1`` for a transport local
+    to the machine): what ``SPMDActor.get_host_port`` answers with, for code
+    that hosts its own rendezvous (a ``TCPStore``) in a proc."""
+    from monarch_core import runtime
+
+    return master_address(runtime.local_ref()[1], use_ipaddr)
+
+
+__all__ = ["AddrType", "JobFailed", "RankFailure", "SPMDActor", "ScriptError", "host_address", "launch", "setup_torch_elastic_env",
            "setup_torch_elastic_env_async"]

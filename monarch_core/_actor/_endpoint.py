@@ -273,10 +273,12 @@ class Endpoint(Generic[P, R]):
         self._mesh._cast(self, args, kwargs, None, None, "broadcast")
 
     def rref(self, *args: P.args, **kwargs: P.kwargs) -> Any:
-        raise NotImplementedError(
-            "rref() needs the distributed tensor engine, which monarch-core does not provide yet; "
-            "use call()/call_one() to get values back"
-        )
+        """Call the endpoint on every actor inside an active mesh; its tensor
+        results stay on the procs as distributed tensors (the tensor engine
+        plugin; ``@endpoint(propagate=...)`` tells the client their shapes)."""
+        from monarch_core._actor import _engine
+
+        return _engine.engine("Endpoint.rref()").rref(self, args, kwargs)
 
     def _send(self, args: tuple, kwargs: dict, port: Port[Any] | None = None, selection: str = "all") -> None:
         self._prop._check_args(args, kwargs)

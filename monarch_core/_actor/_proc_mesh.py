@@ -13,6 +13,7 @@ from monarch_core import _telemetry
 from monarch_core._proc import _instrument, _reporting, _serial, _start, _state
 from monarch_core._actor._actor_mesh import ActorMesh, _release
 from monarch_core._proc._future import Cell, Future
+from monarch_core._actor import _engine
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
 from monarch_core._proc._port import GatherReplies
 from monarch_core._proc import _control as C
@@ -228,13 +229,19 @@ class ProcMesh(MeshTrait):
             await self.stop()
 
     def activate(self) -> Any:
-        raise NotImplementedError("ProcMesh.activate() needs the distributed tensor engine, which monarch-core does not provide yet")
+        """A context manager: inside it every torch operation runs on every
+        proc of this mesh, as distributed tensors (the tensor engine plugin,
+        ``monarch-tensor-engine``; docs/tensors.md).  ``ImportError`` naming
+        the plugin when it is not installed."""
+        return _engine.engine("ProcMesh.activate()").activate(self)
 
     def rank_tensor(self, dim: str) -> Any:
-        raise NotImplementedError("ProcMesh.rank_tensor() needs the distributed tensor engine, which monarch-core does not provide yet")
+        """A distributed integer tensor whose value on each proc is its coordinate along ``dim``."""
+        return _engine.engine("ProcMesh.rank_tensor()").rank_tensor(self, dim)
 
     def rank_tensors(self) -> Any:
-        raise NotImplementedError("ProcMesh.rank_tensors() needs the distributed tensor engine, which monarch-core does not provide yet")
+        """``{dim: rank_tensor(dim)}`` for every dimension of this mesh."""
+        return _engine.engine("ProcMesh.rank_tensors()").rank_tensors(self)
 
     def to_table(self) -> str:
         """A text table: rank, coordinates, proc id, pid, address, host name."""

@@ -1,0 +1,21 @@
+"""The distributed tensor engine, as the mesh API finds it: the plugin that
+answers ``monarch_tensor_engine`` (``monarch-tensor-engine``), or an
+``ImportError`` saying what to install."""
+
+from __future__ import annotations
+
+from typing import Any
+
+DISTRIBUTION = "monarch-tensor-engine"
+
+
+def engine(what: str) -> Any:
+    """The engine; ``what`` (e.g. ``"ProcMesh.activate()"``) names the caller in the error."""
+    from monarch_core._plugins import install_hint, registry
+
+    got = registry().pm.hook.monarch_tensor_engine()
+    if got is None:
+        raise ImportError(
+            f"{what} needs the distributed tensor engine, and no plugin provides one here: "
+            f"{install_hint(DISTRIBUTION)} (it needs torch==2.13.0; see docs/tensors.md)")
+    return got

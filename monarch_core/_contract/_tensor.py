@@ -1,0 +1,37 @@
+"""The distributed tensor engine's seam: one hook a plugin answers with the
+engine (``monarch-tensor-engine`` does).
+
+Public through :mod:`monarch_core.hookspecs`; import from there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from monarch_core._contract._common import hookspec
+
+__all__ = ["TENSOR_ENGINE_NAMES", "monarch_tensor_engine"]
+
+#: The reference's top-level names that ``monarch_core`` resolves through the
+#: engine (``import monarch_core as monarch; monarch.fetch_shard(...)``).
+TENSOR_ENGINE_NAMES = (
+    "Stream", "Tensor", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh", "get_active_stream",
+    "grad_generator", "inspect", "no_mesh", "reduce", "reduce_", "remote", "show", "slice_mesh", "to_mesh",
+)
+
+
+@hookspec(firstresult=True)
+def monarch_tensor_engine() -> Any:
+    """Provide the distributed tensor engine: an object (a module) with
+
+    * ``activate(proc_mesh)`` -> a context manager: inside it, torch
+      operations run on every proc of the mesh (``ProcMesh.activate()``);
+    * ``rank_tensor(proc_mesh, dim)`` and ``rank_tensors(proc_mesh)``
+      (``ProcMesh.rank_tensor``/``rank_tensors``);
+    * ``rref(endpoint, args, kwargs)`` (``Endpoint.rref``);
+    * every name of :data:`TENSOR_ENGINE_NAMES`, which ``monarch_core``
+      re-exports lazily.
+
+    The first plugin that answers is the engine.  Called when one of those
+    is first used, never at import; without an engine each of them raises
+    ``ImportError`` naming the distribution to install."""

@@ -1,0 +1,213 @@
+"""Collectives: ``Tensor.reduce`` / ``reduce_`` over any subset of a mesh's
+dimensions.
+
+The client checks the arguments, works out the result's shape (so that the
+next operations can be checked and pipelined too) and sends one ``reduce``
+command.  On the procs, the members of a group are the procs that share
+their coordinates in every dimension *not* reduced over; each group is a
+``torch.distributed`` process group (gloo for CPU tensors, NCCL for CUDA
+ones) made at its first use and cached.  The groups' rendezvous is a
+``TCPStore`` that the mesh's first proc starts on a free port of its host,
+at the address the other procs already reach it at; its address travels in
+the engine's own commands (no fixed port, nothing to configure).
+
+Reductions: ``sum``, ``avg`` (floating point), ``product``, ``min``, ``max``,
+``band``/``bor``/``bxor`` (integers and bool) and ``stack`` (all-gather: a new
+first dimension of the group's size, in the group's rank order).
+``scatter=True``: reduce-scatter (the input's first dimension, divisible by
+the group's size, is split; member i keeps the i-th block of the reduction;
+done as an all-reduce followed by a slice: gloo has no reduce-scatter) or,
+with ``stack``, all-to-all (the input's first dimension is the group's size;
+member i receives block i of every member, stacked).
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from typing import Any
+
+import torch
+
+from monarch_tensor_engine._tensor import Tensor
+
+REDUCTIONS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "stack")
+#: seconds a collective (and a group's rendezvous) may wait for its members
+TIMEOUT_S = 300
+
+
+def _dims(ctl: Any, dims: Any) -> tuple[str, ...]:
+    names = (dims,) if isinstance(dims, str) else tuple(dims)
+    if not names or not all(isinstance(d, str) for d in names):
+        raise TypeError(f"dims must be a dimension name or a non-empty sequence of them, got {dims!r}")
+    unknown = [d for d in names if d not in ctl.labels]
+    if unknown:
+        raise ValueError(f"reduce over unknown dimension(s) {unknown}: mesh {ctl.mesh_name!r} has {ctl.sizes}")
+    return tuple(d for d in ctl.labels if d in names)
+
+
+def result_shape(shape: tuple[int, ...], n: int, reduction: str, scatter: bool) -> tuple[int, ...]:
+    if reduction == "stack":
+        if scatter:
+            if not shape or shape[0] != n:
+                raise ValueError(f"all-to-all (reduction='stack', scatter=True) needs a first dimension of the "
+                                 f"group's size {n}, got shape {shape}")
+            return shape
+        return (n, *shape)
+    if scatter:
+        if not shape or shape[0] % n:
+            raise ValueError(f"reduce-scatter needs a first dimension divisible by the group's size {n}, "
+                             f"got shape {shape}")
+        return (shape[0] // n, *shape[1:])
+    return shape
+
+
+def reduce(t: Tensor, dims: Any, reduction: str, scatter: bool, mesh: Any, out: Tensor | None, *,
+           inplace: bool) -> Tensor:
+    from monarch_tensor_engine import _controller
+
+    ctl = t._ctl
+    if _controller.active() is not ctl:
+        raise RuntimeError(f"reduce() of a tensor of mesh {ctl.mesh_name!r} must run inside "
+                           f"`with mesh.activate():` of that mesh")
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; the reductions are {', '.join(REDUCTIONS)}")
+    if mesh is not None:
+        raise NotImplementedError("reduce(mesh=...) (gathering to a sub-mesh) is not supported by this engine "
+                                  "yet: reduce over the dimensions, then slice the result")
+    names = _dims(ctl, dims)
+    n = math.prod(ctl.sizes[d] for d in names)
+    fake = t._fake
+    if reduction == "avg" and not (fake.dtype.is_floating_point or fake.dtype.is_complex):
+        raise TypeError(f"reduction 'avg' needs a floating-point tensor, got {fake.dtype}")
+    if reduction in ("band", "bor", "bxor") and (fake.dtype.is_floating_point or fake.dtype.is_complex):
+        raise TypeError(f"reduction {reduction!r} needs an integer or bool tensor, got {fake.dtype}")
+    shape = result_shape(tuple(fake.shape), n, reduction, scatter)
+    if inplace and (reduction == "stack" or scatter):
+        raise ValueError("reduce_() works in place: it needs a reduction that keeps the shape "
+                         "(not 'stack', not scatter=True); use reduce()")
+    if out is not None:
+        if not isinstance(out, Tensor) or out._ctl is not ctl:
+            raise TypeError("out must be a distributed tensor of the same mesh")
+        if tuple(out.shape) != shape or out.dtype != fake.dtype:
+            raise ValueError(f"out has shape {tuple(out.shape)} and dtype {out.dtype}; the result has shape "
+                             f"{shape} and dtype {fake.dtype}")
+        result = out
+    elif inplace:
+        result = t
+    else:
+        result = ctl.new_handle(ctl.make_fake(shape, fake.dtype, fake.device))
+    _ensure_store(ctl)
+    ctl.send(("reduce", t._id, result._id, names, reduction, bool(scatter), tuple(fake.shape), fake.dtype))
+    return result
+
+
+def _ensure_store(ctl: Any) -> None:
+    if ctl.store is not None:
+        return
+    with ctl.lock:
+        ctl.flush()
+        ctl.store = tuple(ctl.ranks[0].start_store.call_one().get(timeout=TIMEOUT_S))
+        ctl.send(("store", *ctl.store))
+
+
+# ---------------------------------------------------------------- the procs' side
+
+def start_store(worker: Any) -> tuple[str, int]:
+    """In the mesh's first proc: the groups' store, on a free port here."""
+    from monarch_core.spmd import host_address
+
+    if getattr(worker, "store", None) is None:
+        addr = host_address()
+        worker.store = torch.distributed.TCPStore(addr, 0, None, True, datetime.timedelta(seconds=TIMEOUT_S),
+                                                  wait_for_workers=False)
+        worker.store_addr = (addr, int(worker.store.port))
+    return worker.store_addr
+
+
+def connect_store(worker: Any, addr: str, port: int) -> None:
+    if getattr(worker, "store", None) is None:
+        worker.store = torch.distributed.TCPStore(addr, port, None, False, datetime.timedelta(seconds=TIMEOUT_S))
+
+
+def _group(worker: Any, names: tuple[str, ...], device: torch.device) -> tuple[Any, int, int]:
+    """(process group, rank in it, size) of this proc for a reduction over ``names``."""
+    from monarch_core.spmd import host_address
+
+    groups = worker.groups
+    if groups is None:
+        groups = worker.groups = {}
+    others = tuple((d, worker.where[d]) for d in worker.dims if d not in names)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    key = (names, others, backend)
+    got = groups.get(key)
+    if got is not None:
+        return got
+    rank = 0
+    for d in names:
+        rank = rank * worker.dim_sizes[d] + worker.where[d]
+    size = math.prod(worker.dim_sizes[d] for d in names)
+    prefix = f"monarch-group/{backend}/{','.join(names)}/{','.join(f'{d}={c}' for d, c in others)}"
+    store = torch.distributed.PrefixStore(prefix, worker.store)
+    timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    if backend == "nccl":
+        pg = torch.distributed.ProcessGroupNCCL(store, rank, size)
+    else:
+        opts = torch.distributed.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        opts._devices = [torch.distributed.ProcessGroupGloo.create_device(hostname=host_address())]
+        pg = torch.distributed.ProcessGroupGloo(store, rank, size, opts)
+    groups[key] = got = (pg, rank, size)
+    return got
+
+
+_OPS = {"sum": "SUM", "avg": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX", "band": "BAND",
+        "bor": "BOR", "bxor": "BXOR"}
+
+
+def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], reduction: str, scatter: bool,
+               shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    from monarch_tensor_engine._worker import Poison, TensorOpError
+
+    dist = torch.distributed
+    src = worker.env.get(in_id)
+    poison = src if isinstance(src, Poison) else None
+    if poison is not None or src is None:
+        x = torch.zeros(shape, dtype=dtype)  # take part all the same: the others must not wait
+    else:
+        x = src
+    try:
+        pg, rank, size = _group(worker, names, x.device)
+        data = x.contiguous() if not x.is_contiguous() else x
+        if reduction == "stack":
+            if scatter:
+                result = torch.empty_like(data)
+                pg.alltoall_base(result, data, [], []).wait()
+            else:
+                outs = [torch.empty_like(data) for _ in range(size)]
+                pg.allgather([outs], [data]).wait()
+                result = torch.stack(outs)
+        else:
+            buf = data if (in_id == out_id and data is x) else data.clone()
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = getattr(dist.ReduceOp, _OPS[reduction])
+            pg.allreduce([buf], opts).wait()
+            if reduction == "avg":
+                buf.div_(size)
+            result = buf.chunk(size)[rank].clone() if scatter else buf
+    except Exception as e:  # noqa: BLE001 - contained: the result is poisoned
+        worker.env[out_id] = Poison(TensorOpError(
+            f"reduce({names}, {reduction!r}, scatter={scatter}) failed on the proc at {worker.where}: "
+            f"{type(e).__name__}: {e}", "reduce", worker.where))
+        return
+    if poison is not None:
+        worker.env[out_id] = poison
+        return
+    dest = worker.env.get(out_id)
+    if out_id == in_id:
+        if result is not x:
+            x.copy_(result)
+    elif isinstance(dest, torch.Tensor) and dest is not result:  # out=
+        dest.copy_(result)
+    else:
+        worker.env[out_id] = result

@@ -1,0 +1,383 @@
+"""The client's side of the engine: one ``Controller`` per proc mesh, and the
+torch function mode that turns operations into commands while it is active.
+
+Contract:
+
+* ``activate(mesh)`` spawns the mesh's workers once (an actor per proc), and
+  returns a context manager that pushes the mode; ``no_mesh()`` pops it for
+  a block; ``get_active_mesh()`` is the mesh whose mode is on top (or None).
+* Every torch function called inside the mode is first run on the fake
+  tensors of its arguments: its errors (a shape mismatch, a wrong dtype)
+  are raised at once, in the client, and its results give the new handles'
+  metadata.  Operations that produce or change tensors become a command
+  ``(op, function, arguments with Refs, result ids, grad mode)``; queries
+  that only read metadata (``t.shape``, ``t.dim()``) are answered locally.
+* Commands are sent in batches, in order, to every proc (one direct message
+  per proc, so that later fetches on the same sessions come after them):
+  when :data:`BATCH` are pending, when a value is fetched, when the mesh's
+  block ends, and at :func:`flush`.  The client never waits for the procs
+  to run them.
+* An operation on local tensors only (a fetched value) runs locally, as
+  usual.  Reading a value (``t.item()``, ``bool(t)``, ``t.tolist()``) of a
+  distributed tensor, or mixing a local tensor, or a tensor of another mesh,
+  into an operation on distributed tensors is an error that says what to do.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.overrides import TorchFunctionMode
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from monarch_tensor_engine._tensor import Ref, Tensor
+
+#: commands sent in one message per proc, at most
+BATCH = 256
+
+#: functions run for real in the client (global state, not tensors)
+_LOCAL = {f for f in (getattr(torch._C, "_set_grad_enabled", None), torch.is_grad_enabled,
+                      getattr(torch.ops.profiler, "_record_function_enter_new", None),
+                      getattr(torch.ops.profiler, "_record_function_exit", None)) if f is not None}
+#: names of functions run for real in the client (profiler markers the optimizers emit)
+_LOCAL_NAMES = {"_record_function_enter_new", "_record_function_exit", "_set_grad_enabled", "_RecordFunction"}
+
+#: reading a value out of a distributed tensor
+_VALUE_READS = {"item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__",
+                "__array__", "__len__", "__iter__"}
+
+_MUTATING_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
+                     "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__", "__setitem__",
+                     "__set__", "__delitem__"}
+
+
+def op_name(func: Any) -> str:
+    name = getattr(func, "__name__", None) or repr(func)
+    if name in ("__get__", "__set__") and hasattr(func, "__self__"):
+        return f"{getattr(func.__self__, '__name__', '?')}.{name}"
+    return name
+
+
+def func_ref(func: Any) -> Any:
+    """What a command names ``func`` by on the procs (a getset descriptor's
+    ``__get__``/``__set__`` by its attribute; everything else pickles by
+    reference)."""
+    name = getattr(func, "__name__", None)
+    if name in ("__get__", "__set__") and hasattr(func, "__self__") and hasattr(func.__self__, "__name__"):
+        return ("get" if name == "__get__" else "set", func.__self__.__name__)
+    return func
+
+
+def is_mutating(func: Any) -> bool:
+    name = getattr(func, "__name__", "")
+    if name in _MUTATING_DUNDERS or name in ("backward", "_backward"):
+        return True
+    return name.endswith("_") and not name.startswith("__")
+
+
+class MeshMismatch(RuntimeError):
+    pass
+
+
+class Controller:
+    """The client's state for one proc mesh (see the module docstring)."""
+
+    def __init__(self, mesh: Any) -> None:
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        from monarch_tensor_engine import _worker
+
+        self.mesh = mesh
+        self.mesh_name = getattr(mesh, "name", "mesh")
+        self.labels = list(mesh.extent.labels)
+        self.sizes = dict(zip(self.labels, mesh.extent.sizes))
+        self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
+        self.ids = itertools.count(1)
+        self.lock = threading.RLock()
+        self.pending: list[tuple] = []
+        self.dropped: list[int] = []
+        self.by_fake: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
+        self.workers = mesh.spawn("_tensor_workers", _worker.Worker, self.labels)
+        coords = [dict(zip(self.labels, c)) for c in itertools.product(*(range(s) for s in self.sizes.values()))]
+        self.coords = coords
+        self.ranks = [self.workers.slice(**c) for c in coords]
+        self.store: tuple[str, int] | None = None
+        self.closed = False
+
+    # ---------------------------------------------------------------- handles
+    def make_fake(self, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A fake tensor of that shape (whatever mode is active)."""
+        with torch._C.DisableTorchFunction(), self.fake_mode:
+            return torch.empty(shape, dtype=dtype, device=device)
+
+    def new_handle(self, fake: torch.Tensor) -> Tensor:
+        h = Tensor(fake, next(self.ids), self)
+        self.by_fake[id(fake)] = h
+        return h
+
+    def release(self, ident: int) -> None:
+        """A handle was collected: free its tensor on the procs (next batch)."""
+        self.dropped.append(ident)  # list.append is atomic; read under the lock at flush
+
+    def handle_of(self, fake: torch.Tensor) -> Tensor | None:
+        h = self.by_fake.get(id(fake))
+        return h if h is not None and h._fake is fake else None
+
+    # ---------------------------------------------------------------- commands
+    def send(self, cmd: tuple) -> None:
+        with self.lock:
+            self.pending.append(cmd)
+            if len(self.pending) >= BATCH:
+                self.flush()
+
+    def flush(self) -> None:
+        """Send every pending command to every proc, in order (the caller's thread)."""
+        with self.lock:
+            if self.closed:
+                return
+            if self.dropped:
+                drops, self.dropped[:] = list(self.dropped), []
+                self.pending.append(("drop", drops))
+            if not self.pending:
+                return
+            batch, self.pending = self.pending, []
+            for r in self.ranks:
+                r.run.broadcast(batch)
+
+    def fetch(self, t: Tensor, coords: dict[str, int]) -> "Fetched":
+        """A Future of the value of ``t`` on the proc at ``coords``."""
+        rank = self.rank_of(coords)
+        with self.lock:
+            self.flush()
+            return Fetched(self.ranks[rank].fetch.call_one(t._id))
+
+    def rank_of(self, coords: dict[str, Any]) -> int:
+        unknown = sorted(set(coords) - set(self.labels))
+        if unknown:
+            raise ValueError(f"unknown mesh dimension(s) {unknown}; mesh {self.mesh_name!r} has {self.sizes}")
+        rank = 0
+        for label in self.labels:
+            size = self.sizes[label]
+            c = coords.get(label, 0)
+            if isinstance(c, bool) or not isinstance(c, int):
+                raise TypeError(f"coordinate {label}={c!r} must be an int")
+            if not 0 <= c < size:
+                raise IndexError(f"coordinate {label}={c} is out of range for mesh {self.mesh_name!r} {self.sizes}")
+            rank = rank * size + c
+        return rank
+
+    def close(self) -> None:
+        with self.lock:
+            self.flush()
+            self.closed = True
+
+    # ---------------------------------------------------------------- dispatch
+    def dispatch_remote(self, fn: Callable[..., Any], propagate: Callable[..., Any], args: tuple,
+                        kwargs: dict) -> Any:
+        """``remote(fn)(*args)``: ``propagate`` runs on the fakes, ``fn`` on the procs."""
+        return self.dispatch(fn, args, kwargs, fake_func=propagate, always=True)
+
+    def dispatch(self, func: Callable[..., Any], args: tuple, kwargs: dict, *, fake_func: Any = None,
+                 always: bool = False) -> Any:
+        name = getattr(func, "__name__", "")
+        if func in _LOCAL or name in _LOCAL_NAMES or name.startswith("_record_function_exit"):
+            return func(*args, **kwargs)
+        if name in _VALUE_READS:
+            raise RuntimeError(
+                f"{op_name(func)}() reads a value, and the values of a distributed tensor live on the procs of mesh "
+                f"{self.mesh_name!r}: fetch one with monarch_core.inspect(t, **coords) (or fetch_shard(t).get())")
+        flat, spec = tree_flatten((args, kwargs))
+        local = [x for x in flat if isinstance(x, torch.Tensor) and not isinstance(x, Tensor)]
+        if local and (len(local) == len([x for x in flat if isinstance(x, torch.Tensor)])
+                      or any(isinstance(x, FakeTensor) for x in local)):
+            # only local tensors (a fetched value), or the engine's own work on fakes: torch as usual
+            with torch._C.DisableTorchFunction():
+                return func(*args, **kwargs)
+        fakes = []
+        handles = []
+        for x in flat:
+            if isinstance(x, Tensor):
+                if x._ctl is not self:
+                    raise MeshMismatch(
+                        f"{op_name(func)}: a tensor of mesh {x._ctl.mesh_name!r} {x._ctl.sizes} used inside mesh "
+                        f"{self.mesh_name!r} {self.sizes}: move it first (t.to_mesh(mesh)) or activate its mesh")
+                handles.append(x)
+                fakes.append(x._fake)
+            elif isinstance(x, torch.Tensor):
+                raise RuntimeError(
+                    f"{op_name(func)}: a local tensor (shape {tuple(x.shape)}) was mixed with the distributed tensors "
+                    f"of mesh {self.mesh_name!r}: create it inside `with mesh.activate():` so that it exists on every "
+                    f"proc, or compute it locally under monarch_core.no_mesh()")
+            else:
+                fakes.append(x)
+        fargs, fkwargs = tree_unflatten(fakes, spec)
+        with self.fake_mode:
+            out = (fake_func or func)(*fargs, **fkwargs)
+        out_flat, out_spec = tree_flatten(out)
+        has_tensor = any(isinstance(o, torch.Tensor) for o in out_flat)
+        if not always and not has_tensor and not (handles and is_mutating(func)):
+            return out  # a metadata query, or a function of no tensor at all
+        results = []
+        out_ids: list[int | None] = []
+        for o in out_flat:
+            if isinstance(o, torch.Tensor):
+                h = self.handle_of(o)
+                if h is None:
+                    h = self.new_handle(o)
+                else:
+                    _sync(h, o)
+                results.append(h)
+                out_ids.append(h._id)
+            else:
+                results.append(o)
+                out_ids.append(None)
+        for h in handles:  # an in-place change of requires_grad (requires_grad_, Parameter)
+            _sync(h, h._fake)
+        args_t = tree_unflatten([Ref(x._id) if isinstance(x, Tensor) else x for x in flat], spec)
+        self.send(("op", func_ref(func), args_t[0], args_t[1], out_ids, torch.is_grad_enabled(), op_name(func)))
+        return tree_unflatten(results, out_spec)
+
+
+class Fetched:
+    """The future of a fetched value: like ``monarch_core.actor.Future``
+    (``get(timeout)``, ``result(timeout)``, ``await``), with the value decoded
+    as a local tensor even inside an active mesh."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: Any) -> None:
+        self._future = future
+
+    def get(self, timeout: float | None = None) -> Any:
+        with torch._C.DisableTorchFunction():
+            return self._future.get(timeout)
+
+    result = get
+
+    def __await__(self) -> Any:
+        async def wait() -> Any:
+            with torch._C.DisableTorchFunction():
+                return await self._future
+
+        return wait().__await__()
+
+    def __repr__(self) -> str:
+        return f"Fetched({self._future!r})"
+
+
+def _sync(h: Tensor, fake: torch.Tensor) -> None:
+    if tuple(h.shape) != tuple(fake.shape):
+        raise RuntimeError("an in-place operation that changes a distributed tensor's shape is not supported; "
+                           "use the out-of-place form (t = t.view(...))")
+    if h.requires_grad != fake.requires_grad:
+        with torch._C.DisableTorchFunctionSubclass():
+            torch.Tensor.requires_grad_(h, fake.requires_grad)
+
+
+class _Mode(TorchFunctionMode):
+    def __init__(self, ctl: Controller) -> None:
+        super().__init__()
+        self.ctl = ctl
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return self.ctl.dispatch(func, tuple(args), dict(kwargs or {}))
+
+
+# ---------------------------------------------------------------- the active mesh
+
+_state = threading.local()
+
+
+def _stack() -> list:
+    s = getattr(_state, "stack", None)
+    if s is None:
+        s = _state.stack = []
+    return s
+
+
+_controllers: "weakref.WeakKeyDictionary[Any, Controller]" = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def controller(mesh: Any) -> Controller:
+    """The mesh's controller (its workers spawned on first use)."""
+    with _lock:
+        ctl = _controllers.get(mesh)
+        if ctl is None:
+            ctl = _controllers[mesh] = Controller(mesh)
+        return ctl
+
+
+class Active:
+    """``with mesh.activate():`` (see the module docstring)."""
+
+    def __init__(self, mesh: Any) -> None:
+        self.ctl = controller(mesh)
+        self.mode: _Mode | None = None
+
+    def __enter__(self) -> Any:
+        self.mode = _Mode(self.ctl)
+        self.mode.__enter__()
+        _stack().append(self)
+        return self.ctl.mesh
+
+    def __exit__(self, *exc: Any) -> None:
+        stack = _stack()
+        if stack and stack[-1] is self:
+            stack.pop()
+        assert self.mode is not None
+        self.mode.__exit__(*exc)
+        self.ctl.flush()
+
+
+class NoMesh:
+    """``with no_mesh():`` torch runs locally inside, whatever mesh is active
+    (the active mesh's mode is left for the block, then entered again)."""
+
+    def __enter__(self) -> None:
+        stack = _stack()
+        self.top: Active | None = stack[-1] if stack else None
+        if self.top is not None and self.top.mode is not None:
+            self.top.ctl.flush()
+            self.top.mode.__exit__(None, None, None)
+            stack.append(None)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.top is not None:
+            stack = _stack()
+            if stack and stack[-1] is None:
+                stack.pop()
+            self.top.mode = _Mode(self.top.ctl)
+            self.top.mode.__enter__()
+
+
+def active() -> Controller | None:
+    stack = _stack()
+    return stack[-1].ctl if stack and stack[-1] is not None else None
+
+
+def outside_mesh(func: Any, args: Any, kwargs: Any) -> Any:
+    """An operation on a distributed tensor with no mesh active: metadata
+    queries are answered from its fake; anything else is an error."""
+    kwargs = kwargs or {}
+    flat, spec = tree_flatten((tuple(args), kwargs))
+    owners = {x._ctl for x in flat if isinstance(x, Tensor)}
+    fakes = [x._fake if isinstance(x, Tensor) else x for x in flat]
+    name = getattr(func, "__name__", "")
+    if name not in _VALUE_READS and not is_mutating(func):
+        ctl = next(iter(owners))
+        fargs, fkwargs = tree_unflatten(fakes, spec)
+        with ctl.fake_mode:
+            out = func(*fargs, **fkwargs)
+        if not any(isinstance(o, torch.Tensor) for o in tree_flatten(out)[0]):
+            return out
+    mesh = ", ".join(repr(c.mesh_name) for c in owners)
+    raise RuntimeError(
+        f"{op_name(func)}: a distributed tensor of mesh {mesh} was used outside `with mesh.activate():`; its values "
+        f"live on the procs: run the operation inside the mesh, or fetch a local value first with "
+        f"monarch_core.inspect(t, **coords) / fetch_shard(t, **coords).get()")

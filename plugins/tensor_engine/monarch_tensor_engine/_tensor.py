@@ -1,0 +1,106 @@
+"""``Tensor``: the client's handle to a tensor that lives on every proc of a mesh.
+
+A handle is a ``torch.Tensor`` wrapper subclass with the shape, dtype, device
+and ``requires_grad`` of a *fake* tensor (``torch._subclasses.FakeTensor``)
+that the client keeps in step by running every operation on the fakes too.
+It holds no data.  Inside ``mesh.activate()`` the controller's torch function
+mode turns each operation on handles into a command for the procs; outside
+it, any use is an error that says how to get a value (``inspect``,
+``fetch_shard``).  Dropping the last reference to a handle frees the tensor
+on the procs (with the next batch of commands).
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+__all__ = ["Tensor", "Ref"]
+
+
+class Ref:
+    """A handle's place in a command: the id of the tensor on the procs."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, ident: int) -> None:
+        self.id = ident
+
+    def __reduce__(self) -> Any:
+        return (Ref, (self.id,))
+
+    def __repr__(self) -> str:
+        return f"Ref({self.id})"
+
+
+class Tensor(torch.Tensor):
+    """A distributed tensor: one tensor per proc of ``mesh``, all with this
+    shape, dtype and device (see the module docstring).  ``reduce`` and
+    ``reduce_`` are the collectives; ``to_mesh`` moves it to another mesh."""
+
+    _fake: Any
+    _id: int
+    _ctl: Any
+
+    @staticmethod
+    def __new__(cls, fake: torch.Tensor, ident: int, ctl: Any) -> "Tensor":
+        with torch._C.DisableTorchFunction():
+            r = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+                cls, fake.shape, strides=fake.stride(), dtype=fake.dtype, device=fake.device,
+                requires_grad=fake.requires_grad)
+        r._fake, r._id, r._ctl = fake, ident, ctl
+        weakref.finalize(r, ctl.release, ident)
+        return r
+
+    def __init__(self, fake: torch.Tensor, ident: int, ctl: Any) -> None:
+        pass
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        # reached only outside an active mesh: the mode handles everything inside
+        from monarch_tensor_engine import _controller
+
+        return _controller.outside_mesh(func, args, kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        raise RuntimeError(f"a distributed tensor reached torch's dispatcher ({func}): this is a bug of the tensor "
+                           f"engine, please report it with the operation that led here")
+
+    @property
+    def mesh(self) -> Any:
+        """The proc mesh this tensor lives on."""
+        return self._ctl.mesh
+
+    def reduce(self, dims: Any, reduction: str = "sum", scatter: bool = False, mesh: Any = None,
+               out: "Tensor | None" = None) -> "Tensor":
+        """The collective over the mesh dimensions ``dims`` (a name or several):
+        ``reduction`` ``sum``/``avg``/``product``/``min``/``max``/``band``/
+        ``bor``/``bxor`` (all-reduce; the result has this shape) or ``stack``
+        (all-gather: a new first dimension, one entry per member of the group).
+        ``scatter=True``: reduce-scatter (this tensor's first dimension is
+        split across the group) or, with ``stack``, all-to-all.  ``out``: write
+        the result there."""
+        from monarch_tensor_engine import _collectives
+
+        return _collectives.reduce(self, dims, reduction, scatter, mesh, out, inplace=False)
+
+    def reduce_(self, dims: Any, reduction: str = "sum", scatter: bool = False, mesh: Any = None) -> "Tensor":
+        """:meth:`reduce` in place (``sum``... only: not ``stack`` nor ``scatter``)."""
+        from monarch_tensor_engine import _collectives
+
+        return _collectives.reduce(self, dims, reduction, scatter, mesh, None, inplace=True)
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        ctl = self.__dict__.get("_ctl")
+        where = f" on mesh {ctl.mesh_name!r} {ctl.sizes}" if ctl is not None else ""
+        return (f"monarch Tensor(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device}{where}; "
+                f"values live on the procs: inspect(t) or fetch_shard(t) fetches one)")
+
+    __str__ = __repr__
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError("a distributed tensor cannot be pickled: its values live on the procs; pass it to an "
+                        "actor inside the mesh (Endpoint.rref), or fetch a value first (fetch_shard, inspect)")

@@ -1,0 +1,160 @@
+"""The procs' side of the engine: one ``Worker`` actor per proc holds that
+proc's tensors (``id -> torch.Tensor``) and runs the client's commands in
+the order they were issued.
+
+Contract:
+
+* ``run(batch)`` runs every command of the batch and never raises (it is
+  sent with ``broadcast``): an operation that fails stores a
+  :class:`Poison` under each of its result ids, carrying a
+  :class:`TensorOpError` (the op, this proc's coordinates, the traceback);
+  an operation whose input is poisoned poisons its results with the same
+  error, without running.  Later, unrelated operations run as usual.
+* ``fetch(id)`` returns a copy of the tensor, or raises its error.
+* Collectives (``reduce``) run in every member of the group in the same
+  order, because every member receives the same commands in the same order;
+  a member whose input is poisoned still takes part (with zeros) and
+  poisons its result, so the others never wait for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from monarch_core.actor import Actor, current_rank, endpoint
+from monarch_tensor_engine._tensor import Ref
+
+logger = logging.getLogger("monarch.tensor")
+
+
+class TensorOpError(RuntimeError):
+    """An operation on a distributed tensor failed on a proc: ``op``, the
+    proc's ``coords``, and the remote traceback in the message."""
+
+    def __init__(self, message: str, op: str = "", coords: dict | None = None) -> None:
+        super().__init__(message)
+        self.op, self.coords = op, dict(coords or {})
+
+    def __reduce__(self) -> Any:
+        return (TensorOpError, (str(self), self.op, self.where))
+
+
+class Poison:
+    """What a failed operation leaves where its results would be."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: TensorOpError) -> None:
+        self.error = error
+
+
+def _getter(name: str) -> Any:
+    return lambda t: getattr(t, name)
+
+
+def _setter(name: str) -> Any:
+    def set_(t: Any, value: Any) -> None:
+        setattr(t, name, value)
+
+    return set_
+
+
+class Worker(Actor):
+    """Holds this proc's tensors of one mesh and runs its commands (see the module docstring)."""
+
+    def __init__(self, labels: list[str]) -> None:
+        point = current_rank()
+        self.dims = list(labels)
+        self.where = dict(point.items())
+        self.dim_sizes = dict(zip(point.extent.labels, point.extent.sizes))
+        self.env: dict[int, Any] = {}
+        self.groups: Any = None  # _collectives.Groups, made at the first collective
+
+    # ---------------------------------------------------------------- endpoints
+    @endpoint
+    def run(self, batch: list[tuple]) -> None:
+        for cmd in batch:
+            try:
+                getattr(self, "_c_" + cmd[0])(*cmd[1:])
+            except BaseException:  # noqa: BLE001 - a broadcast endpoint must never raise
+                logger.exception("tensor engine: command %r failed on %s", cmd[0], self.where)
+
+    @endpoint
+    def fetch(self, ident: int) -> Any:
+        v = self.env.get(ident)
+        if isinstance(v, Poison):
+            raise v.error
+        if v is None:
+            raise KeyError(f"tensor {ident} does not exist on the proc at {self.where} (it was freed)")
+        return v.detach().clone() if isinstance(v, torch.Tensor) else v
+
+    @endpoint
+    def start_store(self) -> tuple[str, int]:
+        from monarch_tensor_engine import _collectives
+
+        return _collectives.start_store(self)
+
+    # ---------------------------------------------------------------- commands
+    def _c_op(self, fref: Any, args: Any, kwargs: Any, out_ids: list, grad: bool, name: str) -> None:
+        poison = self._poisoned((args, kwargs))
+        if poison is not None:
+            self._poison(out_ids, poison.error)
+            return
+        func = fref
+        if isinstance(fref, tuple):
+            func = _getter(fref[1]) if fref[0] == "get" else _setter(fref[1])
+        a, k = tree_map(self._value, (args, kwargs))
+        try:
+            with torch.set_grad_enabled(grad):
+                out = func(*a, **k)
+        except Exception as e:  # noqa: BLE001 - contained: the results are poisoned
+            tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-6:])
+            self._poison(out_ids, TensorOpError(
+                f"{name} failed on the proc at {self.where}: {type(e).__name__}: {e}\n{tb}", name, self.where))
+            return
+        leaves = tree_flatten(out)[0]
+        for oid, leaf in zip(out_ids, leaves):
+            if oid is not None:
+                self.env[oid] = leaf
+
+    def _c_drop(self, ids: list[int]) -> None:
+        for i in ids:
+            self.env.pop(i, None)
+
+    def _c_rank(self, dim: str, oid: int) -> None:
+        self.env[oid] = torch.tensor(self.where[dim])
+
+    def _c_store(self, addr: str, port: int) -> None:
+        from monarch_tensor_engine import _collectives
+
+        _collectives.connect_store(self, addr, port)
+
+    def _c_reduce(self, *spec: Any) -> None:
+        from monarch_tensor_engine import _collectives
+
+        _collectives.run_reduce(self, *spec)
+
+    # ---------------------------------------------------------------- helpers
+    def _value(self, x: Any) -> Any:
+        return self.env[x.id] if isinstance(x, Ref) else x
+
+    def _poisoned(self, tree: Any) -> Poison | None:
+        for x in tree_flatten(tree)[0]:
+            if isinstance(x, Ref):
+                v = self.env.get(x.id)
+                if isinstance(v, Poison):
+                    return v
+                if v is None:
+                    return Poison(TensorOpError(f"tensor {x.id} does not exist on the proc at {self.where}",
+                                                "", self.where))
+        return None
+
+    def _poison(self, out_ids: list, error: TensorOpError) -> None:
+        for oid in out_ids:
+            if oid is not None:
+                self.env[oid] = Poison(error)

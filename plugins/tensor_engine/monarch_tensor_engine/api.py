@@ -1,0 +1,162 @@
+"""What this plugin provides as the tensor engine (the ``monarch_tensor_engine``
+hook returns this module): ``ProcMesh.activate``/``rank_tensor``/
+``rank_tensors`` and the reference's top-level names, which ``monarch_core``
+re-exports (``import monarch_core as monarch; monarch.inspect(t)``)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from monarch_tensor_engine import _controller
+from monarch_tensor_engine._collectives import reduce as _reduce
+from monarch_tensor_engine._tensor import Tensor
+from monarch_tensor_engine._worker import TensorOpError
+
+__all__ = [
+    "Tensor", "TensorOpError", "activate", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh", "inspect",
+    "no_mesh", "rank_tensor", "rank_tensors", "reduce", "reduce_", "remote", "rref", "show",
+]
+
+
+def activate(proc_mesh: Any) -> _controller.Active:
+    """``ProcMesh.activate()``: a context manager inside which torch runs on every proc of ``proc_mesh``."""
+    return _controller.Active(proc_mesh)
+
+
+def get_active_mesh() -> Any:
+    """The proc mesh of the innermost ``activate()`` of this thread, or ``None``."""
+    ctl = _controller.active()
+    return ctl.mesh if ctl is not None else None
+
+
+def no_mesh() -> _controller.NoMesh:
+    """A context manager inside which torch runs locally, whatever mesh is active."""
+    return _controller.NoMesh()
+
+
+def _check(t: Any, what: str) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{what} takes a distributed tensor (made inside `with mesh.activate():`), got "
+                        f"{type(t).__name__}")
+    return t
+
+
+def fetch_shard(t: Any, shard: dict[str, int] | None = None, **coords: int) -> Any:
+    """A ``Future`` of the value of ``t`` on the proc at ``coords`` (a mapping,
+    or keywords; a dimension left out is 0), as a local ``torch.Tensor``.  An
+    operation that failed there raises its :class:`TensorOpError` (inside an
+    ``ActorError``) when the future is read."""
+    t = _check(t, "fetch_shard()")
+    where = dict(shard or {}, **coords)
+    return t._ctl.fetch(t, where)
+
+
+def inspect(t: Any, shard: dict[str, int] | None = None, **coords: int) -> torch.Tensor:
+    """The value of ``t`` on the proc at ``coords``: ``fetch_shard(...).get()``."""
+    return fetch_shard(t, shard, **coords).get()
+
+
+def show(t: Any, shard: dict[str, int] | None = None, **coords: int) -> None:
+    """Print the value of ``t`` on the proc at ``coords`` (every proc's with no coordinates and a
+    mesh of at most 16 procs)."""
+    t = _check(t, "show()")
+    ctl = t._ctl
+    if shard or coords or len(ctl.coords) > 16:
+        where = dict(shard or {}, **coords)
+        print(f"{where or dict.fromkeys(ctl.labels, 0)}:\n{inspect(t, where)}")
+        return
+    futures = [(c, ctl.fetch(t, c)) for c in ctl.coords]
+    for c, f in futures:
+        print(f"{c}:\n{f.get()}")
+
+
+def rank_tensor(proc_mesh: Any, dim: str) -> Tensor:
+    """``ProcMesh.rank_tensor(dim)``: an int64 scalar on every proc, its coordinate along ``dim``."""
+    ctl = _controller.controller(proc_mesh)
+    if dim not in ctl.labels:
+        raise ValueError(f"unknown dimension {dim!r}: mesh {ctl.mesh_name!r} has {ctl.sizes}")
+    h = ctl.new_handle(ctl.make_fake((), torch.int64, torch.device("cpu")))
+    ctl.send(("rank", dim, h._id))
+    return h
+
+
+def rank_tensors(proc_mesh: Any) -> dict[str, Tensor]:
+    """``ProcMesh.rank_tensors()``: ``{dim: rank_tensor(dim)}`` for every dimension."""
+    ctl = _controller.controller(proc_mesh)
+    return {d: rank_tensor(proc_mesh, d) for d in ctl.labels}
+
+
+def reduce(t: Any, dims: Any, reduction: str = "sum", scatter: bool = False, mesh: Any = None,
+           out: Any = None) -> Tensor:
+    """``t.reduce(...)`` as a function (see :meth:`Tensor.reduce`)."""
+    return _reduce(_check(t, "reduce()"), dims, reduction, scatter, mesh, out, inplace=False)
+
+
+def reduce_(t: Any, dims: Any, reduction: str = "sum", scatter: bool = False, mesh: Any = None) -> Tensor:
+    """``t.reduce_(...)`` as a function."""
+    return _reduce(_check(t, "reduce_()"), dims, reduction, scatter, mesh, None, inplace=True)
+
+
+class _Remote:
+    """``remote(fn, propagate=...)``: ``fn`` called on every proc of the active
+    mesh, over the procs' tensors.  The client learns the results' shapes from
+    ``propagate(*args, **kwargs)`` run on fake tensors (default: ``fn`` itself,
+    which works for a function of torch operations only)."""
+
+    def __init__(self, fn: Callable[..., Any] | str, propagate: Any) -> None:
+        if isinstance(fn, str):
+            module, _, name = fn.rpartition(".")
+            if not module:
+                raise ValueError(f"remote({fn!r}): name a function as 'package.module.function'")
+            import importlib
+
+            fn = getattr(importlib.import_module(module), name)
+        if not callable(fn):
+            raise TypeError(f"remote() takes a function or 'module.function', got {fn!r}")
+        if propagate is not None and not callable(propagate):
+            raise NotImplementedError(
+                f"remote(propagate={propagate!r}) is not supported by this engine yet: pass a function that "
+                f"returns tensors of the results' shapes (it runs on fake tensors), or None to run fn itself on them")
+        self.fn, self.propagate = fn, propagate
+        self.__name__ = getattr(fn, "__name__", "remote")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        ctl = _controller.active()
+        if ctl is None:
+            return self.fn(*args, **kwargs)  # no mesh: an ordinary local call
+        return ctl.dispatch_remote(self.fn, self.propagate or self.fn, args, kwargs)
+
+
+def remote(fn: Callable[..., Any] | str, *, propagate: Any = None) -> _Remote:
+    """Run ``fn`` on every proc of the active mesh (see :class:`_Remote`)."""
+    return _Remote(fn, propagate)
+
+
+def call_on_shard_and_fetch(fn: Any, *args: Any, shard: dict[str, int] | None = None, **kwargs: Any) -> Any:
+    """Run ``remote(fn)`` over the active mesh and return a ``Future`` of its
+    (single tensor) result on the proc at ``shard``."""
+    result = (fn if isinstance(fn, _Remote) else remote(fn))(*args, **kwargs)
+    return fetch_shard(result, shard or {})
+
+
+def rref(endpoint: Any, args: tuple, kwargs: dict) -> Any:
+    """``Endpoint.rref``: not supported by this engine yet."""
+    raise NotImplementedError("Endpoint.rref() is not supported by monarch-tensor-engine 0.1 yet: call the endpoint "
+                              "with call()/call_one() and send tensors to it as values")
+
+
+def _not_yet(name: str) -> Callable[..., Any]:
+    def missing(*args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"monarch_core.{name} is not supported by monarch-tensor-engine 0.1 yet")
+
+    missing.__name__ = name
+    return missing
+
+
+Stream = _not_yet("Stream")
+get_active_stream = _not_yet("get_active_stream")
+to_mesh = _not_yet("to_mesh")
+slice_mesh = _not_yet("slice_mesh")
+grad_generator = _not_yet("grad_generator")
