@@ -42,6 +42,9 @@ fi
 # the tensor payload tests; they skip, loudly, where it cannot be installed.
 "$VENV/bin/python" -m pip install -q torch==2.13.0 \
   || echo "warning: torch==2.13.0 could not be installed; tensor tests will be skipped" >&2
+# the distributed tensor engine needs that torch (its tests skip without it)
+"$VENV/bin/python" -m pip install -q -e plugins/tensor_engine \
+  || echo "warning: monarch-tensor-engine could not be installed (torch missing?); its tests will be skipped" >&2
 # The whole suite in parallel: it mostly waits on processes, hosts and
 # timeouts.  Testbed tests share one xdist group (conftest.py), so they still
 # run one at a time; MONARCH_TEST_WORKERS=0 runs everything in this process.

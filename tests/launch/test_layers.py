@@ -203,7 +203,8 @@ def test_the_contracts_over_plugins_are_kept() -> None:
     from importlib.util import find_spec
 
     missing = [p for p in ("monarch_transport_tcp", "monarch_transport_rdma", "monarch_scheduler_ssh",
-                           "monarch_scheduler_slurm", "monarch_telemetry_otel", "monarch_debugger", "monarch_dashboard")
+                           "monarch_scheduler_slurm", "monarch_telemetry_otel", "monarch_debugger", "monarch_dashboard",
+                           "monarch_tensor_engine")
                if find_spec(p) is None]
     if missing:
         pytest.skip(f"plugins not installed here (scripts/test.sh installs them all): {missing}")

@@ -187,10 +187,6 @@ class Controller:
         name = getattr(func, "__name__", "")
         if func in _LOCAL or name in _LOCAL_NAMES or name.startswith("_record_function_exit"):
             return func(*args, **kwargs)
-        if name in _VALUE_READS:
-            raise RuntimeError(
-                f"{op_name(func)}() reads a value, and the values of a distributed tensor live on the procs of mesh "
-                f"{self.mesh_name!r}: fetch one with monarch_core.inspect(t, **coords) (or fetch_shard(t).get())")
         flat, spec = tree_flatten((args, kwargs))
         local = [x for x in flat if isinstance(x, torch.Tensor) and not isinstance(x, Tensor)]
         if local and (len(local) == len([x for x in flat if isinstance(x, torch.Tensor)])
@@ -198,6 +194,10 @@ class Controller:
             # only local tensors (a fetched value), or the engine's own work on fakes: torch as usual
             with torch._C.DisableTorchFunction():
                 return func(*args, **kwargs)
+        if name in _VALUE_READS:
+            raise RuntimeError(
+                f"{op_name(func)}() reads a value, and the values of a distributed tensor live on the procs of mesh "
+                f"{self.mesh_name!r}: fetch one with monarch_core.inspect(t, **coords) (or fetch_shard(t).get())")
         fakes = []
         handles = []
         for x in flat:
@@ -226,7 +226,9 @@ class Controller:
         out_ids: list[int | None] = []
         for o in out_flat:
             if isinstance(o, torch.Tensor):
-                h = self.handle_of(o)
+                h = None if always else self.handle_of(o)  # a remote function's results are new tensors
+                if always and any(o is f for f in fakes):
+                    o = self.make_fake(tuple(o.shape), o.dtype, o.device)
                 if h is None:
                     h = self.new_handle(o)
                 else:

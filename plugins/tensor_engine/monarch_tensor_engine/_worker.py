@@ -41,7 +41,7 @@ class TensorOpError(RuntimeError):
         self.op, self.coords = op, dict(coords or {})
 
     def __reduce__(self) -> Any:
-        return (TensorOpError, (str(self), self.op, self.where))
+        return (TensorOpError, (str(self), self.op, self.coords))
 
 
 class Poison:

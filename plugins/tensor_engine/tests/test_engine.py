@@ -1,0 +1,224 @@
+"""The tensor engine on real procs (CPU, gloo; nothing of torch is mocked):
+element-wise work, ranks as tensors, every reduction with and without
+``scatter`` over each subset of a 2-D mesh's dimensions, autograd and an
+optimizer step, remote functions, contained failures, and the errors that
+say what to do.  The oracle is the same computation done locally per rank."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import monarch_core as monarch  # noqa: E402
+from monarch_core.actor import ActorError, this_host  # noqa: E402
+from monarch_tensor_engine.api import TensorOpError, remote  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mesh():
+    pm = this_host().spawn_procs(per_host={"dp": 2, "tp": 2})
+    yield pm
+    pm.stop().get(timeout=60)
+
+
+def per_rank(dp: int, tp: int) -> "torch.Tensor":
+    """Each proc's input, as the local oracle computes it."""
+    r = dp * 2 + tp
+    return torch.arange(8.0).reshape(4, 2) * (r + 1) + r
+
+
+def distributed_input(mesh):  # type: ignore[no-untyped-def]
+    r = mesh.rank_tensor("dp") * 2 + mesh.rank_tensor("tp")
+    return torch.arange(8.0).reshape(4, 2) * (r + 1) + r
+
+
+COORDS = [(dp, tp) for dp in range(2) for tp in range(2)]
+
+
+def test_element_wise_work_on_every_rank_equals_the_local_computation(mesh) -> None:  # type: ignore[no-untyped-def]
+    with mesh.activate():
+        x = distributed_input(mesh)
+        y = (x.sin() * 2 + x.pow(2)).sum(1) - torch.ones(4)
+        assert y.shape == (4,) and y.dtype == torch.float32  # known locally, without a round trip
+        got = {c: monarch.inspect(y, dp=c[0], tp=c[1]) for c in COORDS}
+    for (dp, tp), value in got.items():
+        x = per_rank(dp, tp)
+        assert torch.equal(value, (x.sin() * 2 + x.pow(2)).sum(1) - torch.ones(4))
+
+
+def test_rank_tensors_hold_each_procs_coordinates(mesh) -> None:  # type: ignore[no-untyped-def]
+    with mesh.activate():
+        ranks = mesh.rank_tensors()
+        assert set(ranks) == {"dp", "tp"}
+        got = {c: (int(monarch.inspect(ranks["dp"], dp=c[0], tp=c[1])),
+                   int(monarch.inspect(ranks["tp"], dp=c[0], tp=c[1]))) for c in COORDS}
+    assert got == {c: c for c in COORDS}
+
+
+def _expected(reduction: str, values: list) -> "torch.Tensor":
+    stacked = torch.stack(values)
+    return {"sum": stacked.sum(0), "avg": stacked.mean(0), "product": stacked.prod(0), "min": stacked.min(0).values,
+            "max": stacked.max(0).values, "stack": stacked}[reduction]
+
+
+@pytest.mark.parametrize("dims", [("tp",), ("dp",), ("dp", "tp")])
+@pytest.mark.parametrize("reduction", ["sum", "avg", "product", "min", "max", "stack"])
+@pytest.mark.parametrize("scatter", [False, True])
+def test_every_reduction_over_every_subset_of_dimensions(mesh, dims, reduction, scatter) -> None:  # type: ignore[no-untyped-def]
+    n = 4 if len(dims) == 2 else 2
+    with mesh.activate():
+        x = distributed_input(mesh)
+        if reduction == "stack" and scatter:
+            x = x[:n]  # all-to-all: a first dimension of the group's size
+        out = x.reduce(dims, reduction, scatter=scatter)
+        got = {c: monarch.inspect(out, dp=c[0], tp=c[1]) for c in COORDS}
+    for dp, tp in COORDS:
+        group = [(d, t) for d, t in COORDS if all((d, t)[i] == (dp, tp)[i] for i, name in enumerate(("dp", "tp"))
+                                                  if name not in dims)]
+        me = group.index((dp, tp))
+        values = [per_rank(d, t) for d, t in group]
+        if reduction == "stack" and scatter:
+            want = torch.stack([v[:n][me] for v in values])
+        else:
+            want = _expected(reduction, values)
+            if scatter:
+                want = want.chunk(n)[me] if reduction != "stack" else want
+        assert torch.allclose(got[(dp, tp)], want), (dp, tp)
+
+
+def test_bitwise_reductions_and_reduce_in_place_and_out(mesh) -> None:  # type: ignore[no-untyped-def]
+    with mesh.activate():
+        r = mesh.rank_tensor("dp") * 2 + mesh.rank_tensor("tp")
+        bits = torch.ones(3, dtype=torch.int64) << r
+        b_or = bits.reduce(("dp", "tp"), "bor")
+        b_and = (bits | 1).reduce(("dp", "tp"), "band")
+        b_xor = bits.reduce(("dp", "tp"), "bxor")
+        x = torch.ones(2) * (r + 1)
+        x.reduce_("tp")  # in place: 1+2 on dp=0, 3+4 on dp=1
+        out = torch.zeros(2)
+        (torch.ones(2) * r).reduce("dp", "max", out=out)
+        got = [monarch.inspect(t, dp=1, tp=1) for t in (b_or, b_and, b_xor, x, out)]
+    assert got[0].tolist() == [15] * 3 and got[1].tolist() == [1] * 3 and got[2].tolist() == [15] * 3
+    assert got[3].tolist() == [7.0, 7.0] and got[4].tolist() == [3.0, 3.0]
+
+
+def test_bad_reductions_are_refused_in_the_client_saying_why(mesh) -> None:  # type: ignore[no-untyped-def]
+    with mesh.activate():
+        x = torch.ones(3, 2)
+        with pytest.raises(ValueError, match="unknown dimension.*'hosts'"):
+            x.reduce("hosts")
+        with pytest.raises(ValueError, match="unknown reduction 'median'"):
+            x.reduce("tp", "median")
+        with pytest.raises(ValueError, match="divisible by the group's size 2"):
+            x.reduce("tp", scatter=True)
+        with pytest.raises(TypeError, match="'avg' needs a floating-point tensor"):
+            torch.ones(2, dtype=torch.int64).reduce("tp", "avg")
+        with pytest.raises(ValueError, match="works in place"):
+            x.reduce_("tp", "stack")
+
+
+def test_a_linear_layer_backward_and_an_sgd_step_match_the_local_run(mesh) -> None:  # type: ignore[no-untyped-def]
+    torch.manual_seed(0)
+    w0 = torch.randn(2, 2)
+    with mesh.activate():
+        lin = torch.nn.Linear(2, 2)
+        with torch.no_grad():
+            lin.weight.copy_(torch.zeros(2, 2) + w0.tolist()[0][0])
+            lin.bias.zero_()
+        opt = torch.optim.SGD(lin.parameters(), lr=0.5)
+        loss = lin(distributed_input(mesh)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        w = {c: monarch.inspect(lin.weight, dp=c[0], tp=c[1]) for c in COORDS}
+    for dp, tp in COORDS:
+        ref = torch.nn.Linear(2, 2)
+        with torch.no_grad():
+            ref.weight.fill_(w0.tolist()[0][0])
+            ref.bias.zero_()
+        o = torch.optim.SGD(ref.parameters(), lr=0.5)
+        ref(per_rank(dp, tp)).pow(2).mean().backward()
+        o.step()
+        assert torch.allclose(w[(dp, tp)], ref.weight.detach()), (dp, tp)
+
+
+def boom_on_rank_3(x):  # type: ignore[no-untyped-def]
+    """Fails on the proc whose shard starts with 3 (rank 3), works on the others."""
+    if int(x.flatten()[0]) == 3:
+        raise ValueError("bad shard")
+    return x * 10
+
+
+def test_a_failed_op_poisons_its_results_and_the_work_after_it_goes_on(mesh) -> None:  # type: ignore[no-untyped-def]
+    fail = remote(boom_on_rank_3, propagate=lambda x: x * 10)
+    with mesh.activate():
+        r = (mesh.rank_tensor("dp") * 2 + mesh.rank_tensor("tp")).float()
+        x = torch.ones(2) * r
+        y = fail(x)            # raises on the proc whose x starts with 3: dp=1, tp=1
+        z = y + 1              # depends on it: poisoned there too
+        fine = x * 2           # unrelated: runs everywhere
+        with pytest.raises(ActorError) as info:
+            monarch.inspect(z, dp=1, tp=1)
+        assert monarch.inspect(z, dp=0, tp=1).tolist() == [11.0, 11.0]
+        assert monarch.inspect(fine, dp=1, tp=1).tolist() == [6.0, 6.0]
+    err = info.value.exception
+    assert isinstance(err, TensorOpError) and err.coords == {"dp": 1, "tp": 1}
+    assert "boom_on_rank_3 failed on the proc at {'dp': 1, 'tp': 1}: ValueError: bad shard" in str(err)
+
+
+def test_shape_errors_are_raised_at_once_in_the_client(mesh) -> None:  # type: ignore[no-untyped-def]
+    with mesh.activate():
+        a, b = torch.ones(3, 4), torch.ones(5, 2)
+        with pytest.raises(RuntimeError, match="same reduction dim|cannot be multiplied"):
+            a @ b
+        assert monarch.inspect(a + 1).tolist() == [[2.0] * 4] * 3  # the mesh carries on
+
+
+def test_values_local_tensors_and_other_meshes_are_errors_that_say_what_to_do(mesh) -> None:  # type: ignore[no-untyped-def]
+    local = torch.ones(2)
+    with mesh.activate():
+        t = torch.ones(2)
+        with pytest.raises(RuntimeError, match="reads a value.*inspect"):
+            t.sum().item()
+        with pytest.raises(RuntimeError, match="local tensor .* mixed"):
+            t + local
+        assert (local * 2).tolist() == [2.0, 2.0]  # local tensors only: torch as usual
+        assert monarch.get_active_mesh() is mesh
+        with monarch.no_mesh():
+            assert monarch.get_active_mesh() is None
+            assert isinstance(torch.ones(1) + 1, torch.Tensor) and not isinstance(torch.ones(1), monarch.Tensor)
+        assert isinstance(torch.ones(1), monarch.Tensor)
+    with pytest.raises(RuntimeError, match="used outside `with mesh.activate\\(\\):`.*inspect"):
+        t + 1
+    assert t.shape == (2,)  # metadata stays readable
+    with pytest.raises(IndexError, match="out of range"):
+        monarch.fetch_shard(t, dp=5)
+    with pytest.raises(ValueError, match="unknown mesh dimension"):
+        monarch.fetch_shard(t, hosts=0)
+
+
+def test_without_the_engine_activate_says_which_plugin_to_install() -> None:
+    code = textwrap.dedent("""
+        import monarch_core as monarch
+        from monarch_core.actor import this_host
+        pm = this_host().spawn_procs(per_host={"gpus": 1})
+        for what in (lambda: pm.activate(), lambda: monarch.inspect):
+            try:
+                what()
+            except ImportError as e:
+                print("error", e)
+        pm.stop().get()
+    """)
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**env, "MONARCH_DISABLED_PLUGINS": "tensor_engine"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("needs the distributed tensor engine") == 2, out.stdout
+    assert "pip install . ./plugins/tensor_engine" in out.stdout
