@@ -31,7 +31,7 @@ def __getattr__(name: str) -> Any:  # lazy: importing monarch_core stays cheap
         from monarch_core._workspace import Workspace
 
         return Workspace
-    from monarch_core._contract._tensor import TENSOR_ENGINE_NAMES
+    from monarch_core._compat import TENSOR_ENGINE_NAMES
 
     if name in TENSOR_ENGINE_NAMES:  # the reference's distributed-tensor names, from the engine plugin
         from monarch_core._actor._engine import engine

@@ -1,4 +1,5 @@
-"""Small compatibility helpers (Python 3.10 lacks exception groups and tomllib)."""
+"""Small compatibility helpers (Python 3.10 lacks exception groups and tomllib),
+and the reference's top-level names that ``monarch_core`` resolves lazily."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ if sys.version_info >= (3, 11):  # pragma: no cover - version dependent
 else:  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # type: ignore[no-redef]
 
-__all__ = ["BaseExceptionGroup", "leaf_exceptions", "first_leaf"]
+__all__ = ["BaseExceptionGroup", "TENSOR_ENGINE_NAMES", "leaf_exceptions", "first_leaf"]
+
+#: The reference's top-level distributed-tensor names: attributes of
+#: ``monarch_core`` resolved through the tensor engine plugin
+#: (``import monarch_core as monarch; monarch.fetch_shard(...)``).
+TENSOR_ENGINE_NAMES = (
+    "Stream", "Tensor", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh", "get_active_stream",
+    "grad_generator", "inspect", "no_mesh", "reduce", "reduce_", "remote", "show", "slice_mesh", "to_mesh",
+)
 
 
 def leaf_exceptions(exc: BaseException) -> list[BaseException]:

@@ -8,16 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from monarch_core._compat import TENSOR_ENGINE_NAMES
 from monarch_core._contract._common import hookspec
 
 __all__ = ["TENSOR_ENGINE_NAMES", "monarch_tensor_engine"]
-
-#: The reference's top-level names that ``monarch_core`` resolves through the
-#: engine (``import monarch_core as monarch; monarch.fetch_shard(...)``).
-TENSOR_ENGINE_NAMES = (
-    "Stream", "Tensor", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh", "get_active_stream",
-    "grad_generator", "inspect", "no_mesh", "reduce", "reduce_", "remote", "show", "slice_mesh", "to_mesh",
-)
 
 
 @hookspec(firstresult=True)
