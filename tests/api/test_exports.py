@@ -122,7 +122,7 @@ def test_endpoint_rref_is_not_there_yet(procs) -> None:
 def test_proc_mesh_tensor_methods_come_from_the_engine_plugin(procs) -> None:
     """With monarch-tensor-engine installed they work (its own tests cover
     them); without it each raises ImportError naming the plugin
-    (plugins/tensor_engine/tests/test_engine.py runs that case)."""
+    (plugins/tensor_engine/tests/test_tensor_engine.py runs that case)."""
     from importlib.util import find_spec
 
     if find_spec("monarch_tensor_engine") is None:

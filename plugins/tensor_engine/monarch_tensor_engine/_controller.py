@@ -187,7 +187,7 @@ class Controller:
         name = getattr(func, "__name__", "")
         if func in _LOCAL or name in _LOCAL_NAMES or name.startswith("_record_function_exit"):
             return func(*args, **kwargs)
-        flat, spec = tree_flatten((args, kwargs))
+        flat, spec = _flatten(args, kwargs)
         local = [x for x in flat if isinstance(x, torch.Tensor) and not isinstance(x, Tensor)]
         if local and (len(local) == len([x for x in flat if isinstance(x, torch.Tensor)])
                       or any(isinstance(x, FakeTensor) for x in local)):
@@ -215,12 +215,16 @@ class Controller:
                     f"proc, or compute it locally under monarch_core.no_mesh()")
             else:
                 fakes.append(x)
-        fargs, fkwargs = tree_unflatten(fakes, spec)
+        fargs, fkwargs = _unflatten(fakes, spec)
         with self.fake_mode:
             out = (fake_func or func)(*fargs, **fkwargs)
-        out_flat, out_spec = tree_flatten(out)
-        has_tensor = any(isinstance(o, torch.Tensor) for o in out_flat)
-        if not always and not has_tensor and not (handles and is_mutating(func)):
+        if isinstance(out, torch.Tensor):
+            out_flat, out_spec = [out], None
+        else:
+            out_flat, out_spec = tree_flatten(out)
+        has_tensor = out_spec is None or any(isinstance(o, torch.Tensor) for o in out_flat)
+        mutating = bool(handles) and is_mutating(func)
+        if not always and not has_tensor and not mutating:
             return out  # a metadata query, or a function of no tensor at all
         results = []
         out_ids: list[int | None] = []
@@ -238,11 +242,35 @@ class Controller:
             else:
                 results.append(o)
                 out_ids.append(None)
-        for h in handles:  # an in-place change of requires_grad (requires_grad_, Parameter)
-            _sync(h, h._fake)
-        args_t = tree_unflatten([Ref(x._id) if isinstance(x, Tensor) else x for x in flat], spec)
+        if mutating:  # an in-place change of requires_grad (requires_grad_, Parameter)
+            for h in handles:
+                _sync(h, h._fake)
+        args_t = _unflatten([Ref(x._id) if isinstance(x, Tensor) else x for x in flat], spec)
         self.send(("op", func_ref(func), args_t[0], args_t[1], out_ids, torch.is_grad_enabled(), op_name(func)))
-        return tree_unflatten(results, out_spec)
+        return results[0] if out_spec is None else tree_unflatten(results, out_spec)
+
+
+#: argument types that are leaves as they are (no pytree needed for a call of only these)
+_LEAVES = (int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _flatten(args: tuple, kwargs: dict) -> tuple[list, Any]:
+    """``tree_flatten((args, kwargs))``, with a fast path for the common call
+    of tensors and scalars only (``spec`` is then ``None``)."""
+    if not kwargs:
+        for a in args:
+            if not (isinstance(a, torch.Tensor) or type(a) in _LEAVES):
+                break
+        else:
+            return list(args), None
+    return tree_flatten((args, kwargs))
+
+
+def _unflatten(flat: list, spec: Any) -> tuple[tuple, dict]:
+    if spec is None:
+        return tuple(flat), {}
+    a, k = tree_unflatten(flat, spec)
+    return a, k
 
 
 class Fetched:
@@ -273,11 +301,11 @@ class Fetched:
 
 
 def _sync(h: Tensor, fake: torch.Tensor) -> None:
-    if tuple(h.shape) != tuple(fake.shape):
-        raise RuntimeError("an in-place operation that changes a distributed tensor's shape is not supported; "
-                           "use the out-of-place form (t = t.view(...))")
-    if h.requires_grad != fake.requires_grad:
-        with torch._C.DisableTorchFunctionSubclass():
+    with torch._C.DisableTorchFunctionSubclass():
+        if tuple(h.shape) != tuple(fake.shape):
+            raise RuntimeError("an in-place operation that changes a distributed tensor's shape is not supported; "
+                               "use the out-of-place form (t = t.view(...))")
+        if h.requires_grad != fake.requires_grad:
             torch.Tensor.requires_grad_(h, fake.requires_grad)
 
 
