@@ -82,8 +82,9 @@ class _Pickler(cloudpickle.Pickler):
         t = type(obj)
         if t is types.CodeType:
             return _reduce_code(obj)
-        torch = sys.modules.get("torch")
-        if torch is not None and t is torch.Tensor:
+        # torch.Tensor of a loaded torch (another thread may be importing it right now:
+        # a half-initialized module has no Tensor yet, and no tensor can exist before it does)
+        if t is getattr(sys.modules.get("torch"), "Tensor", None):
             r = _reduce_tensor(obj)
             if r is not None:
                 return r
