@@ -216,8 +216,12 @@ class Controller:
             else:
                 fakes.append(x)
         fargs, fkwargs = _unflatten(fakes, spec)
-        with self.fake_mode:
-            out = (fake_func or func)(*fargs, **fkwargs)
+        if fake_func is not None:  # called from the user's code, the mode active: keep it out of the fakes
+            with torch._C.DisableTorchFunction(), self.fake_mode:
+                out = fake_func(*fargs, **fkwargs)
+        else:
+            with self.fake_mode:
+                out = func(*fargs, **fkwargs)
         if isinstance(out, torch.Tensor):
             out_flat, out_spec = [out], None
         else:

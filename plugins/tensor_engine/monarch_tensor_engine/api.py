@@ -15,7 +15,8 @@ from monarch_tensor_engine._tensor import Tensor
 from monarch_tensor_engine._worker import TensorOpError
 
 __all__ = [
-    "Tensor", "TensorOpError", "activate", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh", "inspect",
+    "Tensor", "TensorOpError", "activate", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh",
+    "grad_generator", "inspect",
     "no_mesh", "rank_tensor", "rank_tensors", "reduce", "reduce_", "remote", "rref", "show",
 ]
 
@@ -141,6 +142,24 @@ def call_on_shard_and_fetch(fn: Any, *args: Any, shard: dict[str, int] | None = 
     return fetch_shard(result, shard or {})
 
 
+def grad_generator(roots: Any, with_respect_to: Any, grad_roots: Any = None) -> Any:
+    """Yield the gradient of ``roots`` with respect to each tensor of
+    ``with_respect_to``, one at a time, in that order (the reference's
+    ``grad_generator``: pass the parameters in reverse, and reduce each
+    gradient as it comes).  One backward runs on the procs for all of them;
+    the reductions issued between the yields run after it, in order (this
+    engine has no streams yet to overlap them with the backward)."""
+    if _controller.active() is None:
+        raise RuntimeError("grad_generator() runs inside `with mesh.activate():`")
+    params = list(with_respect_to)
+    if not params:
+        return
+    root_list = [roots] if isinstance(roots, torch.Tensor) else list(roots)
+    grads = torch.autograd.grad(root_list, params, grad_outputs=grad_roots, allow_unused=True)
+    for g in grads:
+        yield g
+
+
 def rref(endpoint: Any, args: tuple, kwargs: dict) -> Any:
     """``Endpoint.rref``: not supported by this engine yet."""
     raise NotImplementedError("Endpoint.rref() is not supported by monarch-tensor-engine 0.1 yet: call the endpoint "
@@ -159,4 +178,3 @@ Stream = _not_yet("Stream")
 get_active_stream = _not_yet("get_active_stream")
 to_mesh = _not_yet("to_mesh")
 slice_mesh = _not_yet("slice_mesh")
-grad_generator = _not_yet("grad_generator")

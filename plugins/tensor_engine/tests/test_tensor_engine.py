@@ -222,3 +222,47 @@ def test_without_the_engine_activate_says_which_plugin_to_install() -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.count("needs the distributed tensor engine") == 2, out.stdout
     assert "pip install . ./plugins/tensor_engine" in out.stdout
+
+
+def batch_of(rank):  # type: ignore[no-untyped-def]
+    """Rank r's rows of a fixed data set (runs on the procs, through remote())."""
+    g = torch.Generator().manual_seed(1234)
+    x, y = torch.randn(16, 3, generator=g, dtype=torch.float64), torch.randn(16, 1, generator=g, dtype=torch.float64)
+    r = int(rank)
+    return x[r * 4:(r + 1) * 4].clone(), y[r * 4:(r + 1) * 4].clone()
+
+
+def test_one_ddp_step_with_grad_generator_equals_single_process_sgd_on_the_whole_batch() -> None:
+    pm = this_host().spawn_procs(per_host={"dp": 4})
+    init_w = torch.arange(3, dtype=torch.float64).reshape(1, 3) / 8
+    try:
+        with pm.activate():
+            load = remote(batch_of, propagate=lambda r: (torch.empty(4, 3, dtype=torch.float64),
+                                                         torch.empty(4, 1, dtype=torch.float64)))
+            x, y = load(pm.rank_tensor("dp"))
+            model = torch.nn.Linear(3, 1, dtype=torch.float64)
+            with torch.no_grad():
+                model.weight.copy_(torch.arange(3, dtype=torch.float64).reshape(1, 3) / 8)
+                model.bias.fill_(0.25)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            params = list(model.parameters())
+            for p, grad in zip(reversed(params), monarch.grad_generator(loss, list(reversed(params)))):
+                grad.reduce_("dp", "avg")  # DDP: each gradient averaged as it comes
+                with torch.no_grad():
+                    p -= 0.1 * grad
+            got = [[monarch.inspect(p, dp=r) for p in params] for r in range(4)]
+    finally:
+        pm.stop().get(timeout=60)
+    g = torch.Generator().manual_seed(1234)
+    X, Y = torch.randn(16, 3, generator=g, dtype=torch.float64), torch.randn(16, 1, generator=g, dtype=torch.float64)
+    ref = torch.nn.Linear(3, 1, dtype=torch.float64)
+    with torch.no_grad():
+        ref.weight.copy_(init_w)
+        ref.bias.fill_(0.25)
+    torch.nn.functional.mse_loss(ref(X), Y).backward()
+    with torch.no_grad():
+        for p in ref.parameters():
+            p -= 0.1 * p.grad
+    for r in range(4):  # every replica holds the single-process parameters
+        torch.testing.assert_close(got[r][0], ref.weight.detach(), rtol=0, atol=1e-14)
+        torch.testing.assert_close(got[r][1], ref.bias.detach(), rtol=0, atol=1e-14)
