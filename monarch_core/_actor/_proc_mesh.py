@@ -74,6 +74,12 @@ class ProcMesh(MeshTrait):
     def name(self) -> str:
         return self._name
 
+    @property
+    def proc_ids(self) -> list[str]:
+        """The ids of this view's procs, in rank order (two views hold the
+        same proc where they list the same id: slices of one mesh share them)."""
+        return [self._slots[r].proc_id for r in self._region_.root_ranks()]
+
     def spawn(self, name: str, Class: type[T], *args: Any, **kwargs: Any) -> T:
         """Spawn an actor mesh of ``Class`` on every proc of this mesh.
 

@@ -94,6 +94,7 @@ class Controller:
 
         self.mesh = mesh
         self.mesh_name = getattr(mesh, "name", "mesh")
+        self.proc_ids = list(mesh.proc_ids)
         self.labels = list(mesh.extent.labels)
         self.sizes = dict(zip(self.labels, mesh.extent.sizes))
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
@@ -334,16 +335,19 @@ def _stack() -> list:
     return s
 
 
-_controllers: "weakref.WeakKeyDictionary[Any, Controller]" = weakref.WeakKeyDictionary()
+#: (mesh name, its procs) -> controller: a view of the same procs (another ``slice()`` of
+#: them) is the same mesh
+_controllers: dict[tuple, Controller] = {}
 _lock = threading.Lock()
 
 
 def controller(mesh: Any) -> Controller:
     """The mesh's controller (its workers spawned on first use)."""
+    key = (getattr(mesh, "name", ""), tuple(mesh.proc_ids), tuple(mesh.extent.labels))
     with _lock:
-        ctl = _controllers.get(mesh)
+        ctl = _controllers.get(key)
         if ctl is None:
-            ctl = _controllers[mesh] = Controller(mesh)
+            ctl = _controllers[key] = Controller(mesh)
         return ctl
 
 

@@ -93,6 +93,12 @@ class Tensor(torch.Tensor):
 
         return _collectives.reduce(self, dims, reduction, scatter, mesh, None, inplace=True)
 
+    def to_mesh(self, mesh: Any) -> "Tensor":
+        """This tensor on ``mesh`` (same sizes): rank i's value goes to rank i of ``mesh``."""
+        from monarch_tensor_engine import _transfer
+
+        return _transfer.to_mesh(self, mesh)
+
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         ctl = self.__dict__.get("_ctl")
         where = f" on mesh {ctl.mesh_name!r} {ctl.sizes}" if ctl is not None else ""

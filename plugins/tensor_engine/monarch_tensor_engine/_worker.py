@@ -71,6 +71,7 @@ class Worker(Actor):
         point = current_rank()
         self.dims = list(labels)
         self.where = dict(point.items())
+        self.mesh_rank = point.rank
         self.dim_sizes = dict(zip(point.extent.labels, point.extent.sizes))
         self.env: dict[int, Any] = {}
         self.groups: Any = None  # _collectives.Groups, made at the first collective
@@ -133,6 +134,16 @@ class Worker(Actor):
         from monarch_tensor_engine import _collectives
 
         _collectives.connect_store(self, addr, port)
+
+    def _c_send(self, *spec: Any) -> None:
+        from monarch_tensor_engine import _transfer
+
+        _transfer.run_send(self, *spec)
+
+    def _c_recv(self, *spec: Any) -> None:
+        from monarch_tensor_engine import _transfer
+
+        _transfer.run_recv(self, *spec)
 
     def _c_reduce(self, *spec: Any) -> None:
         from monarch_tensor_engine import _collectives

@@ -17,7 +17,7 @@ from monarch_tensor_engine._worker import TensorOpError
 __all__ = [
     "Tensor", "TensorOpError", "activate", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh",
     "grad_generator", "inspect",
-    "no_mesh", "rank_tensor", "rank_tensors", "reduce", "reduce_", "remote", "rref", "show",
+    "no_mesh", "rank_tensor", "rank_tensors", "reduce", "reduce_", "remote", "rref", "show", "slice_mesh", "to_mesh",
 ]
 
 
@@ -176,5 +176,17 @@ def _not_yet(name: str) -> Callable[..., Any]:
 
 Stream = _not_yet("Stream")
 get_active_stream = _not_yet("get_active_stream")
-to_mesh = _not_yet("to_mesh")
-slice_mesh = _not_yet("slice_mesh")
+
+
+def to_mesh(t: Any, mesh: Any) -> Tensor:
+    """``t.to_mesh(mesh)``: rank i's value of ``t`` on rank i of ``mesh`` (the meshes need the same sizes)."""
+    from monarch_tensor_engine import _transfer
+
+    return _transfer.to_mesh(_check(t, "to_mesh()"), mesh)
+
+
+def slice_mesh(t: Any, **coords: Any) -> Tensor:
+    """``t`` on the sub-mesh ``t.mesh.slice(**coords)``, each proc keeping its value."""
+    from monarch_tensor_engine import _transfer
+
+    return _transfer.slice_mesh(_check(t, "slice_mesh()"), **coords)

@@ -266,3 +266,33 @@ def test_one_ddp_step_with_grad_generator_equals_single_process_sgd_on_the_whole
     for r in range(4):  # every replica holds the single-process parameters
         torch.testing.assert_close(got[r][0], ref.weight.detach(), rtol=0, atol=1e-14)
         torch.testing.assert_close(got[r][1], ref.bias.detach(), rtol=0, atol=1e-14)
+
+
+def test_a_pipeline_of_three_stages_on_sliced_meshes_matches_the_local_run() -> None:
+    pm = this_host().spawn_procs(per_host={"stage": 3, "dp": 2})
+    try:
+        stages = [pm.slice(stage=i) for i in range(3)]
+        with stages[0].activate():
+            w = torch.arange(4.0) / 4
+            x = (torch.ones(4) * (stages[0].rank_tensor("dp") + 1)) * w   # stage 0's work
+            h = x.to_mesh(stages[1])
+        with stages[1].activate():
+            h = (h + 10).relu() * 2                                        # stage 1's
+            out = h.to_mesh(stages[2])
+        with stages[2].activate():
+            out = out.sum(0, keepdim=True)                                 # stage 2's
+            got = [monarch.inspect(out, dp=d).tolist() for d in range(2)]
+        with pm.activate():
+            whole = torch.ones(2) * (pm.rank_tensor("stage") * 2 + pm.rank_tensor("dp"))
+            part = monarch.slice_mesh(whole, stage=2)                      # the same values, on the slice
+        with stages[2].activate():
+            sliced = [monarch.inspect(part, dp=d).tolist() for d in range(2)]
+        with pytest.raises(ValueError, match="do not line up"):
+            with pm.activate():
+                torch.ones(1).to_mesh(stages[0])
+    finally:
+        pm.stop().get(timeout=60)
+    for d in range(2):
+        x = torch.ones(4) * (d + 1) * (torch.arange(4.0) / 4)
+        assert got[d] == ((x + 10).relu() * 2).sum(0, keepdim=True).tolist()
+    assert sliced == [[4.0, 4.0], [5.0, 5.0]]
