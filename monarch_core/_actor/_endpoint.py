@@ -146,8 +146,8 @@ def endpoint(
     async; each actor handles one message at a time, in arrival order.  With
     ``explicit_response_port=True`` the method receives a :class:`Port` as its
     first argument (after ``self``) and sends its result(s) through it.
-    ``propagate`` is accepted for API compatibility (it only matters to the
-    tensor engine).  ``instrument=False`` turns this endpoint's telemetry off
+    ``propagate`` tells the tensor engine the shapes of the endpoint's tensor
+    results under ``rref`` (a callable run on fake tensors).  ``instrument=False`` turns this endpoint's telemetry off
     on both sides: no endpoint metrics (``monarch_core.telemetry``), no
     client or server span; ``MONARCH_TELEMETRY=0`` turns it off for all.
     """
@@ -215,6 +215,22 @@ class Endpoint(Generic[P, R]):
         self._name = name
         self._prop = prop
         self._tm: Any = None  # its instrumentation in this process (``_instrument.client_side``), made on first use
+
+    @property
+    def name(self) -> str:
+        """The endpoint's (method's) name."""
+        return self._name
+
+    @property
+    def mesh(self) -> ActorMesh:
+        """The actor mesh this endpoint sends to."""
+        return self._mesh
+
+    @property
+    def propagate(self) -> Propagator:
+        """What ``@endpoint(propagate=...)`` said: how the tensor engine learns
+        the shapes of ``rref``'s results (``None`` if nothing was said)."""
+        return self._prop._propagate
 
     def _describe(self) -> str:
         return f"{self._mesh._name}.{self._name}"

@@ -161,9 +161,39 @@ def grad_generator(roots: Any, with_respect_to: Any, grad_roots: Any = None) -> 
 
 
 def rref(endpoint: Any, args: tuple, kwargs: dict) -> Any:
-    """``Endpoint.rref``: not supported by this engine yet."""
-    raise NotImplementedError("Endpoint.rref() is not supported by monarch-tensor-engine 0.1 yet: call the endpoint "
-                              "with call()/call_one() and send tensors to it as values")
+    """``Endpoint.rref``: call the endpoint on every actor of its mesh, inside
+    the active mesh (the actors' mesh must have its shape: actors spawned on
+    it); distributed tensors among the arguments arrive as each proc's
+    tensor, and the tensor results stay on the procs as distributed tensors,
+    whose shapes the endpoint's ``propagate`` callable gives (run on fakes)."""
+    ctl = _controller.active()
+    if ctl is None:
+        raise RuntimeError("Endpoint.rref() runs inside `with mesh.activate():` of the mesh its actors live on")
+    prop = endpoint.propagate
+    if prop is None or not callable(prop):
+        raise NotImplementedError(
+            f"rref() of {endpoint.name}: give the endpoint @endpoint(propagate=fn), fn returning tensors of its "
+            f"results' shapes (this engine does not support propagate={prop!r} yet)")
+    actors = endpoint.mesh
+    if dict(zip(actors.extent.labels, actors.extent.sizes)) != ctl.sizes:
+        raise ValueError(f"rref() of {endpoint.name}: its actors' mesh {dict(actors.extent.items())} is not the "
+                         f"active mesh {ctl.sizes}: spawn them on the active mesh")
+    return ctl.dispatch(_ActorCall(actors, endpoint.name), tuple(args), dict(kwargs), fake_func=prop, always=True)
+
+
+class _ActorCall:
+    """What a worker runs for ``rref``: the endpoint of the actor at its own coordinates."""
+
+    def __init__(self, actors: Any, name: str) -> None:
+        self.actors, self.name = actors, name
+        self.__name__ = name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from monarch_core.actor import context
+
+        where = dict(context().actor_instance.rank.items())
+        ep = getattr(self.actors.slice(**where), self.name)
+        return ep.call_one(*args, **kwargs).get(timeout=3600)
 
 
 def _not_yet(name: str) -> Callable[..., Any]:

@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import monarch_core as monarch  # noqa: E402
-from monarch_core.actor import ActorError, this_host  # noqa: E402
+from monarch_core.actor import Actor, ActorError, current_rank, endpoint, this_host  # noqa: E402
 from monarch_tensor_engine.api import TensorOpError, remote  # noqa: E402
 
 
@@ -296,3 +296,42 @@ def test_a_pipeline_of_three_stages_on_sliced_meshes_matches_the_local_run() -> 
         x = torch.ones(4) * (d + 1) * (torch.arange(4.0) / 4)
         assert got[d] == ((x + 10).relu() * 2).sum(0, keepdim=True).tolist()
     assert sliced == [[4.0, 4.0], [5.0, 5.0]]
+
+
+class Scaler(Actor):
+    """An actor whose endpoint takes and returns tensors (used with rref)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.r = current_rank().rank  # this actor's rank in its mesh
+
+    @endpoint(propagate=lambda x: x * 2)
+    def scale(self, x):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return x * 2 + self.r
+
+    @endpoint
+    def count(self) -> int:
+        return self.calls
+
+
+def test_rref_calls_actors_and_their_tensor_results_stay_on_the_procs(mesh) -> None:  # type: ignore[no-untyped-def]
+    actors = mesh.spawn("scalers", Scaler)
+    with mesh.activate():
+        x = torch.ones(3) * (mesh.rank_tensor("dp") * 2 + mesh.rank_tensor("tp"))
+        y = actors.scale.rref(x)            # a distributed tensor, shape from propagate
+        assert isinstance(y, monarch.Tensor) and y.shape == (3,)
+        z = y + 1                           # and it takes part in later work
+        got = [monarch.inspect(z, dp=d, tp=t).tolist() for d, t in COORDS]
+    assert got == [[r * 2 + r + 1.0] * 3 for r in range(4)]
+    assert actors.count.call().get(timeout=60).values() == [1, 1, 1, 1]
+    plain = mesh.spawn("plain_scalers", Plain)
+    with mesh.activate():
+        with pytest.raises(NotImplementedError, match="propagate=fn"):
+            plain.one.rref()
+
+
+class Plain(Actor):
+    @endpoint
+    def one(self) -> int:
+        return 1
