@@ -112,9 +112,9 @@ def test_documented_classes_and_functions() -> None:
     assert issubclass(mactor.ActorError, Exception)
 
 
-def test_endpoint_rref_is_not_there_yet(procs) -> None:
+def test_endpoint_rref_outside_an_active_mesh_says_so(procs) -> None:
     m = procs.spawn(fresh("plain"), Plain)
-    with pytest.raises((NotImplementedError, ImportError)):  # the engine 0.1 has no rref; no engine: install it
+    with pytest.raises((RuntimeError, ImportError)):  # outside activate(); no engine: install it
         m.one.rref()
     assert m.one.call().get().values() == [1, 1, 1, 1]
 
