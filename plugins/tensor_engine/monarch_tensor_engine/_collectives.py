@@ -127,13 +127,11 @@ def start_store(worker: Any) -> tuple[str, int]:
 
 def connect_store(worker: Any, addr: str, port: int) -> None:
     if getattr(worker, "store", None) is None:
-        worker.store = torch.distributed.TCPStore(addr, port, None, False, datetime.timedelta(seconds=TIMEOUT_S))
+        worker.store = store_client(addr, port)
 
 
 def _group(worker: Any, names: tuple[str, ...], device: torch.device) -> tuple[Any, int, int]:
     """(process group, rank in it, size) of this proc for a reduction over ``names``."""
-    from monarch_core.spmd import host_address
-
     groups = worker.groups
     if groups is None:
         groups = worker.groups = {}
@@ -149,16 +147,28 @@ def _group(worker: Any, names: tuple[str, ...], device: torch.device) -> tuple[A
     size = math.prod(worker.dim_sizes[d] for d in names)
     prefix = f"monarch-group/{backend}/{','.join(names)}/{','.join(f'{d}={c}' for d, c in others)}"
     store = torch.distributed.PrefixStore(prefix, worker.store)
-    timeout = datetime.timedelta(seconds=TIMEOUT_S)
     if backend == "nccl":
         pg = torch.distributed.ProcessGroupNCCL(store, rank, size)
     else:
-        opts = torch.distributed.ProcessGroupGloo._Options()
-        opts._timeout = timeout
-        opts._devices = [torch.distributed.ProcessGroupGloo.create_device(hostname=host_address())]
-        pg = torch.distributed.ProcessGroupGloo(store, rank, size, opts)
+        pg = gloo_group(store, rank, size)
     groups[key] = got = (pg, rank, size)
     return got
+
+
+def gloo_group(store: Any, rank: int, size: int) -> Any:
+    """A gloo process group on ``store``, bound to the address the other procs
+    reach this one at (not whatever the host name resolves to)."""
+    from monarch_core.spmd import host_address
+
+    opts = torch.distributed.ProcessGroupGloo._Options()
+    opts._timeout = datetime.timedelta(seconds=TIMEOUT_S)
+    opts._devices = [torch.distributed.ProcessGroupGloo.create_device(hostname=host_address())]
+    return torch.distributed.ProcessGroupGloo(store, rank, size, opts)
+
+
+def store_client(addr: str, port: int) -> Any:
+    """A client of the store at ``addr:port``."""
+    return torch.distributed.TCPStore(addr, port, None, False, datetime.timedelta(seconds=TIMEOUT_S))
 
 
 _OPS = {"sum": "SUM", "avg": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX", "band": "BAND",

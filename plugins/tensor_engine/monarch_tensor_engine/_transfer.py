@@ -19,16 +19,15 @@ Contract:
 
 from __future__ import annotations
 
-import datetime
 import itertools
 import threading
 from typing import Any
 
 import torch
 
+from monarch_tensor_engine._collectives import TIMEOUT_S
 from monarch_tensor_engine._tensor import Tensor
 
-TIMEOUT_S = 300
 _keys = itertools.count(1)
 
 # ---------------------------------------------------------------- the client's side
@@ -91,7 +90,7 @@ _handoff_cond = threading.Condition()
 
 
 def _pair_group(worker: Any, pair: str, i_src: int, i_dst: int, store: tuple, rank: int) -> Any:
-    from monarch_core.spmd import host_address
+    from monarch_tensor_engine._collectives import gloo_group, store_client
 
     groups = worker.__dict__.setdefault("pairs", {})
     key = (pair, i_src, i_dst)
@@ -100,13 +99,9 @@ def _pair_group(worker: Any, pair: str, i_src: int, i_dst: int, store: tuple, ra
         clients = worker.__dict__.setdefault("store_clients", {})
         base = clients.get(store)
         if base is None:
-            base = clients[store] = torch.distributed.TCPStore(store[0], store[1], None, False,
-                                                               datetime.timedelta(seconds=TIMEOUT_S))
-        opts = torch.distributed.ProcessGroupGloo._Options()
-        opts._timeout = datetime.timedelta(seconds=TIMEOUT_S)
-        opts._devices = [torch.distributed.ProcessGroupGloo.create_device(hostname=host_address())]
+            base = clients[store] = store_client(*store)
         prefix = torch.distributed.PrefixStore(f"monarch-p2p/{pair}/{i_src}/{i_dst}", base)
-        pg = groups[key] = torch.distributed.ProcessGroupGloo(prefix, rank, 2, opts)
+        pg = groups[key] = gloo_group(prefix, rank, 2)
     return pg
 
 

@@ -1,19 +1,8 @@
-"""Usage: argv_probe.py OUT [--fail-first]. Reports how it was run: sys.argv, __name__, sys.path[0], and whether a
-process group could be initialized (so a second run after the first shows
-the first's group was released)."""
-import json
+"""``python -m spmd_pkg.probe OUT [--fail-first]``: argv_probe.py, run as a module
+(the same code, in this module's namespace, so that ``sys.argv`` and ``__name__``
+are what ``-m`` set)."""
 import os
-import sys
 
-import torch.distributed as dist
-
-dist.init_process_group("gloo")
-t = __import__("torch").tensor([float(dist.get_rank())])
-dist.all_reduce(t)
-out = {"argv": sys.argv, "name": __name__, "path0": sys.path[0], "sum": t.item(),
-       "restart": os.environ.get("TORCHELASTIC_RESTART_COUNT")}
-with open(sys.argv[1] + f".{dist.get_rank()}", "w") as f:
-    json.dump(out, f)
-if "--fail-first" in sys.argv and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" \
-        and dist.get_rank() == 1:
-    raise SystemExit(5)
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "argv_probe.py")
+with open(_PATH) as _f:
+    exec(compile(_f.read(), _PATH, "exec"))  # noqa: S102 - the probe itself, not input
