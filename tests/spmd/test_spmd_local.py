@@ -148,15 +148,21 @@ def test_sys_exit_with_a_status_is_that_status_and_a_missing_script_says_where(p
     assert am.main.call(addr, port, [str(ok)]).get(timeout=60).values() == [True] * 4
 
 
-def test_a_sigkilled_rank_fails_the_call_and_its_peers_collectives_instead_of_hanging(procs, faults) -> None:
+def test_a_sigkilled_rank_fails_the_call_and_its_peers_collectives_instead_of_hanging(procs, faults,
+                                                                                     tmp_path: Path) -> None:
     pm = this_host().spawn_procs(per_host={"gpus": 3})
+    ready = tmp_path / "joined"
     try:
         am = setup_torch_elastic_env(pm)
         addr, port = am.slice(gpus=0).get_host_port.call_one(None).get(timeout=60)
-        futs = [am.slice(gpus=r).main.call_one(addr, port, [TRAIN, "--hang-rank", "2", "--steps", "100000"])
-                for r in range(3)]
+        argv = [TRAIN, "--hang-rank", "2", "--steps", "100000", "--ready-file", str(ready)]
+        futs = [am.slice(gpus=r).main.call_one(addr, port, argv) for r in range(3)]
         pid = _pid_of(pm, 2)
-        time.sleep(3)  # ranks 0 and 1 now wait in DDP's first collective for rank 2
+        deadline = time.monotonic() + 120
+        while not ready.exists():  # every rank has joined: ranks 0 and 1 hold gloo connections to rank 2
+            assert time.monotonic() < deadline, "rank 2 never joined the process group"
+            assert not any(f.done() for f in futs), [f.get() for f in futs if f.done()]
+            time.sleep(0.05)
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(SupervisionError, match="SIGKILL"):
             futs[2].get(timeout=60)

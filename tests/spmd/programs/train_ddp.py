@@ -18,6 +18,8 @@ Options: --steps N, --batch B (per rank), --out FILE, --single, --sum,
 --fail-rank R --fail-step S (rank R raises at step S),
 --exit-rank R --exit-code C (rank R calls sys.exit(C) after setup),
 --hang-rank R (rank R sleeps forever after setup: to be SIGKILLed),
+--ready-file FILE (with --hang-rank: the hanging rank creates FILE once
+every rank has joined the process group, so a kill lands after it),
 --sleep-step SECONDS (slow steps, so that a kill lands mid-training).
 """
 
@@ -45,6 +47,7 @@ p.add_argument("--exit-rank", type=int, default=-1)
 p.add_argument("--exit-code", type=int, default=3)
 p.add_argument("--hang-rank", type=int, default=-1)
 p.add_argument("--sleep-step", type=float, default=0.0)
+p.add_argument("--ready-file", default="")
 args = p.parse_args()
 
 torch.set_default_dtype(torch.float64)
@@ -102,6 +105,8 @@ if rank == args.exit_rank:
     sys.exit(args.exit_code)
 if rank == args.hang_rank:
     print(f"rank {rank} pid {os.getpid()} waits to be killed", flush=True)
+    if args.ready_file:
+        open(args.ready_file, "w").close()
     time.sleep(3600)
 x, y = data(world)
 x, y = x[rank * args.batch:(rank + 1) * args.batch], y[rank * args.batch:(rank + 1) * args.batch]
