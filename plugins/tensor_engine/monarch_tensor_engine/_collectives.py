@@ -64,7 +64,7 @@ def result_shape(shape: tuple[int, ...], n: int, reduction: str, scatter: bool) 
 
 def reduce(t: Tensor, dims: Any, reduction: str, scatter: bool, mesh: Any, out: Tensor | None, *,
            inplace: bool) -> Tensor:
-    from monarch_tensor_engine import _controller
+    from monarch_tensor_engine import _controller, _streams
 
     ctl = t._ctl
     if _controller.active() is not ctl:
@@ -75,6 +75,9 @@ def reduce(t: Tensor, dims: Any, reduction: str, scatter: bool, mesh: Any, out: 
     if mesh is not None:
         raise NotImplementedError("reduce(mesh=...) (gathering to a sub-mesh) is not supported by this engine "
                                   "yet: reduce over the dimensions, then slice the result")
+    _streams.check_use(t, inplace, "reduce")
+    if out is not None and isinstance(out, Tensor):
+        _streams.check_use(out, True, "reduce(out=)")
     names = _dims(ctl, dims)
     n = math.prod(ctl.sizes[d] for d in names)
     fake = t._fake
@@ -131,13 +134,17 @@ def connect_store(worker: Any, addr: str, port: int) -> None:
 
 
 def _group(worker: Any, names: tuple[str, ...], device: torch.device) -> tuple[Any, int, int]:
-    """(process group, rank in it, size) of this proc for a reduction over ``names``."""
+    """(process group, rank in it, size) of this proc for a reduction over
+    ``names`` on the stream running now (each stream has its own groups)."""
+    from monarch_tensor_engine._worker import stream_key
+
     groups = worker.groups
     if groups is None:
         groups = worker.groups = {}
     others = tuple((d, worker.where[d]) for d in worker.dims if d not in names)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    key = (names, others, backend)
+    stream = stream_key()
+    key = (names, others, backend, stream)
     got = groups.get(key)
     if got is not None:
         return got
@@ -145,7 +152,7 @@ def _group(worker: Any, names: tuple[str, ...], device: torch.device) -> tuple[A
     for d in names:
         rank = rank * worker.dim_sizes[d] + worker.where[d]
     size = math.prod(worker.dim_sizes[d] for d in names)
-    prefix = f"monarch-group/{backend}/{','.join(names)}/{','.join(f'{d}={c}' for d, c in others)}"
+    prefix = f"monarch-group/{stream}/{backend}/{','.join(names)}/{','.join(f'{d}={c}' for d, c in others)}"
     store = torch.distributed.PrefixStore(prefix, worker.store)
     if backend == "nccl":
         pg = torch.distributed.ProcessGroupNCCL(store, rank, size)

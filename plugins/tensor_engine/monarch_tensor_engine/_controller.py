@@ -35,6 +35,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from monarch_tensor_engine import _streams
 from monarch_tensor_engine._tensor import Ref, Tensor
 
 #: commands sent in one message per proc, at most
@@ -101,7 +102,9 @@ class Controller:
         self.ids = itertools.count(1)
         self.lock = threading.RLock()
         self.pending: list[tuple] = []
-        self.dropped: list[int] = []
+        self.dropped: list[tuple[int, Any]] = []
+        #: the stream the last command sent belongs to (the procs keep it until told otherwise)
+        self.wire_stream: Any = _streams.MAIN
         self.by_fake: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
         self.workers = mesh.spawn("_tensor_workers", _worker.Worker, self.labels)
         coords = [dict(zip(self.labels, c)) for c in itertools.product(*(range(s) for s in self.sizes.values()))]
@@ -116,22 +119,27 @@ class Controller:
         with torch._C.DisableTorchFunction(), self.fake_mode:
             return torch.empty(shape, dtype=dtype, device=device)
 
-    def new_handle(self, fake: torch.Tensor) -> Tensor:
-        h = Tensor(fake, next(self.ids), self)
+    def new_handle(self, fake: torch.Tensor, stream: Any = None) -> Tensor:
+        h = Tensor(fake, next(self.ids), self, stream or _streams.get_active_stream())
         self.by_fake[id(fake)] = h
         return h
 
-    def release(self, ident: int) -> None:
-        """A handle was collected: free its tensor on the procs (next batch)."""
-        self.dropped.append(ident)  # list.append is atomic; read under the lock at flush
+    def release(self, ident: int, stream: Any) -> None:
+        """A handle was collected: free its tensor on the procs (next batch, on its stream)."""
+        self.dropped.append((ident, stream))  # list.append is atomic; read under the lock at flush
 
     def handle_of(self, fake: torch.Tensor) -> Tensor | None:
         h = self.by_fake.get(id(fake))
         return h if h is not None and h._fake is fake else None
 
     # ---------------------------------------------------------------- commands
-    def send(self, cmd: tuple) -> None:
+    def send(self, cmd: tuple, stream: Any = None) -> None:
+        """Queue ``cmd`` for every proc, on ``stream`` (default: the active one)."""
+        stream = stream or _streams.get_active_stream()
         with self.lock:
+            if stream is not self.wire_stream:
+                self.pending.append(("stream", stream.key))
+                self.wire_stream = stream
             self.pending.append(cmd)
             if len(self.pending) >= BATCH:
                 self.flush()
@@ -143,7 +151,14 @@ class Controller:
                 return
             if self.dropped:
                 drops, self.dropped[:] = list(self.dropped), []
-                self.pending.append(("drop", drops))
+                by_stream: dict[Any, list[int]] = {}
+                for ident, stream in drops:
+                    by_stream.setdefault(stream, []).append(ident)
+                for stream, ids in by_stream.items():
+                    if stream is not self.wire_stream:
+                        self.pending.append(("stream", stream.key))
+                        self.wire_stream = stream
+                    self.pending.append(("drop", ids))
             if not self.pending:
                 return
             batch, self.pending = self.pending, []
@@ -153,9 +168,11 @@ class Controller:
     def fetch(self, t: Tensor, coords: dict[str, int]) -> "Fetched":
         """A Future of the value of ``t`` on the proc at ``coords``."""
         rank = self.rank_of(coords)
+        _streams.check_use(t, False, "fetch_shard")
         with self.lock:
             self.flush()
-            return Fetched(self.ranks[rank].fetch.call_one(t._id))
+            stream = None if t._stream.default else t._stream.key
+            return Fetched(self.ranks[rank].fetch.call_one(t._id, stream))
 
     def rank_of(self, coords: dict[str, Any]) -> int:
         unknown = sorted(set(coords) - set(self.labels))
@@ -171,6 +188,36 @@ class Controller:
                 raise IndexError(f"coordinate {label}={c} is out of range for mesh {self.mesh_name!r} {self.sizes}")
             rank = rank * size + c
         return rank
+
+    # ---------------------------------------------------------------- borrows
+    def borrow(self, t: Tensor, stream: Any, mutable: bool) -> tuple[Tensor, Any]:
+        """``stream.borrow(t, mutable)`` (see ``_streams``)."""
+        b = _streams.Borrow(self, t, stream, mutable)
+        with torch._C.DisableTorchFunction(), self.fake_mode:
+            fake = t._fake.detach()
+        r = self.new_handle(fake, stream)
+        r._guard = b
+        b.borrowed_id = r._id
+        if t._guard is None:
+            t._guard = _streams.Lent()
+        t._guard.borrows.append(b)
+        with self.lock:
+            self.send(("lend", b.id, t._id), t._stream)
+            self.send(("take", b.id, r._id), stream)
+        return r, b
+
+    def end_borrow(self, b: Any) -> None:
+        with self.lock:
+            if b.dropped:
+                return
+            b.dropped = True
+            self.send(("give_back", b.id, b.borrowed_id), b.stream)
+            self.send(("wait_back", b.id), b.lender_stream)
+        lender = b.lender()
+        if lender is not None and isinstance(lender._guard, _streams.Lent):
+            lender._guard.borrows = [x for x in lender._guard.borrows if x is not b]
+            if not lender._guard.borrows:
+                lender._guard = None
 
     def close(self) -> None:
         with self.lock:
@@ -216,6 +263,9 @@ class Controller:
                     f"proc, or compute it locally under monarch_core.no_mesh()")
             else:
                 fakes.append(x)
+        mutating = bool(handles) and is_mutating(func)
+        if mutating:  # checked before the fakes change
+            self.check_streams(func, handles, kwargs, handles[0])
         fargs, fkwargs = _unflatten(fakes, spec)
         if fake_func is not None:  # called from the user's code, the mode active: keep it out of the fakes
             with torch._C.DisableTorchFunction(), self.fake_mode:
@@ -228,9 +278,10 @@ class Controller:
         else:
             out_flat, out_spec = tree_flatten(out)
         has_tensor = out_spec is None or any(isinstance(o, torch.Tensor) for o in out_flat)
-        mutating = bool(handles) and is_mutating(func)
         if not always and not has_tensor and not mutating:
             return out  # a metadata query, or a function of no tensor at all
+        if not mutating:
+            self.check_streams(func, handles, kwargs, None)
         results = []
         out_ids: list[int | None] = []
         for o in out_flat:
@@ -253,6 +304,16 @@ class Controller:
         args_t = _unflatten([Ref(x._id) if isinstance(x, Tensor) else x for x in flat], spec)
         self.send(("op", func_ref(func), args_t[0], args_t[1], out_ids, torch.is_grad_enabled(), op_name(func)))
         return results[0] if out_spec is None else tree_unflatten(results, out_spec)
+
+
+    @staticmethod
+    def check_streams(func: Any, handles: list, kwargs: dict, written: Any) -> None:
+        """Raise unless the active stream may use every handle (see ``_streams``)."""
+        active_stream = _streams.get_active_stream()
+        out_kw = kwargs.get("out") if kwargs else None
+        for h in handles:
+            if h._stream is not active_stream or h._guard is not None:
+                _streams.check_use(h, h is written or h is out_kw, op_name(func))
 
 
 #: argument types that are leaves as they are (no pytree needed for a call of only these)

@@ -43,18 +43,22 @@ class Tensor(torch.Tensor):
     _fake: Any
     _id: int
     _ctl: Any
+    #: the stream it belongs to (``_streams.Stream``)
+    _stream: Any
+    #: None, or what checks its uses while it is lent or borrowed (``_streams.Lent``/``Borrow``)
+    _guard: Any
 
     @staticmethod
-    def __new__(cls, fake: torch.Tensor, ident: int, ctl: Any) -> "Tensor":
+    def __new__(cls, fake: torch.Tensor, ident: int, ctl: Any, stream: Any) -> "Tensor":
         with torch._C.DisableTorchFunction():
             r = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
                 cls, fake.shape, strides=fake.stride(), dtype=fake.dtype, device=fake.device,
                 requires_grad=fake.requires_grad)
-        r._fake, r._id, r._ctl = fake, ident, ctl
-        weakref.finalize(r, ctl.release, ident)
+        r._fake, r._id, r._ctl, r._stream, r._guard = fake, ident, ctl, stream, None
+        weakref.finalize(r, ctl.release, ident, stream)
         return r
 
-    def __init__(self, fake: torch.Tensor, ident: int, ctl: Any) -> None:
+    def __init__(self, fake: torch.Tensor, ident: int, ctl: Any, stream: Any) -> None:
         pass
 
     @classmethod
@@ -73,6 +77,11 @@ class Tensor(torch.Tensor):
     def mesh(self) -> Any:
         """The proc mesh this tensor lives on."""
         return self._ctl.mesh
+
+    @property
+    def stream(self) -> Any:
+        """The stream it belongs to (the only one that may use it, unless borrowed)."""
+        return self._stream
 
     def reduce(self, dims: Any, reduction: str = "sum", scatter: bool = False, mesh: Any = None,
                out: "Tensor | None" = None) -> "Tensor":

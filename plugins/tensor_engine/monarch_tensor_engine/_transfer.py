@@ -36,7 +36,10 @@ _keys = itertools.count(1)
 def _move(t: Tensor, dst_ctl: Any, routes_src: list, routes_dst: list, what: str) -> Tensor:
     from monarch_tensor_engine import _collectives
 
+    from monarch_tensor_engine import _streams
+
     src_ctl = t._ctl
+    _streams.check_use(t, False, what)
     fake = t._fake
     result = dst_ctl.new_handle(dst_ctl.make_fake(tuple(fake.shape), fake.dtype, fake.device))
     needs_store = any(r is not None and not r[1] for r in routes_src)
@@ -92,15 +95,18 @@ _handoff_cond = threading.Condition()
 def _pair_group(worker: Any, pair: str, i_src: int, i_dst: int, store: tuple, rank: int) -> Any:
     from monarch_tensor_engine._collectives import gloo_group, store_client
 
+    from monarch_tensor_engine._worker import stream_key
+
     groups = worker.__dict__.setdefault("pairs", {})
-    key = (pair, i_src, i_dst)
+    stream = stream_key()
+    key = (pair, i_src, i_dst, stream)
     pg = groups.get(key)
     if pg is None:
         clients = worker.__dict__.setdefault("store_clients", {})
         base = clients.get(store)
         if base is None:
             base = clients[store] = store_client(*store)
-        prefix = torch.distributed.PrefixStore(f"monarch-p2p/{pair}/{i_src}/{i_dst}", base)
+        prefix = torch.distributed.PrefixStore(f"monarch-p2p/{stream}/{pair}/{i_src}/{i_dst}", base)
         pg = groups[key] = gloo_group(prefix, rank, 2)
     return pg
 

@@ -15,11 +15,21 @@ Contract:
   order, because every member receives the same commands in the same order;
   a member whose input is poisoned still takes part (with zeros) and
   poisons its result, so the others never wait for it.
+* Streams: ``("stream", key)`` switches the stream the following commands
+  belong to.  The ``main`` stream's commands run in ``run`` itself; every
+  other stream's run in order on a thread of its own, so that streams
+  overlap.  A borrow is two pairs of commands: ``lend`` (on the lender's
+  stream) / ``take`` (on the borrower's: it waits for the ``lend``), and at
+  the drop ``give_back`` (borrower) / ``wait_back`` (lender: it waits for
+  the ``give_back``).  Each waits only for a command issued before it, so
+  the streams cannot deadlock.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import traceback
 from typing import Any
 
@@ -30,6 +40,16 @@ from monarch_core.actor import Actor, current_rank, endpoint
 from monarch_tensor_engine._tensor import Ref
 
 logger = logging.getLogger("monarch.tensor")
+
+#: how long a stream waits for another (a borrow), or a fetch for its stream, at most
+WAIT_S = 300.0
+
+_tls = threading.local()
+
+
+def stream_key() -> str:
+    """The stream whose command this thread runs now (``main`` in the actor itself)."""
+    return getattr(_tls, "stream", "main")
 
 
 class TensorOpError(RuntimeError):
@@ -75,18 +95,45 @@ class Worker(Actor):
         self.dim_sizes = dict(zip(point.extent.labels, point.extent.sizes))
         self.env: dict[int, Any] = {}
         self.groups: Any = None  # _collectives.Groups, made at the first collective
+        self.queue: queue.SimpleQueue | None = None  # the current stream's, None for main
+        self.streams: dict[str, queue.SimpleQueue] = {}
+        self.slots: dict[int, _Slot] = {}  # borrow id -> its hand-over
+        self.generators: dict[int, Any] = {}  # grad_generator id -> _grads.Backward
 
     # ---------------------------------------------------------------- endpoints
     @endpoint
     def run(self, batch: list[tuple]) -> None:
         for cmd in batch:
-            try:
-                getattr(self, "_c_" + cmd[0])(*cmd[1:])
-            except BaseException:  # noqa: BLE001 - a broadcast endpoint must never raise
-                logger.exception("tensor engine: command %r failed on %s", cmd[0], self.where)
+            q = self.queue
+            if q is None or cmd[0] == "stream":
+                self._exec(cmd)
+            else:
+                q.put(cmd)
+
+    def _exec(self, cmd: tuple) -> None:
+        try:
+            getattr(self, "_c_" + cmd[0])(*cmd[1:])
+        except BaseException:  # noqa: BLE001 - a broadcast endpoint must never raise
+            logger.exception("tensor engine: command %r failed on %s", cmd[0], self.where)
+
+    def _stream_loop(self, key: str, q: queue.SimpleQueue) -> None:
+        _tls.stream = key
+        while True:
+            cmd = q.get()
+            if cmd is None:
+                return
+            self._exec(cmd)
 
     @endpoint
-    def fetch(self, ident: int) -> Any:
+    def fetch(self, ident: int, stream: str | None = None) -> Any:
+        if stream is not None:  # wait until that stream has run every command sent before this fetch
+            q = self.streams.get(stream)
+            if q is not None:
+                done = threading.Event()
+                q.put(("mark", done))
+                if not done.wait(WAIT_S):
+                    raise TimeoutError(f"stream {stream.split('#')[0]!r} on the proc at {self.where} did not reach "
+                                       f"this fetch within {WAIT_S:.0f} s (it waits for another stream or a collective)")
         v = self.env.get(ident)
         if isinstance(v, Poison):
             raise v.error
@@ -99,6 +146,68 @@ class Worker(Actor):
         from monarch_tensor_engine import _collectives
 
         return _collectives.start_store(self)
+
+    def __cleanup__(self, exc: Any = None) -> None:
+        for q in self.streams.values():
+            q.put(None)
+
+    # ---------------------------------------------------------------- streams
+    def _c_stream(self, key: str) -> None:
+        if key == "main":
+            self.queue = None
+            return
+        q = self.streams.get(key)
+        if q is None:
+            q = self.streams[key] = queue.SimpleQueue()
+            threading.Thread(target=self._stream_loop, args=(key, q), daemon=True,
+                             name=f"monarch-stream-{key}").start()
+        self.queue = q
+
+    def _c_mark(self, event: threading.Event) -> None:
+        event.set()
+
+    def _slot(self, bid: int) -> "_Slot":
+        return self.slots.setdefault(bid, _Slot())
+
+    def _c_lend(self, bid: int, src: int) -> None:
+        slot = self._slot(bid)
+        v = self.env.get(src)
+        slot.value = v if v is not None else Poison(TensorOpError(
+            f"tensor {src} does not exist on the proc at {self.where}", "borrow", self.where))
+        slot.lent.set()
+
+    def _c_take(self, bid: int, dst: int) -> None:
+        slot = self._slot(bid)
+        if not slot.lent.wait(WAIT_S):
+            self.env[dst] = Poison(TensorOpError(f"borrow: the lending stream did not reach the borrow within "
+                                                 f"{WAIT_S:.0f} s on the proc at {self.where}", "borrow", self.where))
+            return
+        v = slot.value
+        self.env[dst] = v.detach() if isinstance(v, torch.Tensor) else v
+
+    def _c_give_back(self, bid: int, dst: int) -> None:
+        self.env.pop(dst, None)
+        self._slot(bid).back.set()
+
+    def _c_wait_back(self, bid: int) -> None:
+        slot = self._slot(bid)
+        if not slot.back.wait(WAIT_S):
+            logger.error("tensor engine: borrow %d was not given back within %.0f s on %s", bid, WAIT_S, self.where)
+        self.slots.pop(bid, None)
+
+    # ---------------------------------------------------------------- gradients
+    def _c_grads(self, gen: int, roots: Any, params: Any, grad_roots: Any) -> None:
+        from monarch_tensor_engine import _grads
+
+        self.generators[gen] = _grads.Backward(self, roots, params, grad_roots)
+
+    def _c_grad(self, gen: int, index: int, out: int) -> None:
+        self.env[out] = self.generators[gen].take(index)
+
+    def _c_grads_end(self, gen: int) -> None:
+        b = self.generators.pop(gen, None)
+        if b is not None:
+            b.finish()
 
     # ---------------------------------------------------------------- commands
     def _c_op(self, fref: Any, args: Any, kwargs: Any, out_ids: list, grad: bool, name: str) -> None:
@@ -169,3 +278,14 @@ class Worker(Actor):
         for oid in out_ids:
             if oid is not None:
                 self.env[oid] = Poison(error)
+
+
+class _Slot:
+    """One borrow's hand-over between two streams of a proc."""
+
+    __slots__ = ("value", "lent", "back")
+
+    def __init__(self) -> None:
+        self.value: Any = None
+        self.lent = threading.Event()
+        self.back = threading.Event()

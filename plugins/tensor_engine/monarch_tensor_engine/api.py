@@ -10,12 +10,13 @@ from typing import Any, Callable
 import torch
 
 from monarch_tensor_engine import _controller
+from monarch_tensor_engine._streams import Borrow, Stream, get_active_stream
 from monarch_tensor_engine._collectives import reduce as _reduce
 from monarch_tensor_engine._tensor import Tensor
 from monarch_tensor_engine._worker import TensorOpError
 
 __all__ = [
-    "Tensor", "TensorOpError", "activate", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh",
+    "Borrow", "Stream", "Tensor", "TensorOpError", "activate", "get_active_stream", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh",
     "grad_generator", "inspect",
     "no_mesh", "rank_tensor", "rank_tensors", "reduce", "reduce_", "remote", "rref", "show", "slice_mesh", "to_mesh",
 ]
@@ -144,20 +145,16 @@ def call_on_shard_and_fetch(fn: Any, *args: Any, shard: dict[str, int] | None = 
 
 def grad_generator(roots: Any, with_respect_to: Any, grad_roots: Any = None) -> Any:
     """Yield the gradient of ``roots`` with respect to each tensor of
-    ``with_respect_to``, one at a time, in that order (the reference's
-    ``grad_generator``: pass the parameters in reverse, and reduce each
-    gradient as it comes).  One backward runs on the procs for all of them;
-    the reductions issued between the yields run after it, in order (this
-    engine has no streams yet to overlap them with the backward)."""
-    if _controller.active() is None:
-        raise RuntimeError("grad_generator() runs inside `with mesh.activate():`")
-    params = list(with_respect_to)
-    if not params:
-        return
-    root_list = [roots] if isinstance(roots, torch.Tensor) else list(roots)
-    grads = torch.autograd.grad(root_list, params, grad_outputs=grad_roots, allow_unused=True)
-    for g in grads:
-        yield g
+    ``with_respect_to``, one at a time, in that order (``None`` for one that
+    took no part).  Pass the parameters in reverse (the backward reaches the
+    last layers first) and reduce each gradient as it comes: on the procs
+    one backward runs on a thread of its own and each gradient is handed
+    over as soon as it is complete, so reductions issued on another stream
+    (``comms.borrow(grad, mutable=True)``) overlap the rest of the backward.
+    See ``_grads`` for the contract."""
+    from monarch_tensor_engine import _grads
+
+    return _grads.grad_generator(roots, with_respect_to, grad_roots)
 
 
 def rref(endpoint: Any, args: tuple, kwargs: dict) -> Any:
@@ -194,18 +191,6 @@ class _ActorCall:
         where = dict(context().actor_instance.rank.items())
         ep = getattr(self.actors.slice(**where), self.name)
         return ep.call_one(*args, **kwargs).get(timeout=3600)
-
-
-def _not_yet(name: str) -> Callable[..., Any]:
-    def missing(*args: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError(f"monarch_core.{name} is not supported by monarch-tensor-engine 0.1 yet")
-
-    missing.__name__ = name
-    return missing
-
-
-Stream = _not_yet("Stream")
-get_active_stream = _not_yet("get_active_stream")
 
 
 def to_mesh(t: Any, mesh: Any) -> Tensor:
