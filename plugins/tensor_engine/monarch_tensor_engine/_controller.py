@@ -40,6 +40,8 @@ from monarch_tensor_engine._tensor import Ref, Tensor
 
 #: commands sent in one message per proc, at most
 BATCH = 256
+#: seconds the first proc may take to run and describe a function (propagate 'cached'/'inspect')
+DESCRIBE_TIMEOUT_S = 300
 
 #: functions run for real in the client (global state, not tensors)
 _LOCAL = {f for f in (getattr(torch._C, "_set_grad_enabled", None), torch.is_grad_enabled,
@@ -111,6 +113,8 @@ class Controller:
         self.coords = coords
         self.ranks = [self.workers.slice(**c) for c in coords]
         self.store: tuple[str, int] | None = None
+        #: what ``_propagate`` learned: (function, signature) -> description of its results
+        self.propagations: dict[Any, Any] = {}
         self.closed = False
 
     # ---------------------------------------------------------------- handles
@@ -225,11 +229,6 @@ class Controller:
             self.closed = True
 
     # ---------------------------------------------------------------- dispatch
-    def dispatch_remote(self, fn: Callable[..., Any], propagate: Callable[..., Any], args: tuple,
-                        kwargs: dict) -> Any:
-        """``remote(fn)(*args)``: ``propagate`` runs on the fakes, ``fn`` on the procs."""
-        return self.dispatch(fn, args, kwargs, fake_func=propagate, always=True)
-
     def dispatch(self, func: Callable[..., Any], args: tuple, kwargs: dict, *, fake_func: Any = None,
                  always: bool = False) -> Any:
         name = getattr(func, "__name__", "")
@@ -246,23 +245,7 @@ class Controller:
             raise RuntimeError(
                 f"{op_name(func)}() reads a value, and the values of a distributed tensor live on the procs of mesh "
                 f"{self.mesh_name!r}: fetch one with monarch_core.inspect(t, **coords) (or fetch_shard(t).get())")
-        fakes = []
-        handles = []
-        for x in flat:
-            if isinstance(x, Tensor):
-                if x._ctl is not self:
-                    raise MeshMismatch(
-                        f"{op_name(func)}: a tensor of mesh {x._ctl.mesh_name!r} {x._ctl.sizes} used inside mesh "
-                        f"{self.mesh_name!r} {self.sizes}: move it first (t.to_mesh(mesh)) or activate its mesh")
-                handles.append(x)
-                fakes.append(x._fake)
-            elif isinstance(x, torch.Tensor):
-                raise RuntimeError(
-                    f"{op_name(func)}: a local tensor (shape {tuple(x.shape)}) was mixed with the distributed tensors "
-                    f"of mesh {self.mesh_name!r}: create it inside `with mesh.activate():` so that it exists on every "
-                    f"proc, or compute it locally under monarch_core.no_mesh()")
-            else:
-                fakes.append(x)
+        handles, fakes = self._inputs(func, flat)
         mutating = bool(handles) and is_mutating(func)
         if mutating:  # checked before the fakes change
             self.check_streams(func, handles, kwargs, handles[0])
@@ -305,6 +288,74 @@ class Controller:
         self.send(("op", func_ref(func), args_t[0], args_t[1], out_ids, torch.is_grad_enabled(), op_name(func)))
         return results[0] if out_spec is None else tree_unflatten(results, out_spec)
 
+
+    def _inputs(self, func: Any, flat: list) -> tuple[list[Tensor], list]:
+        """(the distributed tensors among ``flat``, ``flat`` with each one's fake)."""
+        fakes = []
+        handles = []
+        for x in flat:
+            if isinstance(x, Tensor):
+                if x._ctl is not self:
+                    raise MeshMismatch(
+                        f"{op_name(func)}: a tensor of mesh {x._ctl.mesh_name!r} {x._ctl.sizes} used inside mesh "
+                        f"{self.mesh_name!r} {self.sizes}: move it first (t.to_mesh(mesh)) or activate its mesh")
+                handles.append(x)
+                fakes.append(x._fake)
+            elif isinstance(x, torch.Tensor):
+                raise RuntimeError(
+                    f"{op_name(func)}: a local tensor (shape {tuple(x.shape)}) was mixed with the distributed tensors "
+                    f"of mesh {self.mesh_name!r}: create it inside `with mesh.activate():` so that it exists on every "
+                    f"proc, or compute it locally under monarch_core.no_mesh()")
+            else:
+                fakes.append(x)
+        return handles, fakes
+
+    def dispatch_described(self, func: Callable[..., Any], args: tuple, kwargs: dict,
+                           described: Any = None) -> tuple[Any, Any]:
+        """Run ``func`` on every proc and learn its results from the first
+        proc's (``propagate='cached'``/``'inspect'``): one round trip, unless
+        ``described`` (a cached description) is given.  Returns (the results,
+        with handles for tensors; their description).  Every proc checks its
+        results against the description (a mismatch poisons them).  A failure
+        on the first proc raises here, as the ``ActorError`` of its
+        ``TensorOpError``."""
+        from monarch_tensor_engine._worker import Meta
+
+        flat, spec = _flatten(args, kwargs)
+        handles, _ = self._inputs(func, flat)
+        self.check_streams(func, handles, kwargs, None)
+        stream = _streams.get_active_stream()
+        key = next(self.ids)
+        args_t = _unflatten([Ref(x._id) if isinstance(x, Tensor) else x for x in flat], spec)
+        with self.lock:
+            self.send(("keep", func_ref(func), args_t[0], args_t[1], key, torch.is_grad_enabled(), op_name(func)))
+            if described is None:
+                self.flush()
+                future = self.ranks[0].describe.call_one(key, None if stream.default else stream.key)
+        if described is None:
+            try:
+                described = future.get(timeout=DESCRIBE_TIMEOUT_S)
+            except BaseException:
+                self.send(("bind", key, [], []))  # frees what every proc kept
+                raise
+        leaves, out_spec = tree_flatten(described, is_leaf=lambda x: isinstance(x, Meta))
+        results, out_ids, metas = [], [], []
+        for leaf in leaves:
+            if isinstance(leaf, Meta):
+                h = self.new_handle(self.fake_of(leaf))
+                results.append(h)
+                out_ids.append(h._id)
+                metas.append(leaf)
+            else:
+                results.append(leaf)
+        self.send(("bind", key, out_ids, metas))
+        return tree_unflatten(results, out_spec), described
+
+    def fake_of(self, meta: Any) -> torch.Tensor:
+        """A fake tensor with ``meta``'s shape, strides, dtype, device and ``requires_grad``."""
+        with torch._C.DisableTorchFunction(), self.fake_mode:
+            return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device=meta.device,
+                                       requires_grad=meta.requires_grad)
 
     @staticmethod
     def check_streams(func: Any, handles: list, kwargs: dict, written: Any) -> None:

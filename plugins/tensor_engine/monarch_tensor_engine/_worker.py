@@ -98,6 +98,7 @@ class Worker(Actor):
         self.queue: queue.SimpleQueue | None = None  # the current stream's, None for main
         self.streams: dict[str, queue.SimpleQueue] = {}
         self.slots: dict[int, _Slot] = {}  # borrow id -> its hand-over
+        self.kept: dict[int, Any] = {}  # results not described yet (propagate 'cached'/'inspect')
         self.generators: dict[int, Any] = {}  # grad_generator id -> _grads.Backward
 
     # ---------------------------------------------------------------- endpoints
@@ -124,16 +125,28 @@ class Worker(Actor):
                 return
             self._exec(cmd)
 
+    def _reach(self, stream: str | None) -> None:
+        """Wait until ``stream`` has run every command sent before now (main: it has)."""
+        q = self.streams.get(stream) if stream is not None else None
+        if q is not None:
+            done = threading.Event()
+            q.put(("mark", done))
+            if not done.wait(WAIT_S):
+                raise TimeoutError(f"stream {stream.split('#')[0]!r} on the proc at {self.where} did not get here "
+                                   f"within {WAIT_S:.0f} s (it waits for another stream or a collective)")
+
+    @endpoint
+    def describe(self, key: int, stream: str | None = None) -> Any:
+        """The results kept under ``key``, each tensor as its :class:`Meta`."""
+        self._reach(stream)
+        out = self.kept.get(key)
+        if isinstance(out, Poison):
+            raise out.error
+        return tree_map(lambda x: Meta.of(x) if isinstance(x, torch.Tensor) else x, out)
+
     @endpoint
     def fetch(self, ident: int, stream: str | None = None) -> Any:
-        if stream is not None:  # wait until that stream has run every command sent before this fetch
-            q = self.streams.get(stream)
-            if q is not None:
-                done = threading.Event()
-                q.put(("mark", done))
-                if not done.wait(WAIT_S):
-                    raise TimeoutError(f"stream {stream.split('#')[0]!r} on the proc at {self.where} did not reach "
-                                       f"this fetch within {WAIT_S:.0f} s (it waits for another stream or a collective)")
+        self._reach(stream)
         v = self.env.get(ident)
         if isinstance(v, Poison):
             raise v.error
@@ -211,25 +224,60 @@ class Worker(Actor):
 
     # ---------------------------------------------------------------- commands
     def _c_op(self, fref: Any, args: Any, kwargs: Any, out_ids: list, grad: bool, name: str) -> None:
+        out = self._call(fref, args, kwargs, grad, name)
+        if isinstance(out, Poison):
+            self._poison(out_ids, out.error)
+            return
+        leaves = tree_flatten(out)[0]
+        for oid, leaf in zip(out_ids, leaves):
+            if oid is not None:
+                self.env[oid] = leaf
+
+    def _call(self, fref: Any, args: Any, kwargs: Any, grad: bool, name: str) -> Any:
+        """``fref(*args, **kwargs)`` over this proc's tensors, or a ``Poison``."""
         poison = self._poisoned((args, kwargs))
         if poison is not None:
-            self._poison(out_ids, poison.error)
-            return
+            return poison
         func = fref
         if isinstance(fref, tuple):
             func = _getter(fref[1]) if fref[0] == "get" else _setter(fref[1])
         a, k = tree_map(self._value, (args, kwargs))
         try:
             with torch.set_grad_enabled(grad):
-                out = func(*a, **k)
+                return func(*a, **k)
         except Exception as e:  # noqa: BLE001 - contained: the results are poisoned
             tb = "".join(traceback.format_exception(type(e), e, e.__traceback__)[-6:])
-            self._poison(out_ids, TensorOpError(
+            return Poison(TensorOpError(
                 f"{name} failed on the proc at {self.where}: {type(e).__name__}: {e}\n{tb}", name, self.where))
+
+    def _c_keep(self, fref: Any, args: Any, kwargs: Any, key: int, grad: bool, name: str) -> None:
+        """Run an operation whose results the client does not know yet: keep
+        them whole until ``bind`` (the client asks one proc to ``describe``)."""
+        self.kept[key] = self._call(fref, args, kwargs, grad, name)
+
+    def _c_bind(self, key: int, out_ids: list, metas: list) -> None:
+        """Bind the results kept under ``key`` to ``out_ids``, checked against
+        the first proc's ``metas``: a distributed tensor has one shape."""
+        out = self.kept.pop(key, None)
+        if isinstance(out, Poison):
+            self._poison(out_ids, out.error)
             return
-        leaves = tree_flatten(out)[0]
-        for oid, leaf in zip(out_ids, leaves):
-            if oid is not None:
+        leaves = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+        if len(leaves) != len(out_ids):
+            self._poison(out_ids, TensorOpError(
+                f"the results on the proc at {self.where} hold {len(leaves)} tensor(s), the first proc's "
+                f"{len(out_ids)}: a function run with propagate='cached'/'inspect' must return the same structure "
+                f"on every proc", "propagate", self.where))
+            return
+        for oid, leaf, meta in zip(out_ids, leaves, metas):
+            if (tuple(leaf.shape), leaf.dtype) != (tuple(meta.shape), meta.dtype):
+                self.env[oid] = Poison(TensorOpError(
+                    f"a result on the proc at {self.where} has shape {tuple(leaf.shape)} and dtype {leaf.dtype}, the "
+                    f"client expected {tuple(meta.shape)} and {meta.dtype} (the first proc's result, when it was "
+                    f"described): a distributed tensor has one shape on every proc; use propagate='inspect' if the "
+                    f"shape depends on values",
+                    "propagate", self.where))
+            else:
                 self.env[oid] = leaf
 
     def _c_drop(self, ids: list[int]) -> None:
@@ -289,3 +337,20 @@ class _Slot:
         self.value: Any = None
         self.lent = threading.Event()
         self.back = threading.Event()
+
+
+class Meta:
+    """A tensor's metadata, as ``describe`` returns it."""
+
+    __slots__ = ("shape", "stride", "dtype", "device", "requires_grad")
+
+    def __init__(self, shape: tuple, stride: tuple, dtype: torch.dtype, device: str, requires_grad: bool) -> None:
+        self.shape, self.stride, self.dtype, self.device, self.requires_grad = shape, stride, dtype, device, \
+            requires_grad
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "Meta":
+        return cls(tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device), bool(t.requires_grad))
+
+    def __reduce__(self) -> Any:
+        return (Meta, (self.shape, self.stride, self.dtype, self.device, self.requires_grad))

@@ -103,11 +103,13 @@ def reduce_(t: Any, dims: Any, reduction: str = "sum", scatter: bool = False, me
 
 class _Remote:
     """``remote(fn, propagate=...)``: ``fn`` called on every proc of the active
-    mesh, over the procs' tensors.  The client learns the results' shapes from
-    ``propagate(*args, **kwargs)`` run on fake tensors (default: ``fn`` itself,
-    which works for a function of torch operations only)."""
+    mesh, over the procs' tensors; how the client learns the results' shapes
+    is ``propagate``'s (see ``_propagate``).  With no active mesh it is an
+    ordinary local call."""
 
     def __init__(self, fn: Callable[..., Any] | str, propagate: Any) -> None:
+        from monarch_tensor_engine import _propagate
+
         if isinstance(fn, str):
             module, _, name = fn.rpartition(".")
             if not module:
@@ -117,22 +119,27 @@ class _Remote:
             fn = getattr(importlib.import_module(module), name)
         if not callable(fn):
             raise TypeError(f"remote() takes a function or 'module.function', got {fn!r}")
-        if propagate is not None and not callable(propagate):
-            raise NotImplementedError(
-                f"remote(propagate={propagate!r}) is not supported by this engine yet: pass a function that "
-                f"returns tensors of the results' shapes (it runs on fake tensors), or None to run fn itself on them")
+        _propagate.check(propagate, f"remote({getattr(fn, '__name__', fn)})")
         self.fn, self.propagate = fn, propagate
         self.__name__ = getattr(fn, "__name__", "remote")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from monarch_tensor_engine import _propagate
+
         ctl = _controller.active()
         if ctl is None:
             return self.fn(*args, **kwargs)  # no mesh: an ordinary local call
-        return ctl.dispatch_remote(self.fn, self.propagate or self.fn, args, kwargs)
+        return _propagate.call(ctl, self.fn, args, kwargs, self.propagate, owner=self.fn, local_fn=self.fn)
+
+    def __repr__(self) -> str:
+        return f"remote({self.__name__}, propagate={self.propagate!r})"
 
 
-def remote(fn: Callable[..., Any] | str, *, propagate: Any = None) -> _Remote:
-    """Run ``fn`` on every proc of the active mesh (see :class:`_Remote`)."""
+def remote(fn: Callable[..., Any] | str | None = None, *, propagate: Any = None) -> Any:
+    """Run ``fn`` on every proc of the active mesh (see :class:`_Remote`);
+    ``@remote(propagate=...)`` decorates."""
+    if fn is None:
+        return lambda f: _Remote(f, propagate)
     return _Remote(fn, propagate)
 
 
@@ -162,20 +169,22 @@ def rref(endpoint: Any, args: tuple, kwargs: dict) -> Any:
     the active mesh (the actors' mesh must have its shape: actors spawned on
     it); distributed tensors among the arguments arrive as each proc's
     tensor, and the tensor results stay on the procs as distributed tensors,
-    whose shapes the endpoint's ``propagate`` callable gives (run on fakes)."""
+    whose shapes the endpoint's ``propagate`` gives (a callable run on fakes,
+    ``"cached"`` (the default) or ``"inspect"``; see ``_propagate``)."""
+    from monarch_tensor_engine import _propagate
+
     ctl = _controller.active()
     if ctl is None:
         raise RuntimeError("Endpoint.rref() runs inside `with mesh.activate():` of the mesh its actors live on")
     prop = endpoint.propagate
-    if prop is None or not callable(prop):
-        raise NotImplementedError(
-            f"rref() of {endpoint.name}: give the endpoint @endpoint(propagate=fn), fn returning tensors of its "
-            f"results' shapes (this engine does not support propagate={prop!r} yet)")
+    _propagate.check(prop, f"rref() of {endpoint.name}")
     actors = endpoint.mesh
     if dict(zip(actors.extent.labels, actors.extent.sizes)) != ctl.sizes:
         raise ValueError(f"rref() of {endpoint.name}: its actors' mesh {dict(actors.extent.items())} is not the "
                          f"active mesh {ctl.sizes}: spawn them on the active mesh")
-    return ctl.dispatch(_ActorCall(actors, endpoint.name), tuple(args), dict(kwargs), fake_func=prop, always=True)
+    call = _ActorCall(actors, endpoint.name)
+    return _propagate.call(ctl, call, tuple(args), dict(kwargs), prop,
+                           owner=("rref", getattr(actors, "name", id(actors)), endpoint.name), local_fn=None)
 
 
 class _ActorCall:
