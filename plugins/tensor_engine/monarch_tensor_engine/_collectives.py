@@ -14,6 +14,10 @@ the engine's own commands (no fixed port, nothing to configure).
 Reductions: ``sum``, ``avg`` (floating point), ``product``, ``min``, ``max``,
 ``band``/``bor``/``bxor`` (integers and bool) and ``stack`` (all-gather: a new
 first dimension of the group's size, in the group's rank order).
+``mesh=`` a sub-mesh of the tensor's mesh (``mesh.slice(dp=0)``): the result
+is a tensor of that mesh, each of its procs holding its group's result (the
+reduction runs over the whole group, then each member of the sub-mesh keeps
+its value, handed over inside its process).
 ``scatter=True``: reduce-scatter (the input's first dimension, divisible by
 the group's size, is split; member i keeps the i-th block of the reduction;
 done as an all-reduce followed by a slice: gloo has no reduce-scatter) or,
@@ -72,9 +76,22 @@ def reduce(t: Tensor, dims: Any, reduction: str, scatter: bool, mesh: Any, out: 
                            f"`with mesh.activate():` of that mesh")
     if reduction not in REDUCTIONS:
         raise ValueError(f"unknown reduction {reduction!r}; the reductions are {', '.join(REDUCTIONS)}")
-    if mesh is not None:
-        raise NotImplementedError("reduce(mesh=...) (gathering to a sub-mesh) is not supported by this engine "
-                                  "yet: reduce over the dimensions, then slice the result")
+    if mesh is not None and _controller.controller(mesh) is not ctl:
+        if inplace:
+            raise ValueError("reduce_() keeps the tensor on its mesh; use reduce(..., mesh=sub_mesh) to gather the "
+                             "result to a sub-mesh")
+        from monarch_tensor_engine import _transfer
+
+        sub = _controller.controller(mesh)
+        full = reduce(t, dims, reduction, scatter, None, None, inplace=False)
+        result = _transfer.to_submesh(full, sub, "reduce(mesh=)")
+        if out is not None:
+            if not isinstance(out, Tensor) or out._ctl is not sub:
+                raise TypeError(f"with mesh=, out must be a distributed tensor of that mesh {sub.mesh_name!r}")
+            with _controller.Active(sub.mesh):
+                out.copy_(result)
+            return out
+        return result
     _streams.check_use(t, inplace, "reduce")
     if out is not None and isinstance(out, Tensor):
         _streams.check_use(out, True, "reduce(out=)")

@@ -245,8 +245,11 @@ class Controller:
             raise RuntimeError(
                 f"{op_name(func)}() reads a value, and the values of a distributed tensor live on the procs of mesh "
                 f"{self.mesh_name!r}: fetch one with monarch_core.inspect(t, **coords) (or fetch_shard(t).get())")
-        handles, fakes = self._inputs(func, flat)
+        foreign: list[Tensor] = []
+        handles, fakes = self._inputs(func, flat, foreign)
         mutating = bool(handles) and is_mutating(func)
+        if foreign and (mutating or always):
+            raise self.mismatch(func, foreign[0])
         if mutating:  # checked before the fakes change
             self.check_streams(func, handles, kwargs, handles[0])
         fargs, fkwargs = _unflatten(fakes, spec)
@@ -254,8 +257,13 @@ class Controller:
             with torch._C.DisableTorchFunction(), self.fake_mode:
                 out = fake_func(*fargs, **fkwargs)
         else:
-            with self.fake_mode:
-                out = func(*fargs, **fkwargs)
+            try:
+                with self.fake_mode:
+                    out = func(*fargs, **fkwargs)
+            except Exception as e:
+                if foreign:  # fakes of two meshes do not mix: the mesh is the error to report
+                    raise self.mismatch(func, foreign[0]) from e
+                raise
         if isinstance(out, torch.Tensor):
             out_flat, out_spec = [out], None
         else:
@@ -263,6 +271,8 @@ class Controller:
         has_tensor = out_spec is None or any(isinstance(o, torch.Tensor) for o in out_flat)
         if not always and not has_tensor and not mutating:
             return out  # a metadata query, or a function of no tensor at all
+        if foreign:
+            raise self.mismatch(func, foreign[0])
         if not mutating:
             self.check_streams(func, handles, kwargs, None)
         results = []
@@ -289,16 +299,18 @@ class Controller:
         return results[0] if out_spec is None else tree_unflatten(results, out_spec)
 
 
-    def _inputs(self, func: Any, flat: list) -> tuple[list[Tensor], list]:
-        """(the distributed tensors among ``flat``, ``flat`` with each one's fake)."""
+    def _inputs(self, func: Any, flat: list, foreign: list | None = None) -> tuple[list[Tensor], list]:
+        """(the distributed tensors among ``flat``, ``flat`` with each one's
+        fake).  A tensor of another mesh is an error, unless ``foreign`` (a
+        list) collects them, for a metadata query to be answered anyway."""
         fakes = []
         handles = []
         for x in flat:
             if isinstance(x, Tensor):
                 if x._ctl is not self:
-                    raise MeshMismatch(
-                        f"{op_name(func)}: a tensor of mesh {x._ctl.mesh_name!r} {x._ctl.sizes} used inside mesh "
-                        f"{self.mesh_name!r} {self.sizes}: move it first (t.to_mesh(mesh)) or activate its mesh")
+                    if foreign is None:
+                        raise self.mismatch(func, x)
+                    foreign.append(x)
                 handles.append(x)
                 fakes.append(x._fake)
             elif isinstance(x, torch.Tensor):
@@ -309,6 +321,11 @@ class Controller:
             else:
                 fakes.append(x)
         return handles, fakes
+
+    def mismatch(self, func: Any, x: Tensor) -> MeshMismatch:
+        return MeshMismatch(
+            f"{op_name(func)}: a tensor of mesh {x._ctl.mesh_name!r} {x._ctl.sizes} used inside mesh "
+            f"{self.mesh_name!r} {self.sizes}: move it first (t.to_mesh(mesh)) or activate its mesh")
 
     def dispatch_described(self, func: Callable[..., Any], args: tuple, kwargs: dict,
                            described: Any = None) -> tuple[Any, Any]:

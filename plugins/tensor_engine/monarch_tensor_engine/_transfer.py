@@ -75,15 +75,22 @@ def to_mesh(t: Tensor, mesh: Any) -> Tensor:
 def slice_mesh(t: Tensor, **coords: Any) -> Tensor:
     from monarch_tensor_engine import _controller
 
+    return to_submesh(t, _controller.controller(t._ctl.mesh.slice(**coords)), "slice_mesh")
+
+
+def to_submesh(t: Tensor, dst: Any, what: str) -> Tensor:
+    """``t`` on ``dst``, a controller of some of ``t``'s procs, each keeping its value."""
     src = t._ctl
-    sub = src.mesh.slice(**coords)
-    dst = _controller.controller(sub)
     where = {p: i for i, p in enumerate(src.proc_ids)}
+    outside = [p for p in dst.proc_ids if p not in where]
+    if outside:
+        raise ValueError(f"{what}: mesh {dst.mesh_name!r} {dst.sizes} is not a sub-mesh of {src.mesh_name!r} "
+                         f"{src.sizes} ({len(outside)} of its procs are not in it): pass a slice of the tensor's mesh")
     routes_dst = [(where[p], True) for p in dst.proc_ids]
     routes_src: list = [None] * len(src.proc_ids)
     for j, (i, _same) in enumerate(routes_dst):
         routes_src[i] = (j, True)
-    return _move(t, dst, routes_src, routes_dst, "slice_mesh")
+    return _move(t, dst, routes_src, routes_dst, what)
 
 
 # ---------------------------------------------------------------- the procs' side

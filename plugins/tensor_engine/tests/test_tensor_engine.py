@@ -107,6 +107,39 @@ def test_bitwise_reductions_and_reduce_in_place_and_out(mesh) -> None:  # type: 
     assert got[3].tolist() == [7.0, 7.0] and got[4].tolist() == [3.0, 3.0]
 
 
+def test_reduce_to_a_sub_mesh_leaves_each_groups_result_on_the_sub_mesh_only(mesh) -> None:  # type: ignore[no-untyped-def]
+    first_row = mesh.slice(dp=0)
+    with mesh.activate():
+        x = distributed_input(mesh)
+        total = x.reduce("dp", "sum", mesh=first_row)        # a reduce (not an all-reduce) to dp=0
+        gathered = x.reduce("tp", "stack", mesh=mesh.slice(tp=1))
+        assert total.mesh is not mesh and total.shape == (4, 2) and gathered.shape == (2, 4, 2)
+        with pytest.raises(RuntimeError, match="used inside mesh"):
+            total + 1                                          # it lives on the sub-mesh now
+        with pytest.raises(ValueError, match="reduce_\\(\\) keeps the tensor on its mesh"):
+            x.reduce_("dp", mesh=first_row)
+    with first_row.activate():
+        got = [monarch.inspect(total * 1, tp=t) for t in range(2)]
+        out = torch.zeros(4, 2)
+    with mesh.activate():
+        x.reduce("dp", "max", mesh=first_row, out=out)
+    with mesh.slice(tp=1).activate():
+        stacked = [monarch.inspect(gathered, dp=d) for d in range(2)]
+    with first_row.activate():
+        maxed = monarch.inspect(out, tp=1)
+    for t in range(2):
+        assert torch.equal(got[t], per_rank(0, t) + per_rank(1, t))
+    for d in range(2):
+        assert torch.equal(stacked[d], torch.stack([per_rank(d, 0), per_rank(d, 1)]))
+    assert torch.equal(maxed, torch.maximum(per_rank(0, 1), per_rank(1, 1)))
+    other = this_host().spawn_procs(per_host={"tp": 2})
+    try:
+        with mesh.activate(), pytest.raises(ValueError, match="is not a sub-mesh"):
+            torch.ones(1).reduce("dp", mesh=other)
+    finally:
+        other.stop().get(timeout=60)
+
+
 def test_bad_reductions_are_refused_in_the_client_saying_why(mesh) -> None:  # type: ignore[no-untyped-def]
     with mesh.activate():
         x = torch.ones(3, 2)
