@@ -118,7 +118,8 @@ def reduce(t: Tensor, dims: Any, reduction: str, scatter: bool, mesh: Any, out: 
     else:
         result = ctl.new_handle(ctl.make_fake(shape, fake.dtype, fake.device))
     _ensure_store(ctl)
-    ctl.send(("reduce", t._id, result._id, names, reduction, bool(scatter), tuple(fake.shape), fake.dtype))
+    ctl.send(("reduce", t._id, result._id, names, reduction, bool(scatter), tuple(fake.shape), fake.dtype,
+              ctl.view()))
     return result
 
 
@@ -150,26 +151,39 @@ def connect_store(worker: Any, addr: str, port: int) -> None:
         worker.store = store_client(addr, port)
 
 
-def _group(worker: Any, names: tuple[str, ...], device: torch.device) -> tuple[Any, int, int]:
+def coordinates(flat_rank: int, labels: tuple[str, ...], sizes: tuple[int, ...]) -> dict[str, int]:
+    """The coordinates of the proc at ``flat_rank`` in a view (row-major)."""
+    out: dict[str, int] = {}
+    for label, size in zip(reversed(labels), reversed(sizes)):
+        flat_rank, out[label] = divmod(flat_rank, size)
+    return {label: out[label] for label in labels}
+
+
+def _group(worker: Any, names: tuple[str, ...], device: torch.device, view: tuple) -> tuple[Any, int, int]:
     """(process group, rank in it, size) of this proc for a reduction over
-    ``names`` on the stream running now (each stream has its own groups)."""
+    ``names`` of ``view`` (labels, sizes) on the stream running now (each
+    stream has its own groups)."""
     from monarch_tensor_engine._worker import stream_key
 
     groups = worker.groups
     if groups is None:
         groups = worker.groups = {}
-    others = tuple((d, worker.where[d]) for d in worker.dims if d not in names)
+    labels, sizes = view
     backend = "nccl" if device.type == "cuda" else "gloo"
     stream = stream_key()
-    key = (names, others, backend, stream)
+    key = (names, view, backend, stream)
     got = groups.get(key)
     if got is not None:
         return got
+    where = coordinates(worker.mesh_rank, labels, sizes)
+    dim_sizes = dict(zip(labels, sizes))
+    others = tuple((d, where[d]) for d in labels if d not in names)
     rank = 0
     for d in names:
-        rank = rank * worker.dim_sizes[d] + worker.where[d]
-    size = math.prod(worker.dim_sizes[d] for d in names)
-    prefix = f"monarch-group/{stream}/{backend}/{','.join(names)}/{','.join(f'{d}={c}' for d, c in others)}"
+        rank = rank * dim_sizes[d] + where[d]
+    size = math.prod(dim_sizes[d] for d in names)
+    shape = ",".join(f"{d}:{n}" for d, n in zip(labels, sizes))
+    prefix = f"monarch-group/{stream}/{backend}/{shape}/{','.join(names)}/{','.join(f'{d}={c}' for d, c in others)}"
     store = torch.distributed.PrefixStore(prefix, worker.store)
     if backend == "nccl":
         pg = torch.distributed.ProcessGroupNCCL(store, rank, size)
@@ -200,7 +214,7 @@ _OPS = {"sum": "SUM", "avg": "SUM", "product": "PRODUCT", "min": "MIN", "max": "
 
 
 def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], reduction: str, scatter: bool,
-               shape: tuple[int, ...], dtype: torch.dtype) -> None:
+               shape: tuple[int, ...], dtype: torch.dtype, view: tuple) -> None:
     from monarch_tensor_engine._worker import Poison, TensorOpError
 
     dist = torch.distributed
@@ -211,7 +225,7 @@ def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], red
     else:
         x = src
     try:
-        pg, rank, size = _group(worker, names, x.device)
+        pg, rank, size = _group(worker, names, x.device, view)
         data = x.contiguous() if not x.is_contiguous() else x
         if reduction == "stack":
             if scatter:

@@ -95,11 +95,8 @@ class Controller:
 
         from monarch_tensor_engine import _worker
 
-        self.mesh = mesh
-        self.mesh_name = getattr(mesh, "name", "mesh")
         self.proc_ids = list(mesh.proc_ids)
-        self.labels = list(mesh.extent.labels)
-        self.sizes = dict(zip(self.labels, mesh.extent.sizes))
+        self.set_view(mesh)
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.ids = itertools.count(1)
         self.lock = threading.RLock()
@@ -109,13 +106,27 @@ class Controller:
         self.wire_stream: Any = _streams.MAIN
         self.by_fake: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
         self.workers = mesh.spawn("_tensor_workers", _worker.Worker, self.labels)
-        coords = [dict(zip(self.labels, c)) for c in itertools.product(*(range(s) for s in self.sizes.values()))]
-        self.coords = coords
-        self.ranks = [self.workers.slice(**c) for c in coords]
+        #: each proc's worker, in the procs' order (the same in every view)
+        self.ranks = [self.workers.slice(**c) for c in self.coords]
         self.store: tuple[str, int] | None = None
         #: what ``_propagate`` learned: (function, signature) -> description of its results
         self.propagations: dict[Any, Any] = {}
         self.closed = False
+
+    def set_view(self, mesh: Any) -> Any:
+        """Name the procs as ``mesh`` does (a ``rename``/``split``/``flatten``
+        of them: the same procs in the same order); returns the previous view."""
+        previous = getattr(self, "mesh", None)
+        self.mesh = mesh
+        self.mesh_name = getattr(mesh, "name", "mesh")
+        self.labels = list(mesh.extent.labels)
+        self.sizes = dict(zip(self.labels, mesh.extent.sizes))
+        self.coords = [dict(zip(self.labels, c)) for c in itertools.product(*(range(s) for s in self.sizes.values()))]
+        return previous
+
+    def view(self) -> tuple[tuple[str, ...], tuple[int, ...]]:
+        """The active view's (labels, sizes), as the procs' commands carry it."""
+        return tuple(self.labels), tuple(self.sizes.values())
 
     # ---------------------------------------------------------------- handles
     def make_fake(self, shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -471,8 +482,11 @@ _lock = threading.Lock()
 
 
 def controller(mesh: Any) -> Controller:
-    """The mesh's controller (its workers spawned on first use)."""
-    key = (getattr(mesh, "name", ""), tuple(mesh.proc_ids), tuple(mesh.extent.labels))
+    """The controller of the mesh's procs (its workers spawned on first
+    use).  Meshes of the same procs in the same order (another ``slice()``
+    of them, a ``rename``/``split``/``flatten``) share one controller, and
+    tensors: the names are the active view's."""
+    key = tuple(mesh.proc_ids)
     with _lock:
         ctl = _controllers.get(key)
         if ctl is None:
@@ -485,13 +499,16 @@ class Active:
 
     def __init__(self, mesh: Any) -> None:
         self.ctl = controller(mesh)
+        self.view = mesh
+        self.previous: Any = None
         self.mode: _Mode | None = None
 
     def __enter__(self) -> Any:
+        self.previous = self.ctl.set_view(self.view)
         self.mode = _Mode(self.ctl)
         self.mode.__enter__()
         _stack().append(self)
-        return self.ctl.mesh
+        return self.view
 
     def __exit__(self, *exc: Any) -> None:
         stack = _stack()
@@ -500,6 +517,8 @@ class Active:
         assert self.mode is not None
         self.mode.__exit__(*exc)
         self.ctl.flush()
+        if self.previous is not None:
+            self.ctl.set_view(self.previous)
 
 
 class NoMesh:

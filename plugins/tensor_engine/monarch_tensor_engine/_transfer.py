@@ -63,9 +63,10 @@ def to_mesh(t: Tensor, mesh: Any) -> Tensor:
     dst = _controller.controller(mesh)
     if dst is src:
         return t
-    if list(src.sizes.values()) != list(dst.sizes.values()):
+    dst_sizes = dict(zip(mesh.extent.labels, mesh.extent.sizes))
+    if list(src.sizes.values()) != list(dst_sizes.values()):
         raise ValueError(f"to_mesh: the meshes do not line up: {src.mesh_name!r} has sizes {src.sizes}, the "
-                         f"destination {dst.sizes}; rank i goes to rank i, so both need the same sizes in order "
+                         f"destination {dst_sizes}; rank i goes to rank i, so both need the same sizes in order "
                          f"(slice or rename one first)")
     n = len(src.coords)
     same = [src.proc_ids[i] == dst.proc_ids[i] for i in range(n)]

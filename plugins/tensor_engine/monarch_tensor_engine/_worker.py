@@ -89,10 +89,8 @@ class Worker(Actor):
 
     def __init__(self, labels: list[str]) -> None:
         point = current_rank()
-        self.dims = list(labels)
         self.where = dict(point.items())
         self.mesh_rank = point.rank
-        self.dim_sizes = dict(zip(point.extent.labels, point.extent.sizes))
         self.env: dict[int, Any] = {}
         self.groups: Any = None  # _collectives.Groups, made at the first collective
         self.queue: queue.SimpleQueue | None = None  # the current stream's, None for main
@@ -284,8 +282,10 @@ class Worker(Actor):
         for i in ids:
             self.env.pop(i, None)
 
-    def _c_rank(self, dim: str, oid: int) -> None:
-        self.env[oid] = torch.tensor(self.where[dim])
+    def _c_rank(self, dim: str, view: tuple, oid: int) -> None:
+        from monarch_tensor_engine._collectives import coordinates
+
+        self.env[oid] = torch.tensor(coordinates(self.mesh_rank, *view)[dim])
 
     def _c_store(self, addr: str, port: int) -> None:
         from monarch_tensor_engine import _collectives

@@ -77,17 +77,18 @@ def show(t: Any, shard: dict[str, int] | None = None, **coords: int) -> None:
 def rank_tensor(proc_mesh: Any, dim: str) -> Tensor:
     """``ProcMesh.rank_tensor(dim)``: an int64 scalar on every proc, its coordinate along ``dim``."""
     ctl = _controller.controller(proc_mesh)
-    if dim not in ctl.labels:
-        raise ValueError(f"unknown dimension {dim!r}: mesh {ctl.mesh_name!r} has {ctl.sizes}")
+    labels, sizes = tuple(proc_mesh.extent.labels), tuple(proc_mesh.extent.sizes)
+    if dim not in labels:
+        raise ValueError(f"unknown dimension {dim!r}: mesh {getattr(proc_mesh, 'name', 'mesh')!r} has "
+                         f"{dict(zip(labels, sizes))}")
     h = ctl.new_handle(ctl.make_fake((), torch.int64, torch.device("cpu")))
-    ctl.send(("rank", dim, h._id))
+    ctl.send(("rank", dim, (labels, sizes), h._id))
     return h
 
 
 def rank_tensors(proc_mesh: Any) -> dict[str, Tensor]:
     """``ProcMesh.rank_tensors()``: ``{dim: rank_tensor(dim)}`` for every dimension."""
-    ctl = _controller.controller(proc_mesh)
-    return {d: rank_tensor(proc_mesh, d) for d in ctl.labels}
+    return {d: rank_tensor(proc_mesh, d) for d in proc_mesh.extent.labels}
 
 
 def reduce(t: Any, dims: Any, reduction: str = "sum", scatter: bool = False, mesh: Any = None,

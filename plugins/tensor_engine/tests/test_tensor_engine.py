@@ -140,6 +140,36 @@ def test_reduce_to_a_sub_mesh_leaves_each_groups_result_on_the_sub_mesh_only(mes
         other.stop().get(timeout=60)
 
 
+def test_renamed_flattened_and_split_views_of_the_procs_share_their_tensors(mesh) -> None:  # type: ignore[no-untyped-def]
+    with mesh.activate():
+        x = distributed_input(mesh)
+    flat = mesh.flatten("all")
+    with flat.activate():                                   # the same procs, one dimension
+        assert monarch.get_active_mesh() is flat
+        everything = x.reduce("all", "sum")
+        ranks = flat.rank_tensor("all")
+        got_flat = [monarch.inspect(x, all=i) for i in range(4)]
+        got_ranks = [int(monarch.inspect(ranks, all=i)) for i in range(4)]
+    renamed = mesh.rename(dp="rows", tp="cols")
+    with renamed.activate():
+        per_row = x.reduce("cols", "sum")
+        with pytest.raises(ValueError, match=r"unknown dimension\(s\) \['tp'\]"):
+            x.reduce("tp")
+    split = flat.split(all=("a", "b"), b=2)                  # {a: 2, b: 2} again, from the flat view
+    with split.activate():
+        columns = x.reduce("a", "max")
+        got_cols = monarch.inspect(columns, a=0, b=1)
+    with mesh.activate():
+        got_total = monarch.inspect(everything, dp=1, tp=1)
+        got_row = monarch.inspect(per_row, dp=1, tp=0)
+    values = {c: per_rank(*c) for c in COORDS}
+    assert [torch.equal(got_flat[i], values[COORDS[i]]) for i in range(4)] == [True] * 4
+    assert got_ranks == [0, 1, 2, 3]
+    assert torch.equal(got_total, sum(values.values()))
+    assert torch.equal(got_row, values[(1, 0)] + values[(1, 1)])
+    assert torch.equal(got_cols, torch.maximum(values[(0, 1)], values[(1, 1)]))
+
+
 def test_bad_reductions_are_refused_in_the_client_saying_why(mesh) -> None:  # type: ignore[no-untyped-def]
     with mesh.activate():
         x = torch.ones(3, 2)
