@@ -54,3 +54,25 @@ def test_collectives_across_hosts_over_each_subset_of_dimensions(lab: Any) -> No
     assert out["every"] == [15.0] * 4            # 0+1+...+5
     assert out["per_host"] == [1.0, 5.0, 9.0]     # (0+1), (2+3), (4+5)
     assert out["across"] == [1.0, 3.0, 5.0]       # gpus=1 on h1, h2, h3
+
+
+def test_a_pipeline_between_hosts_and_a_reduction_on_a_comms_stream(lab: Any) -> None:
+    out = lab.run("""
+        stages = [pm.slice(hosts=h) for h in range(3)]     # one stage per host
+        with stages[0].activate():
+            h = (torch.arange(3.0) + stages[0].rank_tensor("gpus")).to_mesh(stages[1])   # h1 -> h2, over gloo
+        with stages[1].activate():
+            h = (h * 10).to_mesh(stages[2])                                              # h2 -> h3
+        with stages[2].activate():
+            piped = [monarch.inspect(h, gpus=g).tolist() for g in range(2)]
+        comms = monarch.Stream("comms")
+        with pm.activate():
+            g = torch.ones(2) * (pm.rank_tensor("hosts") + 1)
+            rg, borrow = comms.borrow(g, mutable=True)
+            with comms.activate():
+                rg.reduce_("hosts", "sum")
+            borrow.drop()
+            result = {"piped": piped, "reduced": monarch.inspect(g * 1, hosts=2, gpus=1).tolist()}
+    """, timeout=240)
+    assert out["piped"] == [[0.0, 10.0, 20.0], [10.0, 20.0, 30.0]]
+    assert out["reduced"] == [6.0, 6.0]            # 1+2+3, on the comms stream's own group
