@@ -28,3 +28,6 @@ def test_the_walk_through_runs_and_prints_what_it_says(tmp_path: pathlib.Path) -
     assert "torch.Size([1, 4]) torch.Size([2, 3, 4])" in lines
     assert "TensorOpError {'dp': 1, 'tp': 1}" in lines
     assert "tensor([[6., 6., 6., 6.]," in lines  # x + 1 where x is 5
+    assert "tensor(14.)" in lines  # the flattened view's reduction
+    assert "tensor([10., 20., 30., 40.])" in lines  # the two-stage pipeline
+    assert "torch.Size([1]) torch.Size([1])" in lines  # DDP with a comms stream
