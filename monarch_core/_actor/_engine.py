@@ -12,8 +12,14 @@ DISTRIBUTION = "monarch-tensor-engine"
 def engine(what: str) -> Any:
     """The engine; ``what`` (e.g. ``"ProcMesh.activate()"``) names the caller in the error."""
     from monarch_core._plugins import install_hint, registry
+    from monarch_core.errors import PluginError
 
-    got = registry().pm.hook.monarch_tensor_engine()
+    try:
+        got = registry().pm.hook.monarch_tensor_engine()
+    except PluginError as e:
+        if isinstance(e.__cause__, ImportError):  # the engine is there, what it needs is not (torch)
+            raise ImportError(f"{what}: {e.__cause__}") from e.__cause__
+        raise
     if got is None:
         raise ImportError(
             f"{what} needs the distributed tensor engine, and no plugin provides one here: "

@@ -287,6 +287,28 @@ def test_without_the_engine_activate_says_which_plugin_to_install() -> None:
     assert "pip install . ./plugins/tensor_engine" in out.stdout
 
 
+def test_without_torch_activate_says_to_install_it() -> None:
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["torch"] = None          # this interpreter has no torch
+        import monarch_core as monarch
+        from monarch_core.actor import this_host
+        pm = this_host().spawn_procs(per_host={"gpus": 1})
+        try:
+            pm.activate()
+        except ImportError as e:
+            print("error", e)
+        pm.stop().get()
+    """)
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert "error ProcMesh.activate(): the distributed tensor engine needs torch (pip install torch==2.13.0)" \
+        in out.stdout, out.stdout
+
+
 def batch_of(rank):  # type: ignore[no-untyped-def]
     """Rank r's rows of a fixed data set (runs on the procs, through remote())."""
     g = torch.Generator().manual_seed(1234)
