@@ -11,16 +11,23 @@
 * fetch: ``fetch_shard`` of a 64 MiB tensor against returning the same tensor
   from an endpoint.
 
-Usage: ``python bench/tensor_engine.py [--reps 5] [--ops 10000]`` (needs
-torch and monarch-tensor-engine; nothing leaves the machine).  The side-by-
-side run against torchmonarch 0.7.0 needs its venv (see bench/README.md);
-without it the Monarch columns are left out and the script says so.
+Usage: ``python bench/tensor_engine.py [--reps 5] [--ops 10000]
+[--monarch-py PYTHON]`` (needs torch and monarch-tensor-engine; nothing
+leaves the machine).  The dispatch and fetch rows run side by side with
+torchmonarch 0.7.0 on the same script, in its venv (``--monarch-py``,
+default ``$MONARCH_PY`` or ``/tmp/anchors/monarch/bin/python``; see
+bench/README.md); its collectives fail on CPU (they need NCCL), so those rows
+have the floor only.  Without the venv the Monarch column is left out and the
+script says so.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
 import time
 
 import torch
@@ -30,6 +37,51 @@ from monarch_core.actor import Actor, endpoint, this_host
 from monarch_core.spmd import setup_torch_elastic_env
 
 MiB = 1 << 20
+DEFAULT_MONARCH_PY = "/tmp/anchors/monarch/bin/python"
+
+#: the same dispatch and fetch measurements, for torchmonarch 0.7.0 (run in its venv; prints JSON)
+ANCHOR = r"""
+import json, statistics, sys, time
+import torch
+import monarch
+from monarch.actor import this_host
+ops, reps = int(sys.argv[1]), int(sys.argv[2])
+pm = this_host().spawn_procs(per_host={"gpus": 4})
+with pm.activate():
+    x = torch.zeros(16)
+    monarch.fetch_shard(x).result()
+    rates = []
+    for _ in range(max(1, reps // 2)):
+        t0 = time.perf_counter()
+        for _ in range(ops):
+            x = x + 1
+        monarch.fetch_shard(x).result()
+        rates.append(ops / (time.perf_counter() - t0))
+    big = torch.ones(64 * (1 << 20) // 4)
+    monarch.fetch_shard(big[:1]).result()
+    fetches = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        monarch.fetch_shard(big, {"gpus": 1}).result()
+        fetches.append(time.perf_counter() - t0)
+print(json.dumps({"rate": statistics.median(rates), "fetch": statistics.median(fetches)}))
+pm.stop().get()
+"""
+
+
+def anchor(python: str, ops: int, reps: int) -> tuple[dict | None, str]:
+    """torchmonarch's figures, or None and why not."""
+    if not os.path.exists(python):
+        return None, (f"torchmonarch 0.7.0 side by side: not run, {python} does not exist (create it: python3 -m venv "
+                      f"/tmp/anchors/monarch && /tmp/anchors/monarch/bin/pip install torch==2.13.0 torchmonarch==0.7.0)")
+    try:
+        out = subprocess.run([python, "-c", ANCHOR, str(ops), str(reps)], capture_output=True, text=True, timeout=900)
+    except subprocess.TimeoutExpired:
+        return None, "torchmonarch 0.7.0 side by side: it did not finish within 900 s"
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode != 0 and not lines:
+        return None, f"torchmonarch 0.7.0 side by side failed (exit {out.returncode}): {out.stderr.strip()[-400:]}"
+    return json.loads(lines[-1]), f"torchmonarch 0.7.0 side by side: {python}"
 
 
 class Floor(Actor):
@@ -76,7 +128,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ops", type=int, default=10000)
+    ap.add_argument("--monarch-py", default=os.environ.get("MONARCH_PY", DEFAULT_MONARCH_PY),
+                    help="torchmonarch 0.7.0's venv python (default $MONARCH_PY, else %(default)s)")
     args = ap.parse_args()
+    theirs, note = anchor(args.monarch_py, args.ops, args.reps)
     pm = this_host().spawn_procs(per_host={"gpus": 4})
     rows = []
     with pm.activate():
@@ -89,8 +144,14 @@ def main() -> int:
                 x = x + 1
             monarch.inspect(x)
             rates.append(args.ops / (time.perf_counter() - t0))
-        rows.append(("dispatch: 10k element-wise ops into 4 procs + 1 fetch", f"{statistics.median(rates):,.0f} ops/s",
-                     "", "≥ 10× torchmonarch's (about 500 ops/s quoted in the issue)"))
+        rate = statistics.median(rates)
+        if theirs:
+            rows.append(("dispatch: 10k element-wise ops into 4 procs + 1 fetch", f"{rate:,.0f} ops/s",
+                         f"torchmonarch {theirs['rate']:,.0f} ops/s",
+                         f"{rate / theirs['rate']:.1f}× torchmonarch's (goal ≥ 10×)"))
+        else:
+            rows.append(("dispatch: 10k element-wise ops into 4 procs + 1 fetch", f"{rate:,.0f} ops/s", "",
+                         "≥ 10× torchmonarch's (about 500 ops/s quoted in the issue)"))
         y = torch.ones(64 * MiB // 4)
         y.reduce_("gpus")
         monarch.inspect(y[:1])
@@ -133,11 +194,14 @@ def main() -> int:
     fm, rm = statistics.median(fetches), statistics.median(returns)
     rows.append(("fetch_shard 64 MiB vs the same tensor returned by an endpoint", f"{fm * 1e3:.1f} ms",
                  f"{rm * 1e3:.1f} ms", f"{fm / rm:.2f}× the endpoint (goal ≤ 1×)"))
+    if theirs:
+        rows.append(("fetch_shard 64 MiB vs torchmonarch's", f"{fm * 1e3:.1f} ms",
+                     f"torchmonarch {theirs['fetch'] * 1e3:.1f} ms", f"{fm / theirs['fetch']:.2f}× torchmonarch's"))
     print("| row | monarch-core engine | floor / reference path | ratio, goal |")
     print("|---|---|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")
-    print("\n(torchmonarch 0.7.0 side by side: not run here; its venv is not installed on this machine)")
+    print(f"\n({note}; its collectives need NCCL, so on CPU the collective rows compare with the floor only)")
     pm.stop().get(timeout=60)
     return 0
 

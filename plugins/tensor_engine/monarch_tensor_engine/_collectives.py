@@ -117,9 +117,13 @@ def reduce(t: Tensor, dims: Any, reduction: str, scatter: bool, mesh: Any, out: 
         result = t
     else:
         result = ctl.new_handle(ctl.make_fake(shape, fake.dtype, fake.device))
+    if ctl.dead:  # a group with a dead member would wait for it: those members poison their result
+        dead = tuple(ctl.dead)
+    else:
+        dead = ()
     _ensure_store(ctl)
     ctl.send(("reduce", t._id, result._id, names, reduction, bool(scatter), tuple(fake.shape), fake.dtype,
-              ctl.view()))
+              ctl.view(), dead))
     return result
 
 
@@ -214,8 +218,20 @@ _OPS = {"sum": "SUM", "avg": "SUM", "product": "PRODUCT", "min": "MIN", "max": "
 
 
 def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], reduction: str, scatter: bool,
-               shape: tuple[int, ...], dtype: torch.dtype, view: tuple) -> None:
+               shape: tuple[int, ...], dtype: torch.dtype, view: tuple, dead: tuple = ()) -> None:
     from monarch_tensor_engine._worker import Poison, TensorOpError
+
+    if dead:
+        labels, _sizes = view
+        mine = coordinates(worker.mesh_rank, *view)
+        kept = [d for d in labels if d not in names]
+        for r in dead:
+            theirs = coordinates(r, *view)
+            if all(theirs[d] == mine[d] for d in kept):
+                worker.env[out_id] = Poison(TensorOpError(
+                    f"reduce({names}, {reduction!r}) on the proc at {worker.where}: rank {theirs} of its group died",
+                    "reduce", worker.where))
+                return
 
     dist = torch.distributed
     src = worker.env.get(in_id)
@@ -231,10 +247,9 @@ def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], red
             if scatter:
                 result = torch.empty_like(data)
                 pg.alltoall_base(result, data, [], []).wait()
-            else:
-                outs = [torch.empty_like(data) for _ in range(size)]
-                pg.allgather([outs], [data]).wait()
-                result = torch.stack(outs)
+            else:  # gathered straight into the rows of the result (no stack copy)
+                result = torch.empty((size, *data.shape), dtype=data.dtype, device=data.device)
+                pg.allgather([list(result.unbind(0))], [data]).wait()
         else:
             buf = data if (in_id == out_id and data is x) else data.clone()
             opts = dist.AllreduceOptions()

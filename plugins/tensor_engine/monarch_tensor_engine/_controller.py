@@ -14,8 +14,9 @@ Contract:
   that only read metadata (``t.shape``, ``t.dim()``) are answered locally.
 * Commands are sent in batches, in order, to every proc (one direct message
   per proc, so that later fetches on the same sessions come after them):
-  when :data:`BATCH` are pending, when a value is fetched, when the mesh's
-  block ends, and at :func:`flush`.  The client never waits for the procs
+  when :data:`BATCH` are pending, when the tensors freed since the last
+  batch add up to :data:`FREE_BYTES`, when a value is fetched, when the
+  mesh's block ends, and at :func:`flush`.  The client never waits for the procs
   to run them.
 * An operation on local tensors only (a fetched value) runs locally, as
   usual.  Reading a value (``t.item()``, ``bool(t)``, ``t.tolist()``) of a
@@ -26,6 +27,7 @@ Contract:
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import weakref
 from typing import Any, Callable
@@ -35,11 +37,16 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from monarch_core.errors import SupervisionError
 from monarch_tensor_engine import _streams
 from monarch_tensor_engine._tensor import Ref, Tensor
 
+logger = logging.getLogger("monarch.tensor")
+
 #: commands sent in one message per proc, at most
 BATCH = 256
+#: bytes of freed tensors that send the pending batch at once (with their drops)
+FREE_BYTES = 32 << 20
 #: seconds the first proc may take to run and describe a function (propagate 'cached'/'inspect')
 DESCRIBE_TIMEOUT_S = 300
 
@@ -102,6 +109,9 @@ class Controller:
         self.lock = threading.RLock()
         self.pending: list[tuple] = []
         self.dropped: list[tuple[int, Any]] = []
+        self.dropped_bytes = 0
+        #: flat ranks whose proc died -> why (commands are no longer sent there)
+        self.dead: dict[int, str] = {}
         #: the stream the last command sent belongs to (the procs keep it until told otherwise)
         self.wire_stream: Any = _streams.MAIN
         self.by_fake: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
@@ -139,9 +149,12 @@ class Controller:
         self.by_fake[id(fake)] = h
         return h
 
-    def release(self, ident: int, stream: Any) -> None:
-        """A handle was collected: free its tensor on the procs (next batch, on its stream)."""
+    def release(self, ident: int, stream: Any, nbytes: int = 0) -> None:
+        """A handle was collected: free its tensor on the procs (next batch, on
+        its stream; the next command sends the batch at once when the tensors
+        freed add up to :data:`FREE_BYTES`, so that the procs reuse memory)."""
         self.dropped.append((ident, stream))  # list.append is atomic; read under the lock at flush
+        self.dropped_bytes += nbytes  # approximate (finalizers of other threads): it only times a flush
 
     def handle_of(self, fake: torch.Tensor) -> Tensor | None:
         h = self.by_fake.get(id(fake))
@@ -156,7 +169,7 @@ class Controller:
                 self.pending.append(("stream", stream.key))
                 self.wire_stream = stream
             self.pending.append(cmd)
-            if len(self.pending) >= BATCH:
+            if len(self.pending) >= BATCH or self.dropped_bytes >= FREE_BYTES:
                 self.flush()
 
     def flush(self) -> None:
@@ -166,6 +179,7 @@ class Controller:
                 return
             if self.dropped:
                 drops, self.dropped[:] = list(self.dropped), []
+                self.dropped_bytes = 0
                 by_stream: dict[Any, list[int]] = {}
                 for ident, stream in drops:
                     by_stream.setdefault(stream, []).append(ident)
@@ -177,8 +191,22 @@ class Controller:
             if not self.pending:
                 return
             batch, self.pending = self.pending, []
-            for r in self.ranks:
-                r.run.broadcast(batch)
+            for i, r in enumerate(self.ranks):
+                if i in self.dead:
+                    continue
+                try:
+                    r.run.broadcast(batch)
+                except SupervisionError as e:  # that proc died: the others go on without it
+                    self.dead[i] = str(e).splitlines()[-1]
+                    logger.warning("tensor engine: rank %d of mesh %r is gone (%s); the other ranks go on",
+                                   i, self.mesh_name, self.dead[i])
+
+    def check_alive(self, ranks: Any, what: str) -> None:
+        """Raise if one of ``ranks`` (flat ranks; None: all) died."""
+        dead = [i for i in self.dead if ranks is None or i in ranks]
+        if dead:
+            raise RuntimeError(f"{what}: rank(s) {dead} of mesh {self.mesh_name!r} died ({self.dead[dead[0]]}); "
+                               f"work that needs them cannot run: start a new mesh for it")
 
     def fetch(self, t: Tensor, coords: dict[str, int]) -> "Fetched":
         """A Future of the value of ``t`` on the proc at ``coords``."""

@@ -55,7 +55,7 @@ class Tensor(torch.Tensor):
                 cls, fake.shape, strides=fake.stride(), dtype=fake.dtype, device=fake.device,
                 requires_grad=fake.requires_grad)
         r._fake, r._id, r._ctl, r._stream, r._guard = fake, ident, ctl, stream, None
-        weakref.finalize(r, ctl.release, ident, stream)
+        weakref.finalize(r, ctl.release, ident, stream, fake.numel() * fake.element_size())
         return r
 
     def __init__(self, fake: torch.Tensor, ident: int, ctl: Any, stream: Any) -> None:

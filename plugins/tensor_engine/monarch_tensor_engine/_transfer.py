@@ -40,6 +40,8 @@ def _move(t: Tensor, dst_ctl: Any, routes_src: list, routes_dst: list, what: str
 
     src_ctl = t._ctl
     _streams.check_use(t, False, what)
+    src_ctl.check_alive({i for i, r in enumerate(routes_src) if r is not None}, what)
+    dst_ctl.check_alive(None, what)
     fake = t._fake
     result = dst_ctl.new_handle(dst_ctl.make_fake(tuple(fake.shape), fake.dtype, fake.device))
     needs_store = any(r is not None and not r[1] for r in routes_src)

@@ -419,3 +419,47 @@ class Plain(Actor):
     @endpoint
     def one(self) -> int:
         return 1
+
+
+def proc_pid():  # type: ignore[no-untyped-def]
+    import os
+
+    return torch.tensor(os.getpid())
+
+
+def test_a_proc_that_dies_is_a_supervision_event_and_the_other_procs_go_on() -> None:
+    import os
+    import signal
+    import time
+
+    import monarch_core.actor as mactor
+    from monarch_core.errors import SupervisionError
+
+    seen: list = []
+    saved = mactor.unhandled_fault_hook
+    mactor.unhandled_fault_hook = seen.append
+    pm = this_host().spawn_procs(per_host={"gpus": 3})
+    try:
+        with pm.activate():
+            x = torch.ones(2) * pm.rank_tensor("gpus")
+            pid = int(monarch.inspect(remote(proc_pid, propagate=lambda: torch.empty((), dtype=torch.int64))(), gpus=2))
+            os.kill(pid, signal.SIGKILL)
+            with pytest.raises((SupervisionError, ActorError), match="SIGKILL|died|stopped"):
+                monarch.fetch_shard(x, gpus=2).get(timeout=60)
+            y = x + 1                                # the other procs' work goes on
+            assert monarch.inspect(y, gpus=1).tolist() == [2.0, 2.0]
+            total = y.reduce("gpus")                 # its group lost a member: poisoned, not a hang
+            with pytest.raises(ActorError, match="died"):
+                monarch.inspect(total, gpus=0)
+            part = monarch.slice_mesh(y, gpus=1)     # a transfer between live procs goes on too
+            with pytest.raises(RuntimeError, match=r"rank\(s\) \[2\] of mesh .* died"):
+                monarch.slice_mesh(y, gpus=slice(1, 3))  # a transfer from the dead proc
+        with pm.slice(gpus=1).activate():
+            assert monarch.inspect(part).tolist() == [2.0, 2.0]
+        deadline = time.monotonic() + 60
+        while not any("SIGKILL" in str(f) for f in seen):
+            assert time.monotonic() < deadline, f"no supervision event for the killed proc: {seen}"
+            time.sleep(0.05)
+    finally:
+        pm.stop().get(timeout=60)
+        mactor.unhandled_fault_hook = saved
