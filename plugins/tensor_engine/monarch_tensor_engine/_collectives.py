@@ -28,12 +28,15 @@ member i receives block i of every member, stacked).
 from __future__ import annotations
 
 import datetime
+import logging
 import math
 from typing import Any
 
 import torch
 
 from monarch_tensor_engine._tensor import Tensor
+
+logger = logging.getLogger("monarch.tensor")
 
 REDUCTIONS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "stack")
 #: seconds a collective (and a group's rendezvous) may wait for its members
@@ -117,11 +120,8 @@ def reduce(t: Tensor, dims: Any, reduction: str, scatter: bool, mesh: Any, out: 
         result = t
     else:
         result = ctl.new_handle(ctl.make_fake(shape, fake.dtype, fake.device))
-    if ctl.dead:  # a group with a dead member would wait for it: those members poison their result
-        dead = tuple(ctl.dead)
-    else:
-        dead = ()
     _ensure_store(ctl)
+    dead = tuple(ctl.dead)  # a group with a dead member would wait for it: those members poison their result
     ctl.send(("reduce", t._id, result._id, names, reduction, bool(scatter), tuple(fake.shape), fake.dtype,
               ctl.view(), dead))
     return result
@@ -134,6 +134,8 @@ def _ensure_store(ctl: Any) -> None:
         ctl.flush()
         ctl.store = tuple(ctl.ranks[0].start_store.call_one().get(timeout=TIMEOUT_S))
         ctl.send(("store", *ctl.store))
+        if ctl.dead:  # a death the store could not be told of yet
+            mark_dead(ctl, "; ".join(f"rank {r}: {why}" for r, why in ctl.dead.items()))
 
 
 # ---------------------------------------------------------------- the procs' side
@@ -190,18 +192,56 @@ def _group(worker: Any, names: tuple[str, ...], device: torch.device, view: tupl
     prefix = f"monarch-group/{stream}/{backend}/{shape}/{','.join(names)}/{','.join(f'{d}={c}' for d, c in others)}"
     store = torch.distributed.PrefixStore(prefix, worker.store)
     if backend == "nccl":
+        arrive(store, size, worker.store)
         pg = torch.distributed.ProcessGroupNCCL(store, rank, size)
     else:
-        pg = gloo_group(store, rank, size)
+        pg = gloo_group(store, rank, size, worker.store)
     groups[key] = got = (pg, rank, size)
     return got
 
 
-def gloo_group(store: Any, rank: int, size: int) -> Any:
+#: the key of a mesh's store that the client sets when one of the mesh's procs dies
+DEAD_KEY = "monarch-dead"
+
+
+def arrive(store: Any, size: int, base: Any) -> None:
+    """Wait until the ``size`` members of a new group (``store`` is its
+    prefix of ``base``, the mesh's store) have arrived, or raise when the
+    client has marked a proc of the mesh dead (:data:`DEAD_KEY` in ``base``)
+    or after :data:`TIMEOUT_S`: a group whose member died never forms, and
+    its members must not wait for it."""
+    import time
+
+    n = store.add("arrived", 1)
+    deadline = time.monotonic() + TIMEOUT_S
+    pause = 0.001
+    while n < size:
+        if base.check([DEAD_KEY]):
+            raise RuntimeError(f"a member of this group will not come: {base.get(DEAD_KEY).decode()}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {n} of the {size} members of this group arrived within {TIMEOUT_S} s")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+        n = store.add("arrived", 0)
+
+
+def mark_dead(ctl: Any, why: str) -> None:
+    """The client's side: tell the mesh's procs (through its store) that one of them died."""
+    if ctl.store is None:
+        return
+    try:
+        store_client(*ctl.store).set(DEAD_KEY, why)
+    except Exception as e:  # noqa: BLE001 - the store's proc may be the dead one: its members fail on their own
+        logger.info("tensor engine: could not mark the death in the store of %r: %s", ctl.mesh_name, e)
+
+
+def gloo_group(store: Any, rank: int, size: int, base: Any) -> Any:
     """A gloo process group on ``store``, bound to the address the other procs
-    reach this one at (not whatever the host name resolves to)."""
+    reach this one at (not whatever the host name resolves to), once its
+    members have all arrived (:func:`arrive`)."""
     from monarch_core.spmd import host_address
 
+    arrive(store, size, base)
     opts = torch.distributed.ProcessGroupGloo._Options()
     opts._timeout = datetime.timedelta(seconds=TIMEOUT_S)
     opts._devices = [torch.distributed.ProcessGroupGloo.create_device(hostname=host_address())]

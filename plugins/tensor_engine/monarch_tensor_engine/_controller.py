@@ -112,6 +112,9 @@ class Controller:
         self.dropped_bytes = 0
         #: flat ranks whose proc died -> why (commands are no longer sent there)
         self.dead: dict[int, str] = {}
+        from monarch_core import runtime
+
+        runtime.on_proc_failed(self._proc_failed)
         #: the stream the last command sent belongs to (the procs keep it until told otherwise)
         self.wire_stream: Any = _streams.MAIN
         self.by_fake: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
@@ -200,6 +203,20 @@ class Controller:
                     self.dead[i] = str(e).splitlines()[-1]
                     logger.warning("tensor engine: rank %d of mesh %r is gone (%s); the other ranks go on",
                                    i, self.mesh_name, self.dead[i])
+
+    def _proc_failed(self, proc_id: str, why: str, stopped: bool) -> None:
+        """A proc failed or stopped (the kernel's thread: hand the work over)."""
+        if proc_id not in self.proc_ids or getattr(self, "closed", False):
+            return
+        rank = self.proc_ids.index(proc_id)
+        if rank in self.dead:
+            return
+        self.dead[rank] = why.splitlines()[-1] if why else "it stopped"
+        if not stopped:
+            from monarch_tensor_engine import _collectives
+
+            threading.Thread(target=_collectives.mark_dead, args=(self, f"rank {rank}: {self.dead[rank]}"),
+                             daemon=True, name="monarch-tensor-dead").start()
 
     def check_alive(self, ranks: Any, what: str) -> None:
         """Raise if one of ``ranks`` (flat ranks; None: all) died."""

@@ -444,13 +444,15 @@ def test_a_proc_that_dies_is_a_supervision_event_and_the_other_procs_go_on() -> 
             x = torch.ones(2) * pm.rank_tensor("gpus")
             pid = int(monarch.inspect(remote(proc_pid, propagate=lambda: torch.empty((), dtype=torch.int64))(), gpus=2))
             os.kill(pid, signal.SIGKILL)
+            total = x.reduce("gpus")                 # at once: its group lost a member, maybe before it formed
+            with pytest.raises(ActorError, match="died|will not come|Connection|closed"):
+                monarch.fetch_shard(total, gpus=0).get(timeout=120)   # poisoned, not a 300 s wait
             with pytest.raises((SupervisionError, ActorError), match="SIGKILL|died|stopped"):
                 monarch.fetch_shard(x, gpus=2).get(timeout=60)
             y = x + 1                                # the other procs' work goes on
             assert monarch.inspect(y, gpus=1).tolist() == [2.0, 2.0]
-            total = y.reduce("gpus")                 # its group lost a member: poisoned, not a hang
             with pytest.raises(ActorError, match="died"):
-                monarch.inspect(total, gpus=0)
+                monarch.fetch_shard(y.reduce("gpus"), gpus=1).get(timeout=60)   # known dead now: at once
             part = monarch.slice_mesh(y, gpus=1)     # a transfer between live procs goes on too
             with pytest.raises(RuntimeError, match=r"rank\(s\) \[2\] of mesh .* died"):
                 monarch.slice_mesh(y, gpus=slice(1, 3))  # a transfer from the dead proc
