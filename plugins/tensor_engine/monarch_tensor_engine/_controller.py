@@ -13,7 +13,8 @@ Contract:
   ``(op, function, arguments with Refs, result ids, grad mode)``; queries
   that only read metadata (``t.shape``, ``t.dim()``) are answered locally.
 * Commands are sent in batches, in order, to every proc (one direct message
-  per proc, so that later fetches on the same sessions come after them):
+  per proc, so that later fetches on the same sessions come after them; the
+  batch is pickled once, with cloudpickle, for all of them):
   when :data:`BATCH` are pending, when the tensors freed since the last
   batch add up to :data:`FREE_BYTES`, when a value is fetched, when the
   mesh's block ends, and at :func:`flush`.  The client never waits for the procs
@@ -32,6 +33,7 @@ import threading
 import weakref
 from typing import Any, Callable
 
+import cloudpickle
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
@@ -122,6 +124,8 @@ class Controller:
         #: each proc's worker, in the procs' order (the same in every view)
         self.ranks = [self.workers.slice(**c) for c in self.coords]
         self.store: tuple[str, int] | None = None
+        #: (function, inputs' metadata and scalars) -> (result's metadata, function ref, name): see ``cached``
+        self.op_cache: dict[tuple, tuple] = {}
         #: what ``_propagate`` learned: (function, signature) -> description of its results
         self.propagations: dict[Any, Any] = {}
         self.closed = False
@@ -151,6 +155,14 @@ class Controller:
         h = Tensor(fake, next(self.ids), self, stream or _streams.get_active_stream())
         self.by_fake[id(fake)] = h
         return h
+
+    def materialize(self, h: Tensor) -> torch.Tensor:
+        """A fake for a handle that has only its metadata (a cached operation's result)."""
+        shape, stride, dtype, device, requires_grad = h._key
+        with torch._C.DisableTorchFunction(), self.fake_mode:
+            fake = torch.empty_strided(shape, stride, dtype=dtype, device=device, requires_grad=requires_grad)
+        self.by_fake[id(fake)] = h
+        return fake
 
     def release(self, ident: int, stream: Any, nbytes: int = 0) -> None:
         """A handle was collected: free its tensor on the procs (next batch, on
@@ -194,11 +206,12 @@ class Controller:
             if not self.pending:
                 return
             batch, self.pending = self.pending, []
+            data = cloudpickle.dumps(batch)  # once, not once per proc
             for i, r in enumerate(self.ranks):
                 if i in self.dead:
                     continue
                 try:
-                    r.run.broadcast(batch)
+                    r.run.broadcast(data)
                 except SupervisionError as e:  # that proc died: the others go on without it
                     self.dead[i] = str(e).splitlines()[-1]
                     logger.warning("tensor engine: rank %d of mesh %r is gone (%s); the other ranks go on",
@@ -285,8 +298,29 @@ class Controller:
             self.closed = True
 
     # ---------------------------------------------------------------- dispatch
+    def cached(self, func: Callable[..., Any], args: tuple) -> Any:
+        """The fast path: an operation already seen with inputs of this
+        metadata gets its result's metadata from :attr:`op_cache`, without
+        running on the fakes (the result's fake is made if it is needed).
+        Returns :data:`MISS` when it does not apply (see ``_op_key``)."""
+        key = _op_key(self, func, args)
+        if key is None:
+            return MISS
+        hit = self.op_cache.get(key)
+        if hit is None:
+            return MISS
+        out_key, fref, name = hit
+        h = Tensor(None, next(self.ids), self, _streams.get_active_stream(), out_key)
+        self.send(("op", fref, tuple(Ref(x._id) if type(x) is Tensor else x for x in args), {}, [h._id],
+                   torch.is_grad_enabled(), name))
+        return h
+
     def dispatch(self, func: Callable[..., Any], args: tuple, kwargs: dict, *, fake_func: Any = None,
                  always: bool = False) -> Any:
+        if not kwargs and fake_func is None:
+            got = self.cached(func, args)
+            if got is not MISS:
+                return got
         name = getattr(func, "__name__", "")
         if func in _LOCAL or name in _LOCAL_NAMES or name.startswith("_record_function_exit"):
             return func(*args, **kwargs)
@@ -350,6 +384,11 @@ class Controller:
         if mutating:  # an in-place change of requires_grad (requires_grad_, Parameter)
             for h in handles:
                 _sync(h, h._fake)
+        elif (out_spec is None and spec is None and not kwargs and fake_func is None and not always
+              and out._base is None and not out.requires_grad and not any(out is f for f in fakes)):
+            key = _op_key(self, func, args)  # a fresh tensor of metadata that the inputs' determine: cache it
+            if key is not None:
+                self.op_cache[key] = (results[0]._key, func_ref(func), op_name(func))
         args_t = _unflatten([Ref(x._id) if isinstance(x, Tensor) else x for x in flat], spec)
         self.send(("op", func_ref(func), args_t[0], args_t[1], out_ids, torch.is_grad_enabled(), op_name(func)))
         return results[0] if out_spec is None else tree_unflatten(results, out_spec)
@@ -440,6 +479,31 @@ class Controller:
                 _streams.check_use(h, h is written or h is out_kw, op_name(func))
 
 
+#: what ``Controller.cached`` returns when the fast path does not apply
+MISS = object()
+#: argument types an operation's cache key holds as they are (with their type: 1, 1.0 and True differ)
+_KEYABLE = (int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+
+
+def _op_key(ctl: Controller, func: Any, args: tuple) -> tuple | None:
+    """The cache key of ``func(*args)``, or None when it may not be cached:
+    an argument that is not a distributed tensor of this mesh on the active
+    stream, unguarded and not requiring grad, nor a plain scalar."""
+    key: list[Any] = [func]
+    stream = _streams.get_active_stream()
+    for x in args:
+        if type(x) is Tensor:
+            k = x._key
+            if x._ctl is not ctl or x._guard is not None or x._stream is not stream or k[4]:
+                return None
+            key.append(k)
+        elif type(x) in _KEYABLE:
+            key.append((type(x), x))
+        else:
+            return None
+    return tuple(key)
+
+
 #: argument types that are leaves as they are (no pytree needed for a call of only these)
 _LEAVES = (int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
 
@@ -497,6 +561,7 @@ def _sync(h: Tensor, fake: torch.Tensor) -> None:
                                "use the out-of-place form (t = t.view(...))")
         if h.requires_grad != fake.requires_grad:
             torch.Tensor.requires_grad_(h, fake.requires_grad)
+            h._key = (*h._key[:4], bool(fake.requires_grad))
 
 
 class _Mode(TorchFunctionMode):

@@ -20,6 +20,19 @@ import torch
 __all__ = ["Tensor", "Ref"]
 
 
+def meta_key(fake: torch.Tensor) -> tuple:
+    """``(shape, strides, dtype, device, requires_grad)`` of a (fake) tensor."""
+    with torch._C.DisableTorchFunction():
+        return (tuple(fake.shape), tuple(fake.stride()), fake.dtype, fake.device, bool(fake.requires_grad))
+
+
+def _nbytes(shape: tuple, dtype: torch.dtype) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n * (dtype.itemsize if hasattr(dtype, "itemsize") else 4)
+
+
 class Ref:
     """A handle's place in a command: the id of the tensor on the procs."""
 
@@ -40,26 +53,39 @@ class Tensor(torch.Tensor):
     shape, dtype and device (see the module docstring).  ``reduce`` and
     ``reduce_`` are the collectives; ``to_mesh`` moves it to another mesh."""
 
-    _fake: Any
     _id: int
     _ctl: Any
     #: the stream it belongs to (``_streams.Stream``)
     _stream: Any
     #: None, or what checks its uses while it is lent or borrowed (``_streams.Lent``/``Borrow``)
     _guard: Any
+    #: (shape, strides, dtype, device, requires_grad): what a cached operation's key holds
+    _key: tuple
+    #: its fake tensor, or None until something needs it (a result of a cached operation)
+    _fk: Any
 
     @staticmethod
-    def __new__(cls, fake: torch.Tensor, ident: int, ctl: Any, stream: Any) -> "Tensor":
+    def __new__(cls, fake: torch.Tensor | None, ident: int, ctl: Any, stream: Any, key: tuple | None = None) -> "Tensor":
+        if key is None:
+            key = meta_key(fake)
+        shape, stride, dtype, device, requires_grad = key
         with torch._C.DisableTorchFunction():
             r = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
-                cls, fake.shape, strides=fake.stride(), dtype=fake.dtype, device=fake.device,
-                requires_grad=fake.requires_grad)
-        r._fake, r._id, r._ctl, r._stream, r._guard = fake, ident, ctl, stream, None
-        weakref.finalize(r, ctl.release, ident, stream, fake.numel() * fake.element_size())
+                cls, shape, strides=stride, dtype=dtype, device=device, requires_grad=requires_grad)
+        r._fk, r._id, r._ctl, r._stream, r._guard, r._key = fake, ident, ctl, stream, None, key
+        weakref.finalize(r, ctl.release, ident, stream, _nbytes(shape, dtype))
         return r
 
-    def __init__(self, fake: torch.Tensor, ident: int, ctl: Any, stream: Any) -> None:
+    def __init__(self, fake: torch.Tensor | None, ident: int, ctl: Any, stream: Any, key: tuple | None = None) -> None:
         pass
+
+    @property
+    def _fake(self) -> Any:
+        """Its fake tensor (made from its metadata on first use)."""
+        fk = self._fk
+        if fk is None:
+            fk = self._fk = self._ctl.materialize(self)
+        return fk
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

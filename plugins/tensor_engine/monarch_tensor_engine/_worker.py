@@ -28,6 +28,7 @@ Contract:
 from __future__ import annotations
 
 import logging
+import pickle
 import queue
 import threading
 import traceback
@@ -92,6 +93,7 @@ class Worker(Actor):
         self.where = dict(point.items())
         self.mesh_rank = point.rank
         self.env: dict[int, Any] = {}
+        self.lost = ""  # why commands were lost here (a batch that could not be unpickled), if they were
         self.groups: Any = None  # _collectives.Groups, made at the first collective
         self.queue: queue.SimpleQueue | None = None  # the current stream's, None for main
         self.streams: dict[str, queue.SimpleQueue] = {}
@@ -101,7 +103,14 @@ class Worker(Actor):
 
     # ---------------------------------------------------------------- endpoints
     @endpoint
-    def run(self, batch: list[tuple]) -> None:
+    def run(self, data: bytes) -> None:
+        """Run a batch of commands (pickled once by the client for every proc)."""
+        try:
+            batch = pickle.loads(data)
+        except Exception as e:  # noqa: BLE001 - a broadcast endpoint must never raise
+            logger.exception("tensor engine: a batch of commands could not be read on %s", self.where)
+            self.lost = f"a batch of commands could not be read on the proc at {self.where}: {type(e).__name__}: {e}"
+            return
         for cmd in batch:
             q = self.queue
             if q is None or cmd[0] == "stream":
@@ -149,7 +158,8 @@ class Worker(Actor):
         if isinstance(v, Poison):
             raise v.error
         if v is None:
-            raise KeyError(f"tensor {ident} does not exist on the proc at {self.where} (it was freed)")
+            raise KeyError(f"tensor {ident} does not exist on the proc at {self.where} "
+                           f"({self.lost or 'it was freed'})")
         return v.detach().clone() if isinstance(v, torch.Tensor) else v
 
     @endpoint
@@ -318,8 +328,8 @@ class Worker(Actor):
                 if isinstance(v, Poison):
                     return v
                 if v is None:
-                    return Poison(TensorOpError(f"tensor {x.id} does not exist on the proc at {self.where}",
-                                                "", self.where))
+                    return Poison(TensorOpError(f"tensor {x.id} does not exist on the proc at {self.where}"
+                                                f"{' (' + self.lost + ')' if self.lost else ''}", "", self.where))
         return None
 
     def _poison(self, out_ids: list, error: TensorOpError) -> None:

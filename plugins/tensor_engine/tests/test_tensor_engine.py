@@ -51,6 +51,20 @@ def test_element_wise_work_on_every_rank_equals_the_local_computation(mesh) -> N
         assert torch.equal(value, (x.sin() * 2 + x.pow(2)).sum(1) - torch.ones(4))
 
 
+def test_repeated_operations_reuse_their_metadata_and_keep_torchs_type_rules(mesh) -> None:  # type: ignore[no-untyped-def]
+    with mesh.activate():
+        i = torch.arange(3) + mesh.rank_tensor("tp")           # int64
+        first, again = i + 1, i + 1                            # the second one from the metadata cache
+        as_float = i + 1.0                                     # 1.0 is not 1: float32
+        flag = i + True                                        # nor is True
+        assert (first.dtype, again.dtype, as_float.dtype, flag.dtype) == (torch.int64, torch.int64,
+                                                                          torch.float32, torch.int64)
+        chained = (again * 2).float().sum(0)                   # a cached result in an operation run on fakes
+        assert chained.shape == () and chained.dtype == torch.float32
+        got = [monarch.inspect(t, dp=1, tp=1).tolist() for t in (again, as_float, chained)]
+    assert got == [[2, 3, 4], [2.0, 3.0, 4.0], 18.0]
+
+
 def test_rank_tensors_hold_each_procs_coordinates(mesh) -> None:  # type: ignore[no-untyped-def]
     with mesh.activate():
         ranks = mesh.rank_tensors()
