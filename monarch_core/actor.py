@@ -4,7 +4,9 @@ A façade: the work lives in the private ``_actor``, ``_mesh`` and ``_kernel``
 packages.  ``__all__`` is exactly the reference's documented names.
 ``ChannelTransport``, ``BootstrapCommand`` and ``Workspace`` (types named in
 the reference's signatures) are importable from here too, and from
-``monarch_core``.
+``monarch_core``; so are ``attach_to_workers``, ``run_worker_loop_forever``
+(also in :mod:`monarch_core.worker`) and ``returns_future``, which programs
+written for the reference import from ``monarch.actor``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import types
 from typing import Any, Callable
 
 from monarch_core._actor._actor import Actor
+from monarch_core._actor._attach import attach_to_workers, run_worker_loop_forever  # noqa: F401 (importable, not in __all__)
 from monarch_core._launch._bootstrap import BootstrapCommand, default_bootstrap_cmd  # noqa: F401 (importable, not in __all__)
 from monarch_core._actor._context import Context, context, current_actor_name, current_rank, current_size
 from monarch_core._actor._endpoint import (
@@ -26,6 +29,7 @@ from monarch_core._actor._endpoint import (
     send,
 )
 from monarch_core._proc._future import Future
+from monarch_core._proc._owned import returns_future  # noqa: F401 (importable, not in __all__)
 from monarch_core._actor._mesh import (
     HostMesh,
     ProcMesh,

@@ -38,6 +38,7 @@ __all__ = [
     "ConfigError",
     "ConnectError",
     "ConnectionClosed",
+    "EndpointDefinitionError",
     "MonarchError",
     "PluginError",
     "ProtocolError",
@@ -69,6 +70,12 @@ class UnknownSchedulerError(PluginError, ValueError):
 class ConfigError(MonarchError, ValueError):
     """The project configuration (``monarch.toml`` / ``[tool.monarch]``) is missing,
     malformed, or does not define what was asked for.  The message names the file."""
+
+
+class EndpointDefinitionError(MonarchError, TypeError, ValueError):
+    """An endpoint decorator applied where it cannot work (``@concurrent_endpoint``
+    on a synchronous method).  Both a ``TypeError`` and a ``ValueError``:
+    torchmonarch 0.7.0 raises the latter, and code catches either."""
 
 
 class AllocationError(MonarchError):

@@ -37,50 +37,16 @@ Example::
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import sys
-from typing import Any, Sequence
 
 from monarch_core import settings
-from monarch_core._launch import _fork_server
-from monarch_core._launch import _worker
+from monarch_core._actor._attach import attach_to_workers, run_worker_loop_forever
 from monarch_core._launch._worker import READY_PREFIX
 
 __all__ = ["attach_to_workers", "main", "run_worker_loop_forever"]
 
 logger = logging.getLogger("monarch.worker")
-
-# What the worker loop's fork server imports above the proc runtime (the same
-# as ``_actor._mesh._FORK_SERVER_WARM``; the launch layer names nothing above it).
-_FORK_SERVER_WARM = ("monarch_core.actor", "monarch_core._actor._endpoint")
-
-
-@functools.wraps(_worker.run_worker_loop_forever)
-def run_worker_loop_forever(*args: Any, **kwargs: Any) -> Any:
-    _fork_server.warm(_FORK_SERVER_WARM)
-    return _worker.run_worker_loop_forever(*args, **kwargs)
-
-def attach_to_workers(
-    workers: Sequence[str],
-    ca: str | None = None,
-    private_key: str | None = None,
-    *,
-    cert: str | None = None,
-    timeout: float | None = None,
-):  # -> HostMesh
-    """A ``HostMesh`` over running worker loops (one host per address).
-
-    The transport of the addresses (``tcp``/``tls``) must be the enabled one;
-    if none is enabled yet it is enabled now.  With TLS the client presents
-    ``private_key`` (and ``cert``) signed by the worker's CA and verifies the
-    worker against ``ca``.  An unreachable worker raises ``ConnectError``
-    naming its address within ``timeout`` seconds (default
-    ``MONARCH_ATTACH_TIMEOUT`` or 10).
-    """
-    from monarch_core._actor._mesh import attach
-
-    return attach(workers, ca=ca, private_key=private_key, cert=cert, timeout=timeout)
 
 
 def main(argv: list[str] | None = None) -> int:

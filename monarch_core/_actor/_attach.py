@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from monarch_core import _telemetry, settings
 from monarch_core._proc import _start, _state
@@ -12,11 +12,57 @@ from monarch_core._mesh._shape import Extent
 
 ATTACH_TIMEOUT: float = settings.get("MONARCH_ATTACH_TIMEOUT")
 
+# What the worker loop's fork server imports above the proc runtime (the same
+# as ``_mesh._FORK_SERVER_WARM``; the launch layer names nothing above it).
+_FORK_SERVER_WARM = ("monarch_core.actor", "monarch_core._actor._endpoint")
+
+
+def attach_to_workers(
+    workers: Sequence[str],
+    ca: str | None = None,
+    private_key: str | None = None,
+    *,
+    cert: str | None = None,
+    timeout: float | None = None,
+) -> HostMesh:
+    """A ``HostMesh`` over running worker loops (one host per address).
+
+    The transport of the addresses (``tcp``/``tls``) must be the enabled one;
+    if none is enabled yet it is enabled now.  With TLS the client presents
+    ``private_key`` (and ``cert``) signed by the worker's CA and verifies the
+    worker against ``ca``.  An unreachable worker raises ``ConnectError``
+    naming its address within ``timeout`` seconds (default
+    ``MONARCH_ATTACH_TIMEOUT`` or 10).
+    """
+    return attach(workers, ca=ca, private_key=private_key, cert=cert, timeout=timeout)
+
+
+def run_worker_loop_forever(
+    address: str,
+    ca: str | None = None,
+    private_key: str | None = None,
+    *,
+    cert: str | None = None,
+    insecure_tcp: bool = False,
+    exit_with_parent: bool = False,
+) -> None:
+    """Serve as the worker loop of this host at ``address`` until shut down
+    (``HostMesh.shutdown()``); its procs start from a fork server that has
+    imported the actor API.  The contract is
+    :func:`monarch_core._launch._worker.run_worker_loop_forever`'s: TLS from
+    ``ca``/``private_key``/``cert``, a plain ``tcp://`` address only on
+    loopback unless ``insecure_tcp=True``, ``exit_with_parent``."""
+    from monarch_core._launch import _fork_server, _worker  # (lazily: importing the API loads no trio)
+
+    _fork_server.warm(_FORK_SERVER_WARM)
+    _worker.run_worker_loop_forever(address, ca, private_key, cert=cert, insecure_tcp=insecure_tcp,
+                                    exit_with_parent=exit_with_parent)
+
 
 def attach(
     workers: Any, *, ca: str | None, private_key: str | None, cert: str | None, timeout: float | None
 ) -> HostMesh:
-    """See :func:`monarch_core.worker.attach_to_workers`."""
+    """See :func:`attach_to_workers`."""
     from monarch_core._proc import _transport
     from monarch_core.errors import ConnectError
 

@@ -179,7 +179,9 @@ def concurrent_endpoint(
 
     def wrap(m: Callable[..., Any]) -> EndpointProperty[Any, Any]:
         if not inspect.iscoroutinefunction(m):
-            raise TypeError(
+            from monarch_core.errors import EndpointDefinitionError
+
+            raise EndpointDefinitionError(
                 f"@concurrent_endpoint needs an async method; {getattr(m, '__qualname__', m)!r} is "
                 "synchronous. Make it `async def`, or use @endpoint."
             )

@@ -13,6 +13,7 @@ from monarch_core import _telemetry
 from monarch_core._proc import _instrument, _reporting, _serial, _start, _state
 from monarch_core._actor._actor_mesh import ActorMesh, _release
 from monarch_core._proc._future import Cell, Future
+from monarch_core._proc._owned import Applied
 from monarch_core._actor import _engine
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
 from monarch_core._proc._port import GatherReplies
@@ -182,7 +183,7 @@ class ProcMesh(MeshTrait):
         stream_to_client: bool = True,
         aggregate_window_sec: float | None = 3,
         level: int = logging.INFO,
-    ) -> None:
+    ) -> Applied:
         """Where this mesh's procs send their output, from now on.
 
         ``stream_to_client=True``: each proc's stdout, stderr and ``logging``
@@ -199,7 +200,11 @@ class ProcMesh(MeshTrait):
         ``logging`` calls; monarch's own loggers keep ``MONARCH_LOG_LEVEL``).
 
         Blocks until every proc applied it (each within ``MONARCH_PROC_START_TIMEOUT``);
-        ``RuntimeError`` naming the procs that did not.
+        ``RuntimeError`` naming the procs that did not.  The reference's is
+        ``async``: the result may be awaited (``await pm.logging_option(...)``,
+        ``asyncio.run(pm.logging_option(...))``), which returns at once, the
+        work being done.  The defaults differ from the reference's
+        (``stream_to_client=False``): see docs/logging.md.
         """
         if not isinstance(stream_to_client, bool):
             raise TypeError(f"logging_option(stream_to_client=...) must be True or False, got {stream_to_client!r}")
@@ -226,6 +231,7 @@ class ProcMesh(MeshTrait):
         printer.set_window(self._name, aggregate_window_sec)
         slots = [self._slots[r] for r in self._region_.root_ranks()]
         _reporting.log_option(slots, stream_to_client, level, START_TIMEOUT)
+        return Applied()
 
     async def __aenter__(self) -> ProcMesh:
         return self

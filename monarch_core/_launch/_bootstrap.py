@@ -25,12 +25,20 @@ class BootstrapCommand:
     ``python -m monarch_core._launch._proc_main`` (directly or through a wrapper
     such as ``numactl`` or a container launcher); the proc finds its identity in
     the ``MONARCH_PROC_BOOTSTRAP`` variable, which monarch sets.
+
+    ``inherit_env`` (default ``True``, as in the reference): whether the proc
+    starts from the spawning process's environment.  With ``False`` it gets
+    only ``env`` and the ``MONARCH_*`` variables monarch needs there (the
+    spawning process's settings and its transport's credentials), so a
+    remote host's procs see what the command says and nothing of the
+    launching shell.
     """
 
     program: str
     args: tuple[str, ...] = ("-m", PROC_MODULE)
     env: Mapping[str, str | None] = dataclasses.field(default_factory=dict)
     arg0: str | None = None
+    inherit_env: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.program, str) or not self.program:
@@ -42,6 +50,8 @@ class BootstrapCommand:
                     f"BootstrapCommand.env maps str to str (or None to remove a variable); got {k!r}: {v!r}"
                 )
         object.__setattr__(self, "env", dict(self.env))
+        if not isinstance(self.inherit_env, bool):
+            raise TypeError(f"BootstrapCommand.inherit_env must be True or False, got {self.inherit_env!r}")
 
     def with_env(self, env: Mapping[str, str | None] | None = None, /, **kwargs: str | None) -> BootstrapCommand:
         """A copy with more environment overrides (``None`` removes a variable)."""
@@ -57,8 +67,11 @@ class BootstrapCommand:
         return [self.arg0 or self.program, *self.args]
 
     def build_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
-        """``base`` (default: this process's environment) with the overrides applied."""
+        """``base`` (default: this process's environment; with ``inherit_env=False``
+        only its ``MONARCH_*`` variables) with the overrides applied."""
         env = dict(os.environ if base is None else base)
+        if not self.inherit_env:
+            env = {k: v for k, v in env.items() if k.startswith("MONARCH_")}
         for k, v in self.env.items():
             if v is None:
                 env.pop(k, None)

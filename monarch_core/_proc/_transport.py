@@ -17,6 +17,8 @@ class ChannelTransport(enum.Enum):
     Tls = "tls"
     MetaTlsWithIpV6 = "metatls"
     MetaTlsWithHostname = "metatls-hostname"
+    #: in-process channels (the ``inproc`` transport: every actor in this process)
+    Local = "inproc"
 
 
 _SHORTCUTS = {

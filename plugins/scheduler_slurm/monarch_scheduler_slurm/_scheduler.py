@@ -56,10 +56,10 @@ HOLD_SCRIPT = """#!/bin/sh
 # monarch-scheduler-slurm: this job holds its nodes for a monarch client,
 # which starts the worker loops as steps of the job (srun --jobid --overlap).
 # It ends when that client shuts its host mesh down (scancel), at its time
-# limit, or with `scancel <job id>`.
+# limit, or with `scancel <job id>`.  One process, no child: nothing of it
+# can outlive the job, however the job ends (a killed slurmd included).
 PATH=/usr/local/bin:/usr/bin:/bin:$PATH
-trap 'kill "$nap" 2>/dev/null; exit 0' TERM INT
-while :; do sleep 3600 & nap=$!; wait "$nap"; done
+exec sleep infinity
 """
 
 #: Seconds between two ``squeue`` polls while a job waits to run.

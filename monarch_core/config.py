@@ -1,0 +1,102 @@
+"""``configure()`` and ``configured()``: runtime settings from Python, as
+``monarch.config`` offers them in the reference.
+
+Every setting is one of the ``MONARCH_*`` variables declared in
+:mod:`monarch_core.settings` (``monarch settings`` lists them, plugins'
+included).  A keyword names one by its variable (``MONARCH_DELIVERY_TIMEOUT``)
+or by the rest of it in lower case (``delivery_timeout``).  A value is checked
+as the variable's text would be (a ``ConfigError`` naming it otherwise) and
+then set in this process's environment, so that the code that reads the
+setting next, and every proc started from here afterwards, sees it.
+
+A setting read once when the runtime starts (the transport, the listener)
+takes effect for a runtime started afterwards: configure those before the
+first mesh.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Iterator
+
+from monarch_core import settings
+from monarch_core.errors import ConfigError
+
+__all__ = ["configure", "configured", "get_configuration"]
+
+
+def _name(key: str) -> str:
+    name = key if key.startswith("MONARCH_") else "MONARCH_" + key.upper()
+    try:
+        settings.get(name)
+    except KeyError:
+        import difflib
+
+        known = [s.name for s in settings.all_settings()]
+        close = difflib.get_close_matches(name, known, n=3, cutoff=0.6)
+        hint = f"did you mean {', '.join(close)}? " if close else ""
+        raise ConfigError(f"configure({key}=...): {name} is not a setting; {hint}`monarch settings` lists them "
+                          f"(a plugin's appear once it is installed)") from None
+    except ConfigError:
+        pass  # declared; its current value is malformed, which the new one replaces
+    return name
+
+
+def _text(name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        text = "1" if value else "0"
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        text = ",".join(str(v) for v in value)
+    else:
+        text = str(value)
+    settings.get(name, {name: text})  # the variable's own check: ConfigError naming it
+    return text
+
+
+def _apply(items: dict[str, Any]) -> dict[str, str | None]:
+    """Check every item first (nothing is set on an error), then set them; the previous texts."""
+    texts = {_name(k): None for k in items}
+    texts = {name: _text(name, v) for name, v in zip(texts, items.values())}
+    previous = {name: os.environ.get(name) for name in texts}
+    for name, text in texts.items():
+        if text is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = text
+    return previous
+
+
+def configure(**kwargs: Any) -> None:
+    """Set settings for this process and the procs started from it
+    (``configure(delivery_timeout=5, log_level="DEBUG")``); ``None`` goes
+    back to the default.  All are checked before any is set."""
+    _apply(kwargs)
+
+
+@contextlib.contextmanager
+def configured(**kwargs: Any) -> Iterator[dict[str, Any]]:
+    """:func:`configure` for a block: the previous values come back at its
+    end.  Yields :func:`get_configuration`, as it is inside the block."""
+    previous = _apply(kwargs)
+    try:
+        yield get_configuration()
+    finally:
+        for name, text in previous.items():
+            if text is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = text
+
+
+def get_configuration() -> dict[str, Any]:
+    """Every declared setting's current value, by variable name."""
+    out: dict[str, Any] = {}
+    for s in settings.all_settings():
+        try:
+            out[s.name] = settings.get(s.name)
+        except ConfigError as e:
+            out[s.name] = e
+    return out
