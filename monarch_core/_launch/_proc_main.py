@@ -20,6 +20,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 from monarch_core._proc._state import tune_malloc  # noqa: F401 - defined below the launch layer
@@ -122,9 +123,31 @@ def main() -> None:
         trio.run(functools.partial(kernel.serve, after_start=hello))
     except KeyboardInterrupt:
         pass
+    finish(0)
+
+
+#: seconds the interpreter's finalization of a stopped proc may take before the proc just exits
+FINALIZE_S = 5.0
+
+
+def finish(code: int) -> None:
+    """End the proc through the interpreter's own finalization (``raise
+    SystemExit``): ``atexit`` handlers run, then module globals go (their
+    ``__del__`` runs), as for a program that returns from its main -- users
+    flush loggers, trackers and files this way.  A finalization that does
+    not end within :data:`FINALIZE_S` (a non-daemon thread that never
+    returns) is cut short by ``os._exit``, so a stop stays bounded."""
+    import threading
+
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+
+    def cut_short() -> None:
+        time.sleep(FINALIZE_S)
+        os._exit(code)
+
+    threading.Thread(target=cut_short, daemon=True, name="monarch-finalize-bound").start()
+    raise SystemExit(code)
 
 
 def proc_log_file(host_name: str | None) -> str:

@@ -139,6 +139,15 @@ def _send(sock: socket.socket, msg: tuple, fds: list[int] | None = None) -> None
         sock.send(marshal.dumps(msg))
 
 
+class ProcExit(BaseException):
+    """A forked proc's ``SystemExit``, carried out of the fork server's loop
+    (which would otherwise catch it) to the top of the interpreter."""
+
+    def __init__(self, code: Any) -> None:
+        super().__init__(code)
+        self.code = code
+
+
 def serve(fd: int, parent_pid: int) -> None:
     """Main loop of the zygote process (never returns)."""
     from monarch_core._launch._proc_main import _set_parent_death_signal
@@ -168,6 +177,8 @@ def serve(fd: int, parent_pid: int) -> None:
             os._exit(1)
         _send(sock, ("ready", os.getpid()))
         _loop(sock, base_env, base_path)
+    except ProcExit as e:  # a forked proc ended: the interpreter finalizes it (atexit, module globals)
+        raise SystemExit(e.code) from None
     except (BrokenPipeError, ConnectionResetError):
         pass
     except BaseException:  # pragma: no cover - logged, then exit
@@ -229,12 +240,13 @@ def _fork(sock: socket.socket, sel: Any, kids: dict, msg: tuple, fds: list[int],
             for pidfd in kids.values():
                 os.close(pidfd)
             _become_proc(fds, targets, env_set, env_unset, cwd, base_env, base_path)
+        except SystemExit as e:  # the proc's own end: finalize as the interpreter does, out of serve()
+            raise ProcExit(e.code) from None
         except BaseException:  # noqa: BLE001
             import traceback
 
             traceback.print_exc()
-        finally:
-            os._exit(1)
+        os._exit(1)
     for f in fds:
         os.close(f)
     pidfd = os.pidfd_open(pid)

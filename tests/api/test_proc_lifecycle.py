@@ -10,6 +10,8 @@ import sys
 import textwrap
 import time
 
+import pytest
+
 from monarch_core.actor import Actor, ProcMesh, endpoint, this_host
 
 from _helpers import fresh
@@ -159,3 +161,46 @@ def test_shutdown_context_without_any_mesh() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "EMPTY-SHUTDOWN-OK" in proc.stdout
+
+
+class _Tracker:
+    """A module global whose ``__del__`` writes a file: run by the interpreter's finalization."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __del__(self, _open=open) -> None:  # (module teardown: builtins may be gone, as in any program)
+        with _open(self.path, "w") as f:
+            f.write("del")
+
+
+def _write_atexit(path: str) -> None:
+    with open(path, "w") as f:
+        f.write("atexit")
+
+
+class Finalizers(Actor):
+    @endpoint
+    def arm(self, path: str) -> int:
+        import atexit
+
+        global _TRACKER
+        atexit.register(_write_atexit, path + ".atexit")
+        _TRACKER = _Tracker(path + ".del")
+        return os.getpid()
+
+
+@pytest.mark.parametrize("how", ["forked", "exec"])
+def test_a_stopped_proc_runs_atexit_handlers_and_module_finalizers(how: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from monarch_core.actor import BootstrapCommand
+
+    cmd = None if how == "forked" else BootstrapCommand(sys.executable, arg0=sys.executable)  # arg0: no fork server
+    pm = this_host().spawn_procs(per_host={"gpus": 1}, bootstrap_command=cmd)
+    base = str(tmp_path / "proc")
+    pid = pm.spawn("fin", Finalizers).arm.call_one(base).get(timeout=60)
+    pm.stop().get(timeout=60)
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "proc.atexit").read_text() == "atexit"
+    assert (tmp_path / "proc.del").read_text() == "del"
