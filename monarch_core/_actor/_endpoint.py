@@ -346,7 +346,10 @@ def as_endpoint(
 ) -> Endpoint[Any, Any]:
     """Treat an actor method that is not an ``@endpoint`` as one, e.g.
     ``as_endpoint(mesh.reset).call()``.  Raises ``ValueError`` if the
-    argument is not a method of a spawned actor mesh."""
+    argument is not a method of a spawned actor mesh.  An ``async`` method
+    of a synchronous actor (one with no ``async`` endpoint) is refused when
+    called, as the reference refuses it: the call raises ``ActorError``
+    and the actor goes on."""
     if isinstance(not_an_endpoint, Endpoint):
         return not_an_endpoint
     if not isinstance(not_an_endpoint, NotAnEndpoint):

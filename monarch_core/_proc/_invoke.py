@@ -262,7 +262,10 @@ class EndpointCalls:
                 self._methods[name] = (cls, attr, func)
                 return attr, func
             if callable(attr):
-                func = _loopless(attr, self.loop)
+                if inspect.iscoroutinefunction(attr) and not _has_async_endpoint(cls):
+                    func = _refused_async(cls, name)
+                else:
+                    func = _loopless(attr, self.loop)
                 self._methods[name] = (cls, None, func)
                 return None, func
             break
@@ -313,6 +316,29 @@ class EndpointCalls:
         t = self.loop.create_task(body())
         self._concurrent.add(t)
         t.add_done_callback(self._concurrent.discard)
+
+
+def _has_async_endpoint(cls: type) -> bool:
+    """Whether ``cls`` is an asynchronous actor in the reference's sense: one of its endpoints is ``async def``."""
+    for klass in cls.__mro__:
+        for attr in klass.__dict__.values():
+            if getattr(type(attr), "__monarch_endpoint__", False) and inspect.iscoroutinefunction(attr._method):
+                return True
+    return False
+
+
+def _refused_async(cls: type, name: str) -> Any:
+    """What ``as_endpoint`` of an ``async`` method of a synchronous actor runs:
+    the reference refuses it at call time (the caller gets an ``ActorError``;
+    the actor goes on)."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"as_endpoint({cls.__qualname__}.{name}): {name} is async, and {cls.__qualname__} is a synchronous "
+            f"actor (none of its endpoints is async), which torchmonarch refuses; make one of its endpoints "
+            f"`async def`, or {name} synchronous")
+
+    return refuse
 
 
 def _loopless(func: Any, loop: asyncio.AbstractEventLoop | None = None) -> Any:

@@ -181,3 +181,42 @@ def test_bootstrap_command_inherit_env_false_gives_the_proc_only_what_the_comman
     assert got[False] == {"COMPAT_FROM_CLIENT": None, "COMPAT_FROM_COMMAND": "cmd", "MONARCH_DELIVERY_TIMEOUT": "9"}
     with pytest.raises(TypeError, match="inherit_env must be True or False"):
         BootstrapCommand(sys.executable, inherit_env="no")  # type: ignore[arg-type]
+
+
+class SyncActor(Actor):
+    """No async endpoint: a synchronous actor in the reference's sense."""
+
+    @endpoint
+    def ping(self) -> str:
+        return "pong"
+
+    async def later(self) -> str:
+        return "later"
+
+    def plain(self) -> str:
+        return "plain"
+
+
+class AsyncActor(Actor):
+    @endpoint
+    async def ping(self) -> str:
+        return "pong"
+
+    async def later(self) -> str:
+        return "later"
+
+
+def test_as_endpoint_of_an_async_method_is_refused_on_a_synchronous_actor_only() -> None:
+    from monarch_core.actor import ActorError, as_endpoint
+
+    pm = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        sync = pm.spawn("sync_actor", SyncActor)
+        with pytest.raises(ActorError, match=r"later is async, and SyncActor is a synchronous actor"):
+            as_endpoint(sync.later).call_one().get(timeout=60)
+        assert as_endpoint(sync.plain).call_one().get(timeout=60) == "plain"
+        assert sync.ping.call_one().get(timeout=60) == "pong"        # the actor goes on
+        asynchronous = pm.spawn("async_actor", AsyncActor)
+        assert as_endpoint(asynchronous.later).call_one().get(timeout=60) == "later"
+    finally:
+        pm.stop().get(timeout=60)
