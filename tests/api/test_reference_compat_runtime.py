@@ -220,3 +220,25 @@ def test_as_endpoint_of_an_async_method_is_refused_on_a_synchronous_actor_only()
         assert as_endpoint(asynchronous.later).call_one().get(timeout=60) == "later"
     finally:
         pm.stop().get(timeout=60)
+
+
+class Child(Actor):
+    @endpoint
+    def pid(self) -> int:
+        return os.getpid()
+
+
+class Controller(Actor):
+    @endpoint
+    def spawn_child(self) -> tuple:
+        from monarch_core.actor import context
+
+        child = context().actor_instance.proc.spawn("ctl_child", Child)
+        return os.getpid(), child.pid.call_one().get(timeout=30)
+
+
+def test_a_controller_in_the_client_spawns_through_its_context_into_the_client_process() -> None:
+    from monarch_core.actor import get_or_spawn_controller
+
+    ctl = get_or_spawn_controller("compat_controller", Controller).get(timeout=60)
+    assert ctl.spawn_child.call_one().get(timeout=60) == (os.getpid(), os.getpid())
