@@ -495,3 +495,38 @@ def test_hook_returning_normally_drops_the_fault(client_script) -> None:
     assert r.returncode == 0, f"rc={r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
     assert "HOOK DROPPED crashy_mesh" in r.stdout
     assert "CLIENT CONTINUES" in r.stdout
+
+
+class Stopping(Parent):
+    """A Parent whose child fails while it is stopping."""
+
+    @endpoint
+    def fail_child_while_busy(self) -> None:
+        import time
+
+        time.sleep(0.5)                      # the stop request arrives meanwhile
+        self.child.die.broadcast("failed after the stop began")
+        time.sleep(0.5)                      # its supervision event arrives while the stop is queued
+
+    def __cleanup__(self, exc) -> None:
+        self.notes.send({"cleanup": True})
+
+
+def test_a_supervision_event_after_the_stop_began_is_dropped(procs, faults) -> None:
+    notes_port, notes = Channel.open()
+    pname, cname = fresh("stopping_parent"), fresh("stopping_child")
+    parent = procs.spawn(pname, Stopping, "handle", notes_port)
+    one = parent.slice(gpus=0)
+    one.spawn_child.call_one(cname).get(timeout=T)
+    one.fail_child_while_busy.broadcast()
+    parent.stop().get(timeout=T)
+    seen = []
+    while True:
+        try:
+            seen.append(notes.recv().get(timeout=2))
+        except TimeoutError:
+            break
+    assert {"cleanup": True} in seen
+    assert not [n for n in seen if "is_mesh_failure" in n], seen   # __supervise__ never saw it
+    join_hook_threads()
+    assert not [f for f in faults.failures if f.mesh_name in (pname, cname)], faults.failures
