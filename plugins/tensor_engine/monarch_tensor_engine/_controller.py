@@ -120,7 +120,7 @@ class Controller:
         #: the stream the last command sent belongs to (the procs keep it until told otherwise)
         self.wire_stream: Any = _streams.MAIN
         self.by_fake: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
-        self.workers = mesh.spawn("_tensor_workers", _worker.Worker, self.labels)
+        self.workers = mesh.spawn("_tensor_workers", _worker.Worker)
         #: each proc's worker, in the procs' order (the same in every view)
         self.ranks = [self.workers.slice(**c) for c in self.coords]
         self.store: tuple[str, int] | None = None
@@ -158,9 +158,7 @@ class Controller:
 
     def materialize(self, h: Tensor) -> torch.Tensor:
         """A fake for a handle that has only its metadata (a cached operation's result)."""
-        shape, stride, dtype, device, requires_grad = h._key
-        with torch._C.DisableTorchFunction(), self.fake_mode:
-            fake = torch.empty_strided(shape, stride, dtype=dtype, device=device, requires_grad=requires_grad)
+        fake = self.fake_of(h._key)
         self.by_fake[id(fake)] = h
         return fake
 
@@ -178,14 +176,17 @@ class Controller:
     # ---------------------------------------------------------------- commands
     def send(self, cmd: tuple, stream: Any = None) -> None:
         """Queue ``cmd`` for every proc, on ``stream`` (default: the active one)."""
-        stream = stream or _streams.get_active_stream()
         with self.lock:
-            if stream is not self.wire_stream:
-                self.pending.append(("stream", stream.key))
-                self.wire_stream = stream
+            self._on_stream(stream or _streams.get_active_stream())
             self.pending.append(cmd)
             if len(self.pending) >= BATCH or self.dropped_bytes >= FREE_BYTES:
                 self.flush()
+
+    def _on_stream(self, stream: Any) -> None:
+        """The next pending command belongs to ``stream``: tell the procs if it is not the last one's (under the lock)."""
+        if stream is not self.wire_stream:
+            self.pending.append(("stream", stream.key))
+            self.wire_stream = stream
 
     def flush(self) -> None:
         """Send every pending command to every proc, in order (the caller's thread)."""
@@ -199,9 +200,7 @@ class Controller:
                 for ident, stream in drops:
                     by_stream.setdefault(stream, []).append(ident)
                 for stream, ids in by_stream.items():
-                    if stream is not self.wire_stream:
-                        self.pending.append(("stream", stream.key))
-                        self.wire_stream = stream
+                    self._on_stream(stream)
                     self.pending.append(("drop", ids))
             if not self.pending:
                 return
@@ -244,8 +243,7 @@ class Controller:
         _streams.check_use(t, False, "fetch_shard")
         with self.lock:
             self.flush()
-            stream = None if t._stream.default else t._stream.key
-            return Fetched(self.ranks[rank].fetch.call_one(t._id, stream))
+            return Fetched(self.ranks[rank].fetch.call_one(t._id, t._stream.key))
 
     def rank_of(self, coords: dict[str, Any]) -> int:
         unknown = sorted(set(coords) - set(self.labels))
@@ -302,23 +300,25 @@ class Controller:
         """The fast path: an operation already seen with inputs of this
         metadata gets its result's metadata from :attr:`op_cache`, without
         running on the fakes (the result's fake is made if it is needed).
-        Returns :data:`MISS` when it does not apply (see ``_op_key``)."""
+        Returns ``(result or MISS, the operation's key or None)``: the key
+        (``_op_key``) fills the cache when the slow path finds the result."""
         key = _op_key(self, func, args)
         if key is None:
-            return MISS
+            return MISS, None
         hit = self.op_cache.get(key)
         if hit is None:
-            return MISS
+            return MISS, key
         out_key, fref, name = hit
         h = Tensor(None, next(self.ids), self, _streams.get_active_stream(), out_key)
         self.send(("op", fref, tuple(Ref(x._id) if type(x) is Tensor else x for x in args), {}, [h._id],
                    torch.is_grad_enabled(), name))
-        return h
+        return h, key
 
     def dispatch(self, func: Callable[..., Any], args: tuple, kwargs: dict, *, fake_func: Any = None,
                  always: bool = False) -> Any:
+        op_key = None
         if not kwargs and fake_func is None:
-            got = self.cached(func, args)
+            got, op_key = self.cached(func, args)
             if got is not MISS:
                 return got
         name = getattr(func, "__name__", "")
@@ -384,11 +384,10 @@ class Controller:
         if mutating:  # an in-place change of requires_grad (requires_grad_, Parameter)
             for h in handles:
                 _sync(h, h._fake)
-        elif (out_spec is None and spec is None and not kwargs and fake_func is None and not always
-              and out._base is None and not out.requires_grad and not any(out is f for f in fakes)):
-            key = _op_key(self, func, args)  # a fresh tensor of metadata that the inputs' determine: cache it
-            if key is not None:
-                self.op_cache[key] = (results[0]._key, func_ref(func), op_name(func))
+        elif (op_key is not None and out_spec is None and spec is None and not always and out._base is None
+              and not out.requires_grad and not any(out is f for f in fakes)):
+            # a fresh tensor of metadata that the inputs' determine: cache it
+            self.op_cache[op_key] = (results[0]._key, func_ref(func), op_name(func))
         args_t = _unflatten([Ref(x._id) if isinstance(x, Tensor) else x for x in flat], spec)
         self.send(("op", func_ref(func), args_t[0], args_t[1], out_ids, torch.is_grad_enabled(), op_name(func)))
         return results[0] if out_spec is None else tree_unflatten(results, out_spec)
@@ -443,7 +442,7 @@ class Controller:
             self.send(("keep", func_ref(func), args_t[0], args_t[1], key, torch.is_grad_enabled(), op_name(func)))
             if described is None:
                 self.flush()
-                future = self.ranks[0].describe.call_one(key, None if stream.default else stream.key)
+                future = self.ranks[0].describe.call_one(key, stream.key)
         if described is None:
             try:
                 described = future.get(timeout=DESCRIBE_TIMEOUT_S)
@@ -454,7 +453,7 @@ class Controller:
         results, out_ids, metas = [], [], []
         for leaf in leaves:
             if isinstance(leaf, Meta):
-                h = self.new_handle(self.fake_of(leaf))
+                h = self.new_handle(self.fake_of(leaf.key()))
                 results.append(h)
                 out_ids.append(h._id)
                 metas.append(leaf)
@@ -463,11 +462,11 @@ class Controller:
         self.send(("bind", key, out_ids, metas))
         return tree_unflatten(results, out_spec), described
 
-    def fake_of(self, meta: Any) -> torch.Tensor:
-        """A fake tensor with ``meta``'s shape, strides, dtype, device and ``requires_grad``."""
+    def fake_of(self, key: tuple) -> torch.Tensor:
+        """A fake tensor of ``key``: ``(shape, strides, dtype, device, requires_grad)`` (``_tensor.meta_key``)."""
+        shape, stride, dtype, device, requires_grad = key
         with torch._C.DisableTorchFunction(), self.fake_mode:
-            return torch.empty_strided(meta.shape, meta.stride, dtype=meta.dtype, device=meta.device,
-                                       requires_grad=meta.requires_grad)
+            return torch.empty_strided(shape, stride, dtype=dtype, device=device, requires_grad=requires_grad)
 
     @staticmethod
     def check_streams(func: Any, handles: list, kwargs: dict, written: Any) -> None:

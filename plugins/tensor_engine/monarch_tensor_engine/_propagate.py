@@ -121,6 +121,6 @@ def _mocked(ctl: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
                 out = fn(*a, **k)
                 described = tree_map(lambda x: Meta.of(x) if isinstance(x, torch.Tensor) else x, out)
         leaves, spec = tree_flatten(described, is_leaf=lambda x: isinstance(x, Meta))
-        return tree_unflatten([ctl.fake_of(x) if isinstance(x, Meta) else x for x in leaves], spec)
+        return tree_unflatten([ctl.fake_of(x.key()) if isinstance(x, Meta) else x for x in leaves], spec)
 
     return run

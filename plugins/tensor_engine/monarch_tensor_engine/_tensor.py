@@ -12,6 +12,7 @@ on the procs (with the next batch of commands).
 
 from __future__ import annotations
 
+import math
 import weakref
 from typing import Any
 
@@ -27,10 +28,7 @@ def meta_key(fake: torch.Tensor) -> tuple:
 
 
 def _nbytes(shape: tuple, dtype: torch.dtype) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n * (dtype.itemsize if hasattr(dtype, "itemsize") else 4)
+    return math.prod(shape) * dtype.itemsize
 
 
 class Ref:

@@ -88,7 +88,7 @@ def _setter(name: str) -> Any:
 class Worker(Actor):
     """Holds this proc's tensors of one mesh and runs its commands (see the module docstring)."""
 
-    def __init__(self, labels: list[str]) -> None:
+    def __init__(self) -> None:
         point = current_rank()
         self.where = dict(point.items())
         self.mesh_rank = point.rank
@@ -132,9 +132,9 @@ class Worker(Actor):
                 return
             self._exec(cmd)
 
-    def _reach(self, stream: str | None) -> None:
-        """Wait until ``stream`` has run every command sent before now (main: it has)."""
-        q = self.streams.get(stream) if stream is not None else None
+    def _reach(self, stream: str) -> None:
+        """Wait until ``stream`` has run every command sent before now (``main``: it has)."""
+        q = self.streams.get(stream)
         if q is not None:
             done = threading.Event()
             q.put(("mark", done))
@@ -143,7 +143,7 @@ class Worker(Actor):
                                    f"within {WAIT_S:.0f} s (it waits for another stream or a collective)")
 
     @endpoint
-    def describe(self, key: int, stream: str | None = None) -> Any:
+    def describe(self, key: int, stream: str = "main") -> Any:
         """The results kept under ``key``, each tensor as its :class:`Meta`."""
         self._reach(stream)
         out = self.kept.get(key)
@@ -152,7 +152,7 @@ class Worker(Actor):
         return tree_map(lambda x: Meta.of(x) if isinstance(x, torch.Tensor) else x, out)
 
     @endpoint
-    def fetch(self, ident: int, stream: str | None = None) -> Any:
+    def fetch(self, ident: int, stream: str = "main") -> Any:
         self._reach(stream)
         v = self.env.get(ident)
         if isinstance(v, Poison):
@@ -361,6 +361,10 @@ class Meta:
     @classmethod
     def of(cls, t: torch.Tensor) -> "Meta":
         return cls(tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device), bool(t.requires_grad))
+
+    def key(self) -> tuple:
+        """As ``_tensor.meta_key`` has it: ``(shape, strides, dtype, device, requires_grad)``."""
+        return (self.shape, self.stride, self.dtype, self.device, self.requires_grad)
 
     def __reduce__(self) -> Any:
         return (Meta, (self.shape, self.stride, self.dtype, self.device, self.requires_grad))
