@@ -58,8 +58,12 @@ def _text(name: str, value: Any) -> str | None:
 
 def _apply(items: dict[str, Any]) -> dict[str, str | None]:
     """Check every item first (nothing is set on an error), then set them; the previous texts."""
-    texts = {_name(k): None for k in items}
-    texts = {name: _text(name, v) for name, v in zip(texts, items.values())}
+    texts: dict[str, str | None] = {}
+    for key, value in items.items():
+        name = _name(key)
+        if name in texts:
+            raise ConfigError(f"configure(): {key}=... sets {name} a second time in the same call")
+        texts[name] = _text(name, value)
     previous = {name: os.environ.get(name) for name in texts}
     for name, text in texts.items():
         if text is None:

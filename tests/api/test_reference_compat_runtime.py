@@ -55,6 +55,9 @@ def test_configured_restores_and_bad_values_change_nothing() -> None:
     assert os.environ.get("MONARCH_DELIVERY_TIMEOUT") == before
     with pytest.raises(ConfigError, match="did you mean MONARCH_DELIVERY_TIMEOUT"):
         config.configure(delivery_timout=1)
+    with pytest.raises(ConfigError, match="sets MONARCH_DELIVERY_TIMEOUT a second time"):
+        config.configure(delivery_timeout=1, MONARCH_DELIVERY_TIMEOUT=2)
+    assert os.environ.get("MONARCH_DELIVERY_TIMEOUT") == before
 
 
 def test_the_worker_loop_names_and_returns_future_are_importable_from_actor() -> None:
