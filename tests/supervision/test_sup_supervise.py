@@ -502,11 +502,26 @@ class Stopping(Parent):
 
     @endpoint
     def fail_child_while_busy(self) -> None:
+        """Busy until the stop is requested; then the child fails, and this
+        returns once the failure's supervision event is queued behind the stop
+        (white-box: the actor host's own flag and mailbox)."""
         import time
 
-        time.sleep(0.5)                      # the stop request arrives meanwhile
-        self.child.die.broadcast("failed after the stop began")
-        time.sleep(0.5)                      # its supervision event arrives while the stop is queued
+        from monarch_core._proc import _host
+        from monarch_core.actor import context
+
+        host = context().actor_instance._host
+        deadline = time.monotonic() + T
+        while not host._stop_requested:
+            assert time.monotonic() < deadline, "the stop was never requested"
+            time.sleep(0.01)
+        try:
+            self.child.die.call_one("failed after the stop began").get(timeout=T)
+        except Exception:  # noqa: BLE001 - the child died, as meant
+            pass
+        while not any(item[0] == _host._SUPERVISE for item in list(host._incoming)):
+            assert time.monotonic() < deadline, "the child's failure never reached its owner"
+            time.sleep(0.01)
 
     def __cleanup__(self, exc) -> None:
         self.notes.send({"cleanup": True})
