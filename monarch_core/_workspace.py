@@ -8,13 +8,15 @@ light); the copying is the scheduler's (``Allocation.sync_workspace`` in
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import posixpath
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Union
 
-__all__ = ["Workspace"]
+__all__ = ["Environment", "SyncedHost", "Workspace", "active_environment"]
 
 _PathLike = Union[str, "os.PathLike[str]"]
 
@@ -30,8 +32,8 @@ class Workspace:
     directory itself.  ``Workspace()`` holds nothing (a sync copies nothing).
 
     After ``HostMesh.sync_workspace(workspace)``, every remote directory is
-    on the ``PYTHONPATH`` of the procs spawned on those hosts afterwards, so
-    they import the copied code.
+    first on the ``sys.path`` of the procs spawned on those hosts afterwards,
+    so they import the copied code.
 
     Raises ``TypeError`` for the wrong types and ``ValueError`` for an empty
     local path, an absolute remote name or one that leaves the working
@@ -117,3 +119,83 @@ def _remote(dst: object, src: object) -> str:
         )
     norm = posixpath.normpath(dst) if dst else ""
     return "" if norm == "." else norm
+
+
+@dataclasses.dataclass(frozen=True)
+class SyncedHost:
+    """What one host holds after ``Allocation.sync_workspace``: what the
+    allocation returns for it (a ``{host name: SyncedHost}`` mapping), and
+    what the host mesh gives every proc it spawns there from then on.
+
+    ``paths``: the host's directories of the workspace, in the workspace's
+    order (put first on the procs' ``sys.path``; ``auto_reload`` maps a
+    changed local file to its copy with them).  ``python``: the interpreter
+    procs there run from now on (``conda=True``: the shipped environment's),
+    or ``None`` (the worker loop's own).  ``local``: the paths are this
+    client's own directories (a filesystem the host shares), nothing was
+    copied."""
+
+    paths: tuple[str, ...] = ()
+    python: str | None = None
+    local: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Environment:
+    """The Python environment ``sync_workspace(conda=True)`` ships:
+    ``prefix`` (its root directory), ``name`` (the directory it gets on the
+    hosts, ``<working dir>/.monarch/env/<name>``), ``python`` (the
+    interpreter, relative to ``prefix``), ``kind`` (``"conda"`` or
+    ``"venv"``) and, for a venv, ``home`` (``pyvenv.cfg``'s: the base
+    interpreter's directory, which must exist on every host too)."""
+
+    prefix: Path
+    name: str
+    python: str
+    kind: str
+    home: str | None = None
+
+    def remote_root(self, root: str) -> str:
+        """Where it goes under ``root`` (a host's working directory)."""
+        return posixpath.join(root, ".monarch", "env", self.name)
+
+
+def active_environment() -> Environment:
+    """The environment this client runs in: the active conda environment
+    (``CONDA_PREFIX``), else the virtual environment at ``sys.prefix``.
+    ``RuntimeError`` saying what to do for a system interpreter (nothing
+    that could be copied without copying the system)."""
+    conda = os.environ.get("CONDA_PREFIX")
+    if conda and Path(conda).is_dir():
+        prefix = Path(conda)
+        return Environment(prefix, prefix.name or "base", _python_in(prefix), "conda")
+    prefix = Path(sys.prefix)
+    cfg = prefix / "pyvenv.cfg"
+    if sys.prefix != sys.base_prefix and cfg.is_file():
+        home = None
+        for line in cfg.read_text(errors="replace").splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home":
+                home = value.strip()
+        return Environment(prefix, prefix.name, _python_in(prefix), "venv", home)
+    raise RuntimeError(
+        f"sync_workspace(conda=True): this client runs the system interpreter {sys.executable} ({sys.prefix}), "
+        "neither a conda environment (CONDA_PREFIX is not set) nor a virtual environment, so there is no "
+        "environment to ship. Run the client in one (python -m venv .venv && .venv/bin/pip install ...; or "
+        "conda activate <env>), or leave conda=False and install the packages on the hosts"
+    )
+
+
+def _python_in(prefix: Path) -> str:
+    """The interpreter's path relative to ``prefix`` (this one's, when it lives there)."""
+    exe = Path(sys.executable)
+    try:
+        rel = exe.relative_to(prefix)
+    except ValueError:
+        rel = None
+    if rel is not None:
+        return rel.as_posix()
+    for name in ("bin/python3", "bin/python"):
+        if (prefix / name).exists():
+            return name
+    return "bin/python"

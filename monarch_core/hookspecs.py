@@ -76,7 +76,8 @@ and the names here are its objects (their ``__module__`` names that module):
   :class:`AllocationRequest`, :class:`WorkerLaunch`,
   :data:`WORKER_READY_PREFIX`, :func:`wait_worker_address`,
   :class:`Allocation`, :class:`HostHandle`, :func:`monarch_schedulers` and
-  its worked example (:class:`Workspace` comes from ``monarch_core._workspace``);
+  its worked example (:class:`Workspace`, :class:`SyncedHost`, :class:`Environment`
+  and :func:`active_environment` come from ``monarch_core._workspace``);
 * ``_contract/_bootstrap.py`` -- :func:`monarch_proc_env`,
   :func:`monarch_proc_setup`;
 * ``_contract/_settings.py`` -- :func:`monarch_settings` (:class:`Setting`
@@ -140,7 +141,7 @@ from monarch_core._contract._transport import (
 )
 from monarch_core._contract._settings import monarch_settings
 from monarch_core._contract._tensor import TENSOR_ENGINE_NAMES, monarch_tensor_engine
-from monarch_core._workspace import Workspace
+from monarch_core._workspace import Environment, SyncedHost, Workspace, active_environment
 from monarch_core.settings import Setting
 
 __all__ = [
@@ -167,6 +168,9 @@ __all__ = [
     "WORKER_READY_PREFIX",
     "WorkerLaunch",
     "Workspace",
+    "SyncedHost",
+    "Environment",
+    "active_environment",
     "hookimpl",
     "hookspec",
     "monarch_proc_env",

@@ -125,6 +125,7 @@ SETTINGS: dict[str, Setting] = {
         _s("MONARCH_HOST_HEARTBEAT_TIMEOUT", "seconds", 30.0, "seconds a client waits for a worker loop to answer its heartbeats (sent every `MONARCH_HEARTBEAT_INTERVAL`) before it declares that host lost (frozen or cut off) and fails its procs", minimum=0.001),
         _s("MONARCH_ATTACH_TIMEOUT", "seconds", 10.0, "seconds `attach_to_workers` waits for each worker loop to answer", minimum=0.001),
         _s("MONARCH_ALLOCATE_TIMEOUT", "seconds", 300.0, "seconds a scheduler's allocation (and its workers' readiness) may take in `hosts_from_config`", minimum=0.001),
+        _s("MONARCH_AUTO_RELOAD_INTERVAL", "seconds", 1.0, "seconds between two looks at a workspace synced with `sync_workspace(auto_reload=True)` (file sizes and modification times)", minimum=0.01),
         _s("MONARCH_RELEASE_TIMEOUT", "seconds", 30.0, "seconds a scheduler's `release()` may take at shutdown or exit", minimum=0.001),
         _s("MONARCH_MAX_MESSAGE_BYTES", "int", 1 << 36, "largest message a kernel accepts, in bytes", minimum=1, default_text="64 GiB"),
         _s("MONARCH_UNPROVEN_CONN_BYTES_MAX", "int", 1 << 30, "bytes one connection whose peer has not proven itself (no message delivered, not authenticated) may make a proc hold; beyond, it is dropped", minimum=0, default_text="1 GiB"),

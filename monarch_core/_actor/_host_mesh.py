@@ -6,6 +6,7 @@ import functools
 import itertools
 import logging
 import math
+import sys
 import threading
 import uuid
 from typing import TYPE_CHECKING, Any, Callable
@@ -239,9 +240,16 @@ class HostMesh(MeshTrait):
         )
         slots: list[_ProcSlot] = []
         per_host_entries: list[tuple[HostHandle, list]] = []
+        from monarch_core._launch import _code_sync
+
+        here_path = tuple(p for p in sys.path if p)
+        remote_path = _code_sync.remote_sys_path() if any(self._hosts[r].address is not None for r in host_roots) else ()
         for hi, hroot in enumerate(host_roots):
             host = self._hosts[hroot]
             output = _output_mode(host.address is not None)
+            # what sync_workspace gave this host: its directories first on sys.path, a shipped env's Python
+            sys_path, env_python = _code_sync.spawn_overrides(
+                self._shared, host.name, remote_path if host.address is not None else here_path)
             entries = []
             for j in range(nper):
                 rank = hi * nper + j
@@ -253,6 +261,8 @@ class HostMesh(MeshTrait):
                         raise TypeError(f"bootstrap_command({point}) returned {type(cmd).__name__}, not a BootstrapCommand")
                 elif bootstrap_command is not None:
                     cmd = bootstrap_command
+                elif env_python is not None and self._python is None:
+                    cmd = default_bootstrap_cmd(env_python)
                 else:
                     cmd = default_bootstrap_cmd(self._python or rt.python_executable)
                     default = self._python is None and host.address is not None
@@ -279,6 +289,7 @@ class HostMesh(MeshTrait):
                     log_level=level,
                     host_name=host.name,
                     output=output,
+                    sys_path=sys_path,
                 )))
             per_host_entries.append((host, entries))
         status = ProcStatus(kernel, slots, lambda r: f"{name}{Point(r, extent)}")
@@ -311,7 +322,15 @@ class HostMesh(MeshTrait):
         if self._allocation is not None:
             self._allocation.stopped = True
         _telemetry.lifecycle("host_mesh.stopping", mesh=self._name, shutdown=False)
+        self._stop_watcher()
         return _lifecycle_when_done(self._stop_procs(), "host_mesh.stopped", mesh=self._name, shutdown=False)
+
+    def _stop_watcher(self) -> None:
+        """End the ``auto_reload`` watcher of a ``sync_workspace`` call, if any."""
+        if self._shared.get("watcher") is not None:
+            from monarch_core._launch import _code_sync
+
+            _code_sync.stop_watcher(self._shared)
 
     def _forget_procs(self, pm: Any) -> None:
         """``pm`` (spawned here) is stopping: these hosts no longer keep it."""
@@ -335,6 +354,7 @@ class HostMesh(MeshTrait):
         """Stop the procs, tell the worker loops to exit, then release the
         allocation (``detach``: through ``Allocation.detach``, keeping the hosts)."""
         _telemetry.lifecycle("host_mesh.stopping", mesh=self._name, shutdown=True)
+        self._stop_watcher()
         fut = self._stop_procs()
         self._shared["shutdown"] = True
         alloc = self._allocation
@@ -386,7 +406,7 @@ class HostMesh(MeshTrait):
         if self._shared["shutdown"]:
             raise RuntimeError(f"host mesh {self._name!r} has been shut down; allocate hosts again")
         cell = _code_sync.start(self._allocation, self.hosts, workspace, conda, auto_reload,
-                                attached=self._allocation is None, mesh=self._name)
+                                attached=self._allocation is None, mesh=self._name, shared=self._shared)
         await Future._of(cell)
 
     async def __aenter__(self) -> HostMesh:

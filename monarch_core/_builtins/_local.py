@@ -19,6 +19,7 @@ from monarch_core.hookspecs import (
     HostHandle,
     Scheduler,
     WorkerLaunch,
+    SyncedHost,
     Workspace,
     wait_worker_address,
 )
@@ -31,10 +32,14 @@ class _LocalAllocation(Allocation):
         self.released = threading.Event()
 
     def sync_workspace(self, workspace: Workspace, hosts: Sequence[str], *, conda: bool = False,
-                       auto_reload: bool = False) -> None:
+                       auto_reload: bool = False) -> dict[str, SyncedHost]:
         """Nothing to copy: local hosts are this machine, and see its files
-        where they are (``conda``/``auto_reload`` change nothing either)."""
-        return None
+        where they are (the procs run this client's interpreter already, so
+        ``conda`` changes nothing); the workspace's own directories go first
+        on the ``sys.path`` of procs spawned afterwards (and ``auto_reload``
+        maps changed files to them)."""
+        paths = tuple(str(p.resolve()) for p in workspace.dirs)
+        return {h: SyncedHost(paths=paths, local=True) for h in hosts}
 
     def release(self) -> None:
         self.released.set()

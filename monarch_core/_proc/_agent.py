@@ -96,6 +96,7 @@ class ProcAgent(ProcWatch):
             C.Telemetry: self._on_telemetry,
             C.TelemetryFlush: self._on_telemetry_flush,
             C.LogOption: self._on_log_option,
+            C.Reload: self._on_reload,
         }
 
     def handle_control(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
@@ -356,6 +357,11 @@ class ProcAgent(ProcWatch):
 
     def _on_log_option(self, m: C.LogOption, payload: Any, buffers: list, sender: str) -> None:
         _reporting.on_log_option(m.reply, m.stream, m.level)
+
+    def _on_reload(self, m: C.Reload, payload: Any, buffers: list, sender: str) -> None:
+        from monarch_core._proc import _reload
+
+        _reload.on_reload(m.reply, m.paths)
 
     # ---------------------------------------------------------------- lifecycle of actors
 

@@ -122,6 +122,13 @@ class LogOption(NamedTuple):
     level: int
 
 
+class Reload(NamedTuple):
+    """``sync_workspace(auto_reload=True)``: the files ``paths`` (this host's copies) changed; reload the modules loaded from them (``_proc._reload``), answer ``reply`` with ``[reloaded names, errors]``."""
+
+    reply: PortRef
+    paths: tuple
+
+
 # ---------------------------------------------------------------- to a worker loop
 
 
@@ -155,7 +162,7 @@ class HostShutdown(NamedTuple):
 
 Message = Union[
     Spawn, StopActor, Init, StopProc, Controller, Supervise, RegisterOwner, ProcStopping, ProcDied, Ping,
-    Telemetry, TelemetryFlush, LogOption, HostHello, HostSpawn, ChildHello, HostKill, HostShutdown,
+    Telemetry, TelemetryFlush, LogOption, Reload, HostHello, HostSpawn, ChildHello, HostKill, HostShutdown,
 ]
 
 
@@ -242,6 +249,7 @@ _SPEC: dict[str, tuple[type, tuple]] = {
     "telemetry": (Telemetry, ()),
     "telemetry_flush": (TelemetryFlush, (_port_ref,)),
     "log_option": (LogOption, (_port_ref, _flag, _int)),
+    "reload": (Reload, (_port_ref, _seq(_str))),
     "host_hello": (HostHello, (_port_ref,)),
     "host_spawn": (HostSpawn, ()),
     "child_hello": (ChildHello, (_str, _str)),

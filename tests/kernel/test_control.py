@@ -37,6 +37,7 @@ SAMPLES: list[Any] = [
     C.Telemetry(),
     C.TelemetryFlush(REF),
     C.LogOption(REF, True, 20),
+    C.Reload(REF, ("/w/pkg/mod.py",)),
     C.HostHello(REF),
     C.HostSpawn(),
     C.ChildHello("proc-3", "tcp://127.0.0.1:4000"),

@@ -20,6 +20,7 @@ from monarch_core.hookspecs import (
     AllocationRequest,
     HostHandle,
     Scheduler,
+    SyncedHost,
     WorkerLaunch,
     Workspace,
 )
@@ -141,6 +142,8 @@ class SSHAllocation(Allocation):
         self._lock = threading.Lock()
         self._released = threading.Event()
         self._abort = threading.Event()
+        self._changed = threading.Event()  # a bring-up thread ended
+        self._finished = 0  # bring-up threads that ended
 
     @property
     def python(self) -> str:
@@ -165,7 +168,11 @@ class SSHAllocation(Allocation):
             t.start()
         first_error: float | None = None
         try:
-            while any(t.is_alive() for t in threads):
+            while True:
+                self._changed.clear()  # (before looking: a host that ends after the look wakes the wait)
+                with self._lock:
+                    if self._finished == n:
+                        break
                 now = time.monotonic()
                 if errors and first_error is None:
                     first_error = now
@@ -177,7 +184,7 @@ class SSHAllocation(Allocation):
                     for t in threads:
                         t.join(max(0.0, grace - time.monotonic()))
                     break
-                time.sleep(0.05)
+                self._changed.wait(0.05)
         except BaseException:
             self._abort.set()
             progress.close()
@@ -242,6 +249,10 @@ class SSHAllocation(Allocation):
         except Exception as e:  # noqa: BLE001 - a bug or an unmapped library error: name the host
             if not self._abort.is_set() or not errors:
                 errors[target.name] = f"host {target.name!r} ({target.where}): {type(e).__name__}: {e}"
+        finally:
+            with self._lock:
+                self._finished += 1
+            self._changed.set()
 
     def _setup(self, w: Any) -> tuple[list[str], dict[str, str], str | None]:
         """After the hello: the worker's address, argv, environment, cwd."""
@@ -281,29 +292,26 @@ class SSHAllocation(Allocation):
                 w.check_keepalive(now)
 
     def sync_workspace(self, workspace: Workspace, hosts: Sequence[str], *, conda: bool = False,
-                       auto_reload: bool = False) -> dict[str, Any]:
+                       auto_reload: bool = False) -> dict[str, SyncedHost]:
         """Copy ``workspace`` into each host's working directory over SFTP
         (only changed files), then put its directories on the ``PYTHONPATH``
-        of the procs those hosts start from now on.  Returns the per-host
-        statistics (files uploaded, unchanged, bytes, seconds)."""
-        if conda:
-            raise NotImplementedError(
-                "conda=True is not supported: the ssh scheduler copies directories, not environments. Create the "
-                "environment on every host and point python = ... (or HostMesh.with_python_executable) at its Python"
-            )
-        if auto_reload:
-            raise NotImplementedError(
-                "auto_reload=True is not supported: procs already running keep the code they imported. Call "
-                "sync_workspace again after a change; procs spawned afterwards import the new code"
-            )
+        of the procs those hosts start from now on.  ``conda=True``: also the
+        client's environment, into ``.monarch/env/<name>`` there (its Python
+        runs the procs spawned from now on: the core reads the returned
+        ``SyncedHost.python``).  ``auto_reload`` is the core's (a watcher
+        that calls this again).  Returns what each host holds."""
+        from monarch_core.hookspecs import active_environment
         from monarch_scheduler_ssh import _sync
+        from monarch_scheduler_ssh._progress import Progress
 
         if self._released.is_set():
             raise AllocationError(f"ssh scheduler ({self.p.source}): the hosts were released")
         unknown = [h for h in hosts if h not in self.workers]
         if unknown:
             raise AllocationError(f"ssh scheduler ({self.p.source}): no such host(s) {unknown}; known: {sorted(self.workers)}")
+        env = active_environment() if conda else None
         stats: dict[str, Any] = {}
+        out: dict[str, SyncedHost] = {}
         errors: dict[str, str] = {}
 
         def one(name: str) -> None:
@@ -313,8 +321,17 @@ class SSHAllocation(Allocation):
                 if w.lost is not None:
                     raise AllocationError(f"{what}: it was lost ({w.lost})")
                 root = w.cwd or "."
+                python = None
+                if env is not None:
+                    def bar(total: int) -> Progress:
+                        return Progress(total, f"{name}: environment {env.name}", unit="B")
+
+                    python, stats[f"{name} env"] = _sync.sync_env(w.conn, self.python, env, root, self.p.io_timeout,
+                                                                  what, self.token, bar)
                 stats[name] = _sync.sync_host(w.conn, self.python, workspace, root, self.p.io_timeout, what, self.token)
-                w.control({"op": "pythonpath", "paths": workspace.remote_dirs(root)})
+                paths = workspace.remote_dirs(root)
+                w.control({"op": "pythonpath", "paths": paths})
+                out[name] = SyncedHost(paths=tuple(paths), python=python)
             except AllocationError as e:
                 errors[name] = str(e)
             except Exception as e:  # noqa: BLE001 - name the host
@@ -329,11 +346,10 @@ class SSHAllocation(Allocation):
             body = "\n  ".join(errors[h] for h in hosts if h in errors)
             raise AllocationError(f"ssh scheduler ({self.p.source}): sync_workspace failed on {len(errors)} of "
                                   f"{len(hosts)} hosts:\n  {body}")
-        for h in hosts:
-            s = stats[h]
+        for key, s in stats.items():
             logger.info("sync_workspace: %s: %d files uploaded (%d bytes), %d unchanged, %.2fs",
-                        h, s.uploaded, s.bytes, s.unchanged, s.seconds)
-        return stats
+                        key, s.uploaded, s.bytes, s.unchanged, s.seconds)
+        return out
 
     # ------------------------------------------------------------ release
 

@@ -8,6 +8,13 @@ temporary name, then renamed over the old one (a proc importing meanwhile sees
 the old file or the new one, never half of one), with the local mode and
 modification time, and the replaced modules' stale bytecode removed.  Remote
 files that no longer exist locally are left alone.
+
+``conda=True`` (:func:`sync_env`): the same for the client's environment
+(``monarch_core._workspace.active_environment``), into
+``<working dir>/.monarch/env/<name>``, symbolic links kept as links (a
+venv's ``bin/python`` points at its base interpreter, which must exist on
+the host: checked first, with an error naming it); a bar shows the bytes on
+a terminal.
 """
 
 from __future__ import annotations
@@ -21,11 +28,12 @@ import posixpath
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 import paramiko
 
 from monarch_core.errors import AllocationError
-from monarch_core.hookspecs import Workspace
+from monarch_core.hookspecs import Environment, Workspace
 from monarch_scheduler_ssh import _bootstrap
 from monarch_scheduler_ssh._connect import Connection
 
@@ -55,22 +63,46 @@ class SyncStats:
     seconds: float = 0.0
 
 
+@dataclasses.dataclass(frozen=True)
+class LocalLink:
+    remote: str  # absolute remote path of the link
+    target: str  # what it points to (a path inside the tree is rewritten to the remote tree)
+
+
 def local_files(workspace: Workspace, remote_root: str) -> tuple[list[LocalFile], list[str]]:
     """The files to mirror, and the remote directories they need."""
+    files, dirs, _links = tree_files(list(zip(workspace.dirs, workspace.remote_dirs(remote_root))))
+    return files, dirs
+
+
+def tree_files(pairs: list[tuple[Path, str]], *, keep_links: bool = False
+               ) -> tuple[list[LocalFile], list[str], list[LocalLink]]:
+    """The files under each local directory of ``pairs`` (with its remote
+    root), the remote directories they need and, with ``keep_links``, the
+    symbolic links (else a link is followed: its file is copied)."""
     files: list[LocalFile] = []
     dirs: list[str] = []
-    for (src, _), dst_root in zip(workspace, workspace.remote_dirs(remote_root)):
+    links: list[LocalLink] = []
+    for src, dst_root in pairs:
         dirs.append(dst_root)
+        top = os.path.realpath(src)
         for here, subdirs, names in os.walk(src):
-            subdirs[:] = sorted(d for d in subdirs if d not in _SKIP_DIRS)
             rel = os.path.relpath(here, src)
             rdir = dst_root if rel == "." else posixpath.join(dst_root, *Path(rel).parts)
+            if keep_links:
+                for d in [d for d in subdirs if os.path.islink(os.path.join(here, d))]:
+                    subdirs.remove(d)
+                    links.append(_link(Path(here, d), posixpath.join(rdir, d), top, dst_root))
+            subdirs[:] = sorted(d for d in subdirs if d not in _SKIP_DIRS)
             if rel != ".":
                 dirs.append(rdir)
             for name in sorted(names):
                 if name.endswith(_SKIP_SUFFIXES):
                     continue
                 p = Path(here, name)
+                if keep_links and p.is_symlink():
+                    links.append(_link(p, posixpath.join(rdir, name), top, dst_root))
+                    continue
                 try:
                     st = p.stat()
                 except OSError:  # a dangling symlink
@@ -80,7 +112,16 @@ def local_files(workspace: Workspace, remote_root: str) -> tuple[list[LocalFile]
                     continue
                 files.append(LocalFile(p, posixpath.join(rdir, name), st.st_size, stat.S_IMODE(st.st_mode),
                                        st.st_mtime, _sha256(p)))
-    return files, dirs
+    return files, dirs, links
+
+
+def _link(p: Path, remote: str, top: str, dst_root: str) -> LocalLink:
+    target = os.readlink(p)
+    if os.path.isabs(target):
+        real = os.path.normpath(target)
+        if real == top or real.startswith(top + os.sep):  # inside the tree: point at the remote copy
+            target = posixpath.join(dst_root, *Path(os.path.relpath(real, top)).parts)
+    return LocalLink(remote, target)
 
 
 def _sha256(p: Path) -> str:
@@ -122,11 +163,49 @@ def remote_hashes(conn: Connection, python: str, files: list[LocalFile], timeout
 def sync_host(conn: Connection, python: str, workspace: Workspace, remote_root: str, timeout: float,
               what: str, token: str) -> SyncStats:
     """Mirror ``workspace`` under ``remote_root`` on one host; only changed files travel."""
-    t0 = time.monotonic()
     files, dirs = local_files(workspace, remote_root)
+    return sync_tree(conn, python, files, dirs, [], timeout, what, token)
+
+
+def sync_env(conn: Connection, python: str, env: Environment, remote_root: str, timeout: float, what: str,
+             token: str, progress: Any = None) -> tuple[str, SyncStats]:
+    """Mirror the client's environment ``env`` under ``remote_root``
+    (``.monarch/env/<name>``); returns the interpreter there and the
+    statistics.  ``progress(total_bytes)``: a bar for what travels."""
+    dst = env.remote_root(remote_root)
+    if env.home:
+        _check_home(conn, env, timeout, what)
+    files, dirs, links = tree_files([(env.prefix, dst)], keep_links=True)
+    stats = sync_tree(conn, python, files, dirs, links, timeout, what, token, progress)
+    return posixpath.join(dst, env.python), stats
+
+
+def _check_home(conn: Connection, env: Environment, timeout: float, what: str) -> None:
+    try:
+        sftp = conn.sftp(timeout)
+    except (OSError, EOFError, paramiko.SSHException) as e:
+        raise AllocationError(f"{what}: the SSH server did not open SFTP (Subsystem sftp in its sshd_config?): {e}") from None
+    try:
+        sftp.stat(env.home)
+    except (OSError, paramiko.SSHException):
+        raise AllocationError(
+            f"{what}: sync_workspace(conda=True) ships the virtual environment {env.prefix}, whose interpreter is "
+            f"the base Python in {env.home} (pyvenv.cfg's home), and that directory does not exist there. Install "
+            f"the same Python at {env.home} on every host, or ship a conda environment (its interpreter travels "
+            "with it)"
+        ) from None
+    finally:
+        sftp.close()
+
+
+def sync_tree(conn: Connection, python: str, files: list[LocalFile], dirs: list[str], links: list[LocalLink],
+              timeout: float, what: str, token: str, progress: Any = None) -> SyncStats:
+    """Upload the ``files`` whose remote copy differs, create ``dirs`` and ``links``."""
+    t0 = time.monotonic()
     have = remote_hashes(conn, python, files, timeout, what)
     todo = [f for f in files if have.get(f.remote) != f.sha256]
     stats = SyncStats(unchanged=len(files) - len(todo))
+    bar = progress(sum(f.size for f in todo)) if progress is not None and todo else None
     try:
         sftp = conn.sftp(timeout)
     except (OSError, EOFError, paramiko.SSHException) as e:
@@ -151,9 +230,15 @@ def sync_host(conn: Connection, python: str, workspace: Workspace, remote_root: 
                 raise AllocationError(f"{what}: could not write {f.remote} ({f.path}): {_why(e)}") from None
             stats.uploaded += 1
             stats.bytes += f.size
+            if bar is not None:
+                bar.advance(posixpath.basename(f.remote), f.size, "copied")
+        for link in links:
+            _symlink(sftp, link, what)
         _drop_stale_bytecode(sftp, [f.remote for f in todo if f.remote.endswith(".py")])
     finally:
         sftp.close()
+        if bar is not None:
+            bar.close()
     stats.seconds = time.monotonic() - t0
     return stats
 
@@ -174,6 +259,19 @@ def _drop_stale_bytecode(sftp: paramiko.SFTPClient, sources: list[str]) -> None:
         for name in names:
             if name.endswith(".pyc") and name.split(".", 1)[0] in stems:
                 _remove(sftp, posixpath.join(cache, name))
+
+
+def _symlink(sftp: paramiko.SFTPClient, link: LocalLink, what: str) -> None:
+    try:
+        if sftp.readlink(link.remote) == link.target:
+            return
+    except (OSError, paramiko.SSHException):
+        pass
+    _remove(sftp, link.remote)
+    try:
+        sftp.symlink(link.target, link.remote)
+    except (OSError, paramiko.SSHException) as e:
+        raise AllocationError(f"{what}: could not make the link {link.remote} -> {link.target}: {_why(e)}") from None
 
 
 def _makedirs(sftp: paramiko.SFTPClient, d: str, made: set[str], what: str) -> None:

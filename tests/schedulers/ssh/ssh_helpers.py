@@ -203,10 +203,10 @@ class Client:
     """An interactive client interpreter in the root namespace (see :data:`SERVER`)."""
 
     def __init__(self, prelude: str, *, cwd: Path, env: dict[str, str | None] | None = None,
-                 stderr: Any = subprocess.PIPE) -> None:
+                 stderr: Any = subprocess.PIPE, python: str = PY) -> None:
         code = f"PRELUDE = {textwrap.dedent(prelude)!r}\n" + SERVER
         self.popen = subprocess.Popen(
-            [PY, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
+            [python, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True,
             env=_clients.child_env(env, path=[HERE], drop=("MONARCH_",)), cwd=str(cwd),
         )
         self.out = LineReader(self.popen.stdout, "ssh-client-out")

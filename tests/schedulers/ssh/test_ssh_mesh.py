@@ -224,12 +224,39 @@ def test_sync_workspace_copies_only_changed_files_and_new_procs_import_them(lab:
         assert (remote / h / "shipped" / f"{mod}.py").read_text() == "VALUE = 2\n"
 
 
-def test_sync_workspace_says_what_it_does_not_do(lab: dict[str, Any]) -> None:
+def test_sync_workspace_auto_reload_reloads_an_edited_module_in_running_procs(lab: dict[str, Any]) -> None:
+    c, tag, remote = lab["client"], lab["tag"], lab["remote"]
+    src = lab["dir"] / "local" / "reloaded"
+    src.mkdir(parents=True)
+    mod = f"reloaded_{tag}"
+    (src / f"{mod}.py").write_text("VALUE = 1\n")
+    out = c.run(f"""
+        os.environ["MONARCH_AUTO_RELOAD_INTERVAL"] = "0.2"
+        asyncio.run(hm.sync_workspace(Workspace(dirs=[{str(src)!r}]), auto_reload=True))
+        pm3 = hm.spawn_procs(per_host={{"gpus": 1}})
+        loader = pm3.spawn("loader", Where)
+        result = loader.load.call({mod!r}).get(timeout=120).values()
+    """)
+    assert [v for v, _, _ in out] == [1, 1, 1]
+    assert [p for _, p, _ in out] == [str(remote / h / "reloaded" / f"{mod}.py") for h in HOSTS]
+    (src / f"{mod}.py").write_text("VALUE = 22\n")  # the running procs see it: synced, then reloaded
+    out = c.run("""
+        deadline = time.monotonic() + 60
+        values = [v for v, _, _ in loader.load.call(%r).get(timeout=60).values()]
+        while values != [22, 22, 22] and time.monotonic() < deadline:
+            time.sleep(0.2)
+            values = [v for v, _, _ in loader.load.call(%r).get(timeout=60).values()]
+        pm3.stop().get(timeout=60)
+        asyncio.run(hm.sync_workspace(Workspace(dirs=[%r])))  # auto_reload=False: the watcher ends
+        result = [values, hm._shared["watcher"] is None]
+    """ % (mod, mod, str(src)))
+    assert out == [[22, 22, 22], True], out
+    for h in HOSTS:
+        assert (remote / h / "reloaded" / f"{mod}.py").read_text() == "VALUE = 22\n"
+
+
+def test_sync_workspace_checks_its_arguments(lab: dict[str, Any]) -> None:
     c = lab["client"]
-    for kwarg, word in (("conda=True", "conda=True"), ("auto_reload=True", "auto_reload=True")):
-        res = c.request(f"asyncio.run(hm.sync_workspace(Workspace(), {kwarg}))")
-        assert res.get("type") == "NotImplementedError", res
-        assert word in res["message"] and "'lab'" in res["message"], res["message"]
     res = c.request("asyncio.run(hm.sync_workspace(Workspace(dirs=['/nonexistent/dir'])))")
     assert res.get("type") == "FileNotFoundError" and "/nonexistent/dir" in res["message"], res
     res = c.request("asyncio.run(hm.sync_workspace('/some/dir'))")
