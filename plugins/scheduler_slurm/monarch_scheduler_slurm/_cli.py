@@ -173,6 +173,18 @@ class SlurmAPI(abc.ABC):
         """The ``srun`` command line of the worker step: one task per node
         of ``nodes`` in job ``job_id``, output labelled by task."""
 
+    def run_step(self, job_id: str, nodes: Sequence[str], command: Sequence[str], *, input: str | None = None,
+                 timeout: float | None = None, extra: Sequence[str] = ()) -> subprocess.CompletedProcess:
+        """Run ``command`` once on each of ``nodes`` as a step of job
+        ``job_id`` (``input`` on every task's stdin) and wait for its end
+        (``sync_workspace``'s steps).  Not every API has steps of its own:
+        this default says so."""
+        raise SlurmCommandError(f"{type(self).__name__} cannot run job steps (sync_workspace needs them)")
+
+    def broadcast(self, job_id: str, source: str, dest: str, *, timeout: float | None = None) -> None:
+        """Put the local file ``source`` at ``dest`` on every node of job ``job_id`` (``sbcast``)."""
+        raise SlurmCommandError(f"{type(self).__name__} cannot broadcast files (sync_workspace needs it)")
+
 
 class SlurmCLI(SlurmAPI):
     """:class:`SlurmAPI` over the Slurm client commands (see the module docstring)."""
@@ -272,6 +284,18 @@ class SlurmCLI(SlurmAPI):
             "--mpi=none", "--job-name=monarch-workers",
             *extra, *command,
         ]
+
+    def run_step(self, job_id: str, nodes: Sequence[str], command: Sequence[str], *, input: str | None = None,
+                 timeout: float | None = None, extra: Sequence[str] = ()) -> subprocess.CompletedProcess:
+        k = len(nodes)
+        argv = ["srun", f"--jobid={job_id}", "--overlap", f"--nodes={k}", f"--ntasks={k}", "--ntasks-per-node=1",
+                f"--nodelist={compress_nodes(nodes)}", "--mpi=none", "--job-name=monarch-sync", "--input=all",
+                "--kill-on-bad-exit=1", *extra, *command]
+        return self.run(argv, input=input if input is not None else "", timeout=timeout)
+
+    def broadcast(self, job_id: str, source: str, dest: str, *, timeout: float | None = None) -> None:
+        # -f: replace what is there; -p: keep mode and times
+        self.run(["sbcast", f"--jobid={job_id}", "-f", "-p", source, dest], timeout=timeout)
 
 
 def slurm_env(base: Mapping[str, str] | None = None) -> dict[str, str]:

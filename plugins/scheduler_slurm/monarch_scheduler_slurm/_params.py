@@ -23,7 +23,7 @@ SUBMIT_KEYS = frozenset({
     "constraint", "exclusive", "sbatch_args", "job_name", "requeue",
 })
 #: Keys that apply in every mode.
-COMMON_KEYS = frozenset({"nodes", "job_id", "signal", "queue_timeout", "python", "state_dir", "srun_args"})
+COMMON_KEYS = frozenset({"nodes", "job_id", "signal", "queue_timeout", "python", "state_dir", "srun_args", "sync_dir"})
 #: Every key the scheduler accepts.
 ALL_KEYS = SUBMIT_KEYS | COMMON_KEYS
 
@@ -33,6 +33,8 @@ DEFAULT_SIGNAL = "USR2@60"
 
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 _DEFAULT_STATE_DIR = os.path.join("~", ".monarch", "slurm")
+#: Where ``sync_workspace`` copies on a node whose filesystem is not the client's ({job}, {node}, {user} filled in).
+DEFAULT_SYNC_DIR = "/tmp/monarch-{user}/job{job}/{node}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +63,7 @@ class SlurmParams:
     queue_timeout: float | None = None
     python: str | None = None
     state_dir: str = _DEFAULT_STATE_DIR
+    sync_dir: str = DEFAULT_SYNC_DIR
 
     @property
     def submit_keys(self) -> list[str]:
@@ -193,6 +196,10 @@ def parse_params(params: Mapping[str, Any], source: str) -> SlurmParams:
     python = _str(p, source, "python", 'python = "/shared/venv/bin/python"')
     state_dir = _str(p, source, "state_dir", 'state_dir = "/shared/home/me/.monarch/slurm"')
     job_name = _str(p, source, "job_name", 'job_name = "trainers"')
+    sync_dir = _str(p, source, "sync_dir", 'sync_dir = "/local/scratch/{user}/monarch/{job}"')
+    if sync_dir is not None and not sync_dir.startswith("/"):
+        raise _bad(source, "sync_dir", "an absolute path on the nodes ({job}, {node}, {user} are filled in)", sync_dir,
+                   'sync_dir = "/local/scratch/{user}/monarch/{job}"')
     sbatch_args = _args(p, source, "sbatch_args", 'sbatch_args = ["--reservation=mine"]')
     srun_args = _args(p, source, "srun_args", 'srun_args = ["--cpu-bind=none"]')
     check_options(sbatch_args, source, "sbatch_args")
@@ -219,6 +226,7 @@ def parse_params(params: Mapping[str, Any], source: str) -> SlurmParams:
         queue_timeout=None if qt is None else float(qt),
         python=python,
         state_dir=state_dir or _DEFAULT_STATE_DIR,
+        sync_dir=sync_dir or DEFAULT_SYNC_DIR,
     )
 
 

@@ -43,10 +43,20 @@ from typing import Any
 
 from monarch_scheduler_slurm import _settings
 from monarch_core.errors import AllocationError
-from monarch_core.hookspecs import Allocation, AllocationRequest, HostHandle, Scheduler, WorkerLaunch
+from collections.abc import Sequence
+
+from monarch_core.hookspecs import (
+    Allocation,
+    AllocationRequest,
+    HostHandle,
+    Scheduler,
+    SyncedHost,
+    WorkerLaunch,
+    Workspace,
+)
 
 from monarch_scheduler_slurm._cli import SlurmAPI, SlurmCLI, SlurmCommandError, expand_nodes, slurm_env
-from monarch_scheduler_slurm._params import ALL_KEYS, SlurmParams, parse_params
+from monarch_scheduler_slurm._params import ALL_KEYS, DEFAULT_SYNC_DIR, SlurmParams, parse_params
 from monarch_scheduler_slurm._step import WorkerStep
 
 logger = logging.getLogger("monarch.slurm")
@@ -88,6 +98,35 @@ class SlurmAllocation(Allocation):
         self.released = threading.Event()
         #: the hosts were handed to the core: losses are reported from now on
         self.live = threading.Event()
+        #: the nodes' Python and the entry (for sync_workspace's steps)
+        self.python: str | None = None
+        self.params: SlurmParams | None = None
+
+    def sync_workspace(self, workspace: Workspace, hosts: Sequence[str], *, conda: bool = False,
+                       auto_reload: bool = False) -> dict[str, SyncedHost]:
+        """Give the nodes ``hosts`` the workspace (and, ``conda=True``, the
+        client's environment): where they already share it (a marker file
+        looked for from a step on each node) nothing is copied and the procs
+        get the client's own paths; otherwise it is copied into each node's
+        ``sync_dir`` through job steps and ``sbcast`` (:mod:`._sync`).
+        ``MONARCH_SLURM_SYNC_COPY=1`` always copies.  ``auto_reload`` is the
+        core's (a watcher that calls this again)."""
+        from monarch_core.hookspecs import active_environment
+        from monarch_scheduler_slurm._sync import SlurmSync
+
+        if self.released.is_set():
+            raise AllocationError(f"Slurm job {self.job_id}: the hosts were released")
+        known = {h.name for h in self.hosts}
+        unknown = [h for h in hosts if h not in known]
+        if unknown:
+            raise AllocationError(f"Slurm job {self.job_id}: no such node(s) {unknown}; known: {sorted(known)}")
+        p = self.params
+        env = active_environment() if conda else None
+        sync = SlurmSync(self.api, self.job_id, self.python or sys.executable,
+                         p.sync_dir if p is not None else DEFAULT_SYNC_DIR,
+                         force_copy=bool(_settings.get("MONARCH_SLURM_SYNC_COPY")),
+                         srun_args=p.srun_args if p is not None else ())
+        return sync.sync(workspace, list(hosts), env)
 
     def _end_step(self) -> None:
         self.released.set()
@@ -307,6 +346,7 @@ class SlurmScheduler(Scheduler):
                                   f"{p.state_path()}: {e}; set state_dir to a writable directory every node "
                                   "shares") from None
         python = p.python or launch.python
+        alloc.python, alloc.params = python, p
         command = [python, "-m", "monarch_scheduler_slurm._node", session]
         if p.signal is not None:
             command += ["--signal", p.signal[0]]

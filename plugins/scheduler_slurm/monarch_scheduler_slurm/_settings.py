@@ -12,6 +12,7 @@ from monarch_core.hookspecs import Setting
 DISTRIBUTION = "monarch-scheduler-slurm"
 
 SETTINGS = [
+    Setting("MONARCH_SLURM_SYNC_COPY", "bool", False, "`sync_workspace` copies to each node's `sync_dir` through job steps even when the nodes share the client's filesystem (by default a shared workspace is used where it is)"),
     Setting("MONARCH_SLURM_JOB_ID", "str", None, "the Slurm job that `scheduler = \"slurm\"` entries attach to, as their `job_id` would (a restarted client reattaches to its job)"),
 ]
 
