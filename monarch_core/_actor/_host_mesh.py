@@ -391,16 +391,26 @@ class HostMesh(MeshTrait):
     async def sync_workspace(self, workspace: Workspace, conda: bool = False, auto_reload: bool = False) -> None:
         """Copy ``workspace``'s local directories to every host of this mesh
         (or slice), only what changed, into each host's working directory;
-        procs spawned on them afterwards import the new code.
+        procs spawned on them afterwards import the new code (the host's
+        copies first on their ``sys.path``).
 
-        Done by the scheduler that allocated the hosts (``ssh``: SFTP; see
-        docs/ssh.md); ``this_host()`` and ``local`` hosts share this
-        machine's files, so nothing is copied.  Raises ``TypeError`` for bad
-        arguments, ``FileNotFoundError`` for a missing local directory,
-        ``NotImplementedError`` naming what is unsupported (a scheduler that
-        cannot copy, worker loops attached with ``attach_to_workers``,
-        ``conda=True``/``auto_reload=True`` where the scheduler has no such
-        thing), ``AllocationError`` naming the host a copy failed on."""
+        ``conda=True``: also ship the client's environment (the active conda
+        env, else the venv at ``sys.prefix``); procs spawned afterwards run
+        its interpreter.  ``auto_reload=True``: watch the workspace and, on a
+        change, sync it and reload the changed modules in the running procs
+        of these hosts (what a reload cannot do: docs/workspace.md); the next
+        call replaces the watcher, ``stop()``/``shutdown()`` end it.
+
+        Done by the scheduler that allocated the hosts (``ssh``: SFTP;
+        ``slurm``: a shared filesystem used where it is, else job steps;
+        see docs/workspace.md); ``this_host()`` and ``local`` hosts share
+        this machine's files, so nothing is copied.  Raises ``TypeError``
+        for bad arguments, ``FileNotFoundError`` for a missing local
+        directory, ``RuntimeError`` for ``conda=True`` on a system
+        interpreter, ``NotImplementedError`` naming what is unsupported (a
+        scheduler that cannot copy, worker loops attached with
+        ``attach_to_workers``), ``AllocationError`` naming the host a copy
+        failed on."""
         from monarch_core._launch import _code_sync
 
         if self._shared["shutdown"]:

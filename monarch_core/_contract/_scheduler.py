@@ -326,17 +326,30 @@ class Allocation(abc.ABC):
 
         Called by ``HostMesh.sync_workspace`` (spec: "sync local code changes
         to the remote hosts"), off the kernel loop, with the names of the
-        host mesh's hosts (a slice passes only its own).  Copy each directory
-        into the host's working directory under its remote name, only what
-        changed, and make the procs that host starts *from now on* import it
-        (the remote directories on their ``PYTHONPATH``); procs already
-        running are not touched.  May block, or be an ``async def``.
+        host mesh's hosts (a slice passes only its own), and again by the
+        core's ``auto_reload`` watcher after a change (then always with
+        ``conda=False, auto_reload=False``).  Copy each directory into the
+        host's working directory under its remote name, only what changed.
+        With ``conda=True`` also ship the client's environment
+        (:func:`~monarch_core._workspace.active_environment`: the active
+        conda env, else the venv at ``sys.prefix``), e.g. into
+        ``Environment.remote_root(<working dir>)``, only what changed.
+        May block, or be an ``async def``.
+
+        Return ``{host name: SyncedHost(paths=..., python=...)}``: ``paths``
+        the host's directories of the workspace in its order, ``python`` the
+        shipped environment's interpreter there (``None`` without
+        ``conda``).  The core puts the paths first on the ``sys.path`` of the
+        procs each host spawns *from now on* and starts them with that
+        interpreter; procs already running are not touched (the core's
+        ``auto_reload`` reloads their changed modules itself).  Returning
+        ``None`` means you made the hosts' procs see the code yourself.
 
         Schedulers whose hosts see this machine's filesystem (``local``)
-        return ``None``: there is nothing to copy.  This default raises
-        ``NotImplementedError``; the core turns it into an error naming the
-        scheduler.  Raise ``NotImplementedError`` naming the option for
-        ``conda=True`` / ``auto_reload=True`` if you do not support them,
+        copy nothing and return the local directories (``local=True``).
+        This default raises ``NotImplementedError``; the core turns it into
+        an error naming the scheduler.  Raise ``NotImplementedError`` naming
+        ``conda=True`` if you cannot ship an environment,
         ``AllocationError`` naming the host for a copy that failed."""
         raise NotImplementedError
 

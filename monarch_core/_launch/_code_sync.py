@@ -195,14 +195,29 @@ def _client_env_prefixes() -> tuple[str, ...]:
     return tuple(sorted(p.rstrip(os.sep) + os.sep for p in out))
 
 
+_remote_path_cache: tuple[tuple, tuple[str, ...]] = ((), ())
+
+
 def remote_sys_path() -> tuple[str, ...]:
     """The client's ``sys.path`` as a proc on another host gets it: without
     the entries of the client's own Python installation and environment
     (its standard library, its site-packages), which the host's interpreter
-    brings its own of; the rest (the client's code directories) stays."""
+    brings its own of; the rest (the client's code directories) stays.
+    Computed again only when ``sys.path`` (or ``CONDA_PREFIX``) changed."""
+    global _remote_path_cache
+    key = (tuple(sys.path), os.environ.get("CONDA_PREFIX"))
+    if _remote_path_cache[0] == key:
+        return _remote_path_cache[1]
     prefixes = _client_env_prefixes()
-    return tuple(p for p in sys.path if p and not os.path.realpath(p).startswith(prefixes)
-                 and os.path.realpath(p) + os.sep not in prefixes)
+    out = []
+    for p in key[0]:
+        if not p:
+            continue
+        real = os.path.realpath(p)
+        if not real.startswith(prefixes) and real + os.sep not in prefixes:
+            out.append(p)
+    _remote_path_cache = (key, tuple(out))
+    return _remote_path_cache[1]
 
 
 def spawn_overrides(shared: dict, host_name: str, base_path: tuple[str, ...]) -> tuple[tuple[str, ...], str | None]:
