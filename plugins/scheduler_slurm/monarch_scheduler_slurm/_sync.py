@@ -22,6 +22,7 @@ Every step has a timeout; a node that fails names itself in the error.
 
 from __future__ import annotations
 
+import base64
 import getpass
 import hashlib
 import json
@@ -33,6 +34,7 @@ import stat
 import tarfile
 import tempfile
 import time
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,19 @@ STEP_TIMEOUT = 300.0
 _SKIP_DIRS = frozenset({"__pycache__"})
 _SKIP_SUFFIXES = (".pyc", ".pyo")
 
+#: How a step's task answers: its JSON, compressed, in numbered short lines
+#: ``<MARK> <node> <i> <n> <base64 chunk>`` (srun interleaves the output of
+#: several tasks; a long line could be cut by another node's output).
+ANSWER = r'''
+def answer(obj):
+    import base64, json, os, sys, zlib
+    node = os.environ.get("SLURMD_NODENAME", "")
+    data = base64.b64encode(zlib.compress(json.dumps(obj).encode())).decode()
+    n = max(1, (len(data) + 399) // 400)
+    sys.stdout.write("".join(f"%(mark)s {node} {i} {n} {data[i * 400:(i + 1) * 400]}\n" for i in range(n)))
+    sys.stdout.flush()
+''' % {"mark": MARK}
+
 #: Step: which marker files does this node see?  stdin: {"markers": [[path, token], ...]}.
 PROBE = r'''
 import json, os, sys
@@ -60,7 +75,7 @@ for path, token in req["markers"]:
             seen.append(f.read() == token)
     except OSError:
         seen.append(False)
-print(json.dumps({"%(mark)s": "probe", "node": os.environ.get("SLURMD_NODENAME", ""), "seen": seen}), flush=True)
+answer({"%(mark)s": "probe", "node": os.environ.get("SLURMD_NODENAME", ""), "seen": seen})
 ''' % {"mark": MARK}
 
 #: Step: SHA-256 of this node's copies.  stdin: {"nodes": {node: [[path, size], ...]}}.
@@ -85,8 +100,7 @@ for path, size in req["nodes"].get(node, []):
     except OSError:
         res[path] = None
 home = req.get("home")
-print(json.dumps({"%(mark)s": "hashes", "node": node, "hashes": res, "home": home is None or os.path.isdir(home)}),
-      flush=True)
+answer({"%(mark)s": "hashes", "node": node, "hashes": res, "home": home is None or os.path.isdir(home)})
 ''' % {"mark": MARK}
 
 #: Step: unpack the broadcast tar.  stdin: {"tar": path, "token": t, "nodes": {node: {member: dest}}, "dirs": {node: [...]}}.
@@ -125,8 +139,30 @@ with tarfile.open(req["tar"]) as tar:
             except OSError:
                 pass
         done += 1
-print(json.dumps({"%(mark)s": "unpacked", "node": node, "files": done}), flush=True)
+answer({"%(mark)s": "unpacked", "node": node, "files": done})
 ''' % {"mark": MARK}
+
+
+def answers(stdout: str) -> dict[str, Any]:
+    """Each node's answer, from the numbered lines of :data:`ANSWER` (other lines are ignored)."""
+    parts: dict[str, dict[int, str]] = {}
+    counts: dict[str, int] = {}
+    for line in stdout.splitlines():
+        words = line.split()
+        if MARK in words:
+            words = words[words.index(MARK):]
+        if len(words) != 5 or words[0] != MARK or not words[2].isdigit() or not words[3].isdigit():
+            continue
+        parts.setdefault(words[1], {})[int(words[2])] = words[4]
+        counts[words[1]] = int(words[3])
+    out: dict[str, Any] = {}
+    for node, chunks in parts.items():
+        if len(chunks) == counts[node]:
+            try:
+                out[node] = json.loads(zlib.decompress(base64.b64decode("".join(chunks[i] for i in range(counts[node])))))
+            except (ValueError, KeyError, zlib.error):
+                continue
+    return out
 
 
 def _sha256(p: Path) -> str:
@@ -188,17 +224,12 @@ class SlurmSync:
 
     def _step(self, nodes: Sequence[str], code: str, request: dict, kind: str) -> dict[str, dict]:
         """Run ``code`` once per node, ``request`` on its stdin; each node's answer line."""
-        res = self.api.run_step(self.job_id, nodes, [self.python, "-c", code], input=json.dumps(request) + "\n",
-                                timeout=STEP_TIMEOUT, extra=self.srun_args)
+        res = self.api.run_step(self.job_id, nodes, [self.python, "-c", ANSWER + code],
+                                input=json.dumps(request) + "\n", timeout=STEP_TIMEOUT, extra=self.srun_args)
         out: dict[str, dict] = {}
-        for line in res.stdout.splitlines():
-            line = line.split(": ", 1)[1] if ": {" in line[:12] else line  # a --label prefix
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
+        for node, obj in answers(res.stdout).items():
             if isinstance(obj, dict) and obj.get(MARK) == kind:
-                out[str(obj.get("node"))] = obj
+                out[node] = obj
         missing = [n for n in nodes if n not in out]
         if missing:
             said = (res.stderr.strip() or res.stdout.strip() or "(no output)")[-2000:]

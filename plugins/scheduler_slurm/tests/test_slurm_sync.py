@@ -115,3 +115,18 @@ def test_sync_dir_is_an_absolute_template() -> None:
     with pytest.raises(ConfigError, match="'sync_dir' must be an absolute path"):
         parse_params({"sync_dir": "rel/dir"}, SRC)
     assert node_root("/l/{job}/{node}", "12", "h1") == "/l/12/h1"
+
+
+def test_answers_survive_the_interleaved_output_of_several_nodes() -> None:
+    from monarch_scheduler_slurm import _sync as S
+
+    big = __import__("secrets").token_hex(4000)  # random: several lines even compressed
+    outs = []
+    for node in ("n1", "n2"):
+        r = subprocess.run([sys.executable, "-c", S.ANSWER + f"answer({{'v': {big!r}}})\n"], capture_output=True,
+                           text=True, timeout=60, env={**os.environ, "SLURMD_NODENAME": node})
+        outs.append(r.stdout.splitlines())
+    assert min(map(len, outs)) > 1  # several lines each
+    mixed = "\n".join(x for pair in zip(*outs) for x in pair) + "\nsrun: some message\n0: " + outs[0][0]
+    assert {n: v["v"] == big for n, v in S.answers(mixed).items()} == {"n1": True, "n2": True}
+    assert S.answers("\n".join(outs[0][:-1])) == {}  # a cut answer is no answer
