@@ -125,7 +125,7 @@ class SlurmAllocation(Allocation):
         sync = SlurmSync(self.api, self.job_id, self.python or sys.executable,
                          p.sync_dir if p is not None else DEFAULT_SYNC_DIR,
                          force_copy=bool(_settings.get("MONARCH_SLURM_SYNC_COPY")),
-                         srun_args=p.srun_args if p is not None else ())
+                         srun_args=p.srun_args if p is not None else (), progress=_Progress)
         return sync.sync(workspace, list(hosts), env)
 
     def _end_step(self) -> None:

@@ -214,9 +214,11 @@ class SlurmSync:
     """One ``sync_workspace`` call on the nodes of one job (see the module docstring)."""
 
     def __init__(self, api: Any, job_id: str, python: str, sync_dir: str, *, force_copy: bool,
-                 srun_args: Sequence[str] = ()) -> None:
+                 srun_args: Sequence[str] = (), progress: Any = None) -> None:
         self.api, self.job_id, self.python, self.sync_dir = api, job_id, python, sync_dir
         self.force_copy = force_copy
+        #: ``progress(desc)``: a bar with ``show(status)`` and ``close()`` (on a terminal only), or None
+        self.progress = progress
         self.srun_args = tuple(srun_args)
         self.token = secrets.token_hex(8)
 
@@ -303,6 +305,14 @@ class SlurmSync:
         dirs = {n: sorted({r[n] for _s, r, _k in trees}) for n in nodes}
         if not needed:
             return {n: 0 for n in nodes}
+        bar = self.progress(f"Slurm job {self.job_id} sync_workspace") if self.progress is not None else None
+        try:
+            return self._send(nodes, entries, needed, todo, dirs, bar)
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _send(self, nodes: Sequence[str], entries: list, needed: set, todo: dict, dirs: dict, bar: Any) -> dict[str, int]:
         with tempfile.TemporaryDirectory(prefix="monarch-sync-") as tmp:
             local_tar = os.path.join(tmp, "workspace.tar")
             with tarfile.open(local_tar, "w") as tar:
@@ -310,7 +320,11 @@ class SlurmSync:
                     if (i, rel) in needed:
                         tar.add(str(p), arcname=f"{i}/{rel}", recursive=False)
             remote_tar = f"/tmp/.monarch-sync-{self.token}.tar"
+            if bar is not None:
+                bar.show(f"sbcast {len(needed)} files, {os.path.getsize(local_tar) / 1e6:.1f} MB")
             self.api.broadcast(self.job_id, local_tar, remote_tar, timeout=STEP_TIMEOUT)
+            if bar is not None:
+                bar.show(f"unpacking on {len(todo)} node(s)")
             try:
                 done = self._step(list(todo), UNPACK, {"tar": remote_tar, "token": self.token, "nodes": todo,
                                                        "dirs": dirs}, "unpacked")
