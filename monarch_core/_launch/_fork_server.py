@@ -514,8 +514,6 @@ def prestart(kernel: Kernel) -> None:
     with whatever the caller does before its first spawn."""
     if kernel.__dict__.get("_fork_server") is not None or not enabled():
         return
-    if getattr(getattr(kernel, "agent", None), "is_host", False):
-        return
     s = server_of(kernel)
     if kernel.in_loop():
         s.start()

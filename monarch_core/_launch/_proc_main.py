@@ -102,7 +102,7 @@ def main() -> None:
     host_name = info.get("host_name") or None
     # a proc on a remote host (its parent a worker loop) writes to a per-host log file when it does not stream
     _reporting.start_proc(rt, host_name=host_name, output=output,
-                           log_path=proc_log_file(host_name) if info.get("worker_loop") else None)
+                           log_path=proc_log_file(host_name, info["worker_loop"][2]) if info.get("worker_loop") else None)
 
     async def hello() -> None:
         import marshal
@@ -150,7 +150,7 @@ def finish(code: int) -> None:
     raise SystemExit(code)
 
 
-def proc_log_file(host_name: str | None) -> str:
+def proc_log_file(host_name: str | None, worker_pid: int) -> str:
     """Where a remote proc that does not stream writes its output: one file per
     host (worker loop), in ``MONARCH_PROC_LOG_DIR`` (default
     ``<tmp>/monarch-<uid>-logs``).  The folder is private (0700, this user's;
@@ -163,7 +163,7 @@ def proc_log_file(host_name: str | None) -> str:
 
     d = settings.get("MONARCH_PROC_LOG_DIR") or os.path.join(tempfile.gettempdir(), f"monarch-{os.getuid()}-logs")
     host = "".join(c if c.isalnum() or c in "-_." else "_" for c in (host_name or socket.gethostname()))
-    return os.path.join(d, f"{host}-worker{os.getppid()}.log")
+    return os.path.join(d, f"{host}-worker{worker_pid}.log")
 
 
 async def _watch_parent_pid(parent_pid: int) -> None:

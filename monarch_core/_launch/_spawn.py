@@ -84,7 +84,7 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
         "describe": spec.describe,
         # A worker loop is its procs' parent but not their spawner's address
         # book: they tell it where they listen (for its heartbeats).
-        "worker_loop": [kernel.proc_id, kernel.address] if getattr(kernel.agent, "is_host", False) else None,
+        "worker_loop": [kernel.proc_id, kernel.address, os.getpid()] if getattr(kernel.agent, "is_host", False) else None,
     }
     zygote = _fork_server(kernel, cmd, argv, env)
     if zygote is not None:
@@ -131,15 +131,14 @@ def bootstrap_env_json(info: dict) -> str:
 def _fork_server(kernel: Kernel, cmd: BootstrapCommand, argv: list[str], env: dict[str, str]) -> Any:
     """The zygote to fork this proc from, or ``None`` to exec it: only the
     default command (this Python, ``-m`` the proc module, no wrapper) with no
-    change to start-up variables is forked (see ``_zygote``).  Worker loops
-    exec their procs (they are the procs' parent, which their clients and
-    tests rely on)."""
+    change to start-up variables is forked (see ``_zygote``), by clients and
+    worker loops alike (a worker loop's zygote starts with the worker loop,
+    so a host's procs start in parallel from a warm parent)."""
     from monarch_core._launch import _fork_server
 
     if (
         argv != [sys.executable, "-m", PROC_MODULE]
         or cmd.arg0 is not None
-        or getattr(kernel.agent, "is_host", False)
         or not _fork_server.enabled()
     ):
         return None

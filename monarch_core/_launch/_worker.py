@@ -3,9 +3,10 @@
 ``python -m monarch_core.worker`` (the public façade, :mod:`monarch_core.worker`)
 runs :func:`run_worker_loop_forever`: a kernel whose agent is a
 :class:`WorkerLoopAgent`.  It answers ``host_hello`` (readiness: hostname,
-pid, address), starts the :class:`~._spec.ProcSpec` s of ``host_spawn`` as its
-own children (exec, never forked: it is the procs' parent and heartbeats
-them), tells the client when one ends (``proc_died``), kills a client's procs
+pid, address), starts the :class:`~._spec.ProcSpec` s of ``host_spawn`` --
+forked from its fork server (a zygote it starts with itself, so a host's procs
+start in parallel from a warm parent), or exec'd as its own children -- and
+heartbeats them, tells the client when one ends (``proc_died``), kills a client's procs
 when that client goes away -- its session fails, or it sent no heartbeat for
 longer than ``MONARCH_DELIVERY_TIMEOUT`` (then a worker loop started for an
 allocation, ``--exit-with-parent``, also exits: nobody will use it again) --
@@ -334,6 +335,9 @@ def run_worker_loop_forever(
         transport.set_credentials(ca=ca, cert=cert, key=private_key)
     transport.normalize(address)
     _transport.set_from_parent(transport.name)
+    from monarch_core._launch import _fork_server
+
+    _fork_server.start_early()  # its imports overlap with the worker's start; the first spawn forks
     kernel = Kernel(proc_id=f"worker-loop-{os.getpid()}", name=f"worker loop {address}", transport=transport, bind_spec=address)
     agent = WorkerLoopAgent(kernel, child_bind)
     agent.exit_without_client = exit_with_parent
@@ -361,6 +365,7 @@ def run_worker_loop_forever(
 
     async def start() -> None:
         await announce()
+        _fork_server.prestart(kernel)
         if exit_with_parent:
             kernel.start_task(_exit_with_parent, os.getppid(), agent)
 

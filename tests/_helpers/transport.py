@@ -31,7 +31,7 @@ import pytest
 
 from _helpers import clients as _clients
 from _helpers.clients import LineReader
-from _helpers.procs import descendants, kill_tree, pid_running, wait_pids_gone
+from _helpers.procs import descendants, kill_tree, parent_of, pid_running, wait_pids_gone
 from _helpers.testbed import TESTBED, Testbed, links_up, netns  # noqa: F401 - fixtures, re-exported
 
 __all__ = ["LineReader", "Testbed", "descendants", "kill_tree", "links_up", "netns", "pid_running", "wait_pids_gone"]  # re-exported
@@ -87,7 +87,18 @@ class Worker:
         return self.popen.wait(timeout)
 
     def children(self) -> list[int]:
-        return descendants(self.pid)
+        """The worker loop's procs: every live process under it but its fork
+        server (its child that its procs are forked from; they keep its
+        command line)."""
+        return [p for p in descendants(self.pid) if not (parent_of(p) == self.pid and _is_fork_server(p))]
+
+
+def _is_fork_server(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"monarch_core._launch._zygote" in f.read()
+    except OSError:
+        return False
 
 
 def worker_argv(address: str, host: int | None, tls: "Creds | None", ca: str | None = None,

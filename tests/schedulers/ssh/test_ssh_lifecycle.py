@@ -261,11 +261,16 @@ def test_a_users_own_ca_is_handed_to_the_workers_instead_of_session_credentials(
                      "MONARCH_TLS_KEY": str(tmp_path / "me.key")})
     try:
         assert [h for h, _ in c.run("result = up('own')")] == ["h1", "h2"]
-        pids = c.run("result = [int(h.labels['pid']) for h in hm.hosts]")
-        for pid in pids:
-            env = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
-            assert env[b"MONARCH_TLS_CA"].strip() == ca.cert_pem.bytes().strip()  # the user's CA, inline
-            assert env[b"MONARCH_TLS_CERT"].strip() == (tmp_path / "me.pem").read_bytes().strip()
+        # what the procs on the hosts authenticate with (their worker loop's credentials)
+        got = c.run("class Tls(Actor):\n"
+                    "    @endpoint\n"
+                    "    def creds(self):\n"
+                    "        return [os.environ['MONARCH_TLS_CA'], os.environ['MONARCH_TLS_CERT']]\n"
+                    "result = pm.spawn('tls', Tls).creds.call().get(timeout=60).values()")
+        assert len(got) == 2
+        for ca_pem, cert_pem in got:
+            assert ca_pem.strip() == ca.cert_pem.bytes().decode().strip()  # the user's CA, inline
+            assert cert_pem.strip() == (tmp_path / "me.pem").read_text().strip()
         c.run("hm.shutdown().get(timeout=60)")
         H.wait_tagged_gone(tag, (1, 2), timeout=15)
     finally:
