@@ -1,15 +1,19 @@
 """The code that runs on a remote host before (and beside) its worker loop.
 
-The ssh exec channel runs ``exec PYTHON -c '<stage one>'`` (one shell word of
-base64, so any login shell runs it, and the worker becomes the SSH session's
-child, not a shell's).  Nothing secret is on a command line:
+The ssh exec channel runs ``exec PYTHON -c '<stage one>' TOKEN`` (one shell
+word of base64, so any login shell runs it, and the worker becomes the SSH
+session's child, not a shell's; ``TOKEN`` names the allocation, not a secret).
+Nothing secret is on a command line:
 
 * **stage one** prints a ``hello`` line (pid, host name, Python, the SSH
   connection as the server saw it), reads *one* JSON line from stdin (working
   directory, environment -- the worker's TLS key and certificate among them --
-  and the worker's argv), changes to the working directory and ``execve`` s
-  the same Python into stage two with that environment (so ``LD_*`` and
-  ``PYTHON*`` apply);
+  and the worker's argv), changes to the working directory and, in the same
+  process, applies that environment (``PYTHONPATH`` onto ``sys.path``) and
+  runs stage two: one interpreter start per host.  Only when the environment
+  changes another variable the interpreter reads as it starts (``PYTHON*``,
+  ``LD_*``) does it ``execve`` the same Python into stage two, so that those
+  apply;
 * **stage two** checks that the worker's module imports (else an ``error``
   line naming the interpreter and its ``sys.path``), starts a thread that
   reads control lines from stdin (``pythonpath``: prepend directories to
@@ -60,6 +64,19 @@ env = dict(os.environ)
 env.update(m["env"])
 env.setdefault("PYTHONPATH", "")
 out({"monarch_ssh": "cwd", "cwd": os.getcwd()})
+startup = [k for k in set(env) | set(os.environ)
+           if (k.startswith(("PYTHON", "LD_")) and k != "PYTHONPATH") and env.get(k) != os.environ.get(k)]
+if not startup:
+    # Nothing the interpreter reads at start-up changes but PYTHONPATH: stay in
+    # this process (no second interpreter start); the PYTHONPATH entries go
+    # where the interpreter would have put them, after sys.path[0].
+    os.environ.clear()
+    os.environ.update(env)
+    new = [p for p in env["PYTHONPATH"].split(os.pathsep) if p]
+    sys.path[1:1] = [os.path.abspath(p) for p in new if os.path.abspath(p) not in sys.path]
+    sys.argv = ["-c", m["token"]] + m["argv"][1:]
+    exec(compile(m["stage2"], "<monarch-ssh stage two>", "exec"), {"__name__": "__main__"})
+    os._exit(0)
 try:
     os.execve(sys.executable, [sys.executable, "-c", m["stage2"], m["token"]] + m["argv"][1:], env)
 except OSError as e:
@@ -146,9 +163,11 @@ def python_c(code: str) -> str:
     return 'import base64;exec(base64.b64decode("%s"))' % base64.b64encode(code.encode()).decode()
 
 
-def remote_command(python: str, code: str) -> str:
-    """The exec channel's command: the login shell replaces itself with Python."""
-    return f"exec {shlex.quote(python)} -c {shlex.quote(python_c(code))}"
+def remote_command(python: str, code: str, *args: str) -> str:
+    """The exec channel's command: the login shell replaces itself with Python
+    (``args``: its ``sys.argv[1:]``, e.g. the allocation's token, by which
+    :func:`kill_command` recognises the worker)."""
+    return " ".join([f"exec {shlex.quote(python)} -c {shlex.quote(python_c(code))}", *map(shlex.quote, args)])
 
 
 def kill_command(pid: int, token: str) -> str:

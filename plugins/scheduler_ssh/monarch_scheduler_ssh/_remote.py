@@ -117,7 +117,7 @@ class RemoteWorker:
         self.python = python
         what = f"host {self.name!r} ({self.target.where})"
         try:
-            ch = self.conn.exec(_bootstrap.remote_command(python, _bootstrap.STAGE_ONE), self.io_timeout)
+            ch = self.conn.exec(_bootstrap.remote_command(python, _bootstrap.STAGE_ONE, self.token), self.io_timeout)
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise AllocationError(f"{what}: the SSH server did not run the bootstrap: {type(e).__name__}: {e}") from None
         self.channel = ch

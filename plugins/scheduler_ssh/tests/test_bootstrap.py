@@ -33,7 +33,7 @@ time.sleep(60)
 class Remote:
     def __init__(self, tmp_path: Path) -> None:
         self.p = subprocess.Popen(
-            ["sh", "-c", _bootstrap.remote_command(sys.executable, _bootstrap.STAGE_ONE)],
+            ["sh", "-c", _bootstrap.remote_command(sys.executable, _bootstrap.STAGE_ONE, "tok123")],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(tmp_path),
             env={**os.environ, "PYTHONPATH": str(tmp_path)},
         )
@@ -73,7 +73,8 @@ def test_stages_pass_env_over_stdin_apply_control_lines_and_end_with_stdin(tmp_p
         assert r.line().startswith("monarch worker loop listening on ")
         cmdline = Path(f"/proc/{r.p.pid}/cmdline").read_bytes()
         assert b"s3cr3t" not in cmdline and b"tok123" in cmdline  # the secret is in the environment only
-        assert b"SECRET_FOR_TEST=s3cr3t" in Path(f"/proc/{r.p.pid}/environ").read_bytes()
+        # ... applied in the process (one interpreter start), not by an execve
+        assert b"SECRET_FOR_TEST" not in Path(f"/proc/{r.p.pid}/environ").read_bytes()
         r.send({"op": "pythonpath", "paths": ["/synced/a", "/synced/b"], "id": 7})
         got = [r.line(), r.line()]
         ack = next(json.loads(x) for x in got if x.startswith(_bootstrap.MARK))
@@ -85,6 +86,23 @@ def test_stages_pass_env_over_stdin_apply_control_lines_and_end_with_stdin(tmp_p
         r.p.stdin.close()  # the SSH channel closed
         assert r.p.wait(10) == 0
         assert time.monotonic() - t0 < 10
+    finally:
+        r.p.kill()
+        r.p.wait()
+
+
+def test_a_variable_the_interpreter_reads_at_start_up_makes_stage_two_a_new_interpreter(tmp_path: Path) -> None:
+    (tmp_path / "probe_mod.py").write_text(PROBE)
+    r = Remote(tmp_path)
+    try:
+        r.obj()
+        setup = _setup(tmp_path, "probe_mod", None)
+        setup["env"]["PYTHONHASHSEED"] = "0"  # read only as an interpreter starts
+        r.send(setup)
+        assert r.obj()["monarch_ssh"] == "cwd"
+        assert r.line().strip() == "probe argv ['--flag', 'x']"
+        environ = Path(f"/proc/{r.p.pid}/environ").read_bytes()  # the same pid: execve
+        assert b"PYTHONHASHSEED=0" in environ and b"SECRET_FOR_TEST=s3cr3t" in environ
     finally:
         r.p.kill()
         r.p.wait()
