@@ -84,6 +84,10 @@ from monarch_core.hookspecs import Stream, Transport
 __all__ = ["check_scheduler", "check_stream_pair", "check_transport"]
 
 #: What a library exception escaping a plugin should have been.
+#: What a record layer returned by ``Stream.raw_socket`` must offer (see there).
+RECORD_LAYER_METHODS = ("fileno", "send", "sendmsg", "recv", "recv_into", "shutdown", "getsockopt", "setsockopt",
+                        "pending", "pending_output")
+
 _MAP_HINT = (
     "map library errors at the plugin boundary into monarch_core.errors: ConnectError (connect), "
     "ConnectionClosed (a broken or closed stream), TransportError (listen, accept)"
@@ -203,12 +207,21 @@ async def check_stream_pair(a: Stream, b: Stream, *, big: int = 8 << 20, timeout
             raw = me.raw_socket() if hasattr(me, "raw_socket") else None
             if raw is None:
                 continue
-            assert isinstance(raw, _stdsocket.socket), f"{name}.raw_socket() returned {raw!r}, not a socket.socket"
-            assert not raw.getblocking(), f"{name}.raw_socket() is a blocking socket; the kernel needs it non-blocking"
-            raw.send(b"raw")  # the kernel writes big messages this way
+            if isinstance(raw, _stdsocket.socket):
+                assert not raw.getblocking(), f"{name}.raw_socket() is a blocking socket; the kernel needs it non-blocking"
+            else:  # a record layer (TLS): the socket's interface, and what it holds back
+                missing = [m for m in RECORD_LAYER_METHODS if not callable(getattr(raw, m, None))]
+                assert not missing, (
+                    f"{name}.raw_socket() returned {raw!r}: neither a socket.socket nor a record layer (it lacks "
+                    f"{missing}; see hookspecs.Stream.raw_socket)"
+                )
+            sent = raw.send(b"raw")  # the kernel writes small messages this way
+            assert sent == 3, f"{name}.raw_socket().send(b'raw') took {sent} bytes of an idle connection's 3"
+            flushed = getattr(raw, "pending_output", None)
+            assert flushed is None or flushed() == 0, f"{name}.raw_socket() held back bytes of an idle connection"
             assert await _read_exactly(peer, 3, "peer") == b"raw", (
                 f"bytes written to {name}.raw_socket() arrive changed: a stream with its own framing, compression "
-                "or encryption must return None from raw_socket()"
+                "or encryption must return None from raw_socket(), or a record layer that applies it"
             )
     with _step("a.aclose() (twice)", timeout):
         await a.aclose()

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-import socket
 from collections.abc import Mapping, Sequence
-from typing import Callable
+from typing import Any, Callable
 
 from monarch_core._contract._common import _call_factory, hookspec
 
@@ -88,17 +87,33 @@ class Stream(abc.ABC):
     async def aclose(self) -> None:
         """Close the stream.  Idempotent; never raises."""
 
-    def raw_socket(self) -> socket.socket | None:
-        """The connected, non-blocking stdlib socket under this stream, for
-        the kernel's fast path -- or ``None`` (the default).
+    def raw_socket(self) -> Any:
+        """The connected, non-blocking stdlib socket under this stream, or a
+        *record layer* with a socket's interface, for the kernel's fast path
+        -- or ``None`` (the default: the kernel uses the trio methods only).
 
-        Optional.  Return a socket only when the bytes on it *are* the
-        stream's bytes (no framing, compression or encryption of the
-        stream's own) and the kernel may therefore read and write it
-        directly, from other threads, bypassing :meth:`send_all` and
-        :meth:`receive_into` for large messages.  Called once per
-        connection, after the handshake.  A TLS or compressing stream
-        returns ``None``.
+        Optional.  Called once per connection, after the handshake; from
+        then on the kernel reads and writes what it returns directly, from
+        other threads (its poller, callers' threads), and calls
+        :meth:`send_all`/:meth:`receive_into` too.
+
+        * A ``socket.socket``: only when the bytes on it *are* the stream's
+          bytes (no framing, compression or encryption of the stream's own).
+        * A record layer (TLS: the tls transport's ``TlsSocket``): an object
+          whose ``send``/``sendmsg``/``recv``/``recv_into`` carry the
+          stream's plaintext with non-blocking socket semantics
+          (``BlockingIOError``, ``0`` at the end), plus ``fileno``,
+          ``shutdown``, ``getsockopt``/``setsockopt``, and two more: a
+          ``pending()`` that is true when plaintext may be ready although
+          the descriptor is not readable (the kernel reads again before it
+          waits), and a ``pending_output()`` that counts bytes it accepted
+          but has not sent yet (the kernel then calls :meth:`send_all`,
+          which must send them).  Every method must be safe to call from
+          several threads at once, and :meth:`send_all`/:meth:`receive_into`
+          must go through the same layer.
+
+        A compressing stream, or one that cannot meet this, returns ``None``.
+        ``monarch_core.testing`` checks either kind.
         """
         return None
 

@@ -209,6 +209,8 @@ class InboundSession:
         self.session = session
         self.sender = sender
         self.acks = _Acks(sock, reader.peer, last)
+        #: a record layer's "more plaintext is ready" (``Stream.raw_socket``), None for a socket
+        self.more = getattr(sock, "pending", None)
         reader.stream = _NonBlockingSource(sock, reader.peer)  # type: ignore[assignment]
         self._large: Any = None  # the suspended read of a large message, if one is under way
         self.error: BaseException | None = None
@@ -224,8 +226,12 @@ class InboundSession:
         if self.reader.buffered():
             if not self._deliver_buffered(None):
                 return
-            if self.acks.last > self.acks.acked:  # the poller times only acknowledgements of what it read
-                self.ack_now(None)
+        more = self.more
+        while more is not None and more():  # (TLS) decrypted already: the socket will not signal it
+            if not self.on_readable(None):
+                return
+        if self.acks.last > self.acks.acked:  # the poller times only acknowledgements of what it read
+            self.ack_now(None)
         self.kernel.inbound_poller().add(self)
 
     def stop(self) -> None:
@@ -249,7 +255,8 @@ class InboundSession:
     # ------------------------------------------------------------ reading
     def on_readable(self, poller: Any) -> bool:
         """Read what is there and deliver every complete message (poller
-        thread).  False: the session ended (and left the poller)."""
+        thread; ``poller`` None: before the session joins it).  False: the
+        session ended (and left the poller)."""
         if self._large is not None:
             return self._step_large(poller)
         try:
@@ -257,11 +264,13 @@ class InboundSession:
         except (BlockingIOError, InterruptedError):
             return True
         except OSError as e:
-            poller.remove(self)
+            if poller is not None:
+                poller.remove(self)
             self.end(ConnectionClosed(f"connection from {self.reader.peer} broke: {e.strerror or e}"))
             return False
         if not chunk:
-            poller.remove(self)
+            if poller is not None:
+                poller.remove(self)
             self.end(ConnectionClosed(f"connection from {self.reader.peer} closed"))
             return False
         reader = self.reader

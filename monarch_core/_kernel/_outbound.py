@@ -173,6 +173,7 @@ class _Outbound:
         "sock",
         "busy",
         "last_direct",
+        "flushed",
         "window",
         "sizes",
     )
@@ -197,6 +198,8 @@ class _Outbound:
         self.sock: Any = None
         self.busy = False
         self.last_direct = 0.0
+        #: the direct socket's ``pending_output`` (a TLS record layer), or None
+        self.flushed: Any = None
         # Flow control: the proc's send window, and the size each message in
         # ``unacked`` + ``queue`` counted in it (sequence order: ``unacked`` holds
         # the oldest, ``queue`` the newest; partial-write tails count nothing).
@@ -254,6 +257,10 @@ class _Outbound:
                 # a partial write: the rest must go next, ahead of anything else
                 rest = [memoryview(data)[n:]] if small else W.skip_bytes(parts, n)
                 self.queue.appendleft((None, rest, None))
+                self.kernel.call_soon(self.wake.set)
+            elif self.flushed is not None and self.flushed():
+                # (TLS) all taken, but records wait in the layer: the loop's write sends them
+                self.queue.appendleft((None, [b""], None))
                 self.kernel.call_soon(self.wake.set)
             return True
 
@@ -416,6 +423,7 @@ class _Outbound:
                 direct = _raw_socket(stream)
                 if direct is not None:
                     _grow_buffer(direct, socket.SO_SNDBUF)
+                    self.flushed = getattr(direct, "pending_output", None)
                 while True:
                     with self.lock:
                         if not self.queue:
@@ -475,6 +483,16 @@ class _Outbound:
             rest = W.skip_bytes(chunk, n)
             i += len(chunk) - len(rest)
             chunk = rest + parts[i + len(rest) : i + 512]
+        pending = getattr(sock, "pending_output", None)
+        while pending is not None and pending():  # (TLS) records the socket has not taken yet
+            try:
+                sock.send(b"")
+            except (BlockingIOError, InterruptedError):
+                if self.failed is not None or self.kernel._closing:
+                    raise ConnectionClosed(f"session to {self.proc_id} ended during a write") from None
+                poller.poll(100)
+            except OSError as e:
+                raise ConnectionClosed(f"connection to {self.proc_id} broke: {e.strerror or e}") from None
 
     async def _watchdog(self, address: str) -> None:
         """A connection that stays up but stops acknowledging (a cut link, a

@@ -16,8 +16,11 @@ buffers, by the same :class:`~monarch_core._kernel._wire.FrameReader`
 coroutine the trio path uses, driven by the poller: when the socket has no
 more bytes the coroutine is suspended, and the next readable event resumes
 it, while the poller serves the other sessions.  Every limit of the wire
-format is enforced by the same code either way.  TLS and third-party streams
-keep the trio path.
+format is enforced by the same code either way.  A stream's "socket" may be a
+record layer with the socket's interface (the tls transport's: see
+``hookspecs.Stream.raw_socket``); one whose ``pending()`` says plaintext is
+ready is read again before its descriptor is waited on.  Streams without
+``raw_socket`` keep the trio path.
 
 The trio task that owns a connection waits until the session ends; when it
 is cancelled (kernel shutdown) it shuts the socket down, which ends the
@@ -205,6 +208,12 @@ class Poller:
                         self._rearm(fd)  # only the poller's thread consumes the wake-up
                     continue
                 if s.on_readable(self) and sessions.get(fd) is s:
+                    more = s.more
+                    if more is not None:  # (TLS) decrypted bytes the socket no longer signals
+                        while more() and s.on_readable(self) and sessions.get(fd) is s:
+                            pass
+                        if sessions.get(fd) is not s:
+                            continue
                     self._rearm(fd)
         finally:
             _tls.handling = False

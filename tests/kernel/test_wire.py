@@ -218,7 +218,7 @@ def test_who_counts_as_proven() -> None:
         assert W.FrameReader(Declared(c, "declared")).proven
         from monarch_transport_tcp._tcp import _TlsStream
 
-        tls = _TlsStream(None, "tls-peer")  # type: ignore[arg-type]
+        tls = _TlsStream(None, None, "tls-peer")  # type: ignore[arg-type]
         tls_reader = W.FrameReader(tls)
         assert not tls.authenticated and not tls_reader.proven  # the handshake comes with the first read
         tls._handshaken = True

@@ -8,7 +8,8 @@ hosts h1..h3 with real sshd; see tests/_helpers/testbed.py):
 * SIGKILL of a client holding 3 hosts x 4 procs: time until every remote
   worker and proc is gone;
 * ``call_one`` round trip from the client to an actor on h1 across the
-  namespace link (tls) against the same to a proc of ``this_host()`` over ipc.
+  namespace link over tls, against plain tcp across the same link (its floor:
+  the same path, nothing encrypted) and a proc of ``this_host()`` over ipc.
 
     python plugins/scheduler_ssh/bench/figures.py [--repeats 5] [--calls 2000] [--json out.json]
 
@@ -64,6 +65,11 @@ class A(Actor):
 n = int(sys.argv[1])
 if sys.argv[2] == "tls":
     hm = hosts_from_config("bench1")
+    procs = hm.spawn_procs()
+elif sys.argv[2] == "tcp":  # the floor of the same link: plain tcp, nothing authenticated
+    from monarch_core.actor import enable_transport
+    enable_transport("tcp://10.250.0.1:0")
+    hm = hosts_from_config("bench1tcp")
     procs = hm.spawn_procs()
 else:
     hm = None
@@ -173,7 +179,8 @@ def main() -> None:
         common = (f'scheduler = "ssh"\nssh_config = "{RT / "ssh" / "ssh_config"}"\n'
                   f'env = {{ PYTHONPATH = "{CODE}" }}\n')
         cfg.write_text(f'[hosts.bench]\nhosts = {json.dumps(HOSTS)}\n{common}\n'
-                       f'[hosts.bench1]\nhosts = ["h1"]\n{common}')
+                       f'[hosts.bench1]\nhosts = ["h1"]\n{common}\n'
+                       f'[hosts.bench1tcp]\nhosts = ["h1"]\ninsecure_tcp = true\n{common}')
         env = _env(cfg)
         floor, up, first = [], [], []
         for _ in range(args.repeats):  # interleaved, so a noisy phase hits both
@@ -183,6 +190,7 @@ def main() -> None:
             first.append(r["first_reply_all"])
         gone = [sigkill_once(env) for _ in range(args.repeats)]
         tls = _run(CALLS, str(args.calls), "tls", env=env)
+        tcp = _run(CALLS, str(args.calls), "tcp", env=env)
         ipc = _run(CALLS, str(args.calls), "ipc", env=env)
     out = {
         "floor_ssh_import_3_hosts_s": statistics.median(floor),
@@ -192,6 +200,9 @@ def main() -> None:
         "sigkill_to_all_gone_max_s": max(gone),
         "call_one_tls_netns_p50_us": tls["p50_us"],
         "call_one_tls_netns_p99_us": tls["p99_us"],
+        "call_one_tcp_netns_p50_us": tcp["p50_us"],
+        "call_one_tcp_netns_p99_us": tcp["p99_us"],
+        "tls_over_tcp_p50": tls["p50_us"] / tcp["p50_us"],
         "call_one_ipc_p50_us": ipc["p50_us"],
         "call_one_ipc_p99_us": ipc["p99_us"],
         "repeats": args.repeats,
@@ -203,6 +214,8 @@ def main() -> None:
     print(f"client SIGKILLed: all 15 remote processes gone after    {out['sigkill_to_all_gone_s'] * 1000:.0f} ms "
           f"(max {out['sigkill_to_all_gone_max_s'] * 1000:.0f} ms)")
     print(f"call_one p50 (p99): tls across the namespace link       {tls['p50_us']:.0f} us ({tls['p99_us']:.0f} us)")
+    print(f"call_one p50 (p99): plain tcp across the same link     {tcp['p50_us']:.0f} us ({tcp['p99_us']:.0f} us)"
+          f"   tls / tcp = {out['tls_over_tcp_p50']:.2f}x (goal <= 1.3x)")
     print(f"call_one p50 (p99): ipc on this host                    {ipc['p50_us']:.0f} us ({ipc['p99_us']:.0f} us)")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1) + "\n")

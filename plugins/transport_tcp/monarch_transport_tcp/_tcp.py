@@ -45,6 +45,7 @@ from monarch_transport_tcp import _settings
 from monarch_core.errors import AuthenticationError, ConnectError, ConnectionClosed, TransportError
 from monarch_core.hookspecs import SESSION_CREDENTIALS, TRUST_ALL, Listener, Stream, Transport
 from monarch_core.streams import SocketStream
+from monarch_transport_tcp._record import TlsSocket
 
 logger = logging.getLogger("monarch.transport.tcp")
 
@@ -429,14 +430,18 @@ _ALERT_NOT_TLS = bytes([0x15, 0x03, 0x03, 0x00, 0x02, 0x02, 0x0A])
 
 
 class _TlsStream(Stream):
-    """A trio SSLStream with errors mapped into monarch's.
+    """A TLS connection (:class:`~._record.TlsSocket`) with errors mapped
+    into monarch's; after the handshake, :meth:`raw_socket` hands the same
+    connection to the kernel's fast path (poller reads, direct writes).
 
-    ``raw``: the accepted socket of a server-side stream; its first bytes are
-    looked at (not taken) before the handshake, to tell a client that does not
-    speak TLS at all from one that fails the handshake."""
+    ``raw``: the accepted trio socket of a server-side stream; its first
+    bytes are looked at (not taken) before the handshake, which happens on
+    the first read, to tell a client that does not speak TLS at all from one
+    that fails the handshake."""
 
-    def __init__(self, ssl_stream: trio.SSLStream, peer: str, handshaken: bool = False, raw: Any = None) -> None:
-        self._s = ssl_stream
+    def __init__(self, tls: TlsSocket, trio_sock: Any, peer: str, handshaken: bool = False, raw: Any = None) -> None:
+        self._tls = tls
+        self._trio_sock = trio_sock
         self.peer = peer
         self._handshaken = handshaken
         self._raw = raw
@@ -464,6 +469,20 @@ class _TlsStream(Stream):
             "a tcp:// client dialling this tls:// port?"
         )
 
+    async def _server_handshake(self) -> None:
+        if self._raw is not None:
+            await self._refuse_plaintext()
+        try:
+            with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
+                await self._tls.handshake()
+        except trio.TooSlowError:
+            raise AuthenticationError(
+                f"TLS handshake with {self.peer} failed: no handshake within {TLS_HANDSHAKE_TIMEOUT:.0f}s") from None
+        except (OSError, ssl.SSLError) as e:
+            await self._flush_alert()
+            raise self._error(e) from None
+        self._handshaken = True
+
     @property
     def authenticated(self) -> bool:
         """The peer presented a certificate of our CA (the handshake is done)."""
@@ -471,16 +490,12 @@ class _TlsStream(Stream):
 
     async def _flush_alert(self) -> None:
         """After a failed handshake, send the TLS alert the SSL object queued, so
-        the peer learns why (trio closes without sending it)."""
-        bio = getattr(self._s, "_outgoing", None)
-        transport = getattr(self._s, "transport_stream", None)
-        if bio is None or transport is None:
-            return
+        the peer learns why."""
         try:
-            pending = bio.read()
+            pending = self._tls.pending_alert()
             if pending:
                 with trio.move_on_after(1):
-                    await transport.send_all(pending)
+                    await self._trio_sock.send(pending)
         except Exception:  # noqa: BLE001 - best effort
             pass
 
@@ -493,31 +508,40 @@ class _TlsStream(Stream):
         return ConnectionClosed(f"TLS connection with {self.peer} broke: {_ssl_reason(e)}")
 
     async def send_all(self, data: Any) -> None:
+        if not self._handshaken:
+            await self._server_handshake()
         try:
-            await self._s.send_all(data)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError) as e:
+            await self._tls.send_all(data)
+        except (OSError, ssl.SSLError, ValueError) as e:
             raise self._error(e) from None
-        self._handshaken = True
 
     async def receive_some(self, max_bytes: int = 65536) -> bytes:
-        if self._raw is not None:
-            await self._refuse_plaintext()
+        if not self._handshaken:
+            await self._server_handshake()
         try:
-            data = await self._s.receive_some(max_bytes)
-        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError, ssl.SSLError) as e:
-            if not self._handshaken:
-                await self._flush_alert()
+            return await self._tls.receive_some(max_bytes)
+        except (OSError, ssl.SSLError, ValueError) as e:
             raise self._error(e) from None
-        self._handshaken = True
-        return data
+
+    async def receive_into(self, buffer: memoryview) -> int:
+        if not self._handshaken:
+            await self._server_handshake()
+        try:
+            return await self._tls.receive_into(buffer)
+        except (OSError, ssl.SSLError, ValueError) as e:
+            raise self._error(e) from None
+
+    def raw_socket(self) -> Any:
+        """The connection itself, for the kernel's fast path (after the
+        handshake): a :class:`~._record.TlsSocket`, thread-safe, with the
+        socket interface and ``pending``/``pending_output``."""
+        return self._tls if self._handshaken else None
 
     async def aclose(self) -> None:
-        with trio.move_on_after(1) as scope:
-            scope.shield = True
-            try:
-                await self._s.aclose()
-            except Exception:  # noqa: BLE001 - closing a broken stream
-                pass
+        if self._handshaken:
+            self._tls.close_notify()
+        self._trio_sock.close()
+        await trio.lowlevel.checkpoint()
 
 
 def _ssl_reason(e: BaseException, detail: bool = False) -> str:
@@ -526,7 +550,7 @@ def _ssl_reason(e: BaseException, detail: bool = False) -> str:
     cause = e.__cause__ or e.__context__
     for x in (e, cause):
         if isinstance(x, ssl.SSLError):
-            reason = x.reason or str(x)
+            reason = getattr(x, "reason", None) or str(x)
             verify = getattr(x, "verify_message", None)
             return f"{reason}: {verify}" if detail and verify else reason
     return str(e) or type(e).__name__
@@ -593,25 +617,24 @@ class TlsTransport(_TcpBase):
     async def _wrap_accepted(self, stream: Stream) -> Stream:
         server_ctx, _ = self._credentials.contexts()
         assert isinstance(stream, SocketStream)
-        raw = trio.SocketStream(stream._sock)
         # The handshake happens on the first read, in the connection's own task:
         # a slow or bad client never blocks accepting others.
-        return _TlsStream(trio.SSLStream(raw, server_ctx, server_side=True), peer=stream.peer, raw=stream._sock)
+        tls = TlsSocket(stream._sock._sock, server_ctx, server_side=True)
+        return _TlsStream(tls, stream._sock, peer=stream.peer, raw=stream._sock)
 
     async def connect(self, address: str) -> Stream:
         _, client_ctx = self._credentials.contexts()
         spec = parse(address, self.scheme)
         host = spec.adv_host or spec.bind_host
         sock = await self._connect_tcp(address)
-        raw = trio.SocketStream(sock)
-        s = trio.SSLStream(raw, client_ctx, server_hostname=host.split("%", 1)[0])
+        s = TlsSocket(sock._sock, client_ctx, server_side=False, server_hostname=host.split("%", 1)[0])
         try:
             with trio.fail_after(TLS_HANDSHAKE_TIMEOUT):
-                await s.do_handshake()
+                await s.handshake()
         except trio.TooSlowError:
             sock.close()
             raise ConnectError(f"TLS handshake with {address} timed out after {TLS_HANDSHAKE_TIMEOUT:.0f}s") from None
-        except (trio.BrokenResourceError, OSError, ssl.SSLError) as e:
+        except (OSError, ssl.SSLError) as e:
             sock.close()
             if _closed_in_handshake(e):
                 where = address.split("://", 1)[-1]
@@ -623,4 +646,4 @@ class TlsTransport(_TcpBase):
                 f"TLS handshake with {address} failed: {_ssl_reason(e)}. Both sides need certificates signed by "
                 "the same CA (MONARCH_TLS_CERT/KEY/CA)"
             ) from None
-        return _TlsStream(s, peer=address, handshaken=True)
+        return _TlsStream(s, sock, peer=address, handshaken=True)
