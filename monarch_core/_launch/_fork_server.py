@@ -125,9 +125,11 @@ class ForkedChild:
 class _Zygote:
     """One zygote process, as seen from its spawner (kernel loop)."""
 
-    def __init__(self, env: dict[str, str], transport: str | None) -> None:
+    def __init__(self, env: dict[str, str], transport: str | None, *, fork: bool = False) -> None:
         """Start the zygote process (its death signal follows the calling
-        thread: the kernel thread, or the main thread for an early start)."""
+        thread: the kernel thread, or the main thread for an early start).
+        ``fork``: fork it from this process instead of starting a new
+        interpreter (see :func:`start_early`)."""
         import itertools
         import subprocess
 
@@ -136,10 +138,13 @@ class _Zygote:
         self.fingerprint = startup_fingerprint(env)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.popen = subprocess.Popen(
-                [sys.executable, "-m", "monarch_core._launch._zygote", str(theirs.fileno()), str(os.getpid())],
-                env=env, start_new_session=True, pass_fds=(theirs.fileno(),),
-            )
+            if fork:
+                self.popen: Any = _ForkedZygote(mine, theirs)
+            else:
+                self.popen = subprocess.Popen(
+                    [sys.executable, "-m", "monarch_core._launch._zygote", str(theirs.fileno()), str(os.getpid())],
+                    env=env, start_new_session=True, pass_fds=(theirs.fileno(),),
+                )
         except BaseException:
             mine.close()
             raise
@@ -393,6 +398,55 @@ async def _await_orphan(child: ForkedChild, note: str) -> None:
     child._exited(-signal.SIGKILL, note)
 
 
+class _ForkedZygote:
+    """A zygote forked from this process (the ``Popen`` interface the rest
+    uses: ``pid``, ``returncode``, ``poll``, ``wait``, ``kill``).  The child
+    closes the spawner's end and serves; it never returns into the caller."""
+
+    def __init__(self, mine: socket.socket, theirs: socket.socket) -> None:
+        from monarch_core._launch import _zygote
+
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the zygote: serve() ends the process (a proc forked from it leaves by SystemExit)
+            mine.close()
+            os.setsid()
+            _zygote.serve(theirs.detach(), parent)
+            os._exit(70)  # pragma: no cover - serve() does not return
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere
+                self.returncode = -signal.SIGKILL
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import time
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                import subprocess
+
+                raise subprocess.TimeoutExpired(f"fork server {self.pid}", timeout or 0.0)
+            time.sleep(0.005)
+        return self.returncode  # type: ignore[return-value]
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 class ForkServer:
     """The spawning process's fork server (one per kernel, kernel loop only):
     starts a zygote on first use, replaces one that died or whose start-up
@@ -469,12 +523,17 @@ _early: _Zygote | None = None
 _early_lock = threading.Lock()
 
 
-def start_early() -> None:
+def start_early(*, fork: bool = False) -> None:
     """Start a zygote before this process's runtime exists (``this_host()``
     on the main thread, before the runtime imports trio), so that its imports
     overlap with the runtime's; the kernel adopts it (:func:`prestart`).  Only
     on the main thread, which lives as long as the process: the zygote's death
-    signal is tied to the thread that starts it."""
+    signal is tied to the thread that starts it.
+
+    ``fork=True`` (a worker loop, which has imported what a proc needs and
+    started no thread of its own yet): fork the zygote from this process, so
+    that it costs no second interpreter start and no second import of the
+    proc runtime."""
     global _early
     from monarch_core._proc import _state, _transport
 
@@ -490,7 +549,7 @@ def start_early() -> None:
             return
         choice = _transport.enabled_choice()
         try:
-            _early = _Zygote(dict(os.environ), choice.name if choice is not None else "ipc")
+            _early = _Zygote(dict(os.environ), choice.name if choice is not None else "ipc", fork=fork)
         except Exception as e:  # noqa: BLE001 - the kernel tries again later
             logger.debug("could not start the fork server early: %s", e)
 

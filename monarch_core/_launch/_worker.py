@@ -337,7 +337,9 @@ def run_worker_loop_forever(
     _transport.set_from_parent(transport.name)
     from monarch_core._launch import _fork_server
 
-    _fork_server.start_early()  # its imports overlap with the worker's start; the first spawn forks
+    # Forked from this process now (no thread of ours yet): the zygote shares
+    # what the worker imported and imports the rest while the worker starts.
+    _fork_server.start_early(fork=True)
     kernel = Kernel(proc_id=f"worker-loop-{os.getpid()}", name=f"worker loop {address}", transport=transport, bind_spec=address)
     agent = WorkerLoopAgent(kernel, child_bind)
     agent.exit_without_client = exit_with_parent

@@ -148,11 +148,26 @@ class ProcExit(BaseException):
         self.code = code
 
 
+#: The zygote's process name (``/proc/PID/comm``, what ``ps -o comm`` and
+#: ``top`` show); its procs take back the interpreter's.
+COMM = "monarch-zygote"
+
+
+def _set_comm(name: str) -> None:
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except Exception:  # noqa: BLE001, S110 - cosmetic
+        pass
+
+
 def serve(fd: int, parent_pid: int) -> None:
     """Main loop of the zygote process (never returns)."""
     from monarch_core._launch._proc_main import _set_parent_death_signal
 
     _set_parent_death_signal()
+    _set_comm(COMM)
     if os.getppid() != parent_pid:
         os._exit(1)  # the spawner died before we set the death signal
     base_env = dict(os.environ)
@@ -282,6 +297,7 @@ def _become_proc(fds: list[int], targets: list[int], env_set: dict, env_unset: l
         except Exception:  # noqa: BLE001, S110
             pass
     os.setsid()
+    _set_comm(os.path.basename(sys.executable))
     env = dict(base_env)
     for k in env_unset:
         env.pop(k, None)

@@ -95,8 +95,8 @@ class Worker:
 
 def _is_fork_server(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"monarch_core._launch._zygote" in f.read()
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().strip() == b"monarch-zygote"
     except OSError:
         return False
 

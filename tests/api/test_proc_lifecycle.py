@@ -204,3 +204,28 @@ def test_a_stopped_proc_runs_atexit_handlers_and_module_finalizers(how: str, tmp
         time.sleep(0.05)
     assert (tmp_path / "proc.atexit").read_text() == "atexit"
     assert (tmp_path / "proc.del").read_text() == "del"
+
+
+def test_a_stopped_proc_of_a_worker_loop_runs_atexit_handlers_and_module_finalizers(configured_hosts, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A worker loop forks its procs from a zygote forked from itself: such a
+    proc still ends through normal interpreter finalization."""
+    hm = configured_hosts("one", hosts=1)
+    pm = hm.spawn_procs(per_host={"gpus": 1})
+    base = str(tmp_path / "proc")
+    pid = pm.spawn("fin", Finalizers).arm.call_one(base).get(timeout=60)
+    zygote = _parent(pid)
+    assert open(f"/proc/{zygote}/comm").read().strip() == "monarch-zygote"
+    worker = _parent(zygote)
+    assert open(f"/proc/{worker}/cmdline", "rb").read() == open(f"/proc/{zygote}/cmdline", "rb").read()  # forked
+    pm.stop().get(timeout=60)
+    deadline = time.monotonic() + 30
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "proc.atexit").read_text() == "atexit"
+    assert (tmp_path / "proc.del").read_text() == "del"
+    assert os.path.exists(f"/proc/{worker}"), "the worker loop ended with its proc"
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])

@@ -170,10 +170,14 @@ def test_credentials_are_never_on_a_command_line_or_on_the_hosts_disks(lab: dict
             if target.startswith("/") and os.path.isfile(target):
                 assert b"PRIVATE KEY" not in _text(target)[:1 << 20], f"pid {pid} has {target} open, which holds a key"
         assert oct(os.stat(f"/proc/{pid}/environ").st_mode & 0o777) == "0o400"
-    for pid in procs:
-        # the key reached the worker through the SSH channel, into its environment in memory (the
-        # bootstrap applies it in-process), and the procs it started inherit it: owner-only
-        assert b"MONARCH_TLS_KEY=-----BEGIN" in _text(f"/proc/{pid}/environ")
+    # the key reached the worker through the SSH channel, into its environment in memory (the
+    # bootstrap applies it in-process), and the procs it started inherit it
+    keys = c.run("class Key(Actor):\n"
+                 "    @endpoint\n"
+                 "    def key(self):\n"
+                 "        return os.environ.get('MONARCH_TLS_KEY', '')[:40]\n"
+                 "result = pm.spawn('key', Key).key.call().get(timeout=60).values()")
+    assert len(keys) == len(procs) and all(k.startswith("-----BEGIN") for k in keys), keys
     for root, _, files in os.walk(lab["remote"]):
         for name in files:
             assert b"PRIVATE KEY" not in _text(os.path.join(root, name)), os.path.join(root, name)
