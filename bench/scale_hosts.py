@@ -62,6 +62,8 @@ import _table as T  # noqa: E402
 
 RT = Path(os.environ.get("RT_RUN", "/tmp/rt"))
 CODE = os.pathsep.join([str(REPO), str(REPO / "plugins" / "transport_tcp")])
+# the client also loads the SSH scheduler from this checkout (its entry point names the module)
+CLIENT_CODE = os.pathsep.join([CODE, str(REPO / "plugins" / "scheduler_ssh")])
 MAX_HOSTS = 4
 
 
@@ -213,6 +215,19 @@ def wait_gone(tag: str, hosts: int, timeout: float = 30.0) -> tuple[float, dict[
 
 
 # ------------------------------------------------------------------ the driver
+def code_state() -> dict[str, Any]:
+    """The commit measured, and the files under monarch_core/ and plugins/ that differ from it
+    (a shared working tree: someone's uncommitted edit is part of what ran)."""
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True, timeout=30,
+                                  check=False).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    changed = [line[3:] for line in git("status", "--porcelain", "--", "monarch_core", "plugins").splitlines() if line]
+    return {"git_commit": git("rev-parse", "--short", "HEAD").strip() or None, "uncommitted_code": changed}
+
+
 def write_config(d: Path, tag: str, hosts: int) -> Path:
     base = (RT / "ssh" / "ssh_config").read_text()
     text = base.replace("Host *\n", f"Host *\n  SetEnv RT_TAG={tag}\n", 1)
@@ -236,7 +251,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="scale-hosts-") as d:
         cfg = write_config(Path(d), tag, args.hosts)
         env = {k: v for k, v in os.environ.items() if not k.startswith("MONARCH_")}
-        env["PYTHONPATH"] = os.pathsep.join([CODE, env.get("PYTHONPATH", "")]).strip(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join([CLIENT_CODE, env.get("PYTHONPATH", "")]).strip(os.pathsep)
         env["MONARCH_CONFIG"] = str(cfg)
         argv = [sys.executable, str(Path(__file__).resolve()), "--client", "--hosts", str(args.hosts), "--procs",
                 str(args.procs), "--actors", str(args.actors), "--repeats", str(args.repeats), "--warmup",
@@ -339,7 +354,9 @@ def main() -> int:
     t0 = time.monotonic()
     log(f"{args.hosts} hosts x {args.procs} procs x {args.actors} actors, {args.repeats} rounds "
         f"(load {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}) ...")
+    code = code_state()
     r = measure(args)
+    r.update(code)
     r.setdefault("hosts", args.hosts)
     r.setdefault("procs_per_host", args.procs)
     r.setdefault("actors_per_proc", args.actors)
@@ -351,7 +368,10 @@ def main() -> int:
             print(r["client_log_tail"], file=sys.stderr)
     text = (f"## Scale across hosts: {args.hosts} SSH hosts x {args.procs} procs x {args.actors} actors over "
             f"{(r.get('client_address') or '?').split('://')[0]}\n\n" + table(r) + "\n\n"
-            f"load average {load0[0]:.2f} before, {r['loadavg_end'][0]:.2f} after, {os.cpu_count()} CPUs\n")
+            f"load average {load0[0]:.2f} before, {r['loadavg_end'][0]:.2f} after, {os.cpu_count()} CPUs; "
+            f"commit {r['git_commit']}"
+            + (f" + uncommitted changes to {', '.join(r['uncommitted_code'])}" if r["uncommitted_code"] else "")
+            + "\n")
     print(text, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=1, default=str) + "\n")

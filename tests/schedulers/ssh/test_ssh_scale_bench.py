@@ -35,7 +35,8 @@ def test_scale_hosts_smoke_run_gets_every_reply_and_leaves_nothing(sshd: Any, tm
     assert (r["hosts"], r["procs_per_host"], r["actors_per_proc"], r["actors"]) == (HOSTS, PROCS, ACTORS, n)
     assert r["client_address"].startswith("tls://"), r["client_address"]
     assert [a.split("://")[0] for a in r["host_addresses"]] == ["tls"] * HOSTS
-    for key in ("bringup_s", "procs_s", "actors_s", "shutdown_s", "loadavg_start", "loadavg_end", "time_utc"):
+    for key in ("bringup_s", "procs_s", "actors_s", "shutdown_s", "loadavg_start", "loadavg_end", "time_utc",
+                "git_commit", "uncommitted_code"):
         assert key in r, key
 
     # the first call: every actor once, on every proc of every host
