@@ -341,8 +341,9 @@ def _in_context(exc: BaseException, site: Any, adverb: str, ranks: list[int] | N
     return _annotate(exc, context)
 
 
-class OneReply(PortHandler):
-    """Collects exactly one reply into a cell (``call_one``, ``choose``).
+class OneReply(Cell, PortHandler):
+    """Collects exactly one reply: it is the call's cell (``call_one``,
+    ``choose``; one object per call rather than two).
 
     ``describe`` names the call in its failures: a :class:`CallSite` (with
     ``index``, the rank called, and ``adverb``) or a plain text.  ``stat``
@@ -351,11 +352,11 @@ class OneReply(PortHandler):
     request bytes, the reply's bytes, the error's type.  (Built in rather than
     a subclass: it is the per-call path of ``call_one`` with metrics on.)"""
 
-    __slots__ = ("cell", "port_id", "proc_id", "kernel", "describe", "index", "adverb", "stat", "req", "t0")
+    __slots__ = ("port_id", "proc_id", "kernel", "describe", "index", "adverb", "stat", "req", "t0")
 
     def __init__(self, kernel: Kernel, describe: Any, adverb: str = "call_one", index: int = -1,
                  stat: Any = None, req: int = 0) -> None:
-        self.cell = Cell()
+        Cell.__init__(self)
         self.kernel = kernel
         self.port_id = kernel.add_port(self)
         self.proc_id = ""
@@ -381,9 +382,14 @@ class OneReply(PortHandler):
         self.kernel.remove_port(self.port_id)
         self._forget()
         if status == _S_VALUE:
-            self.cell.set_lazy(_decode_value, (status, payload, buffers))
+            self.set_lazy(_decode_value, (status, payload, buffers))
         else:
-            self.cell.set_lazy(_decode_reply, (status, payload, buffers, self.describe, self.adverb, self.index))
+            self.set_lazy(_decode_reply, (status, payload, buffers, self.describe, self.adverb, self.index))
+
+    @property
+    def cell(self) -> Cell:
+        """The call's cell: this object."""
+        return self
 
     def _forget(self) -> None:
         pid = self.proc_id
@@ -399,7 +405,7 @@ class OneReply(PortHandler):
         self.kernel.remove_port(self.port_id)
         if type(self.proc_id) is not str:
             self._forget()
-        self.cell.set_exception(_in_context(exc, self.describe, self.adverb, [self.index], proc_id))
+        self.set_exception(_in_context(exc, self.describe, self.adverb, [self.index], proc_id))
 
 
 class GatherReplies(PortHandler):
