@@ -148,3 +148,17 @@ def test_traced_wraps_sync_and_async_functions() -> None:
     assert add(2, 3) == 5
     assert add.__name__ == "add"
     assert asyncio.run(mul(4, 5)) == 20
+
+
+def test_the_version_attribute_is_the_distributions() -> None:
+    """``monarch_core.__version__`` is what the plugin registry reports for
+    the core, so it must match the installed distribution's metadata."""
+    from importlib import metadata
+
+    import monarch_core
+
+    try:
+        installed = metadata.version("monarch-core")
+    except metadata.PackageNotFoundError:  # pragma: no cover - run from a plain checkout
+        pytest.skip("monarch-core is not installed (scripts/test.sh installs it)")
+    assert monarch_core.__version__ == installed
