@@ -72,9 +72,25 @@ def log(msg: str) -> None:
 
 
 # ------------------------------------------------------------------ the client (child interpreter)
+def _die_with_parent() -> None:
+    """SIGKILL this client when the driver dies, however it dies (the client runs in a session
+    of its own, out of reach of a signal to the driver's process group; its hosts go down
+    with it)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the driver was already gone
+        os._exit(1)
+
+
 def client(args: argparse.Namespace) -> int:
     """Runs in the fresh child: bring up, spawn, measure, shut down; prints one JSON line."""
     signal.alarm(int(args.timeout) + 5)  # the parent kills us at --timeout; this is the backstop
+    _die_with_parent()
     import socket
 
     from monarch_core.actor import Actor, endpoint, hosts_from_config
