@@ -173,12 +173,19 @@ def client(args: argparse.Namespace) -> int:
 
         out["call_all"] = rounds(meshes, "call() to all")
         out["call_one_mesh"] = rounds(meshes[:1], "call() to one mesh")
+    except Exception:  # noqa: BLE001 - the figures so far and the traceback go to the driver
+        import traceback
+
+        out["client_error"] = traceback.format_exc()
+        log(out["client_error"])
     finally:
         t0 = time.perf_counter()
-        hm.shutdown().get(timeout=120)
-        out["shutdown_s"] = time.perf_counter() - t0
-    print(json.dumps(out), flush=True)
-    return 0
+        try:
+            hm.shutdown().get(timeout=120)
+            out["shutdown_s"] = time.perf_counter() - t0
+        finally:
+            print(json.dumps(out), flush=True)
+    return 1 if "client_error" in out else 0
 
 
 # ------------------------------------------------------------------ processes left on the hosts
@@ -388,6 +395,9 @@ def main() -> int:
             f"commit {r['git_commit']}"
             + (f" + uncommitted changes to {', '.join(r['uncommitted_code'])}" if r["uncommitted_code"] else "")
             + "\n")
+    if r["error"]:
+        last = (r.get("client_error") or "").strip().splitlines()[-1:] or [""]
+        text += f"\n**FAILED**: {r['error']}{': ' + last[0] if last[0] else ''}\n"
     print(text, flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(r, indent=1, default=str) + "\n")
