@@ -334,7 +334,7 @@ def table(r: dict[str, Any]) -> str:
     H, P, A = r["hosts"], r["procs_per_host"], r["actors_per_proc"]
     ca, c1 = r.get("call_all") or {}, r.get("call_one_mesh") or {}
     rows = [
-        ["bring-up: `hosts_from_config` (SSH, worker loops, ready)", f"{H} hosts", T.fmt(r.get("bringup_s"), "{:.2f} s")],
+        ["bring-up: `hosts_from_config` (SSH, worker loops, ready)", f"{H} host{'s' if H != 1 else ''}", T.fmt(r.get("bringup_s"), "{:.2f} s")],
         ["`spawn_procs` until every proc reported (`initialized`)", f"{H * P} procs", T.fmt(r.get("procs_s"), "{:.2f} s")],
         [f"spawn {A} actor meshes + first `call()` of each, every reply", f"{H * P * A} actors",
          T.fmt(r.get("actors_s"), "{:.2f} s")],
@@ -345,7 +345,7 @@ def table(r: dict[str, Any]) -> str:
         [f"`call()` to one mesh, p50 / p99 ({c1.get('rounds_complete', 0)} rounds)", f"{c1.get('actors', H * P)} actors",
          f"{T.fmt(c1.get('p50_ms'), '{:.1f}')} / {T.fmt(c1.get('p99_ms'), '{:.1f}')} ms"],
         ["… client CPU per round", "", T.fmt(c1.get("client_cpu_ms"), "{:.1f} ms")],
-        ["`shutdown()`", f"{H} hosts", T.fmt(r.get("shutdown_s"), "{:.2f} s")],
+        ["`shutdown()`", f"{H} host{'s' if H != 1 else ''}", T.fmt(r.get("shutdown_s"), "{:.2f} s")],
         ["processes of the run on the hosts, while running", "",
          str(sum(r.get("host_processes_while_running", {}).values()))],
         ["processes left on the hosts (30 s after the client exited)", "",
