@@ -407,6 +407,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="measure monarch-core only: skip the Monarch and Ray runs")
     ap.add_argument("--no-scaling", action="store_true", help="do not run bench/scaling.py afterwards")
     ap.add_argument("--no-rdma", action="store_true", help="do not run bench/rdma.py (the RDMABuffer table)")
+    ap.add_argument("--no-scale-hosts", action="store_true",
+                    help="do not run bench/scale_hosts.py (4 ssh hosts x 8 procs x 32 actors; needs the testbed)")
     ap.add_argument("--rdma-only", action="store_true",
                     help="only the RDMABuffer table (bench/rdma.py, monarch-core and Monarch interleaved)")
     ap.add_argument("--timeout", type=float, default=1800.0,
@@ -519,6 +521,15 @@ def main(argv: list[str] | None = None) -> int:
         print("scaling.py (monarch-core only) ...", flush=True)
         scaling, scaling_ok = run_scaling(args, out_dir)
         parts.append(scaling)
+    hosts_ok = True
+    if not args.no_scale_hosts and impls["monarch_core"] is not None:
+        if os.path.exists(os.path.join(os.environ.get("RT_RUN", "/tmp/rt"), "ssh", "ssh_config")):
+            print("scale_hosts.py (4 ssh hosts x 8 procs x 32 actors over tls, monarch-core only) ...", flush=True)
+            hosts, hosts_ok = run_scale_hosts(args, out_dir)
+            parts.append(hosts)
+        else:
+            print("  scale_hosts skipped: the testbed is not up (scripts/testbed/netns-up.sh 4; "
+                  "scripts/testbed/ssh-up.sh 4)", flush=True)
     rdma_ok = True
     if not args.no_rdma and impls["monarch_core"] is not None:
         print("rdma.py (RDMABuffer: monarch-core and Monarch) ...", flush=True)
@@ -537,7 +548,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(summary)
     print(f"written: {os.path.join(out_dir, 'summary.md')}")
-    failed = any(impl.failures for impl in active) or not active or not scaling_ok or not rdma_ok
+    failed = any(impl.failures for impl in active) or not active or not scaling_ok or not rdma_ok or not hosts_ok
     return 1 if failed else 0
 
 
@@ -662,6 +673,42 @@ def run_scaling(args: argparse.Namespace, out_dir: str) -> tuple[str, bool]:
     for line in tail:
         print(f"    | {line}", flush=True)
     return (text + "\n\n" if text else "## Scaling\n\n") + f"scaling.py FAILED ({why}); see {log_path}", False
+
+
+def run_scale_hosts(args: argparse.Namespace, out_dir: str) -> tuple[str, bool]:
+    """Run scale_hosts.py in a child (it bounds its own client with --timeout); its markdown, and
+    whether it succeeded (a failure, or a process left on the hosts, is exit status 1)."""
+    md = os.path.join(out_dir, "scale_hosts.md")
+    log_path = os.path.join(out_dir, "scale_hosts.log")
+    argv = [args.core_py, os.path.join(HERE, "scale_hosts.py"), "--json", os.path.join(out_dir, "scale_hosts.json"),
+            "--md", md, "--timeout", str(args.timeout)] + (["--repeats", "20", "--warmup", "3"] if args.quick else [])
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=out_dir, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=args.timeout + 120)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            rc = None
+        except KeyboardInterrupt:
+            _kill_group(proc)
+            raise
+        if _group_members(proc.pid):
+            _kill_group(proc)
+    dt = time.monotonic() - t0
+    text = ""
+    if os.path.exists(md):
+        with open(md) as f:
+            text = f.read().strip()
+    if rc == 0 and text:
+        print(f"  scale_hosts ok   {dt:6.1f} s", flush=True)
+        return text, True
+    why = "timed out" if rc is None else f"exit status {rc}"
+    print(f"  scale_hosts FAILED ({why}); last lines of {log_path}:", flush=True)
+    for line in _tail(log_path, 25):
+        print(f"    | {line}", flush=True)
+    head = text + "\n\n" if text else "## Scale across hosts\n\n"
+    return head + f"scale_hosts.py FAILED ({why}); see {log_path}", False
 
 
 if __name__ == "__main__":
