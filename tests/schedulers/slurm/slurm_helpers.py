@@ -136,10 +136,20 @@ def _cmd(pid: int) -> str:
         return "?"
 
 
+def is_worker_loop(pid: int) -> bool:
+    """A monarch worker loop: exec'd (``python -m monarch_core.worker``), or
+    forked by the step's node launcher (process name ``monarch-worker``)."""
+    try:
+        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        comm = ""
+    return comm == "monarch-worker" or "monarch_core.worker" in _cmd(pid)
+
+
 def worker_pids(i: int, tb: Testbed) -> list[int]:
     """PIDs of monarch worker loops in host ``i``."""
-    return [p for p in tb.ns_pids(i) if "monarch_core.worker" in _cmd(p)]
+    return [p for p in tb.ns_pids(i) if is_worker_loop(p)]
 
 
 __all__ = ["JOB_NAME", "cancel_our_jobs", "client", "env", "host_addr", "job_state", "leftovers", "our_jobs",
-           "results", "salloc", "sbatch_wait", "wait_state", "worker_pids", "write_project"]
+           "is_worker_loop", "results", "salloc", "sbatch_wait", "wait_state", "worker_pids", "write_project"]

@@ -43,10 +43,12 @@ def kill_worker(host):
     for pid in pids:
         try:
             cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+            comm = open(f"/proc/{pid}/comm", "rb").read().strip()
             env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
         except OSError:
             continue
-        if b"monarch_core.worker" in cmd and job in env:
+        # exec'd (python -m monarch_core.worker) or forked by the node launcher (named monarch-worker)
+        if (b"monarch_core.worker" in cmd or comm == b"monarch-worker") and job in env:
             os.kill(int(pid), signal.SIGKILL)
 
 
