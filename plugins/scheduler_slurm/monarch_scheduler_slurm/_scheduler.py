@@ -74,6 +74,10 @@ exec sleep infinity
 
 #: Seconds between two ``squeue`` polls while a job waits to run.
 POLL = 0.25
+#: Seconds a node's address (``NodeAddr``, from ``sinfo``) is reused: the
+#: route found by ``client_address`` serves the ``allocate`` that follows it
+#: (one ``sinfo`` per bring-up instead of two).
+ADDRESS_TTL = 30.0
 
 
 def _elapsed(t0: float) -> str:
@@ -178,6 +182,22 @@ class SlurmScheduler(Scheduler):
     def __init__(self, api: SlurmAPI | None = None) -> None:
         # The adapter boundary: a pyslurm-based SlurmAPI would be chosen here.
         self.api = api if api is not None else SlurmCLI(env=slurm_env())
+        self._addresses: dict[str, tuple[float, str]] = {}  # node -> (when sinfo said, NodeAddr)
+        self._addresses_lock = threading.Lock()
+
+    def _node_addresses(self, nodes: Sequence[str], *, timeout: float) -> dict[str, str]:
+        """``api.node_addresses(nodes)``, from what an ``sinfo`` of the last
+        :data:`ADDRESS_TTL` seconds said when it covered every one of ``nodes``."""
+        now = time.monotonic()
+        with self._addresses_lock:
+            known = {n: self._addresses[n] for n in nodes if n in self._addresses}
+        if len(known) == len(nodes) and all(now - t < ADDRESS_TTL for t, _ in known.values()):
+            return {n: a for n, (_, a) in known.items()}
+        found = self.api.node_addresses(list(nodes), timeout=timeout)
+        with self._addresses_lock:
+            for n, a in found.items():
+                self._addresses[n] = (now, a)
+        return found
 
     # -- the contract ---------------------------------------------------
     def validate(self, request: AllocationRequest) -> None:
@@ -188,10 +208,12 @@ class SlurmScheduler(Scheduler):
         (a UDP socket's ``connect`` picks the route; nothing is sent)."""
         p = parse_params(request.params, request.source)
         try:
-            node = self._first_node(p)
-            if node is None:
+            nodes = self._known_nodes(p)
+            if not nodes:
                 return None
-            addr = self.api.node_addresses([node], timeout=10).get(node, node)
+            node = nodes[0]
+            # all the job's nodes when they are known: allocate needs them next
+            addr = self._node_addresses(nodes, timeout=10).get(node, node)
             with socket.socket(socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_DGRAM) as s:
                 s.connect((addr, 9))
                 local = s.getsockname()[0]
@@ -252,22 +274,25 @@ class SlurmScheduler(Scheduler):
             return inside, "inside"
         return None, "submit"
 
-    def _first_node(self, p: SlurmParams) -> str | None:
+    def _known_nodes(self, p: SlurmParams) -> list[str]:
+        """The job's nodes when there is a job (inside, attaching), else one
+        node of the partition the job will be submitted to; the first one
+        gives the route."""
         job_id, mode = self._job_of(p)
         if mode == "inside" and os.environ.get("SLURM_JOB_NODELIST"):
             nodes = expand_nodes(os.environ["SLURM_JOB_NODELIST"])
-            return nodes[0] if nodes else None
+            return nodes[: p.nodes] if p.nodes is not None else nodes
         if job_id is not None:
             info = self.api.job(job_id, timeout=10)
             if info is not None and info.nodes:
-                return info.nodes[0]
+                return list(info.nodes[: p.nodes] if p.nodes is not None else info.nodes)
         try:
             nodes = self.api.partition_nodes(p.partition, timeout=10)
         except SlurmCommandError:  # a partition sinfo does not know: sbatch will say so; any node gives the route
             nodes = []
         if not nodes and p.partition:
             nodes = self.api.partition_nodes(None, timeout=10)
-        return nodes[0] if nodes else None
+        return nodes[:1]
 
     def _submit(self, p: SlurmParams, launch: WorkerLaunch, deadline: float) -> str:
         state = _state_dir(p)
@@ -328,7 +353,7 @@ class SlurmScheduler(Scheduler):
     def _start_workers(self, p: SlurmParams, alloc: SlurmAllocation, job_id: str, nodes: list[str],
                        launch: WorkerLaunch, deadline: float) -> None:
         try:
-            addresses = self.api.node_addresses(nodes, timeout=max(1.0, min(10.0, deadline - time.monotonic())))
+            addresses = self._node_addresses(nodes, timeout=max(1.0, min(10.0, deadline - time.monotonic())))
         except SlurmCommandError as e:  # sinfo missing or failing here: node names are addresses too
             logger.info("node addresses of job %s unknown (%s); the workers listen on the node names", job_id, e)
             addresses = {}

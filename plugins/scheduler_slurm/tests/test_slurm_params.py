@@ -167,3 +167,32 @@ def test_launch_files_are_private_in_a_private_session_directory(tmp_path: pathl
     assert (session / "h1.json").stat().st_mode & 0o777 == 0o600
     with pytest.raises(FileExistsError):  # never through a file someone put there first
         _write_private(str(session / "h1.json"), {})
+
+
+class _CountingAddresses:
+    """Just enough of a SlurmAPI for the client's route: ``node_addresses`` counted."""
+
+    def __init__(self) -> None:
+        self.asked: list[list[str]] = []
+
+    def node_addresses(self, nodes: list[str], *, timeout: float | None = None) -> dict[str, str]:
+        self.asked.append(list(nodes))
+        return {n: "127.0.0.1" for n in nodes}
+
+
+def test_the_route_inside_a_job_asks_sinfo_once_for_every_node_the_workers_need(monkeypatch: pytest.MonkeyPatch) -> None:
+    from monarch_core.hookspecs import AllocationRequest
+    from monarch_scheduler_slurm._scheduler import SlurmScheduler
+
+    monkeypatch.setenv("SLURM_JOB_ID", "41")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-3]")
+    monkeypatch.delenv("MONARCH_SLURM_JOB_ID", raising=False)
+    api = _CountingAddresses()
+    sched = SlurmScheduler(api=api)  # type: ignore[arg-type]
+    assert sched.client_address(AllocationRequest("c", {"nodes": 2}, SRC)) == "tls://127.0.0.1:0"
+    assert api.asked == [["n1", "n2"]]  # the job's nodes that will be used, not only the first
+    # allocate's addresses for the workers' launch files come from that answer: no second sinfo
+    assert sched._node_addresses(["n1", "n2"], timeout=1) == {"n1": "127.0.0.1", "n2": "127.0.0.1"}
+    assert api.asked == [["n1", "n2"]]
+    assert sched._node_addresses(["n3"], timeout=1) == {"n3": "127.0.0.1"}  # one it was not told about: asked
+    assert api.asked == [["n1", "n2"], ["n3"]]
