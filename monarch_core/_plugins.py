@@ -594,7 +594,7 @@ def _core_version() -> str:
     """The core's version: ``monarch_core.__version__`` (reading the
     installed distribution's metadata cost ~25 ms on every start of a
     client, a fork server and an exec'd proc)."""
-    from monarch_core import __version__
+    from monarch_core._version import __version__
 
     return __version__
 
