@@ -109,8 +109,8 @@ def hosts_from_config(name: str, *, timeout: float | None = None) -> HostMesh:
     scheduler.validate(request)
     _check_params(scheduler, request)
     _alloc.prepare_transport(scheduler, request)
-    rt = _start.runtime()
-    record = _alloc.allocate(scheduler, request, rt, timeout)
+    # the client's runtime starts while the scheduler starts the hosts
+    record = _alloc.allocate(scheduler, request, _start.runtime, timeout)
     return host_mesh_of(record, name)
 
 

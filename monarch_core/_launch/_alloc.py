@@ -17,6 +17,7 @@ from __future__ import annotations
 import inspect
 import logging
 import signal
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -162,23 +163,42 @@ class AllocationRecord:
 
 def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None) -> AllocationRecord:
     """Allocate, check and wait for the hosts of ``request`` (caller's thread,
-    never the kernel loop).  Raises ``AllocationError`` (or ``ConfigError``)."""
+    never the kernel loop).  Raises ``AllocationError`` (or ``ConfigError``).
+
+    ``rt``: this process's runtime, or a function that starts it (a client
+    whose kernel is not running yet): it is called once the scheduler has
+    started on its own thread, so that the client's start (trio, its kernel,
+    its listener) overlaps with the hosts' (connections, interpreters)."""
+    from monarch_core._proc import _state, _transport
     from monarch_core.hookspecs import WorkerLaunch
 
+    start = None
+    if callable(rt):
+        start, rt = rt, _state.current_runtime_or_none()
+        if rt is not None:
+            start = None
+    if rt is not None:
+        transport, python = rt.transport, rt.python_executable
+    else:  # what the client runtime ``start`` makes will use (``_start._start_client``)
+        transport, python = _transport.current_choice().name, sys.executable
     limit = ALLOCATE_TIMEOUT if timeout is None else float(timeout)
     record = AllocationRecord(scheduler, request)
     launch = WorkerLaunch(
-        transport=rt.transport,
-        scheme=_scheme_of(rt.transport),
-        python=rt.python_executable,
-        credentials=credentials_for(rt.transport),
+        transport=transport,
+        scheme=_scheme_of(transport),
+        python=python,
+        credentials=credentials_for(transport),
         timeout=limit,
         report_lost=record.report_lost,
         notice_sink=record.report_notice,
-        issue_credentials=_issuer(rt.transport),
+        issue_credentials=_issuer(transport),
     )
     deadline = time.monotonic() + limit
-    allocation = _run_allocate(scheduler, request, launch, record, limit)
+    started: list = []
+    allocation = _run_allocate(scheduler, request, launch, record, limit,
+                               meanwhile=(lambda: started.append(start())) if start is not None else None)
+    if start is not None:
+        rt = started[0]
     record.allocation = allocation
     with _live_lock:
         _live[id(record)] = record
@@ -193,7 +213,11 @@ def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None
     return record
 
 
-def _run_allocate(scheduler: Any, request: Any, launch: Any, record: AllocationRecord, limit: float) -> Any:
+def _run_allocate(scheduler: Any, request: Any, launch: Any, record: AllocationRecord, limit: float,
+                  meanwhile: Any = None) -> Any:
+    """Run the scheduler's ``allocate`` on a thread of its own within
+    ``limit`` seconds; ``meanwhile()`` runs on the caller's thread while it
+    does (its failure cancels the allocation)."""
     fn = scheduler.allocate
     args = (request, launch) if _takes_launch(fn) else (request,)
     box: dict[str, Any] = {}
@@ -238,6 +262,8 @@ def _run_allocate(scheduler: Any, request: Any, launch: Any, record: AllocationR
 
     deadline = time.monotonic() + limit
     try:
+        if meanwhile is not None:
+            meanwhile()
         while not done.wait(min(0.2, max(0.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 give_up()

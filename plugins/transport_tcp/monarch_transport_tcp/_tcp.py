@@ -329,6 +329,7 @@ class _Credentials:
         self.session_wanted = False
         self.session: Any = None  # _pki.SessionCA, made on first use
         self.identity: Any = None  # _pki.Issued: this process's certificate from the session CA
+        self.identity_names: set[str] = set()  # the names it is valid for
 
     def configured(self) -> dict[str, str]:
         """The user's credentials, by variable name (given, else the environment)."""
@@ -347,17 +348,23 @@ class _Credentials:
 
     def start_session(self, bind_host: str | None) -> None:
         """Make the session CA and this process's certificate (valid for
-        ``bind_host`` and this host's names), once."""
+        ``bind_host`` and this host's names), once; issue the certificate
+        again when a later call names a host it does not cover (credentials
+        asked for before the client listened: a scheduler starting its hosts
+        while the client's kernel starts)."""
         from monarch_transport_tcp import _pki
 
         with self.lock:
-            if self.identity is not None:
+            names = _pki.local_names(bind_host)
+            if self.identity is not None and set(names) <= self.identity_names:
                 return
             if self.session is None:
                 self.session = _pki.SessionCA()
-            self.identity = self.session.issue("monarch client", _pki.local_names(bind_host))
-            logger.info("tls: session credentials made (a CA in this process's memory; valid until %s)",
-                        self.session.not_after.isoformat(timespec="seconds"))
+                logger.info("tls: session credentials made (a CA in this process's memory; valid until %s)",
+                            self.session.not_after.isoformat(timespec="seconds"))
+            names = list(dict.fromkeys([*sorted(self.identity_names), *names]))
+            self.identity = self.session.issue("monarch client", names)
+            self.identity_names = set(names)
 
     def values(self) -> dict[str, str]:
         """The credentials in effect, by variable name: configured ones, else
