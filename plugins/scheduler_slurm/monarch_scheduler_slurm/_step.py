@@ -14,7 +14,13 @@ tasks are :mod:`._node` launchers, each starting one worker loop.
 
 The ``srun`` process is started by the thread that reads its standard output
 and lives as long as it, so ``PR_SET_PDEATHSIG`` (SIGTERM) ends it -- and with
-it the step -- if the client dies without releasing anything.
+it the step -- if the client dies without releasing anything.  util-linux's
+``setpriv --pdeathsig TERM`` sets it and execs ``srun`` (no process of its
+own), so the client starts it with ``vfork``: a ``preexec_fn`` would make
+``subprocess`` ``fork`` the whole client (its page tables: ~10 ms for 150 MiB,
+more for a client holding gigabytes) on the bring-up's critical path.  Where
+``setpriv`` has no ``--pdeathsig`` (util-linux before 2.33), a ``preexec_fn``
+sets it.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ from __future__ import annotations
 import collections
 import ctypes
 import ctypes.util
+import errno
 import logging
 import os
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -65,6 +73,27 @@ def _pdeathsig() -> Callable[[], None] | None:
         prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
     return set_it
+
+
+_SETPRIV: list[list[str]] = []  # [argv prefix or []], found once
+
+
+def _setpriv_prefix() -> list[str]:
+    """``[setpriv, --pdeathsig, TERM]`` when this host's setpriv can set the
+    parent-death signal, else ``[]`` (looked up once)."""
+    if not _SETPRIV:
+        prefix: list[str] = []
+        path = shutil.which("setpriv")
+        if path is not None:
+            try:
+                res = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=5,
+                                     stdin=subprocess.DEVNULL)
+                if "--pdeathsig" in res.stdout:
+                    prefix = [path, "--pdeathsig", "TERM"]
+            except (OSError, subprocess.SubprocessError):
+                pass
+        _SETPRIV.append(prefix)
+    return _SETPRIV[0]
 
 
 def _say_seconds(s: int) -> str:
@@ -122,10 +151,17 @@ class WorkerStep:
 
     def _run(self) -> None:
         try:
+            prefix = _setpriv_prefix()
+            argv = list(self.argv)
+            if prefix:  # setpriv execs srun: resolve it here, so that a missing srun is an OSError as without it
+                found = shutil.which(argv[0], path=self.env.get("PATH"))
+                if found is None:
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), argv[0])
+                argv = [*prefix, found, *argv[1:]]
             self.proc = subprocess.Popen(
-                self.argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                argv, env=self.env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 start_new_session=True,  # the terminal's Ctrl-C goes to the client, which releases in order
-                preexec_fn=_pdeathsig(),
+                preexec_fn=None if prefix else _pdeathsig(),
             )
         except OSError as e:
             self._start_error = e
