@@ -643,50 +643,29 @@ def rdma_table(impls: list[Impl], runs: int, notes: list[str], quick: bool) -> s
 def run_scaling(args: argparse.Namespace, out_dir: str) -> tuple[str, bool]:
     """Run scaling.py in a child; its markdown, and whether it succeeded."""
     md = os.path.join(out_dir, "scaling.md")
-    log_path = os.path.join(out_dir, "scaling.log")
     argv = [args.core_py, os.path.join(HERE, "scaling.py"), "--out", os.path.join(out_dir, "scaling.json"),
             "--md", md] + (["--quick"] if args.quick else [])
-    t0 = time.monotonic()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=out_dir, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=args.timeout)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
-            rc = None
-        except KeyboardInterrupt:
-            _kill_group(proc)
-            raise
-        if _group_members(proc.pid):
-            _kill_group(proc)
-    dt = time.monotonic() - t0
-    text = ""
-    if os.path.exists(md):
-        with open(md) as f:
-            text = f.read().strip()
-    if rc == 0 and text:
-        print(f"  scaling ok       {dt:6.1f} s", flush=True)
-        return text, True
-    why = "timed out" if rc is None else f"exit status {rc}"
-    print(f"  scaling FAILED ({why}); last lines of {log_path}:", flush=True)
-    tail = _tail(log_path, 25)
-    for line in tail:
-        print(f"    | {line}", flush=True)
-    return (text + "\n\n" if text else "## Scaling\n\n") + f"scaling.py FAILED ({why}); see {log_path}", False
+    return _run_md_child("scaling", argv, md, out_dir, args.timeout, "## Scaling")
 
 
 def run_scale_hosts(args: argparse.Namespace, out_dir: str) -> tuple[str, bool]:
     """Run scale_hosts.py in a child (it bounds its own client with --timeout); its markdown, and
     whether it succeeded (a failure, or a process left on the hosts, is exit status 1)."""
     md = os.path.join(out_dir, "scale_hosts.md")
-    log_path = os.path.join(out_dir, "scale_hosts.log")
     argv = [args.core_py, os.path.join(HERE, "scale_hosts.py"), "--json", os.path.join(out_dir, "scale_hosts.json"),
             "--md", md, "--timeout", str(args.timeout)] + (["--repeats", "20", "--warmup", "3"] if args.quick else [])
+    return _run_md_child("scale_hosts", argv, md, out_dir, args.timeout + 120, "## Scale across hosts")
+
+
+def _run_md_child(name: str, argv: list[str], md: str, out_dir: str, timeout: float, heading: str) -> tuple[str, bool]:
+    """Run ``argv`` in its own process group (log: ``<out_dir>/<name>.log``) within
+    ``timeout`` seconds; the markdown it wrote to ``md``, and whether it succeeded."""
+    log_path = os.path.join(out_dir, f"{name}.log")
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=out_dir, start_new_session=True)
         try:
-            rc = proc.wait(timeout=args.timeout + 120)
+            rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             rc = None
@@ -701,14 +680,13 @@ def run_scale_hosts(args: argparse.Namespace, out_dir: str) -> tuple[str, bool]:
         with open(md) as f:
             text = f.read().strip()
     if rc == 0 and text:
-        print(f"  scale_hosts ok   {dt:6.1f} s", flush=True)
+        print(f"  {name + ' ok':<16} {dt:6.1f} s", flush=True)
         return text, True
     why = "timed out" if rc is None else f"exit status {rc}"
-    print(f"  scale_hosts FAILED ({why}); last lines of {log_path}:", flush=True)
+    print(f"  {name} FAILED ({why}); last lines of {log_path}:", flush=True)
     for line in _tail(log_path, 25):
         print(f"    | {line}", flush=True)
-    head = text + "\n\n" if text else "## Scale across hosts\n\n"
-    return head + f"scale_hosts.py FAILED ({why}); see {log_path}", False
+    return (text + "\n\n" if text else heading + "\n\n") + f"{os.path.basename(argv[1])} FAILED ({why}); see {log_path}", False
 
 
 if __name__ == "__main__":
