@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from _helpers.procs import pid_running
 from monarch_core.errors import AllocationError
 from monarch_scheduler_slurm import _step
 
@@ -28,14 +29,6 @@ time.sleep(120)
 '''
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
 @pytest.mark.parametrize("setpriv", [True, False], ids=["setpriv", "preexec_fn"])
 def test_the_step_process_dies_with_a_client_killed_outright(setpriv: bool) -> None:
     if setpriv and not _step._setpriv_prefix():
@@ -49,13 +42,13 @@ def test_the_step_process_dies_with_a_client_killed_outright(setpriv: bool) -> N
             line = client.stdout.readline()
             assert line, "the client ended early"
         pid = int(line.split()[1])
-        assert _alive(pid)
+        assert pid_running(pid)
         client.send_signal(signal.SIGKILL)  # runs nothing of the client
         client.wait(30)
         deadline = time.monotonic() + 10
-        while _alive(pid) and time.monotonic() < deadline:
+        while pid_running(pid) and time.monotonic() < deadline:
             time.sleep(0.05)  # /proc has nothing to wait on
-        assert not _alive(pid), "the step's process outlived its client"
+        assert not pid_running(pid), "the step's process outlived its client"
     finally:
         client.kill()
         client.wait()

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import slurm_helpers as H
+from _helpers.envs import client_venv
 
 pytest.importorskip("hostlist")
 
@@ -113,21 +113,10 @@ def test_the_copy_goes_to_each_nodes_sync_dir_through_job_steps(cluster: Any, tm
         assert (tmp_path / "nodes" / n / "code" / f"{mod}.py").read_text() == "VALUE = 22\n"
 
 
-def _client_venv(d: Path, pkg: str) -> Path:
-    venv = d / "clientenv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               check=True, timeout=60, capture_output=True, text=True).stdout.strip())
-    (site / "project_venv.pth").write_text(f"import site; site.addsitedir({sysconfig.get_path('purelib')!r})\n")
-    (site / pkg).mkdir()
-    (site / pkg / "__init__.py").write_text("VALUE = 1\n")
-    return venv
-
-
 def test_conda_true_copies_the_clients_venv_and_new_procs_run_it(cluster: Any, tmp_path: Path) -> None:
     mod, pkg = "envmod", f"tinypkg_{tmp_path.name[-8:]}".replace("-", "_")
     _project(tmp_path, mod)
-    venv = _client_venv(tmp_path, pkg)
+    venv = client_venv(tmp_path, pkg)
     out = _run(tmp_path, [mod, "conda", pkg], python=str(venv / "bin" / "python"),
                env_extra={"MONARCH_SLURM_SYNC_COPY": "1"})
     assert all(b.startswith("ImportError") for b in out["before"]), out["before"]  # the nodes' own Python lacks it

@@ -30,7 +30,7 @@ from typing import Any
 from _helpers import clients as _clients
 from _helpers.clients import LineReader
 from _helpers.config import toml_value
-from _helpers.procs import kill_tree
+from _helpers.procs import kill_tree, pid_running
 from _helpers.testbed import RT_RUN
 
 HERE = Path(__file__).resolve().parent
@@ -96,20 +96,12 @@ def _environ(pid: int) -> bytes:
         return b""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
-
-
 def tagged(tag: str, hosts: Iterable[int] = (1, 2, 3, 4)) -> dict[int, list[int]]:
     """Live processes carrying ``RT_TAG=<tag>`` in each host (empty hosts left out)."""
     needle = b"\0RT_TAG=" + tag.encode() + b"\0"
     out: dict[int, list[int]] = {}
     for i in hosts:
-        found = [p for p in ns_pids(i) if needle in b"\0" + _environ(p) + b"\0" and _alive(p)]
+        found = [p for p in ns_pids(i) if needle in b"\0" + _environ(p) + b"\0" and pid_running(p)]
         if found:
             out[i] = found
     return out
@@ -153,7 +145,7 @@ def sshd_sessions(i: int, listener: int | None) -> list[int]:
             continue
         try:
             with open(f"/proc/{p}/comm") as f:
-                if f.read().strip() == "sshd" and _alive(p):
+                if f.read().strip() == "sshd" and pid_running(p):
                     out.append(p)
         except OSError:
             pass

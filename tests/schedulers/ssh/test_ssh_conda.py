@@ -11,13 +11,12 @@ A second sync sends only what changed."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import sysconfig
 from pathlib import Path
 from typing import Any
 
 import ssh_helpers as H
+from _helpers.envs import client_venv
 
 PRELUDE = r'''
 import asyncio, os, sys, time
@@ -42,22 +41,10 @@ before = hm.spawn_procs().spawn("before", Probe)
 '''
 
 
-def _client_venv(d: Path, pkg: str) -> Path:
-    venv = d / "clientenv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                               check=True, timeout=60, capture_output=True, text=True).stdout.strip())
-    # monarch and its dependencies from the project venv (its .pth files run: editable installs)
-    (site / "project_venv.pth").write_text(f"import site; site.addsitedir({sysconfig.get_path('purelib')!r})\n")
-    (site / pkg).mkdir()
-    (site / pkg / "__init__.py").write_text("VALUE = 1\n")
-    return venv
-
-
 def test_conda_true_ships_the_clients_venv_and_new_procs_run_it(sshd: Any, tmp_path: Path) -> None:
     tag = H.new_tag()
     pkg = f"tinypkg_{tag}"
-    venv = _client_venv(tmp_path, pkg)
+    venv = client_venv(tmp_path, pkg)
     remote = tmp_path / "remote"
     # the hosts' own interpreter: the project venv, which has no tinypkg
     H.write_config(tmp_path, {"one": H.entry(tag, tmp_path, hosts=["h1"], cwd=str(remote / "{host}"), python=H.PY)})
