@@ -46,6 +46,12 @@ _CHUNK = 4 * 16384
 _RECV = 262144
 
 
+def _bytes_view(obj: Any) -> memoryview:
+    """``obj`` as a flat memoryview of bytes."""
+    mv = memoryview(obj)
+    return mv if mv.format == "B" and mv.ndim == 1 else mv.cast("B")
+
+
 class TlsSocket:
     """A TLS connection over ``sock`` (a connected stdlib socket, made
     non-blocking here); see the module docstring."""
@@ -88,77 +94,59 @@ class TlsSocket:
         return len(self._backlog)
 
     def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
-        mv = memoryview(buffer)
-        if mv.format != "B" or mv.ndim != 1:
-            mv = mv.cast("B")
-        want = nbytes or len(mv)
+        mv = _bytes_view(buffer)
         with self._lock:
-            got = 0
-            ssl_read = self._ssl.read
-            self._more = False
-            try:
-                while got < want:
-                    try:
-                        n = ssl_read(want - got, mv[got:want])
-                    except ssl.SSLWantReadError:
-                        if got:
-                            break
-                        data = self._sock.recv(_RECV)  # BlockingIOError: nothing to be had now
-                        if not data:
-                            return 0  # the peer closed (without close_notify)
-                        self._in.write(data)
-                        continue
-                    except ssl.SSLZeroReturnError:
-                        return got  # close_notify: the end, after what was read
-                    if not n:
-                        return got
-                    got += n
-                else:
-                    self._more = True
-            finally:
-                if self._out.pending:  # a post-handshake message (key update, ticket) to answer
-                    self._backlog += self._out.read()
-                    self._flush()
-            return got
+            return self._read(nbytes or len(mv), mv)[0]
 
     def recv(self, bufsize: int) -> bytes:
         """Up to ``bufsize`` bytes of plaintext, as many as are ready (no
         buffer of ``bufsize`` is allocated: a small message costs its size)."""
         with self._lock:
-            parts: list[bytes] = []
-            got = 0
-            ssl_read = self._ssl.read
-            self._more = False
-            try:
-                while got < bufsize:
-                    try:
-                        data = ssl_read(bufsize - got)
-                    except ssl.SSLWantReadError:
-                        if got:
-                            break
-                        raw = self._sock.recv(_RECV)  # BlockingIOError: nothing to be had now
-                        if not raw:
-                            return b""  # the peer closed (without close_notify)
-                        self._in.write(raw)
-                        continue
-                    except ssl.SSLZeroReturnError:
-                        break  # close_notify: the end, after what was read
-                    if not data:
+            parts = self._read(bufsize, None)[1]
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _read(self, want: int, into: memoryview | None) -> tuple[int, list[bytes]]:
+        """Under the lock: up to ``want`` bytes of plaintext, decrypted into
+        ``into`` or, without it, as the list of ``bytes`` the records gave;
+        the count either way.  Reads the socket only when nothing was had
+        yet (``BlockingIOError`` when it has nothing); ``0`` at the end."""
+        parts: list[bytes] = []
+        got = 0
+        ssl_read = self._ssl.read
+        self._more = False
+        try:
+            while got < want:
+                try:
+                    if into is None:
+                        data = ssl_read(want - got)
+                        n = len(data)
+                        if n:
+                            parts.append(data)
+                    else:
+                        n = ssl_read(want - got, into[got:want])
+                except ssl.SSLWantReadError:
+                    if got:
                         break
-                    parts.append(data)
-                    got += len(data)
-                else:
-                    self._more = True
-            finally:
-                if self._out.pending:
-                    self._backlog += self._out.read()
-                    self._flush()
-            return parts[0] if len(parts) == 1 else b"".join(parts)
+                    raw = self._sock.recv(_RECV)  # BlockingIOError: nothing to be had now
+                    if not raw:
+                        break  # the peer closed (without close_notify)
+                    self._in.write(raw)
+                    continue
+                except ssl.SSLZeroReturnError:
+                    break  # close_notify: the end, after what was read
+                if not n:
+                    break
+                got += n
+            else:
+                self._more = True
+        finally:
+            if self._out.pending:  # a post-handshake message (key update, ticket) to answer
+                self._backlog += self._out.read()
+                self._flush()
+        return got, parts
 
     def send(self, data: Any) -> int:
-        mv = memoryview(data)
-        if mv.format != "B" or mv.ndim != 1:
-            mv = mv.cast("B")
+        mv = _bytes_view(data)
         with self._lock:
             return self._send(mv)
 
@@ -166,9 +154,7 @@ class TlsSocket:
         total = 0
         with self._lock:
             for p in parts:
-                mv = memoryview(p)
-                if mv.format != "B" or mv.ndim != 1:
-                    mv = mv.cast("B")
+                mv = _bytes_view(p)
                 try:
                     n = self._send(mv)
                 except BlockingIOError:
@@ -242,9 +228,7 @@ class TlsSocket:
             await trio.lowlevel.wait_writable(self._sock)
 
     async def send_all(self, data: Any) -> None:
-        mv = memoryview(data)
-        if mv.format != "B" or mv.ndim != 1:
-            mv = mv.cast("B")
+        mv = _bytes_view(data)
         sent = 0
         total = len(mv)
         while sent < total:
