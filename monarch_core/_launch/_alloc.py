@@ -172,12 +172,10 @@ def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None
     from monarch_core._proc import _state, _transport
     from monarch_core.hookspecs import WorkerLaunch
 
-    start = None
-    if callable(rt):
-        start, rt = rt, _state.current_runtime_or_none()
-        if rt is not None:
-            start = None
-    if rt is not None:
+    if callable(rt):  # a starter: the runtime itself when it runs already
+        rt = _state.current_runtime_or_none() or rt
+    start = rt if callable(rt) else None
+    if start is None:
         transport, python = rt.transport, rt.python_executable
     else:  # what the client runtime ``start`` makes will use (``_start._start_client``)
         transport, python = _transport.current_choice().name, sys.executable
@@ -194,11 +192,9 @@ def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None
         issue_credentials=_issuer(transport),
     )
     deadline = time.monotonic() + limit
-    started: list = []
-    allocation = _run_allocate(scheduler, request, launch, record, limit,
-                               meanwhile=(lambda: started.append(start())) if start is not None else None)
+    allocation, started = _run_allocate(scheduler, request, launch, record, limit, meanwhile=start)
     if start is not None:
-        rt = started[0]
+        rt = started
     record.allocation = allocation
     with _live_lock:
         _live[id(record)] = record
@@ -214,10 +210,11 @@ def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None
 
 
 def _run_allocate(scheduler: Any, request: Any, launch: Any, record: AllocationRecord, limit: float,
-                  meanwhile: Any = None) -> Any:
+                  meanwhile: Any = None) -> tuple[Any, Any]:
     """Run the scheduler's ``allocate`` on a thread of its own within
     ``limit`` seconds; ``meanwhile()`` runs on the caller's thread while it
-    does (its failure cancels the allocation)."""
+    does (its failure cancels the allocation).  Returns the allocation and
+    what ``meanwhile`` returned (None without one)."""
     fn = scheduler.allocate
     args = (request, launch) if _takes_launch(fn) else (request,)
     box: dict[str, Any] = {}
@@ -261,9 +258,10 @@ def _run_allocate(scheduler: Any, request: Any, launch: Any, record: AllocationR
                 pass
 
     deadline = time.monotonic() + limit
+    started = None
     try:
         if meanwhile is not None:
-            meanwhile()
+            started = meanwhile()
         while not done.wait(min(0.2, max(0.0, deadline - time.monotonic()))):
             if time.monotonic() >= deadline:
                 give_up()
@@ -282,7 +280,7 @@ def _run_allocate(scheduler: Any, request: Any, launch: Any, record: AllocationR
         if isinstance(e, MonarchError):
             raise AllocationError(f"{record.what} could not allocate hosts: {e}") from e
         raise AllocationError(f"{record.what} could not allocate hosts: {type(e).__name__}: {e}") from e
-    return box["value"]
+    return box["value"], started
 
 
 def _check(record: AllocationRecord, allocation: Any, rt: Any) -> None:
