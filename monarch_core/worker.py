@@ -48,11 +48,6 @@ from monarch_core._launch._worker import READY_PREFIX
 if TYPE_CHECKING:
     from monarch_core._actor._attach import attach_to_workers, run_worker_loop_forever
 
-#: What a worker loop's fork server imports above the proc runtime, for its
-#: procs (the mesh API's modules; the worker loop itself needs none of them).
-_FORK_SERVER_WARM = ("monarch_core.actor", "monarch_core._actor._endpoint")
-
-
 def __getattr__(name: str) -> Any:
     """``attach_to_workers`` and ``run_worker_loop_forever`` (the mesh API's),
     imported on first use: ``python -m monarch_core.worker`` answers its
@@ -91,9 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default=settings.get("MONARCH_LOG_LEVEL") or "WARNING")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="[%(levelname)s worker loop] %(name)s: %(message)s")
+    from monarch_core._actor import FORK_SERVER_WARM  # (the package alone: the worker loads no mesh API)
     from monarch_core._launch import _fork_server, _worker
 
-    _fork_server.warm(_FORK_SERVER_WARM)
+    _fork_server.warm(FORK_SERVER_WARM)
     try:
         _worker.run_worker_loop_forever(args.address, ca=args.ca, private_key=args.private_key, cert=args.cert,
                                         insecure_tcp=args.insecure_tcp, exit_with_parent=args.exit_with_parent)

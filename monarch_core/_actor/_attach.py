@@ -6,15 +6,13 @@ from typing import Any, Sequence
 
 from monarch_core import _telemetry, settings
 from monarch_core._proc import _start, _state
+from monarch_core._actor import FORK_SERVER_WARM
 from monarch_core._actor._host_mesh import HostMesh, _HostMeshOwnership
 from monarch_core._launch import _alloc
 from monarch_core._mesh._shape import Extent
 
 ATTACH_TIMEOUT: float = settings.get("MONARCH_ATTACH_TIMEOUT")
 
-# What the worker loop's fork server imports above the proc runtime (the same
-# as ``_mesh._FORK_SERVER_WARM``; the launch layer names nothing above it).
-_FORK_SERVER_WARM = ("monarch_core.actor", "monarch_core._actor._endpoint")
 
 
 def attach_to_workers(
@@ -54,7 +52,7 @@ def run_worker_loop_forever(
     loopback unless ``insecure_tcp=True``, ``exit_with_parent``."""
     from monarch_core._launch import _fork_server, _worker  # (lazily: importing the API loads no trio)
 
-    _fork_server.warm(_FORK_SERVER_WARM)
+    _fork_server.warm(FORK_SERVER_WARM)
     _worker.run_worker_loop_forever(address, ca, private_key, cert=cert, insecure_tcp=insecure_tcp,
                                     exit_with_parent=exit_with_parent)
 

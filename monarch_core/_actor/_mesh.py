@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 from monarch_core import _telemetry
 from monarch_core._proc import _start, _state
+from monarch_core._actor import FORK_SERVER_WARM
 from monarch_core._actor._actor_mesh import ActorMesh
 from monarch_core._actor._attach import ATTACH_TIMEOUT, attach
 from monarch_core._actor._controller import get_or_spawn_controller
@@ -45,10 +46,6 @@ def this_proc() -> ProcMesh:
     return pm
 
 
-#: What the fork server imports above the proc runtime (see ``_fork_server.warm``).
-_FORK_SERVER_WARM = ("monarch_core.actor", "monarch_core._actor._endpoint")
-
-
 def this_host() -> HostMesh:
     """The machine this code runs on, as a one-host ``HostMesh`` (no
     dimensions).  Procs spawned from it are started by this process: forked
@@ -58,7 +55,7 @@ def this_host() -> HostMesh:
 
     # The fork server's imports overlap with the runtime's start and the
     # caller's work before its first spawn.
-    _fork_server.warm(_FORK_SERVER_WARM)
+    _fork_server.warm(FORK_SERVER_WARM)
     _fork_server.start_early()
     try:
         rt = _start.runtime()
