@@ -39,12 +39,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
-from monarch_scheduler_slurm import _settings
 from monarch_core.errors import AllocationError
-from collections.abc import Sequence
-
 from monarch_core.hookspecs import (
     Allocation,
     AllocationRequest,
@@ -54,7 +52,7 @@ from monarch_core.hookspecs import (
     WorkerLaunch,
     Workspace,
 )
-
+from monarch_scheduler_slurm import _settings
 from monarch_scheduler_slurm._cli import SlurmAPI, SlurmCLI, SlurmCommandError, expand_nodes, slurm_env
 from monarch_scheduler_slurm._params import ALL_KEYS, DEFAULT_SYNC_DIR, SlurmParams, parse_params
 from monarch_scheduler_slurm._step import WorkerStep
