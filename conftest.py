@@ -8,8 +8,12 @@ Every test is in exactly one tier, selected with ``-m``:
   to move it to ``procs``.
 * ``testbed``: uses the multi-host testbed (namespace hosts, sshd, Slurm:
   the fixtures in :data:`TESTBED_FIXTURES`).  Marked here, automatically, and
-  put in one ``xdist_group`` so that, run in parallel (``-n``), testbed tests
-  still run one at a time: they share hosts, links and services.
+  put in one of two xdist groups, so that, run in parallel (``-n``),
+  the tests of one group still run one at a time (they share hosts, links and
+  services) while the two groups run side by side: ``testbed-slurm`` (the
+  tests that use the Slurm cluster, whose nodes are hosts h5..h7) and
+  ``testbed`` (the rest: h1..h4, sshd).  No test of one group touches the
+  other's hosts (``tests/_helpers/testbed.py``).
 * ``procs``: everything else — real procs on this machine.  Marked here,
   automatically.
 
@@ -25,6 +29,8 @@ import pytest
 
 #: fixtures that bring up or use the multi-host testbed (tests/_helpers/testbed.py, the scheduler suites)
 TESTBED_FIXTURES = frozenset({"netns", "links_up", "sshd", "slurm", "cluster"})
+#: of those, the ones on the Slurm cluster's hosts (h5..h7): their own group
+SLURM_FIXTURES = frozenset({"slurm", "cluster"})
 TIERS = ("unit", "procs", "testbed")
 
 
@@ -38,8 +44,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                         f"{sorted(TESTBED_FIXTURES.intersection(item.fixturenames))}: drop the unit mark")
             continue
         if testbed:
+            names = getattr(item, "fixturenames", ())
             item.add_marker(pytest.mark.testbed)
-            item.add_marker(pytest.mark.xdist_group("testbed"))
+            item.add_marker(pytest.mark.xdist_group("testbed-slurm" if SLURM_FIXTURES.intersection(names) else "testbed"))
         else:
             item.add_marker(pytest.mark.procs)
 

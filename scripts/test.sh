@@ -46,9 +46,11 @@ fi
 "$VENV/bin/python" -m pip install -q -e plugins/tensor_engine \
   || echo "warning: monarch-tensor-engine could not be installed (torch missing?); its tests will be skipped" >&2
 # The whole suite in parallel: it mostly waits on processes, hosts and
-# timeouts.  Testbed tests share one xdist group (conftest.py), so they still
-# run one at a time; MONARCH_TEST_WORKERS=0 runs everything in this process.
-WORKERS="${MONARCH_TEST_WORKERS:-2}"
+# timeouts (on 2 cores, -n 2 kept them a third busy), so 4 workers.  Testbed
+# tests are in two xdist groups (conftest.py: the Slurm half on h5..h7, the
+# rest on h1..h4) that run side by side, each one test at a time;
+# MONARCH_TEST_WORKERS=0 runs everything in this process.
+WORKERS="${MONARCH_TEST_WORKERS:-4}"
 if [ "$WORKERS" = 0 ]; then
   exec "$VENV/bin/python" -m pytest "$@"
 fi

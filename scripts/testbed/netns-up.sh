@@ -8,8 +8,8 @@
 # The namespaces have no default route and ip_forward is not touched: they reach
 # each other and the root namespace, nothing else.  A marked block in /etc/hosts
 # (and in /etc/netns/rt-hI/hosts, which `ip netns exec` mounts over /etc/hosts)
-# maps rtctl and h1..hN.  Running it again with the same N changes nothing;
-# with a larger N it adds hosts.  Undo with netns-down.sh.
+# maps rtctl and every host hI that exists.  Running it again with the same N
+# changes nothing; with a larger N it adds hosts, with a smaller one it keeps them.  Undo with netns-down.sh.
 #
 # Usage: netns-up.sh [N=3]     prints "rt-hI ADDRESS" per host on stdout
 source "$(dirname "$0")/lib.sh"
@@ -40,14 +40,19 @@ for i in $(seq 1 "$N"); do
     ip -n "$ns" link set eth0 up
 done
 
+# the names cover every testbed host that exists, not only the first N: a
+# smaller N (another checkout's suite) must not unname hosts others still use
+top=$N
+for ns in $(testbed_namespaces); do i=${ns#rt-h}; ((i > top)) && top=$i; done
 block=$(
     echo "$RT_HOSTS_BEGIN"
     echo "$RT_NET.1 rtctl"
-    for i in $(seq 1 "$N"); do echo "$(ns_addr "$i") h$i"; done
+    for i in $(seq 1 "$top"); do ns_exists "$(ns_name "$i")" && echo "$(ns_addr "$i") h$i"; done
     echo "$RT_HOSTS_END"
 )
 write_in_place /etc/hosts "$(strip_hosts_block /etc/hosts; echo "$block")"
-for i in $(seq 1 "$N"); do
+for i in $(seq 1 "$top"); do
+    ns_exists "$(ns_name "$i")" || continue
     ns=$(ns_name "$i")
     mkdir -p "/etc/netns/$ns"
     write_in_place "/etc/netns/$ns/hosts" "$(printf '127.0.0.1 localhost\n::1 localhost\n'; echo "$block")"

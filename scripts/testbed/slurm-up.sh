@@ -8,10 +8,14 @@
 #                 started as `slurmd -N nodeI` on port 17000+I (Debian's build has
 #                 `scontrol show config` MULTIPLE_SLURMD = Yes). Every task sees hostname=$(hostname -s);
 #                 node identity is $SLURMD_NODENAME.
-#   MODE=netns : requires netns-up.sh NODES first. NodeName=h[1-N], slurmd I runs
-#                inside namespace rt-hI with its own UTS hostname hI and address
-#                $RT_NET.(10+I); slurmctld listens in the root namespace ($RT_NET.1).
-#                Tasks see distinct hostname/IP per node.
+#   MODE=netns : requires netns-up.sh (FIRST+NODES-1) first. NodeName=h[FIRST-...],
+#                slurmd I runs inside namespace rt-hI with its own UTS hostname hI and
+#                address $RT_NET.(10+I); slurmctld listens in the root namespace
+#                ($RT_NET.1). Tasks see distinct hostname/IP per node.
+#                RT_SLURM_FIRST (default 1): the first node's host number; the test
+#                suite uses 5 (h5..h7), so that Slurm's nodes are not the hosts the
+#                SSH and transport tests cut, freeze and scan (both suites then run
+#                side by side).
 #   CPUS_PER_NODE (default 4) may exceed the real core count: SlurmdParameters=config_overrides.
 #   RT_SLURM_CGROUP=1 : proctrack/cgroup + task/cgroup with cgroup/v1 and
 #                ConstrainRAMSpace (a job over --mem is OOM-killed). Default 0:
@@ -27,10 +31,11 @@ NODES=${2:-${RT_SLURM_NODES:-$([[ $MODE == netns ]] && echo 3 || echo 1)}}
 CPUS=${3:-${RT_SLURM_CPUS:-4}}
 MEM=${RT_SLURM_MEM:-2000}
 CGROUP=${RT_SLURM_CGROUP:-0}
+FIRST=${RT_SLURM_FIRST:-1}
 SD="$RT_RUN/slurm"
 CONF="$SD/slurm.conf"
 HOST=$(hostname -s)
-SIG="$MODE $NODES $CPUS $MEM cgroup=$CGROUP"
+SIG="$MODE $NODES $CPUS $MEM cgroup=$CGROUP first=$FIRST"
 export SLURM_CONF="$CONF"
 
 command -v slurmctld >/dev/null || "$(dirname "$0")/slurm-install.sh"
@@ -40,9 +45,11 @@ names=()
 if [[ $MODE == loopback ]]; then
     if ((NODES == 1)); then names=("$HOST"); else for i in $(seq 1 "$NODES"); do names+=("node$i"); done; fi
 elif [[ $MODE == netns ]]; then
-    for i in $(seq 1 "$NODES"); do
-        ns_exists "$(ns_name "$i")" || { die "namespace $(ns_name "$i") missing: run netns-up.sh $NODES"; }
+    hosts=()
+    for i in $(seq "$FIRST" $((FIRST + NODES - 1))); do
+        ns_exists "$(ns_name "$i")" || { die "namespace $(ns_name "$i") missing: run netns-up.sh $((FIRST + NODES - 1))"; }
         names+=("h$i")
+        hosts+=("$i")
     done
 else
     log "unknown mode $MODE"; exit 1
@@ -151,7 +158,7 @@ else
     # "connect io: Connection refused" / "Slurmd could not connect IO".
     # (slurmds then listen on 0.0.0.0 *inside their own namespace*: harmless.)
     echo "CommunicationParameters=NoCtldInAddrAny" >>"$tmp"
-    for i in $(seq 1 "$NODES"); do
+    for i in "${hosts[@]}"; do
         echo "NodeName=h$i NodeAddr=$(ns_addr "$i") CPUs=$CPUS RealMemory=$MEM State=UNKNOWN" >>"$tmp"
     done
 fi
@@ -180,7 +187,7 @@ for i in $(seq 1 "${#names[@]}"); do
         # nsenter --net only (NOT `ip netns exec`: that remounts /sys, hides
         # /sys/fs/cgroup and slurmd dies with "No filesystem mounted on /sys/fs/cgroup").
         # unshare --uts gives the node its own hostname.
-        start_bg "slurmd-$n" nsenter --net="/run/netns/$(ns_name "$i")" unshare --uts \
+        start_bg "slurmd-$n" nsenter --net="/run/netns/$(ns_name "${hosts[$((i - 1))]}")" unshare --uts \
             sh -c "hostname $n && exec /usr/sbin/slurmd -D -f '$CONF' -N $n"
     fi
 done

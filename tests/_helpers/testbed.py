@@ -8,21 +8,28 @@ Made by the scripts in ``scripts/testbed/`` (plain bash, idempotent):
 * ``ssh-up.sh N``: an sshd in every host (port 22, own host key, key-only
   root login) plus one on ``127.0.0.1:2222`` (``lo``); client key,
   ``known_hosts`` and ``ssh_config`` under ``$RT_RUN/ssh``.
-* ``slurm-up.sh netns 3 4``: munged + slurmctld (root namespace) + one slurmd
-  per host ``h1..h3`` (4 declared CPUs each); ``SLURM_CONF`` names its config.
+* ``RT_SLURM_FIRST=5 slurm-up.sh netns 3 4``: munged + slurmctld (root
+  namespace) + one slurmd per host ``h5..h7`` (4 declared CPUs each);
+  ``SLURM_CONF`` names its config.
 
 The fixtures are **non-destructive**: what is already up (a developer's
 testbed, another suite's) is reused and left running; what a fixture brings up
 itself it takes down at the end of the session.  Tests that break things on
 purpose (a cut link, a killed sshd or slurmd) put them back before they end.
 
-Host layout: :data:`HOSTS` namespaces.  The transport suite uses ``h1..h3``,
-Slurm runs on ``h1..h3``, sshd on every host; ``h4`` is the spare a test may
-cut off without disturbing the others.
+Host layout: :data:`NAMESPACES` namespaces in two disjoint sets, so that the
+two sets' tests run side by side (two xdist groups, see the root
+``conftest.py``): ``h1..h4`` (:data:`HOSTS`) for the transport, SSH and
+supervision suites — sshd on each, ``h4`` the spare a test may cut off — and
+``h5..h7`` (:data:`SLURM_HOSTS`) for Slurm's nodes, which no test of the
+first set cuts, freezes or scans.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
 import shutil
 import subprocess
@@ -39,11 +46,16 @@ TESTBED = REPO / "scripts" / "testbed"
 RT_RUN = Path(os.environ.get("RT_RUN", "/tmp/rt"))
 NET = "10.250.0"
 ROOT_ADDR = f"{NET}.1"
-#: namespace hosts of the testbed (h1..h4)
+#: namespace hosts of the SSH/transport half of the testbed (h1..h4)
 HOSTS = 4
-#: Slurm nodes (h1..h3) and CPUs declared per node
+#: Slurm nodes (h5..h7: the first is host SLURM_FIRST) and CPUs declared per node
+SLURM_FIRST = 5
 SLURM_NODES = 3
 SLURM_CPUS = 4
+#: Slurm's node names, in order
+SLURM_HOSTS = tuple(f"h{i}" for i in range(SLURM_FIRST, SLURM_FIRST + SLURM_NODES))
+#: every namespace host (h1..h7)
+NAMESPACES = SLURM_FIRST + SLURM_NODES - 1
 
 
 def host_addr(i: int) -> str:
@@ -137,36 +149,73 @@ def netns_skip_reason() -> str | None:
 
 
 def _netns_up() -> bool:
-    return all(Path(f"/run/netns/rt-h{i}").exists() for i in range(1, HOSTS + 1))
+    return all(Path(f"/run/netns/rt-h{i}").exists() for i in range(1, NAMESPACES + 1))
+
+
+@contextlib.contextmanager
+def _shared_state() -> Iterator[dict]:
+    """The namespace hosts' users (pytest processes: with ``-n``, one per
+    xdist worker that runs testbed tests) and whether one of them made the
+    hosts, read and written under a lock: the first user sets the hosts up,
+    the last one takes down what a user made."""
+    RT_RUN.mkdir(parents=True, exist_ok=True)
+    path = RT_RUN / "netns-users.json"
+    with open(RT_RUN / "netns-users.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        try:
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            state = {}
+        state["users"] = [p for p in state.get("users", []) if _pid_running(p)]
+        yield state
+        path.write_text(json.dumps(state))
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @pytest.fixture(scope="session")
 def netns() -> Iterator[Testbed]:
-    """Hosts h1..h4 as network namespaces (reused when up, else made here and
-    removed at the end of the session)."""
+    """Hosts h1..h7 as network namespaces (reused when up, else made here and
+    removed at the end of the session: when the last pytest process using
+    them ends); ``Testbed.n`` is the SSH/transport half's count (h1..h4)."""
     reason = netns_skip_reason()
     if reason:
         pytest.skip(reason)
-    mine = not _netns_up()
-    res = _script("netns-up.sh", str(HOSTS), timeout=60)
-    if res.returncode != 0:
-        pytest.fail(f"netns-up.sh {HOSTS} failed (rc {res.returncode}):\n{res.stdout}\n{res.stderr}")
-    assert res.stdout.split() == [x for i in range(1, HOSTS + 1) for x in (f"rt-h{i}", host_addr(i))]
     tb = Testbed(HOSTS)
-    for i in range(1, HOSTS + 1):  # a link an interrupted run left down
-        tb.link(i, "up")
+    with _shared_state() as state:
+        first = not state["users"]
+        if first:
+            state["made"] = not _netns_up()
+            res = _script("netns-up.sh", str(NAMESPACES), timeout=60)
+            if res.returncode != 0:
+                pytest.fail(f"netns-up.sh {NAMESPACES} failed (rc {res.returncode}):\n{res.stdout}\n{res.stderr}")
+            assert res.stdout.split() == [x for i in range(1, NAMESPACES + 1) for x in (f"rt-h{i}", host_addr(i))]
+            for i in range(1, HOSTS + 1):  # a link an interrupted run left down
+                tb.link(i, "up")
+        state["users"].append(os.getpid())
     try:
         yield tb
     finally:
-        for i in range(1, HOSTS + 1):
-            tb.link(i, "up")
-        if mine:
-            leftovers = {f"rt-h{i}": tb.test_pids(i) for i in range(1, HOSTS + 1)}
-            leftovers = {k: v for k, v in leftovers.items() if v}
-            if leftovers:  # every test kills what it started: a bug of the suite or of the library
-                warnings.warn(f"processes left in the namespace hosts (killed now): {leftovers}", stacklevel=1)
-            down = _script("netns-down.sh", "--kill", timeout=60)
-            assert down.returncode == 0, f"netns-down.sh failed: {down.stderr}"
+        with _shared_state() as state:
+            state["users"] = [p for p in state["users"] if p != os.getpid()]
+            if not state["users"] and _netns_up():  # (someone may have taken them down already)
+                for i in range(1, HOSTS + 1):
+                    tb.link(i, "up")
+                if state.pop("made", False):
+                    leftovers = {f"rt-h{i}": tb.test_pids(i) for i in range(1, NAMESPACES + 1)}
+                    leftovers = {k: v for k, v in leftovers.items() if v}
+                    if leftovers:  # every test kills what it started: a bug of the suite or of the library
+                        warnings.warn(f"processes left in the namespace hosts (killed now): {leftovers}", stacklevel=1)
+                    down = _script("netns-down.sh", "--kill", timeout=60)
+                    assert down.returncode == 0, f"netns-down.sh failed: {down.stderr}"
 
 
 @pytest.fixture
@@ -226,7 +275,7 @@ def sshd(netns: Testbed) -> Iterator[SshTestbed]:
 @dataclass(frozen=True)
 class SlurmTestbed:
     """A real Slurm 22.05 cluster: slurmctld in the root namespace, one slurmd
-    in each of ``h1..h<nodes>`` (partition ``debug``, ``cpus`` each).  Its
+    in each of :data:`SLURM_HOSTS` (partition ``debug``, ``cpus`` each).  Its
     config is ``conf`` (also in ``SLURM_CONF`` for the session)."""
 
     conf: Path
@@ -238,18 +287,24 @@ class SlurmTestbed:
 
     def restart(self) -> None:
         """Start any daemon a test killed (slurmd of a node) again and wait for idle nodes."""
-        res = _script("slurm-up.sh", "netns", str(self.nodes), str(self.cpus), timeout=120)
+        res = _slurm_up(timeout=120)
         assert res.returncode == 0, f"slurm-up.sh failed: {res.stderr[-2000:]}"
+
+
+def _slurm_up(timeout: float) -> subprocess.CompletedProcess:
+    return subprocess.run([str(TESTBED / "slurm-up.sh"), "netns", str(SLURM_NODES), str(SLURM_CPUS)],
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "RT_SLURM_FIRST": str(SLURM_FIRST)})
 
 
 @pytest.fixture(scope="session")
 def slurm(netns: Testbed) -> Iterator[SlurmTestbed]:
-    """The Slurm cluster on h1..h3 (reused when running, else started here)."""
+    """The Slurm cluster on h5..h7 (reused when running, else started here)."""
     if shutil.which("slurmctld") is None and os.geteuid() != 0:
         pytest.skip("no Slurm (apt-get install slurm-wlm munge), and not root to install it")
-    names = ["munged", "slurmctld", *(f"slurmd-h{i}" for i in range(1, SLURM_NODES + 1))]
+    names = ["munged", "slurmctld", *(f"slurmd-{h}" for h in SLURM_HOSTS)]
     mine = not all(pid_alive(n) for n in names)
-    res = _script("slurm-up.sh", "netns", str(SLURM_NODES), str(SLURM_CPUS), timeout=300)
+    res = _slurm_up(timeout=300)
     if res.returncode != 0:
         pytest.fail(f"slurm-up.sh failed (rc {res.returncode}):\n{res.stderr[-3000:]}")
     conf = RT_RUN / "slurm" / "slurm.conf"

@@ -4,8 +4,8 @@ testbed), the worker loop there hears no more heartbeats and ends itself,
 its procs and so the step's tasks on that node (``_node``), while slurmd is
 still dead -- nothing is left running until the client shuts down.
 
-Takes about a minute (Slurm's node-failure verdict).  Only h3's slurmd is
-killed, and it is restarted in ``finally``.
+Takes about a minute (Slurm's node-failure verdict).  Only the last node's
+(h7's) slurmd is killed, and it is restarted in ``finally``.
 """
 
 from __future__ import annotations
@@ -55,13 +55,13 @@ hm = hosts_from_config("lost")
 pm = hm.spawn_procs()
 w = pm.spawn("where", Where)
 say("READY", job=hm.hosts[0].labels["job"], where=w.where.call().get(timeout=120).values())
-sys.stdin.readline()  # the test has killed h3's slurmd
+sys.stdin.readline()  # the test has killed the last node's slurmd
 with cond:
-    cond.wait_for(lambda: any("h3" in c for _p, c in causes), timeout=150)
+    cond.wait_for(lambda: any("@LAST@" in c for _p, c in causes), timeout=150)
 say("LOST", causes=causes, table=hm.to_table())
-sys.stdin.readline()  # the test has looked at h3
+sys.stdin.readline()  # the test has looked at that node
 hm.shutdown().get(timeout=60)
-'''
+'''.replace("@LAST@", H.N3)
 
 TOML = f"""
 [hosts.lost]
@@ -112,14 +112,14 @@ def test_a_killed_slurmd_leaves_nothing_of_the_job_running_on_its_node(
     killed = False
     try:
         ready = get("READY", H.CLIENT_TIMEOUT)
-        assert sorted(h for h, _ in ready["where"]) == ["h1", "h2", "h3"], ready
-        procs = [pid for h, pid in ready["where"] if h == "h3"]
-        step = [q for q in netns.ns_pids(3)
+        assert sorted(h for h, _ in ready["where"]) == list(H.NODES), ready
+        procs = [pid for h, pid in ready["where"] if h == H.N3]
+        step = [q for q in netns.ns_pids(H.NODE_NUMBERS[-1])
                 if "monarch_scheduler_slurm._node" in _cmd(q) or "monarch_core.worker" in _cmd(q)]
-        assert len(step) >= 2, f"no step task and worker loop found in h3: {[(q, _cmd(q)) for q in step]}"
+        assert len(step) >= 2, f"no step task and worker loop found in {H.N3}: {[(q, _cmd(q)) for q in step]}"
         watched = procs + step
-        pid = int((RT_RUN / "pids" / "slurmd-h3.pid").read_text())
-        assert pid_alive("slurmd-h3")
+        pid = int((RT_RUN / "pids" / f"slurmd-{H.N3}.pid").read_text())
+        assert pid_alive(f"slurmd-{H.N3}")
         os.kill(pid, signal.SIGKILL)
         killed = True
         tell()
@@ -130,9 +130,9 @@ def test_a_killed_slurmd_leaves_nothing_of_the_job_running_on_its_node(
         while any(_alive(q) for q in watched) and time.monotonic() < deadline:
             time.sleep(0.2)
         left = [(q, _cmd(q)[:120]) for q in watched if _alive(q)]
-        assert not left, f"still running in h3 after it was declared lost: {left}"
-        h3 = [c for proc, c in lost["causes"] if proc.endswith("on host h3")]
-        assert h3 and all(c.startswith("host lost: h3: ") for c in h3), lost
+        assert not left, f"still running in {H.N3} after it was declared lost: {left}"
+        last = [c for proc, c in lost["causes"] if proc.endswith(f"on host {H.N3}")]
+        assert last and all(c.startswith(f"host lost: {H.N3}: ") for c in last), lost
         tell()
         assert p.wait(90) == 0, err.text()[-4000:]
     finally:

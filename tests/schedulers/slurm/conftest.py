@@ -21,7 +21,7 @@ import slurm_helpers as H  # noqa: E402
 @pytest.fixture(scope="module")
 def cluster(slurm: SlurmTestbed, netns: Testbed) -> Iterator[SlurmTestbed]:  # noqa: F811
     """The cluster, for one module: at its end every job of this suite is
-    cancelled and no process the tests started may be left on h1..h3."""
+    cancelled and no process the tests started may be left on its nodes (h5..h7)."""
     H.cancel_our_jobs()
     yield slurm
     H.cancel_our_jobs()

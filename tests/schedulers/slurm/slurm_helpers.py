@@ -1,6 +1,6 @@
 """Helpers of the Slurm suite (``tests/schedulers/slurm``): real ``sbatch``,
 ``salloc`` and ``srun`` against the testbed's cluster (slurmctld in the root
-namespace, slurmd in ``h1..h3``; see ``_helpers.testbed``).
+namespace, slurmd in ``h5..h7``, :data:`NODES`; see ``_helpers.testbed``).
 
 Every client runs in a child interpreter (a process enables one transport),
 and every Slurm command a test runs is wrapped in ``timeout`` (a Slurm client
@@ -20,7 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from _helpers.clients import PY, child_env
-from _helpers.testbed import Testbed, host_addr
+from _helpers.testbed import SLURM_FIRST, SLURM_HOSTS, Testbed, host_addr
+
+#: the cluster's nodes (h5, h6, h7) and their host numbers
+NODES = SLURM_HOSTS
+N1, N2, N3 = NODES
+NODE_NUMBERS = tuple(range(SLURM_FIRST, SLURM_FIRST + len(NODES)))
 
 #: the name of every job this suite submits (its own and the plugin's)
 JOB_NAME = f"mtest{os.getpid()}"
@@ -115,12 +120,12 @@ def cancel_our_jobs() -> None:
 
 
 def leftovers(tb: Testbed, timeout: float = 15) -> dict[str, list[str]]:
-    """Processes other than the testbed's services still in h1..h3 after
+    """Processes other than the testbed's services still in the nodes after
     ``timeout`` s (a job's end takes Slurm a moment): ``{host: [pid cmdline]}``."""
     deadline = time.monotonic() + timeout
     while True:
         left = {}
-        for i in (1, 2, 3):
+        for i in NODE_NUMBERS:
             pids = tb.test_pids(i)
             if pids:
                 left[f"h{i}"] = [f"{p} {_cmd(p)}" for p in pids]

@@ -45,4 +45,4 @@ def test_the_documented_checkpoint_pattern_saves_on_the_notice_and_ends_before_t
     ckpts = sorted(p.name for p in tmp_path.glob("ckpt-*.txt"))
     assert len(ckpts) == 12, ckpts
     assert {p.read_text() for p in tmp_path.glob("ckpt-*.txt")} == {m.group(1)}
-    assert {n.split("-")[1] for n in ckpts} == {"h1", "h2", "h3"}
+    assert {n.split("-")[1] for n in ckpts} == set(H.NODES)

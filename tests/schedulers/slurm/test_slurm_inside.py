@@ -132,12 +132,12 @@ def test_an_sbatch_script_gets_one_host_per_node_in_node_order_and_calls_3x4_act
     assert res.returncode == 0, f"sbatch --wait: rc {res.returncode}\n{res.stderr}\n{(d / 'out.txt').read_text()[-6000:]}"
     out = H.results(d)
     assert out["job"] == job
-    _check_three_by_four(out, ["h1", "h2", "h3"])
-    for name, i in (("h1", 1), ("h2", 2), ("h3", 3)):
-        assert re.search(rf"^\s*\d+\s+\{{'hosts': {i - 1}/3\}}\s+{name}\s+tls://{re.escape(H.host_addr(i))}:\d+\s+"
+    _check_three_by_four(out, list(H.NODES))
+    for k, (name, i) in enumerate(zip(H.NODES, H.NODE_NUMBERS)):
+        assert re.search(rf"^\s*\d+\s+\{{'hosts': {k}/3\}}\s+{name}\s+tls://{re.escape(H.host_addr(i))}:\d+\s+"
                          rf"job={job} node={name}$", out["table"], re.M), out["table"]
     # no fixed ports: every worker bound a port of its own choosing on its node's address
-    for a, i in zip(out["addresses"], (1, 2, 3)):
+    for a, i in zip(out["addresses"], H.NODE_NUMBERS):
         assert re.fullmatch(rf"tls://{re.escape(H.host_addr(i))}:(\d+)", a), a
 
 
@@ -170,8 +170,8 @@ def test_worker_credentials_are_private_to_the_job_and_strangers_are_refused(bat
 def test_nodes_takes_the_first_nodes_and_no_configuration_means_the_allocation(batch_job) -> None:  # type: ignore[no-untyped-def]
     d, _, _ = batch_job
     out = H.results(d)
-    assert out["pair"] == ["h1", "h2"] and out["pair_where"] == ["h1", "h2"]
-    assert out["default"] == ["h1", "h2", "h3"] and out["default_where"] == ["h1", "h2", "h3"]
+    assert out["pair"] == [H.N1, H.N2] and out["pair_where"] == [H.N1, H.N2]
+    assert out["default"] == list(H.NODES) and out["default_where"] == list(H.NODES)
     text = (d / "out.txt").read_text()
     lines = [ln for ln in text.splitlines() if "no configuration file found" in ln]
     assert len(lines) == 1 and "INFO" in lines[0] and "using its allocation" in lines[0], lines
@@ -183,7 +183,7 @@ def test_an_salloc_shell_runs_the_same_program(cluster: Any, tmp_path: Path) -> 
     res = H.salloc(tmp_path, 3)
     assert res.returncode == 0, (tmp_path / "out.txt").read_text()[-6000:]
     out = H.results(tmp_path)
-    _check_three_by_four(out, ["h1", "h2", "h3"])
+    _check_three_by_four(out, list(H.NODES))
     assert out["job"] and out["job"].isdigit()
 
 

@@ -119,16 +119,16 @@ def test_stop_keeps_the_job_a_new_client_reattaches_and_shutdown_cancels_it(clus
     assert first.returncode == 0, first.stderr[-6000:]
     out = _result(first)
     job = out["job"]
-    assert out["hosts"] == ["h1", "h2"] and out["where"] == ["h1", "h1", "h2", "h2"]
+    assert out["hosts"] == [H.N1, H.N2] and out["where"] == [H.N1, H.N1, H.N2, H.N2]
     assert re.search(rf"Slurm job {job} keeps running .*job_id = {job}", first.stderr), first.stderr[-3000:]
     assert H.job_state(job) == "RUNNING"
-    for i in (1, 2):  # the client's workers ended with it; the job holds its nodes
+    for i in H.NODE_NUMBERS[:2]:  # the client's workers ended with it; the job holds its nodes
         assert H.worker_pids(i, netns) == [], f"worker loops left on h{i} after the client ended"
 
     second = H.client(tmp_path, "shutdown", env_extra={"MONARCH_SLURM_JOB_ID": job})
     assert second.returncode == 0, second.stderr[-6000:]
     again = _result(second)
-    assert again["job"] == job and again["where"] == ["h1", "h1", "h2", "h2"]
+    assert again["job"] == job and again["where"] == [H.N1, H.N1, H.N2, H.N2]
     assert f"attaching to Slurm job {job}" in second.stderr
     assert H.wait_state(job, {"CANCELLED"}) == "CANCELLED"
 
@@ -155,14 +155,14 @@ def test_a_client_killed_by_sigkill_takes_its_workers_along(cluster: Any, netns:
             line = p.stdout.readline()
             assert line, f"the client ended early (rc {p.poll()})"
         job = json.loads(line[len("RESULT "):])["job"]
-        assert H.worker_pids(1, netns) and H.worker_pids(2, netns)
+        assert H.worker_pids(H.NODE_NUMBERS[0], netns) and H.worker_pids(H.NODE_NUMBERS[1], netns)
     finally:
         p.send_signal(signal.SIGKILL)
         p.wait(30)
     deadline = time.monotonic() + 30
-    while (H.worker_pids(1, netns) or H.worker_pids(2, netns)) and time.monotonic() < deadline:
+    while (H.worker_pids(H.NODE_NUMBERS[0], netns) or H.worker_pids(H.NODE_NUMBERS[1], netns)) and time.monotonic() < deadline:
         time.sleep(0.2)  # /proc has nothing to wait on
-    assert H.worker_pids(1, netns) == [] and H.worker_pids(2, netns) == [], "worker loops outlived their client"
+    assert H.worker_pids(H.NODE_NUMBERS[0], netns) == [] and H.worker_pids(H.NODE_NUMBERS[1], netns) == [], "worker loops outlived their client"
     assert H.job_state(job) == "RUNNING"
     H.run(["scancel", job], 30, env=H.env())
     assert not list(Path("~/.monarch/slurm").expanduser().glob(f"job{job}-*")), "a session directory was left"
@@ -239,8 +239,8 @@ def test_a_job_that_waits_longer_than_queue_timeout_is_cancelled_and_the_error_s
 
 def test_a_failing_worker_step_gives_srun_s_stderr_and_the_job_is_cancelled(failures: dict) -> None:
     msg = failures["nopython"]
-    m = re.search(r"the worker step of Slurm job (\d+) ended before the worker loops of \['h1', 'h2'\] listened", msg)
-    assert m, msg
+    m = re.search(r"the worker step of Slurm job (\d+) ended before the worker loops of \['(\w+)', '(\w+)'\] listened", msg)
+    assert m and {m.group(2), m.group(3)} <= set(H.NODES), msg
     assert "srun exit code" in msg and "srun's last output" in msg, msg
     assert "/nonexistent/bin/python3" in msg and "No such file or directory" in msg, msg
     assert H.wait_state(m.group(1), {"CANCELLED"}) == "CANCELLED"
@@ -250,7 +250,10 @@ def test_a_wrong_python_names_the_python_key_and_every_node(failures: dict) -> N
     for case, python, what in (("nopython", "/nonexistent/bin/python3", "the node launcher"),
                                ("nomonarch", str(failures["nomonarch-python"]), "the worker loop")):
         msg = failures[case]
-        assert f"The Python {python!r} (the entry's python) could not run {what} on h1, h2" in msg, msg
+        # the job's two nodes (the first two idle ones: a node the job before still completes on is skipped)
+        nodes = re.search(r"worker loops of \['(\w+)', '(\w+)'\]", msg)
+        assert nodes and {nodes.group(1), nodes.group(2)} <= set(H.NODES), msg
+        assert f"The Python {python!r} (the entry's python) could not run {what} on {nodes.group(1)}, {nodes.group(2)}" in msg, msg
         assert 'set python = "/path/to/python" in the entry' in msg, msg
     assert "No module named" in failures["nomonarch"], failures["nomonarch"]
 

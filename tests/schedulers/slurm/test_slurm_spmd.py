@@ -45,7 +45,7 @@ def test_a_ddp_job_in_sbatch_gives_exactly_the_single_process_parameters(job: An
     subprocess.run([sys.executable, TRAIN, "--single", "--sum", "--world", "6", "--out", str(single)], check=True,
                    timeout=120)
     assert json.loads((d / "ddp.json").read_text()) == json.loads(single.read_text())
-    for node in ("h1", "h2", "h3"):  # every node's ranks printed, prefixed with the node
+    for node in H.NODES:  # every node's ranks printed, prefixed with the node
         assert f" {node}] rank " in out, out[-4000:]
 
 
@@ -53,4 +53,4 @@ def test_a_failing_rank_in_sbatch_makes_the_command_exit_with_its_status(job: An
     d, res = job
     out = (d / "out.txt").read_text()
     assert (d / "rc_fail").read_text().strip() == "7", out[-4000:]
-    assert "first failure rank 3 {'hosts': 1, 'gpus': 1}: exit status 7" in out and "on host h2" in out, out[-4000:]
+    assert "first failure rank 3 {'hosts': 1, 'gpus': 1}: exit status 7" in out and f"on host {H.N2}" in out, out[-4000:]

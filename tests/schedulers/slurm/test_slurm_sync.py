@@ -1,4 +1,4 @@
-"""``HostMesh.sync_workspace`` on Slurm (real jobs on h1..h3): a workspace the
+"""``HostMesh.sync_workspace`` on Slurm (real jobs on h5..h7): a workspace the
 nodes share is used where it is (nothing copied); ``MONARCH_SLURM_SYNC_COPY=1``
 copies it into each node's ``sync_dir`` through job steps and ``sbcast``
 (the testbed's nodes share this machine's filesystem, so forcing the copy is
@@ -107,9 +107,9 @@ def test_the_copy_goes_to_each_nodes_sync_dir_through_job_steps(cluster: Any, tm
     _project(tmp_path, mod)
     out = _run(tmp_path, [mod, "-", "-"], env_extra={"MONARCH_SLURM_SYNC_COPY": "1"})
     assert [v for v, _, _ in out["first"]] == [1, 1]
-    assert [p for _, p, _ in out["first"]] == [str(tmp_path / "nodes" / n / "code" / f"{mod}.py") for n in ("h1", "h2")]
+    assert [p for _, p, _ in out["first"]] == [str(tmp_path / "nodes" / n / "code" / f"{mod}.py") for n in (H.N1, H.N2)]
     assert out["reloaded"] == [22, 22], out  # synced again (copied), then reloaded
-    for n in ("h1", "h2"):
+    for n in (H.N1, H.N2):
         assert (tmp_path / "nodes" / n / "code" / f"{mod}.py").read_text() == "VALUE = 22\n"
 
 
@@ -120,7 +120,7 @@ def test_conda_true_copies_the_clients_venv_and_new_procs_run_it(cluster: Any, t
     out = _run(tmp_path, [mod, "conda", pkg], python=str(venv / "bin" / "python"),
                env_extra={"MONARCH_SLURM_SYNC_COPY": "1"})
     assert all(b.startswith("ImportError") for b in out["before"]), out["before"]  # the nodes' own Python lacks it
-    for n, (_v, _p, exe), found in zip(("h1", "h2"), out["first"], out["pkg"]):
+    for n, (_v, _p, exe), found in zip((H.N1, H.N2), out["first"], out["pkg"]):
         shipped = tmp_path / "nodes" / n / ".monarch" / "env" / "clientenv"
         assert exe == str(shipped / "bin" / "python"), exe
         assert found.startswith(str(shipped) + "/") and found.endswith(f"/{pkg}/__init__.py"), found
