@@ -282,25 +282,28 @@ class SubtreeGather:
 def encode(
     key: str, method: str, reply: tuple | None, labels: tuple, sizes: tuple, sender: str, ret: tuple | None,
     explicit: bool, n: int, fanout: int, at: int, targets: list | None, table: dict | None, view: str,
-    gather: bool = False,
+    gather: bool, trace: bytes | None,
 ) -> bytes:
     """``table``: member -> (proc_id, address) for every member the message
     reaches or passes below ``at``, or None: the receiving procs kept it from
     an earlier message of the same sender for the same ``view`` (an id of the
     sender's list of members).  ``gather``: each forwarder collects the
-    replies of its subtree and sends them up as one batch (``call``)."""
+    replies of its subtree and sends them up as one batch (``call``).
+    ``trace``: a traced call's trace context (it goes on with the message,
+    and the members get it as their header's tenth field), or None."""
     return marshal.dumps(
         (key, method, reply, labels, sizes, sender, ret, bool(explicit), n, fanout, at,
-         None if targets is None else [tuple(t) for t in targets], table, view, bool(gather))
+         None if targets is None else [tuple(t) for t in targets], table, view, bool(gather), trace)
     )
 
 
 def decode(peer: str, header: bytes) -> tuple:
     h = W.decode_header(peer, header)
     try:
-        key, method, reply, labels, sizes, _sender, ret, _explicit, n, fanout, at, targets, table, view, gather = h
+        key, method, reply, labels, sizes, _sender, ret, _explicit, n, fanout, at, targets, table, view, gather, \
+            trace = h
         ok = (
-            type(gather) is bool and
+            type(gather) is bool and (trace is None or type(trace) is bytes) and
             isinstance(key, str) and isinstance(method, str) and isinstance(labels, tuple)
             and isinstance(sizes, tuple) and type(n) is int and type(fanout) is int and type(at) is int
             and 0 <= at < n and fanout >= 2 and (table is None or isinstance(table, dict)) and isinstance(view, str)
@@ -320,13 +323,11 @@ def decode(peer: str, header: bytes) -> tuple:
 
 
 # ---------------------------------------------------------------- a member's proc
-def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_proc: str,
-            trace: bytes | None = None) -> None:
+def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_proc: str) -> None:
     """A tree message arrived at this proc (the thread that read it): deliver
-    it to the local member if it is a target, and send it on below.  ``trace``:
-    the trace context of a traced call (it goes on with the message)."""
+    it to the local member if it is a target, and send it on below."""
     h = decode(sender_proc, header)
-    key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, at, targets, table, view, gather = h
+    key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, at, targets, table, view, gather, trace = h
     dead_procs = kernel.dead
     cache_key = (key, view)
     carried = table is not None
@@ -364,15 +365,12 @@ def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_p
         entry = table[hop]
         sub_table = {m: table[m] for m in touched(hop, sub, n, fanout) if m in table} if carried else None
         out = encode(key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, hop, sub, sub_table, view,
-                     gather)
-        flags = W.F_TREE
-        if trace is not None:
-            out, flags = trace + out, W.F_TREE | W.F_TRACE
+                     gather, trace)
         if g is not None:
             g.procs.append(entry[0])
-            kernel.send(entry[0], entry[1], W.K_ACTOR, flags, out, payload, buffers, g.port_id)
+            kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers, g.port_id)
         else:
-            kernel.send(entry[0], entry[1], W.K_ACTOR, flags, out, payload, buffers)
+            kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers)
         kernel.tree_forwarded += 1
     if g is not None:
         from monarch_core._proc import _serial
