@@ -1,4 +1,4 @@
-"""``ActorMesh``: a mesh of actors of one class, and how messages reach its members (directly or through the cast tree)."""
+"""``ActorMesh``: a mesh of actors of one class and its endpoints' adverbs (they send through ``_proc._send``)."""
 
 from __future__ import annotations
 

@@ -213,8 +213,7 @@ _PORT_H = struct.Struct("<qqB")  # port id, rank, status
 _ACTOR_P = struct.Struct("<qqqB")
 _ACTOR_CACHE: dict[bytes, tuple] = {}
 _ACTOR_CACHE_MAX = 4096
-#: the marshal part of ``actor_header``s made here, by its fields (a sender repeats them call after call)
-_REST_CACHE: dict[tuple, bytes] = {}
+_REST_CACHE_MAX = 256
 
 
 def port_header(port_id: int, rank: int, status: int) -> bytes:
@@ -223,25 +222,30 @@ def port_header(port_id: int, rank: int, status: int) -> bytes:
 
 
 def actor_header(key: str, method: str, reply: tuple | None, rank: int, labels: tuple, sizes: tuple,
-                 sender: str, ret: tuple | None, explicit: bool, ext: bytes | None = None) -> bytes:
+                 sender: str, ret: tuple | None, explicit: bool, ext: bytes | None = None,
+                 cache: dict | None = None) -> bytes:
     """Packed header of an actor message (send with ``flags=F_PACKED``).
 
     The fields that change from call to call (port ids, rank) are a fixed
     struct, followed by ``ext`` (at most 255 opaque bytes: a traced call's
     trace context, which the receiving actor gets as a tenth header field);
     the rest is marshal, identical across calls from one sender to one
-    endpoint, so the sender encodes it once and the receiver validates and
-    decodes it once, and both reuse it.
+    endpoint, so the receiver validates and decodes it once and reuses it,
+    and so does the sender with a ``cache`` (a dict it keeps for the
+    recipients, and drops with them).
     """
     fields = (
         key, method, reply[0] if reply else None, reply[1] if reply else None, labels, sizes, sender,
         ret[0] if ret else None, ret[1] if ret else None, bool(explicit),
     )
-    rest = _REST_CACHE.get(fields)
-    if rest is None:
-        if len(_REST_CACHE) >= _ACTOR_CACHE_MAX:
-            _REST_CACHE.clear()
-        rest = _REST_CACHE[fields] = marshal.dumps(fields)
+    if cache is None:
+        rest = marshal.dumps(fields)
+    else:
+        rest = cache.get(fields)
+        if rest is None:
+            if len(cache) >= _REST_CACHE_MAX:
+                cache.clear()
+            rest = cache[fields] = marshal.dumps(fields)
     if ext is not None:
         return _ACTOR_P.pack(reply[2] if reply else -1, rank, ret[2] if ret else -1, len(ext)) + ext + rest
     return _ACTOR_P.pack(reply[2] if reply else -1, rank, ret[2] if ret else -1, 0) + rest

@@ -68,7 +68,7 @@ class Recipients:
     ``region`` over them; and what the cast tree keeps of the view between
     casts.  Indices are the view's ranks."""
 
-    __slots__ = ("key", "members", "region", "_whole", "_view", "_tree_sent")
+    __slots__ = ("key", "members", "region", "_whole", "_view", "_tree_sent", "_headers")
 
     def __init__(self, key: str, members: list, region: Region) -> None:
         self.key = key
@@ -77,6 +77,7 @@ class Recipients:
         self._whole: bool | None = None
         self._view: str | None = None
         self._tree_sent: tuple | None = None  # (kernel, deaths known) when the member table last went out
+        self._headers: dict = {}  # the marshal parts of the actor headers sent to them (``W.actor_header``)
 
     def send_one(self, kernel: Kernel, index: int, call: Call) -> str | tuple[str, ...]:
         """Send ``call`` to rank ``index``; the proc its reply comes from
@@ -90,7 +91,7 @@ class Recipients:
         slot = self.members[region.root_rank(index)]
         ret = call.ret
         header = W.actor_header(self.key, call.method, call.reply, index, region.labels, region.sizes, call.sender,
-                                ret, call.explicit, call.trace)
+                                ret, call.explicit, call.trace, self._headers)
         addr = slot.address if slot.ready.is_set() else None
         if ret is not None:  # fire-and-forget: the return port hears only of undeliverable messages
             kernel.send(slot.proc_id, addr, W.K_ACTOR, W.F_PACKED, header, call.payload, call.bufs, ret[2],
