@@ -211,6 +211,8 @@ def coalesce(parts: list) -> list:
 _PORT_H = struct.Struct("<qqB")  # port id, rank, status
 #: reply port id (-1: none), rank, return port id (-1: none), length of the extension that follows
 _ACTOR_P = struct.Struct("<qqqB")
+_ACTOR_P_SIZE = _ACTOR_P.size
+_unpack_actor = _ACTOR_P.unpack_from
 _ACTOR_CACHE: dict[bytes, tuple] = {}
 _ACTOR_CACHE_MAX = 4096
 _REST_CACHE_MAX = 256
@@ -259,10 +261,10 @@ def decode_packed(peer: str, kind: int, header: bytes) -> tuple:
         if len(header) != _PORT_H.size:
             raise ProtocolError(f"peer {peer} sent a malformed port message header ({len(header)} bytes)")
         return _PORT_H.unpack(header)
-    if kind != K_ACTOR or len(header) < _ACTOR_P.size:
+    if kind != K_ACTOR or len(header) < _ACTOR_P_SIZE:
         raise ProtocolError(f"peer {peer} sent a malformed packed header (kind {kind}, {len(header)} bytes)")
-    reply_port, rank, ret_port, n = _ACTOR_P.unpack_from(header)
-    start = _ACTOR_P.size + n
+    reply_port, rank, ret_port, n = _unpack_actor(header)
+    start = _ACTOR_P_SIZE + n
     rest = header[start:]
     f = _ACTOR_CACHE.get(rest)
     if f is None:
@@ -271,7 +273,7 @@ def decode_packed(peer: str, kind: int, header: bytes) -> tuple:
     reply = (rproc, raddr, reply_port) if reply_port >= 0 and rproc is not None else None
     ret = (tproc, taddr, ret_port) if ret_port >= 0 and tproc is not None else None
     if n:
-        return (key, method, reply, rank, labels, sizes, sender, ret, explicit, header[_ACTOR_P.size:start])
+        return (key, method, reply, rank, labels, sizes, sender, ret, explicit, header[_ACTOR_P_SIZE:start])
     return (key, method, reply, rank, labels, sizes, sender, ret, explicit)
 
 

@@ -72,7 +72,10 @@ SEND_WINDOW_BYTES = int(settings.get("MONARCH_SEND_WINDOW_MB") * (1 << 20))
 SEND_WINDOW_MSGS: int = settings.get("MONARCH_SEND_WINDOW_MSGS")
 _FIXED_SIZE = W.FIXED_SIZE
 _F_ACK_SOON = W.F_ACK_SOON
+_F_PACKED = W.F_PACKED
 _F_SLOW = W.F_TREE | W.F_ACK_SOON  # flags that leave the plain path
+_K_ACTOR = W.K_ACTOR
+_decode_packed = W.decode_packed
 
 
 class Kernel(InboundServing, ChildWatch):
@@ -524,8 +527,8 @@ class Kernel(InboundServing, ChildWatch):
                     raise ProtocolError(f"peer {sender} sent a cast-tree message this proc cannot forward")
                 handler(self, header, payload, buffers, sender)
                 return
-        h = W.decode_packed(sender, kind, header) if flags & W.F_PACKED else W.decode_header(sender, header)
-        if kind == W.K_ACTOR:
+        h = _decode_packed(sender, kind, header) if flags & _F_PACKED else W.decode_header(sender, header)
+        if kind == _K_ACTOR:
             if type(h[0]) is not str:  # the actor key, all the kernel reads (see above)
                 raise ProtocolError(f"peer {sender} sent a malformed actor message header")
             self.route_actor(h, payload, buffers, sender)
