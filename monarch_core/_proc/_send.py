@@ -128,6 +128,8 @@ class Recipients:
         # small messages whatever the size of the mesh.
         carry = targets is not None or self._tree_sent != (kernel, len(dead_procs))
         reply_port, ret = call.reply_port, call.ret
+        msg = (self.key, call.method, call.reply, region.labels, region.sizes, call.sender, ret, bool(call.explicit),
+               call.trace)
         procs: list[str] = []
         if gather is not None:
             for m in _tree.skipped_dead(-1, n, fanout, targets, dead):
@@ -139,9 +141,7 @@ class Recipients:
             table = {}
             for m in nodes:
                 table[m] = (members[m].proc_id, _tree.DEAD) if dead(m) else members[m].ref()
-            header = _tree.encode(self.key, call.method, call.reply, region.labels, region.sizes, call.sender, ret,
-                                  call.explicit, n, fanout, hop, sub, table if carry else None, view,
-                                  gather is not None, call.trace)
+            header = _tree.encode(msg, n, fanout, hop, sub, table if carry else None, view, gather is not None)
             proc_id, address = table[hop]
             if ret is not None:
                 kernel.send(proc_id, address, W.K_ACTOR, W.F_TREE, header, call.payload, call.bufs, ret[2],

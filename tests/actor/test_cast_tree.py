@@ -63,23 +63,21 @@ def test_paths_children_and_dead_members_are_skipped() -> None:
 
 
 def test_malformed_tree_headers_are_protocol_errors() -> None:
-    good = _tree.encode("k", "m", None, ("procs",), (9,), "client", None, False, 9, 2, 0, None,
-                        {0: ("p0", "ipc://@a")}, "view", False, None)
-    assert _tree.decode("peer", good)[10] == 0
-    traced = _tree.encode("k", "m", None, ("procs",), (9,), "client", None, False, 9, 2, 0, None, None, "view",
-                          True, bytes(24))
-    assert _tree.decode("peer", traced)[-1] == bytes(24)
+    msg = ("k", "m", None, ("procs",), (9,), "client", None, False, None)
+    good = _tree.encode(msg, 9, 2, 0, None, {0: ("p0", "ipc://@a")}, "view", False)
+    assert _tree.decode("peer", good)[3] == 0
+    traced = _tree.encode((*msg[:-1], bytes(24)), 9, 2, 0, None, None, "view", True)
+    assert _tree.decode("peer", traced)[0][-1] == bytes(24)
     bad = [
         marshal.dumps(("k",)),
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 9, None, {}, "v", False, None)),  # at
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 1, 0, None, {}, "v", False, None)),  # fanout
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, [(99, 0)], {}, "v", False,
-                       None)),  # target
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, None, {0: "x"}, "v", False,
-                       None)),  # table
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, None, {}, 7, False, None)),  # view
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, None, {}, "v", False, 5)),  # trace
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, None, {}, "v", False)),  # 15 fields
+        marshal.dumps((msg, 9, 2, 9, None, {}, "v", False)),  # at out of range
+        marshal.dumps((msg, 9, 1, 0, None, {}, "v", False)),  # fanout 1
+        marshal.dumps((msg, 9, 2, 0, [(99, 0)], {}, "v", False)),  # target
+        marshal.dumps((msg, 9, 2, 0, None, {0: "x"}, "v", False)),  # table
+        marshal.dumps((msg, 9, 2, 0, None, {}, 7, False)),  # view
+        marshal.dumps(((*msg[:-1], 5), 9, 2, 0, None, {}, "v", False)),  # trace not bytes
+        marshal.dumps((msg[:-1], 9, 2, 0, None, {}, "v", False)),  # a message of 8 fields
+        marshal.dumps((msg, 9, 2, 0, None, {}, "v")),  # 7 fields
         b"not marshal",
     ]
     for h in bad:
@@ -224,8 +222,8 @@ def test_a_forwarder_without_the_member_table_answers_every_target_with_an_error
 
     port, recv = Channel.open()
     kernel = _start.runtime().kernel
-    header = _tree.encode("no-such-mesh", "who", port._ref, ("procs",), (9,), "client", None, False, 9, 2, 0,
-                          None, None, "unknown-view", False, None)
+    header = _tree.encode(("no-such-mesh", "who", port._ref, ("procs",), (9,), "client", None, False, None), 9, 2,
+                          0, None, None, "unknown-view", False)
     _tree.forward(kernel, header, b"", [], "peer")
     errors = []
     for _ in range(6):  # member 0's subtree: 0, 2, 3, 6, 7, 8
