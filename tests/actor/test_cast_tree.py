@@ -159,6 +159,28 @@ def test_every_adverb_reaches_the_right_members_through_the_tree(small_tree) -> 
     assert all(f > 0 for f in fwd[:4]) and all(f == 0 for f in fwd[4:]), fwd
 
 
+def test_a_traced_call_carries_its_trace_context_through_the_tree(small_tree, tmp_path) -> None:
+    """Every member a traced call reaches through forwarders records its server
+    span under the caller's client span (the context travels in the tree header)."""
+    import json
+
+    from monarch_core import telemetry
+
+    m = small_tree.spawn(fresh("node"), Node)
+    m.who.call().get(timeout=30)
+    path = tmp_path / "tree.json"
+    with telemetry.record_trace(str(path)):
+        assert len(m.who.call().get(timeout=30).values()) == 9
+        assert m.slice(procs=8).who.call_one().get(timeout=30)[0] == 0  # two forwarders on its way
+    spans = [e for e in json.loads(path.read_text()) if e["ph"] == "X" and e["name"].endswith(".who")]
+    client = [s for s in spans if s["cat"] == "client"]
+    server = [s for s in spans if s["cat"] == "server"]
+    assert len(client) == 2 and len(server) == 10, [(s["name"], s["cat"]) for s in spans]
+    call, one = sorted(client, key=lambda s: s["ts"])
+    assert Counter(s["args"]["parent_id"] for s in server) == {call["args"]["span_id"]: 9, one["args"]["span_id"]: 1}
+    assert {s["args"]["trace_id"] for s in server} == {c["args"]["trace_id"] for c in client}
+
+
 def test_order_from_one_sender_holds_across_broadcasts_calls_and_slices(small_tree) -> None:
     m = small_tree.spawn(fresh("node"), Node)
     rounds = 40
