@@ -20,7 +20,8 @@ garbage (:func:`check_marshal` rejects what monarch never sends before
 (:func:`port_header`, :func:`actor_header`; :func:`decode_packed`); a packed
 actor header may carry an *extension*, bytes the kernel does not read and the
 receiving actor gets as its header's tenth field (a traced call's trace
-context: the kernel routes traced and plain calls alike).  A malformed header raises :class:`~monarch_core.errors.ProtocolError`.
+context: the kernel routes traced and plain calls alike).  A malformed
+header raises :class:`~monarch_core.errors.ProtocolError`.
 
 This module encodes and decodes; reading frames off a stream, with the limits
 on what a peer may announce, is :mod:`._wire`'s, which re-exports everything
