@@ -33,10 +33,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from monarch_core._actor import _mesh  # noqa: F401 - a client runtime started from here has the mesh API's hooks
-from monarch_core._kernel import _wire as W
-from monarch_core._kernel._ports import PortHandler
-from monarch_core._proc import _lifecycle, _start, _state
+from monarch_core._proc import _lifecycle, _send, _start, _state
 from monarch_core._proc._future import Cell, Future
+from monarch_core._proc._port import PortHandler
 
 __all__ = [
     "Cell", "Future", "PortHandler", "close_port", "current_actor", "future_of", "local_ref", "on_proc_failed",
@@ -92,8 +91,8 @@ def send_to_port(proc_id: str, address: str | None, port_id: int, payload: bytes
                  rank: int = 0, status: int = 0, reply_port: int | None = None) -> None:
     """Send one port message to ``port_id`` of proc ``proc_id`` at
     ``address`` (any thread; see the module docstring)."""
-    _start.runtime().kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, W.port_header(port_id, rank, status),
-                                 payload, buffers or [], reply_port=reply_port)
+    _send.to_port(_start.runtime().kernel, proc_id, address, port_id, payload, buffers or [], rank, status,
+                  reply_port)
 
 
 def proc_death(proc_id: str) -> str | None:

@@ -1,13 +1,10 @@
-"""``ActorMesh``: a mesh of actors of one class, and how messages reach its members (directly or through the cast tree)."""
+"""``ActorMesh``: a mesh of actors of one class and its endpoints' adverbs (they send through ``_proc._send``)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-if TYPE_CHECKING:
-    from monarch_core._kernel._runtime import Kernel
-
-from monarch_core._proc import _instrument, _reporting, _serial, _start, _state, _tree
+from monarch_core._proc import _instrument, _reporting, _serial, _start, _state
 from monarch_core._actor._endpoint import Endpoint, EndpointProperty, NotAnEndpoint
 from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
@@ -17,8 +14,7 @@ from monarch_core._proc._port import (
     StreamIterator,
     StreamReplies,
 )
-from monarch_core._proc import _control as C
-from monarch_core._kernel import _wire as W
+from monarch_core._proc._send import Call, Recipients
 from monarch_core._mesh._shape import Extent, MeshTrait, Region
 from monarch_core._mesh._value_mesh import ValueMesh
 from monarch_core.errors import SupervisionError
@@ -35,7 +31,13 @@ def _sender_name() -> str:
 
 class ActorMesh(MeshTrait, Generic[T]):
     """A mesh of actors of one class.  Endpoint attributes are
-    :class:`~monarch_core.actor.Endpoint` s; slicing gives a view."""
+    :class:`~monarch_core.actor.Endpoint` s; slicing gives a view.
+
+    What its endpoints call (underscored: a public name would hide an endpoint
+    of that name): ``_call_one``, ``_call_all``, ``_call_stream`` and ``_cast``
+    send through the proc runtime's send path (``_proc._send``: this view's
+    :class:`~monarch_core._proc._send.Recipients`); ``_describe_call`` words a
+    failed call; ``_region`` is the ``MeshTrait`` hook."""
 
     def __init__(
         self,
@@ -61,9 +63,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._owner = owner
         self._stopped = False
         self._endpoints: dict[str, Any] = {}
-        self._whole_view: bool | None = None
-        self._tree_view_id: str | None = None
-        self._tree_sent: tuple | None = None  # (kernel, deaths known) when the member table last went out
+        self._recipients = Recipients(key, members, region)  # how messages reach this view (``_proc._send``)
 
     # MeshTrait hooks
     @property
@@ -84,7 +84,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         failed = [(i, health[r]) for i, r in enumerate(self._region_.root_ranks()) if r in health]
         if not failed:
             return None
-        return _failed_ranks_error(self, ep._name, failed)
+        return _failed_ranks_error(self, ep.name, failed)
 
     def _describe_call(self, endpoint: str, adverb: str, ranks: list[int] | None, proc_id: str | None,
                        exc: BaseException) -> str | None:
@@ -110,7 +110,7 @@ class ActorMesh(MeshTrait, Generic[T]):
                 ep = eps[attr] = Endpoint(self, attr, v)
                 return ep
             if callable(v) and not isinstance(v, type):
-                return NotAnEndpoint(self, attr, v)
+                return NotAnEndpoint(self, attr, v, self._class.__qualname__)
             break
         raise AttributeError(
             f"actor mesh {self._name!r} of {self._class.__qualname__} has no endpoint {attr!r}"
@@ -131,103 +131,6 @@ class ActorMesh(MeshTrait, Generic[T]):
         return self._name
 
     # ------------------------------------------------------------- sending
-    def _send(self, index: int, method: str, reply: tuple | None, rank_in_msg: int, region: Region,
-              explicit: bool, payload: Any, bufs: list, reply_port: int | None, kernel: Kernel, sender: str,
-              ret: tuple | None = None, trace: bytes | None = None) -> str:
-        slot = self._members[region.root_rank(index)]
-        header = W.actor_header(self._key, method, reply, rank_in_msg, region.labels, region.sizes, sender, ret,
-                                explicit, trace)
-        flags = W.F_PACKED if trace is None else W.F_PACKED | W.F_TRACE  # (a traced call: see ``Kernel.route``)
-        addr = slot.address if slot.ready.is_set() else None
-        if ret is not None:  # fire-and-forget: the return port hears only of undeliverable messages
-            kernel.send(slot.proc_id, addr, W.K_ACTOR, flags, header, payload, bufs, ret[2], track=False)
-        else:
-            kernel.send(slot.proc_id, addr, W.K_ACTOR, flags, header, payload, bufs, reply_port)
-        return slot.proc_id
-
-    def _send_many(self, indices: Any, method: str, reply: tuple | None, region: Region, explicit: bool,
-                   payload: Any, bufs: list, reply_port: int | None, kernel: Kernel, sender: str,
-                   ret: tuple | None = None, gather: Any = None, trace: bytes | None = None) -> list[str]:
-        """Send to the region indices ``indices`` (None: all of them), through
-        the cast tree for a mesh of ``_tree.TREE_MIN`` actors or more; the procs
-        a reply to ``reply_port`` now waits on.  ``gather``: the port handler
-        of a ``call()``, whose replies the tree's forwarders gather into one
-        batch per subtree."""
-        if len(self._members) < _tree.TREE_MIN:
-            idx = range(region.nelements) if indices is None else indices
-            return [self._send(i, method, reply, i, region, explicit, payload, bufs, reply_port, kernel, sender, ret,
-                               trace) for i in idx]
-        members = self._members
-        n = len(members)
-        fanout = _tree.FANOUT
-        if indices is None and self._whole():
-            targets = None  # every member: each forwarder works out its children
-        else:
-            idx = range(region.nelements) if indices is None else indices
-            targets = [(region.root_rank(i), i) for i in idx]
-        dead_procs = kernel.dead
-
-        def dead(m: int) -> bool:
-            return members[m].proc_id in dead_procs
-
-        _here, _rank, groups = _tree.plan(-1, n, fanout, targets, dead)
-        view = self._tree_view()
-        # A cast to every member carries the member table only the first time (and after
-        # a death): the forwarders keep it, so the next ones cost this process fanout
-        # small messages whatever the size of the mesh.
-        carry = targets is not None or self._tree_sent != (kernel, len(dead_procs))
-        procs: list[str] = []
-        if gather is not None:
-            for m in _tree.skipped_dead(-1, n, fanout, targets, dead):
-                gather.deliver(m, W.S_ERROR, *_serial.dumps(kernel._dead_error(members[m].proc_id)))
-        for hop, sub in groups.items():
-            nodes = _tree.touched(hop, sub, n, fanout) if carry or reply_port is not None else (hop,)
-            # The addresses every forwarder below needs (waits for procs still starting); a member
-            # known to be dead goes without one, so that forwarders route around it too.
-            table = {}
-            for m in nodes:
-                table[m] = (members[m].proc_id, _tree.DEAD) if dead(m) else members[m].ref()
-            header = _tree.encode(self._key, method, reply, region.labels, region.sizes, sender, ret, explicit, n,
-                                  fanout, hop, sub, table if carry else None, view, gather is not None)
-            proc_id, address = table[hop]
-            flags = W.F_TREE
-            if trace is not None:
-                header, flags = trace + header, W.F_TREE | W.F_TRACE
-            if ret is not None:
-                kernel.send(proc_id, address, W.K_ACTOR, flags, header, payload, bufs, ret[2], track=False)
-            else:
-                kernel.send(proc_id, address, W.K_ACTOR, flags, header, payload, bufs, reply_port)
-            if reply_port is not None:
-                # The loss of any proc on the way fails the call at once (this process hears of a
-                # death first when it spawned the proc; a forwarder only sees a broken connection).
-                for m in nodes:
-                    p, a = table[m]
-                    if a != _tree.DEAD:
-                        kernel.expect_reply(p, reply_port)
-                        procs.append(p)
-        if targets is None:
-            self._tree_sent = (kernel, len(dead_procs))
-        return procs
-
-    def _tree_view(self) -> str:
-        """An id of this view's member list (forwarders key the member tables they keep by it)."""
-        v = self._tree_view_id
-        if v is None:
-            import hashlib
-
-            ids = "\0".join(slot.proc_id for slot in self._members).encode()
-            v = self._tree_view_id = hashlib.blake2b(ids, digest_size=12).hexdigest()
-        return v
-
-    def _whole(self) -> bool:
-        """This view is the whole mesh, rank i being member i."""
-        w = self._whole_view
-        if w is None:
-            region = self._region_
-            n = len(self._members)
-            w = self._whole_view = region.nelements == n and all(region.root_rank(i) == i for i in range(n))
-        return w
-
     def _pack(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> tuple[Any, list]:
         try:
             return _serial.dumps((args, kwargs))
@@ -249,14 +152,10 @@ class ActorMesh(MeshTrait, Generic[T]):
             h, trace = tm.one(kernel, self._region_, index, adverb, payload, bufs, ep)
         else:
             h, trace = OneReply(kernel, ep, adverb, index), None
-        reply = (rt.proc_id, kernel.address, h.port_id)
-        if len(self._members) < _tree.TREE_MIN:
-            h.proc_id = self._send(index, ep._name, reply, index, self._region_, ep._prop._explicit_response_port,
-                                   payload, bufs, h.port_id, kernel, _sender_name(), None, trace)
-        else:
-            h.proc_id = tuple(self._send_many((index,), ep._name, reply, self._region_,
-                                              ep._prop._explicit_response_port, payload, bufs, h.port_id, kernel,
-                                              _sender_name(), trace=trace))
+        port_id = h.port_id
+        call = Call(ep.name, payload, bufs, (rt.proc_id, kernel.address, port_id), port_id, None,
+                    ep.explicit_response_port, _sender_name(), trace)
+        h.proc_id = self._recipients.send_one(kernel, index, call)
         return h.cell
 
     def _call_all(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> Cell:
@@ -275,9 +174,9 @@ class ActorMesh(MeshTrait, Generic[T]):
             trace = _instrument.trace_bytes(h.sp)
         else:
             h, trace = GatherReplies(kernel, region.extent, ep, ValueMesh), None
-        reply = (rt.proc_id, kernel.address, h.port_id)
-        h.procs = self._send_many(None, ep._name, reply, region, ep._prop._explicit_response_port, payload, bufs,
-                                  h.port_id, kernel, _sender_name(), gather=h, trace=trace)
+        call = Call(ep.name, payload, bufs, (rt.proc_id, kernel.address, h.port_id), h.port_id, None,
+                    ep.explicit_response_port, _sender_name(), trace)
+        h.procs = self._recipients.cast(kernel, None, call, gather=h)
         return h.cell
 
     def _call_stream(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> StreamIterator[Any]:
@@ -298,9 +197,9 @@ class ActorMesh(MeshTrait, Generic[T]):
         if err is not None:
             h.fail(err)
             return StreamIterator(h)
-        reply = (rt.proc_id, kernel.address, h.port_id)
-        h.procs = self._send_many(None, ep._name, reply, region, ep._prop._explicit_response_port, payload, bufs,
-                                  h.port_id, kernel, _sender_name(), trace=trace)
+        call = Call(ep.name, payload, bufs, (rt.proc_id, kernel.address, h.port_id), h.port_id, None,
+                    ep.explicit_response_port, _sender_name(), trace)
+        h.procs = self._recipients.cast(kernel, None, call)
         return StreamIterator(h)
 
     def _cast(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, port: Any, only: int | None,
@@ -310,21 +209,20 @@ class ActorMesh(MeshTrait, Generic[T]):
             raise err
         payload, bufs = self._pack(ep, args, kwargs)
         rt = _start.runtime()
-        kernel = rt.kernel
         region = self._region_
         reply = port._ref if port is not None else None
         host = _state.current_actor.get()
         ret = None
         if reply is None:
             ret = host.return_ref() if host is not None else rt.agent.return_ref()
-        sender = host.display_name if host is not None else "client"
         tm = ep._tm
         if tm is None:
             tm = ep._tm = _instrument.client_side(ep)
         sp = tm.cast(adverb, region.nelements if only is None else 1, payload, bufs) if tm else None
-        self._send_many(None if only is None else (only,), ep._name, reply, region,
-                        ep._prop._explicit_response_port, payload, bufs, None, kernel, sender, ret,
-                        trace=_instrument.trace_bytes(sp) if sp is not None else None)
+        call = Call(ep.name, payload, bufs, reply, None, ret, ep.explicit_response_port,
+                    host.display_name if host is not None else "client",
+                    _instrument.trace_bytes(sp) if sp is not None else None)
+        self._recipients.cast(rt.kernel, None if only is None else (only,), call)
         if sp is not None:
             tm.end_cast(sp, adverb)
 
@@ -340,35 +238,8 @@ class ActorMesh(MeshTrait, Generic[T]):
             return Future._resolved(None)
         self._stopped = True
         rt = _start.runtime()
-        kernel = rt.kernel
-        region = self._region_
-        h = GatherReplies(kernel, region.extent, "", lambda e, v: None)
-        reply = (rt.proc_id, kernel.address, h.port_id)
-        if len(self._members) >= _tree.TREE_MIN:
-            # Through the tree, like every message to this mesh: the stop reaches
-            # each actor after what was cast to it before.
-            live = []
-            for i in range(region.nelements):
-                if self._members[region.root_rank(i)].proc_id in kernel.dead:
-                    h.deliver(i, W.S_VALUE, _NONE_PAYLOAD, [])
-                else:
-                    live.append(i)
-            if live:
-                payload, bufs = _serial.dumps(reason)
-                h.procs = self._send_many(live, _tree.STOP_METHOD, reply, region, False, payload, bufs, h.port_id,
-                                          kernel, _sender_name())
-            _release(rt, self)
-            _instrument.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
-            return Future._of(_reporting.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
-        for i in range(region.nelements):
-            slot = self._members[region.root_rank(i)]
-            if slot.proc_id in kernel.dead:
-                h.deliver(i, W.S_VALUE, _NONE_PAYLOAD, [])
-                continue
-            header = C.encode(C.StopActor(self._key, reply, reason))
-            kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0, header, b"", [],
-                        h.port_id)
-            h.procs.append(slot.proc_id)
+        h = GatherReplies(rt.kernel, self._region_.extent, "", lambda e, v: None)
+        h.procs = self._recipients.stop(rt.kernel, reason, _sender_name(), h)
         _release(rt, self)
         _instrument.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
         return Future._of(_reporting.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
@@ -403,15 +274,13 @@ def _release(rt: Any, mesh: Any) -> None:
 #: Attributes an ``ActorMesh`` instance sets in ``__init__`` (they hide an endpoint of the same name too).
 _INSTANCE_ATTRIBUTES = frozenset({
     "_class", "_name", "_key", "_health", "_members", "_region_", "_proc_mesh", "_init_cell", "_owner",
-    "_stopped", "_endpoints", "_whole_view", "_tree_view_id", "_tree_sent",
+    "_stopped", "_endpoints", "_recipients",
 })
 #: Every name an ``ActorMesh`` answers itself, so that an endpoint of that name
 #: would never be reached through the mesh (``Actor.__init_subclass__`` refuses them).
 MESH_ATTRIBUTES: frozenset[str] = frozenset(
     n for n in dir(ActorMesh) if not (n.startswith("__") and n.endswith("__"))
 ) | _INSTANCE_ATTRIBUTES
-
-_NONE_PAYLOAD = _serial.dumps(None)[0]
 
 #: ranks named one by one in a failure text; beyond, a count
 _RANKS_SHOWN = 4

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from monarch_core._proc import _serial, _start, _state
+from monarch_core._proc import _send, _serial, _start
 from monarch_core._actor._actor_mesh import ActorMesh
 from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _EMPTY_REGION, _ProcSlot
 from monarch_core._proc._port import OneReply
 from monarch_core._proc import _control as C
-from monarch_core._kernel import _wire as W
 
 T = TypeVar("T")
 
@@ -32,10 +31,9 @@ def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any
     kernel = rt.kernel
     h = OneReply(kernel, "")
     reply = (rt.proc_id, kernel.address, h.port_id)
-    header = C.encode(C.Controller(name, reply))
     root_id, root_addr = rt.root
     h.proc_id = root_id
-    kernel.send(root_id, root_addr, W.K_CONTROL, 0, header, payload, bufs, h.port_id)
+    _send.control(kernel, root_id, root_addr, C.Controller(name, reply), payload, bufs, h.port_id)
 
     def build(ref: Any) -> Any:
         key, proc_id, address = ref

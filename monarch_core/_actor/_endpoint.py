@@ -234,8 +234,14 @@ class Endpoint(Generic[P, R]):
         the shapes of ``rref``'s results (``None`` if nothing was said)."""
         return self._prop._propagate
 
+    @property
+    def explicit_response_port(self) -> bool:
+        """What ``@endpoint(explicit_response_port=...)`` said: the method
+        takes the call's response port as its first argument."""
+        return self._prop._explicit_response_port
+
     def _describe(self) -> str:
-        return f"{self._mesh._name}.{self._name}"
+        return f"{self._mesh.name}.{self._name}"
 
     def _failure_context(self, adverb: str, ranks: list[int] | None, proc_id: str | None,
                          exc: BaseException) -> str | None:
@@ -253,7 +259,7 @@ class Endpoint(Generic[P, R]):
         if n != 1:
             raise ValueError(
                 f"call_one() needs a mesh of exactly one actor, but {self._describe()} has {n} "
-                f"({self._mesh._region.extent}); slice it (mesh.slice(...)) or use call()/choose()"
+                f"({self._mesh.extent}); slice it (mesh.slice(...)) or use call()/choose()"
             )
         self._prop._check_args(args, kwargs)
         return Future._of(self._mesh._call_one(self, args, kwargs, 0))
@@ -320,15 +326,16 @@ class Endpoint(Generic[P, R]):
 class NotAnEndpoint:
     """What a plain (undecorated) actor method looks like on a mesh."""
 
-    def __init__(self, mesh: ActorMesh, name: str, method: Callable[..., Any]) -> None:
+    def __init__(self, mesh: ActorMesh, name: str, method: Callable[..., Any], owner: str) -> None:
         self._mesh = mesh
         self._name = name
         self._method = method
+        self._owner = owner  # the actor class's qualified name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise AttributeError(
-            f"{self._mesh._class.__qualname__}.{self._name} is not an endpoint, so it cannot be called on "
-            f"the actor mesh {self._mesh._name!r}. Decorate it with @endpoint, or call it through "
+            f"{self._owner}.{self._name} is not an endpoint, so it cannot be called on "
+            f"the actor mesh {self._mesh.name!r}. Decorate it with @endpoint, or call it through "
             f"as_endpoint: as_endpoint(mesh.{self._name}).call(...)"
         )
 
@@ -361,7 +368,7 @@ def as_endpoint(
         not_an_endpoint._method, propagate, explicit_response_port, True
     )
     prop._name = not_an_endpoint._name
-    prop._owner_name = not_an_endpoint._mesh._class.__qualname__
+    prop._owner_name = not_an_endpoint._owner
     return Endpoint(not_an_endpoint._mesh, not_an_endpoint._name, prop)
 
 

@@ -16,12 +16,11 @@ if TYPE_CHECKING:
     from monarch_core.hookspecs import Allocation, HostHandle
 
 from monarch_core import _telemetry, settings
-from monarch_core._proc import _serial, _start, _state
+from monarch_core._proc import _send, _serial, _start, _state
 from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot
 from monarch_core._actor._proc_mesh import ProcMesh
 from monarch_core._proc import _control as C
-from monarch_core._kernel import _wire as W
 from monarch_core._launch._bootstrap import (
     BootstrapCommand,
     default_bootstrap_cmd,
@@ -370,7 +369,7 @@ class HostMesh(MeshTrait):
             kernel = rt.kernel
             for a in remote:  # worker loops exit (and kill anything left)
                 rt.agent.unwatch_host(host_proc_id(a))
-                kernel.send(host_proc_id(a), a, W.K_CONTROL, 0, C.encode(C.HostShutdown()), b"", [], None)
+                _send.control(kernel, host_proc_id(a), a, C.HostShutdown())
             await kernel.flush(2.0)
             if alloc is not None:  # off the loop: a scheduler's release may block
                 import trio

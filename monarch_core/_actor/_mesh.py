@@ -9,10 +9,7 @@ The mesh objects live in a module each: ``ActorMesh`` in ``_actor_mesh``,
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from monarch_core._kernel._runtime import Kernel
+from typing import Any
 
 from monarch_core import _telemetry
 from monarch_core._proc import _start, _state

@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
 from monarch_core import _telemetry
-from monarch_core._proc import _instrument, _reporting, _serial, _start, _state
+from monarch_core._proc import _instrument, _reporting, _send, _serial, _start, _state
 from monarch_core._actor._actor_mesh import ActorMesh, _release
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._owned import Applied
@@ -18,7 +18,6 @@ from monarch_core._actor import _engine
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
 from monarch_core._proc._port import GatherReplies
 from monarch_core._proc import _control as C
-from monarch_core._kernel import _wire as W
 from monarch_core._launch._spawn import host_proc_id
 from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
 
@@ -128,10 +127,9 @@ class ProcMesh(MeshTrait):
         procs = []
         trace, traced = _instrument.spawn_trace(name)  # (the ``__init__`` s record under a traced spawn)
         for i, slot in enumerate(members):
-            header = C.encode(C.Spawn(key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner,
-                                      trace))
-            kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0, header,
-                        payload, bufs, gather.port_id)
+            _send.control(kernel, slot.proc_id, slot.address if slot.ready.is_set() else None,
+                          C.Spawn(key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner, trace),
+                          payload, bufs, gather.port_id)
             procs.append(slot.proc_id)
         gather.procs = procs
         if traced is not None and not gather.cell.add_callback(traced):
@@ -291,11 +289,10 @@ async def _stop_procs(kernel: Kernel, slots: list[_ProcSlot], reason: str, cell:
     escalate to SIGTERM then SIGKILL (through their worker loop for procs on
     remote hosts), resolve ``cell`` when all are gone."""
     import trio
-    header = C.encode(C.StopProc(reason, max(0.5, grace - 0.5)))
     for s in slots:
         kernel.expect_exit(s.proc_id)
         if s.proc_id not in kernel.dead:
-            kernel.send(s.proc_id, None, W.K_CONTROL, 0, header, b"", [], None)
+            _send.control(kernel, s.proc_id, None, C.StopProc(reason, max(0.5, grace - 0.5)))
 
     async def all_gone() -> None:
         for s in slots:
@@ -313,8 +310,7 @@ async def _stop_procs(kernel: Kernel, slots: list[_ProcSlot], reason: str, cell:
             if child is not None:
                 getattr(child, sig_name)()
             elif s.host is not None:
-                kernel.send(host_proc_id(s.host), s.host, W.K_CONTROL, 0,
-                            C.encode(C.HostKill([s.proc_id], sig_name)), b"", [], None)
+                _send.control(kernel, host_proc_id(s.host), s.host, C.HostKill([s.proc_id], sig_name))
         with trio.move_on_after(1.0):
             await all_gone()
     await _reporting.after_procs_stopped(kernel, mesh)

@@ -17,8 +17,11 @@ The header is ``marshal`` rather than pickle: it holds only strings, ints and
 tuples, decodes several times faster, and cannot run code when a peer sends
 garbage (:func:`check_marshal` rejects what monarch never sends before
 ``marshal.loads`` sees it).  With ``F_PACKED`` a header is packed instead
-(:func:`port_header`, :func:`actor_header`; :func:`decode_packed`).  A
-malformed header raises :class:`~monarch_core.errors.ProtocolError`.
+(:func:`port_header`, :func:`actor_header`; :func:`decode_packed`); a packed
+actor header may carry an *extension*, bytes the kernel does not read and the
+receiving actor gets as its header's tenth field (a traced call's trace
+context: the kernel routes traced and plain calls alike).  A malformed
+header raises :class:`~monarch_core.errors.ProtocolError`.
 
 This module encodes and decodes; reading frames off a stream, with the limits
 on what a peer may announce, is :mod:`._wire`'s, which re-exports everything
@@ -37,7 +40,7 @@ if TYPE_CHECKING:
     from monarch_core.hookspecs import Stream
 
 MAGIC = b"MONARCH\0"
-VERSION = 1
+VERSION = 2  # (2: packed actor headers carry an extension length)
 _HS = struct.Struct("<8sHI")
 FIXED = struct.Struct("<BBHIIQ")
 FIXED_SIZE = FIXED.size
@@ -53,11 +56,6 @@ K_BYE = 5  # orderly end of a session: receiver forgets it
 F_PACKED = 1  # the routing header is packed (see ``port_header``/``actor_header``), not plain marshal
 F_TREE = 2  # an actor message on its way through a cast tree (header: see ``monarch_core._proc._tree``)
 F_ACK_SOON = 4  # the sender is near its send window: acknowledge this message as soon as it is delivered
-F_TRACE = 8  # an actor message of a traced call: it carries TRACE_SIZE bytes of trace context
-#: Bytes of trace context an ``F_TRACE`` message carries (opaque to the kernel;
-#: ``monarch_core._telemetry._spans.new_context`` makes them): in the fixed part of a packed
-#: header (``actor_header(trace=...)``, with ``F_PACKED``), else before the header.
-TRACE_SIZE = 24
 
 # port message status
 S_VALUE = 0
@@ -212,10 +210,13 @@ def coalesce(parts: list) -> list:
 
 
 _PORT_H = struct.Struct("<qqB")  # port id, rank, status
-_ACTOR_P = struct.Struct("<qqq")  # reply port id (-1: none), rank, return port id (-1: none)
-_ACTOR_PT = struct.Struct("<qqq24s")  # the same, and the trace context (``F_TRACE``)
+#: reply port id (-1: none), rank, return port id (-1: none), length of the extension that follows
+_ACTOR_P = struct.Struct("<qqqB")
+_ACTOR_P_SIZE = _ACTOR_P.size
+_unpack_actor = _ACTOR_P.unpack_from
 _ACTOR_CACHE: dict[bytes, tuple] = {}
 _ACTOR_CACHE_MAX = 4096
+_REST_CACHE_MAX = 256
 
 
 def port_header(port_id: int, rank: int, status: int) -> bytes:
@@ -224,60 +225,57 @@ def port_header(port_id: int, rank: int, status: int) -> bytes:
 
 
 def actor_header(key: str, method: str, reply: tuple | None, rank: int, labels: tuple, sizes: tuple,
-                 sender: str, ret: tuple | None, explicit: bool, trace: bytes | None = None) -> bytes:
-    """Packed header of an actor message (send with ``flags=F_PACKED``, and
-    ``F_TRACE`` with a ``trace`` context of ``TRACE_SIZE`` bytes).
+                 sender: str, ret: tuple | None, explicit: bool, ext: bytes | None = None,
+                 cache: dict | None = None) -> bytes:
+    """Packed header of an actor message (send with ``flags=F_PACKED``).
 
-    The fields that change from call to call (port ids, rank, trace context)
-    are a fixed struct; the rest is marshal, identical across calls from one
-    sender to one endpoint, so the receiver validates and decodes it once and
-    then reuses it.
+    The fields that change from call to call (port ids, rank) are a fixed
+    struct, followed by ``ext`` (at most 255 opaque bytes: a traced call's
+    trace context, which the receiving actor gets as a tenth header field);
+    the rest is marshal, identical across calls from one sender to one
+    endpoint, so the receiver validates and decodes it once and reuses it,
+    and so does the sender with a ``cache`` (a dict it keeps for the
+    recipients, and drops with them).
     """
-    rest = marshal.dumps((
+    fields = (
         key, method, reply[0] if reply else None, reply[1] if reply else None, labels, sizes, sender,
         ret[0] if ret else None, ret[1] if ret else None, bool(explicit),
-    ))
-    if trace is not None:
-        return _ACTOR_PT.pack(reply[2] if reply else -1, rank, ret[2] if ret else -1, trace) + rest
-    return _ACTOR_P.pack(reply[2] if reply else -1, rank, ret[2] if ret else -1) + rest
+    )
+    if cache is None:
+        rest = marshal.dumps(fields)
+    else:
+        rest = cache.get(fields)
+        if rest is None:
+            if len(cache) >= _REST_CACHE_MAX:
+                cache.clear()
+            rest = cache[fields] = marshal.dumps(fields)
+    if ext is not None:
+        return _ACTOR_P.pack(reply[2] if reply else -1, rank, ret[2] if ret else -1, len(ext)) + ext + rest
+    return _ACTOR_P.pack(reply[2] if reply else -1, rank, ret[2] if ret else -1, 0) + rest
 
 
 def decode_packed(peer: str, kind: int, header: bytes) -> tuple:
     """Decode a packed header into the same tuple ``decode_header`` gives for
-    the marshal form.  Malformed input raises :class:`ProtocolError`."""
+    the marshal form: an actor header's 9 fields, and its extension (bytes)
+    as a tenth when it has one.  Malformed input raises :class:`ProtocolError`."""
     if kind == K_PORT:
         if len(header) != _PORT_H.size:
             raise ProtocolError(f"peer {peer} sent a malformed port message header ({len(header)} bytes)")
         return _PORT_H.unpack(header)
-    if kind != K_ACTOR or len(header) < _ACTOR_P.size:
+    if kind != K_ACTOR or len(header) < _ACTOR_P_SIZE:
         raise ProtocolError(f"peer {peer} sent a malformed packed header (kind {kind}, {len(header)} bytes)")
-    reply_port, rank, ret_port = _ACTOR_P.unpack_from(header)
-    rest = header[_ACTOR_P.size:]
+    reply_port, rank, ret_port, n = _unpack_actor(header)
+    start = _ACTOR_P_SIZE + n
+    rest = header[start:]
     f = _ACTOR_CACHE.get(rest)
     if f is None:
         f = _actor_fields(peer, rest)
     key, method, rproc, raddr, labels, sizes, sender, tproc, taddr, explicit = f
     reply = (rproc, raddr, reply_port) if reply_port >= 0 and rproc is not None else None
     ret = (tproc, taddr, ret_port) if ret_port >= 0 and tproc is not None else None
+    if n:
+        return (key, method, reply, rank, labels, sizes, sender, ret, explicit, header[_ACTOR_P_SIZE:start])
     return (key, method, reply, rank, labels, sizes, sender, ret, explicit)
-
-
-def decode_packed_traced(peer: str, header: bytes) -> tuple:
-    """Decode the packed header of an ``F_TRACE`` actor message: the tuple of
-    :func:`decode_packed` with the trace context as a tenth field.  (Its body
-    mirrors :func:`decode_packed`'s actor branch, which keeps its own copy
-    rather than a shared helper: one more call on every message.)"""
-    if len(header) < _ACTOR_PT.size:
-        raise ProtocolError(f"peer {peer} sent a malformed traced message header ({len(header)} bytes)")
-    reply_port, rank, ret_port, trace = _ACTOR_PT.unpack_from(header)
-    rest = header[_ACTOR_PT.size:]
-    f = _ACTOR_CACHE.get(rest)
-    if f is None:
-        f = _actor_fields(peer, rest)
-    key, method, rproc, raddr, labels, sizes, sender, tproc, taddr, explicit = f
-    reply = (rproc, raddr, reply_port) if reply_port >= 0 and rproc is not None else None
-    ret = (tproc, taddr, ret_port) if ret_port >= 0 and tproc is not None else None
-    return (key, method, reply, rank, labels, sizes, sender, ret, explicit, trace)
 
 
 def _actor_fields(peer: str, rest: bytes) -> tuple:

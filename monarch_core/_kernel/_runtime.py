@@ -72,7 +72,10 @@ SEND_WINDOW_BYTES = int(settings.get("MONARCH_SEND_WINDOW_MB") * (1 << 20))
 SEND_WINDOW_MSGS: int = settings.get("MONARCH_SEND_WINDOW_MSGS")
 _FIXED_SIZE = W.FIXED_SIZE
 _F_ACK_SOON = W.F_ACK_SOON
-_F_SLOW = W.F_TREE | W.F_ACK_SOON | W.F_TRACE  # flags that leave the plain path
+_F_PACKED = W.F_PACKED
+_F_SLOW = W.F_TREE | W.F_ACK_SOON  # flags that leave the plain path
+_K_ACTOR = W.K_ACTOR
+_decode_packed = W.decode_packed
 
 
 class Kernel(InboundServing, ChildWatch):
@@ -518,23 +521,14 @@ class Kernel(InboundServing, ChildWatch):
         if flags & _F_SLOW:
             if flags & _F_ACK_SOON:
                 self._ack_soon(sender)
-            if flags & W.F_TRACE:
-                if flags & W.F_PACKED and kind == W.K_ACTOR and not flags & W.F_TREE:
-                    h = W.decode_packed_traced(sender, header)  # (the common traced call)
-                    if type(h[0]) is not str:
-                        raise ProtocolError(f"peer {sender} sent a malformed actor message header")
-                    self.route_actor(h, payload, buffers, sender)
-                    return
-                self._route_traced(kind, flags, header, payload, buffers, sender)
-                return
             if flags & W.F_TREE:
                 handler = self.tree_handler
                 if kind != W.K_ACTOR or handler is None:
                     raise ProtocolError(f"peer {sender} sent a cast-tree message this proc cannot forward")
                 handler(self, header, payload, buffers, sender)
                 return
-        h = W.decode_packed(sender, kind, header) if flags & W.F_PACKED else W.decode_header(sender, header)
-        if kind == W.K_ACTOR:
+        h = _decode_packed(sender, kind, header) if flags & _F_PACKED else W.decode_header(sender, header)
+        if kind == _K_ACTOR:
             if type(h[0]) is not str:  # the actor key, all the kernel reads (see above)
                 raise ProtocolError(f"peer {sender} sent a malformed actor message header")
             self.route_actor(h, payload, buffers, sender)
@@ -559,29 +553,9 @@ class Kernel(InboundServing, ChildWatch):
         else:
             raise ProtocolError(f"peer {sender} sent unexpected message kind {kind}")
 
-    def _route_traced(self, kind: int, flags: int, header: bytes, payload: Any, buffers: list, sender: str) -> None:
-        """An actor message of a traced call whose header starts with the trace
-        context (a cast-tree or marshal header), which the actor (or the cast
-        tree) gets as the header's tenth field (the tree handler as its
-        ``trace`` argument)."""
-        n = W.TRACE_SIZE
-        if kind != W.K_ACTOR or len(header) < n:
-            raise ProtocolError(f"peer {sender} sent a malformed traced message (kind {kind}, {len(header)} bytes)")
-        trace, header = bytes(header[:n]), header[n:]
-        if flags & W.F_TREE:
-            handler = self.tree_handler
-            if handler is None:
-                raise ProtocolError(f"peer {sender} sent a cast-tree message this proc cannot forward")
-            handler(self, header, payload, buffers, sender, trace)
-            return
-        h = W.decode_packed(sender, kind, header) if flags & W.F_PACKED else W.decode_header(sender, header)
-        if type(h[0]) is not str:
-            raise ProtocolError(f"peer {sender} sent a malformed actor message header")
-        self.route_actor((*h, trace), payload, buffers, sender)
-
     def route_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
-        """Hand an actor message (its decoded 9-field header; a traced call's
-        has the trace context as a tenth) to its actor, or to the agent when
+        """Hand an actor message (its decoded 9-field header; one with an
+        extension, a traced call's trace context, has it as a tenth) to its actor, or to the agent when
         the actor is not (yet) here; either raises :class:`ProtocolError` for
         a header of the wrong shape.  Without an agent (a bare kernel) the
         message is dropped."""

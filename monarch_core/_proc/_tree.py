@@ -279,28 +279,31 @@ class SubtreeGather:
 
 
 # ---------------------------------------------------------------- the wire form
-def encode(
-    key: str, method: str, reply: tuple | None, labels: tuple, sizes: tuple, sender: str, ret: tuple | None,
-    explicit: bool, n: int, fanout: int, at: int, targets: list | None, table: dict | None, view: str,
-    gather: bool = False,
-) -> bytes:
-    """``table``: member -> (proc_id, address) for every member the message
-    reaches or passes below ``at``, or None: the receiving procs kept it from
-    an earlier message of the same sender for the same ``view`` (an id of the
-    sender's list of members).  ``gather``: each forwarder collects the
-    replies of its subtree and sends them up as one batch (``call``)."""
+def encode(msg: tuple, n: int, fanout: int, at: int, targets: list | None, table: dict | None, view: str,
+           gather: bool) -> bytes:
+    """The header of a message on its way to member ``at``: ``msg`` is the
+    message as every member gets it, ``(key, method, reply, labels, sizes,
+    sender, ret, explicit, trace)`` (``trace``: a traced call's trace context,
+    or None); ``targets``: ``[(member, rank_in_msg), ...]`` at or below
+    ``at``, or None for its whole subtree; ``table``: member -> (proc_id,
+    address) for every member the message reaches or passes below ``at``, or
+    None: the receiving procs kept it from an earlier message of the same
+    sender for the same ``view`` (an id of the sender's list of members).
+    ``gather``: each forwarder collects the replies of its subtree and sends
+    them up as one batch (``call``)."""
     return marshal.dumps(
-        (key, method, reply, labels, sizes, sender, ret, bool(explicit), n, fanout, at,
-         None if targets is None else [tuple(t) for t in targets], table, view, bool(gather))
+        (msg, n, fanout, at, None if targets is None else [tuple(t) for t in targets], table, view, bool(gather))
     )
 
 
 def decode(peer: str, header: bytes) -> tuple:
+    """The fields :func:`encode` took; a header of another shape raises :class:`ProtocolError`."""
     h = W.decode_header(peer, header)
     try:
-        key, method, reply, labels, sizes, _sender, ret, _explicit, n, fanout, at, targets, table, view, gather = h
+        msg, n, fanout, at, targets, table, view, gather = h
+        key, method, reply, labels, sizes, _sender, ret, _explicit, trace = msg
         ok = (
-            type(gather) is bool and
+            type(gather) is bool and (trace is None or type(trace) is bytes) and
             isinstance(key, str) and isinstance(method, str) and isinstance(labels, tuple)
             and isinstance(sizes, tuple) and type(n) is int and type(fanout) is int and type(at) is int
             and 0 <= at < n and fanout >= 2 and (table is None or isinstance(table, dict)) and isinstance(view, str)
@@ -320,13 +323,11 @@ def decode(peer: str, header: bytes) -> tuple:
 
 
 # ---------------------------------------------------------------- a member's proc
-def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_proc: str,
-            trace: bytes | None = None) -> None:
+def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_proc: str) -> None:
     """A tree message arrived at this proc (the thread that read it): deliver
-    it to the local member if it is a target, and send it on below.  ``trace``:
-    the trace context of a traced call (it goes on with the message)."""
-    h = decode(sender_proc, header)
-    key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, at, targets, table, view, gather = h
+    it to the local member if it is a target, and send it on below."""
+    msg, n, fanout, at, targets, table, view, gather = decode(sender_proc, header)
+    key, method, reply, labels, sizes, sender, ret, explicit, trace = msg
     dead_procs = kernel.dead
     cache_key = (key, view)
     carried = table is not None
@@ -360,19 +361,16 @@ def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_p
         expected = int(here) + len(passed) + sum(count(hop, sub, n, fanout) for hop, sub in groups.items())
         g = SubtreeGather(kernel, tuple(reply), expected)
         reply = g.ref()
+        msg = (key, method, reply, *msg[3:])
     for hop, sub in groups.items():
         entry = table[hop]
         sub_table = {m: table[m] for m in touched(hop, sub, n, fanout) if m in table} if carried else None
-        out = encode(key, method, reply, labels, sizes, sender, ret, explicit, n, fanout, hop, sub, sub_table, view,
-                     gather)
-        flags = W.F_TREE
-        if trace is not None:
-            out, flags = trace + out, W.F_TREE | W.F_TRACE
+        out = encode(msg, n, fanout, hop, sub, sub_table, view, gather)
         if g is not None:
             g.procs.append(entry[0])
-            kernel.send(entry[0], entry[1], W.K_ACTOR, flags, out, payload, buffers, g.port_id)
+            kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers, g.port_id)
         else:
-            kernel.send(entry[0], entry[1], W.K_ACTOR, flags, out, payload, buffers)
+            kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers)
         kernel.tree_forwarded += 1
     if g is not None:
         from monarch_core._proc import _serial

@@ -23,7 +23,7 @@ from monarch_core.errors import ConnectionClosed, ProtocolError
 
 from _helpers import T, fresh
 
-TRACE = bytes(W.TRACE_SIZE)
+TRACE = bytes(24)  # a trace context
 REST = (None, 0, (), (), "client", None, 0)  # reply, rank, labels, sizes, sender, ret, explicit
 
 
@@ -101,7 +101,7 @@ def test_a_malformed_actor_header_drops_its_connection_and_the_proc_keeps_servin
     bad: dict[str, tuple[int, bytes]] = {
         "actor-here-two-fields": (0, marshal.dumps((key, "echo"))),  # ActorHost.enqueue
         "actor-here-method-not-str": (0, marshal.dumps((key, 7, *REST))),
-        "actor-here-eleven-fields-traced": (W.F_TRACE, TRACE + marshal.dumps((key, "echo", *REST, 1))),
+        "actor-here-eleven-fields-traced": (0, marshal.dumps((key, "echo", *REST, TRACE, 1))),
         "no-such-actor-two-fields": (0, marshal.dumps(("no-such-actor", "echo"))),  # ProcAgent.no_such_actor
         "key-not-str": (0, marshal.dumps((5, "echo", *REST))),  # the kernel's own check
     }

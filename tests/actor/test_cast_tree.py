@@ -63,16 +63,21 @@ def test_paths_children_and_dead_members_are_skipped() -> None:
 
 
 def test_malformed_tree_headers_are_protocol_errors() -> None:
-    good = _tree.encode("k", "m", None, ("procs",), (9,), "client", None, False, 9, 2, 0, None,
-                        {0: ("p0", "ipc://@a")}, "view")
-    assert _tree.decode("peer", good)[10] == 0
+    msg = ("k", "m", None, ("procs",), (9,), "client", None, False, None)
+    good = _tree.encode(msg, 9, 2, 0, None, {0: ("p0", "ipc://@a")}, "view", False)
+    assert _tree.decode("peer", good)[3] == 0
+    traced = _tree.encode((*msg[:-1], bytes(24)), 9, 2, 0, None, None, "view", True)
+    assert _tree.decode("peer", traced)[0][-1] == bytes(24)
     bad = [
         marshal.dumps(("k",)),
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 9, None, {}, "v")),  # at out of range
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 1, 0, None, {}, "v")),  # fanout 1
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, [(99, 0)], {}, "v")),  # target
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, None, {0: "x"}, "v")),  # table
-        marshal.dumps(("k", "m", None, ("procs",), (9,), "c", None, False, 9, 2, 0, None, {}, 7)),  # view
+        marshal.dumps((msg, 9, 2, 9, None, {}, "v", False)),  # at out of range
+        marshal.dumps((msg, 9, 1, 0, None, {}, "v", False)),  # fanout 1
+        marshal.dumps((msg, 9, 2, 0, [(99, 0)], {}, "v", False)),  # target
+        marshal.dumps((msg, 9, 2, 0, None, {0: "x"}, "v", False)),  # table
+        marshal.dumps((msg, 9, 2, 0, None, {}, 7, False)),  # view
+        marshal.dumps(((*msg[:-1], 5), 9, 2, 0, None, {}, "v", False)),  # trace not bytes
+        marshal.dumps((msg[:-1], 9, 2, 0, None, {}, "v", False)),  # a message of 8 fields
+        marshal.dumps((msg, 9, 2, 0, None, {}, "v")),  # 7 fields
         b"not marshal",
     ]
     for h in bad:
@@ -154,6 +159,28 @@ def test_every_adverb_reaches_the_right_members_through_the_tree(small_tree) -> 
     assert all(f > 0 for f in fwd[:4]) and all(f == 0 for f in fwd[4:]), fwd
 
 
+def test_a_traced_call_carries_its_trace_context_through_the_tree(small_tree, tmp_path) -> None:
+    """Every member a traced call reaches through forwarders records its server
+    span under the caller's client span (the context travels in the tree header)."""
+    import json
+
+    from monarch_core import telemetry
+
+    m = small_tree.spawn(fresh("node"), Node)
+    m.who.call().get(timeout=30)
+    path = tmp_path / "tree.json"
+    with telemetry.record_trace(str(path)):
+        assert len(m.who.call().get(timeout=30).values()) == 9
+        assert m.slice(procs=8).who.call_one().get(timeout=30)[0] == 0  # two forwarders on its way
+    spans = [e for e in json.loads(path.read_text()) if e["ph"] == "X" and e["name"].endswith(".who")]
+    client = [s for s in spans if s["cat"] == "client"]
+    server = [s for s in spans if s["cat"] == "server"]
+    assert len(client) == 2 and len(server) == 10, [(s["name"], s["cat"]) for s in spans]
+    call, one = sorted(client, key=lambda s: s["ts"])
+    assert Counter(s["args"]["parent_id"] for s in server) == {call["args"]["span_id"]: 9, one["args"]["span_id"]: 1}
+    assert {s["args"]["trace_id"] for s in server} == {c["args"]["trace_id"] for c in client}
+
+
 def test_order_from_one_sender_holds_across_broadcasts_calls_and_slices(small_tree) -> None:
     m = small_tree.spawn(fresh("node"), Node)
     rounds = 40
@@ -217,8 +244,8 @@ def test_a_forwarder_without_the_member_table_answers_every_target_with_an_error
 
     port, recv = Channel.open()
     kernel = _start.runtime().kernel
-    header = _tree.encode("no-such-mesh", "who", port._ref, ("procs",), (9,), "client", None, False, 9, 2, 0,
-                          None, None, "unknown-view")
+    header = _tree.encode(("no-such-mesh", "who", port._ref, ("procs",), (9,), "client", None, False, None), 9, 2,
+                          0, None, None, "unknown-view", False)
     _tree.forward(kernel, header, b"", [], "peer")
     errors = []
     for _ in range(6):  # member 0's subtree: 0, 2, 3, 6, 7, 8

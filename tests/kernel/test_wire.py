@@ -718,11 +718,11 @@ def test_fuzz_frame_reader_plus_header_decoding_only_raises_protocol_error_or_co
         (W.K_PORT, b"\x00" * 18, "malformed port message header"),
         (W.K_ACTOR, b"\x00" * 10, "malformed packed header"),
         (W.K_CONTROL, W.port_header(1, 0, 0), "malformed packed header"),
-        (W.K_ACTOR, W._ACTOR_P.pack(1, 0, -1) + b"\xff\xfe", "malformed message header"),
-        (W.K_ACTOR, W._ACTOR_P.pack(1, 0, -1) + marshal.dumps(("k", "ep")), "malformed actor message header"),
-        (W.K_ACTOR, W._ACTOR_P.pack(1, 0, -1) + marshal.dumps((1, "ep", None, None, (), (), "s", None, None, 0)),
+        (W.K_ACTOR, W._ACTOR_P.pack(1, 0, -1, 0) + b"\xff\xfe", "malformed message header"),
+        (W.K_ACTOR, W._ACTOR_P.pack(1, 0, -1, 0) + marshal.dumps(("k", "ep")), "malformed actor message header"),
+        (W.K_ACTOR, W._ACTOR_P.pack(1, 0, -1, 0) + marshal.dumps((1, "ep", None, None, (), (), "s", None, None, 0)),
          "malformed actor message header"),
-        (W.K_ACTOR, W._ACTOR_P.pack(1, 0, -1) + b"(\xff\xff\xff\x7f", "malformed message header"),
+        (W.K_ACTOR, W._ACTOR_P.pack(1, 0, -1, 0) + b"(\xff\xff\xff\x7f", "malformed message header"),
     ],
 )
 def test_malformed_packed_headers_are_protocol_errors(kind: int, header: bytes, match: str) -> None:
@@ -738,3 +738,19 @@ def test_packed_headers_round_trip() -> None:
     )
     h = W.actor_header("key", "ep", None, 0, (), (), "a", ("p", None, 5), False)
     assert W.decode_packed("p", W.K_ACTOR, h) == ("key", "ep", None, 0, (), (), "a", ("p", None, 5), False)
+
+
+def test_a_packed_actor_header_carries_its_extension_as_a_tenth_field() -> None:
+    """The extension (a traced call's trace context) is opaque: the decoder
+    hands it over whole, whatever its bytes, and the fields around it are intact."""
+    ctx = bytes(range(24))
+    h = W.actor_header("key", "ep", ("client", "ipc://x", 9), 3, ("gpus",), (4,), "client", None, True, ctx)
+    assert W.decode_packed("p", W.K_ACTOR, h) == (
+        "key", "ep", ("client", "ipc://x", 9), 3, ("gpus",), (4,), "client", None, True, ctx
+    )
+    # the same call untraced shares the marshal part (decoded once, cached)
+    plain = W.actor_header("key", "ep", ("client", "ipc://x", 9), 4, ("gpus",), (4,), "client", None, True)
+    assert h.endswith(plain[W._ACTOR_P.size:])
+    # an extension longer than what follows it leaves no valid rest
+    with pytest.raises(ProtocolError):
+        W.decode_packed("p", W.K_ACTOR, W._ACTOR_P.pack(1, 0, -1, 200) + ctx)
