@@ -1,4 +1,4 @@
-"""``ProcMesh``: a mesh of procs that spawns actor meshes, and stops its procs (``_launch._stop``)."""
+"""``ProcMesh``: a mesh of procs that spawns actor meshes, and stops its procs (``_launch._spawn.stop_procs``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_r
 from monarch_core._proc._port import GatherReplies
 from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
-from monarch_core._launch._stop import stop_procs
+from monarch_core._launch._spawn import stop_procs
 from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
 
 logger = logging.getLogger("monarch.mesh")

@@ -82,7 +82,7 @@ def main() -> None:
     _transport.set_from_parent(spec.transport)
     rt = build_runtime(
         proc_id=spec.proc_id, kernel_name=spec.name, transport=registry().transport(spec.transport),
-        bind_spec=spec.bind_spec, name=spec.describe, root=spec.root, parent=spec.parent,
+        bind_spec=spec.bind_spec, name=spec.describe, is_client=False, root=spec.root, parent=spec.parent,
         point=Point(spec.rank, Extent(spec.labels, spec.sizes)), python_executable=spec.command.program,
         proc_mesh_name=spec.name, ready=False,
     )

@@ -1,4 +1,4 @@
-"""Starting procs: on this host, and through the worker loop of a remote host.
+"""Starting procs (on this host, and through the worker loop of a remote host) and stopping them.
 
 :func:`start_proc` turns a :class:`~._spec.ProcSpec` into an OS process on
 the host that runs it (this process is its parent): the environment is that
@@ -13,7 +13,8 @@ it starts the procs of a host without a worker loop (``this_host()``) with
 :func:`start_proc`, asks a worker loop to start the others, sends each proc
 its ``init`` (the bootstrap callable), and collects every proc's ``hello``
 (its address) and ``ready`` (its bootstrap ran), which resolves
-``ProcMesh.initialized``.
+``ProcMesh.initialized``.  :func:`stop_procs` is ``ProcMesh.stop``'s
+escalation: ask, then SIGTERM, then SIGKILL.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
     from monarch_core._proc._slot import ProcSlot
 
 logger = logging.getLogger("monarch.proc")
+#: proc stop escalation (docs/logging.md)
+escalation_log = logging.getLogger("monarch.mesh")
 
 
 async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -> Any:
@@ -292,3 +295,56 @@ class Launch(PortHandler):
                 s.failed = str(exc)
                 s.ready.set()
         self._fail(SupervisionError(f"a proc failed while starting: {exc}"))
+
+
+# ---------------------------------------------------------------- stopping procs
+
+#: Seconds between SIGTERM and SIGKILL, and after SIGKILL before giving up waiting.
+SIGNAL_WAIT = 1.0
+
+
+def stop_procs(kernel: Kernel, slots: list[ProcSlot], reason: str, grace: float, cell: Any, mesh: str = "") -> None:
+    """Stop the procs of ``slots`` (``ProcMesh.stop``; any thread, the work
+    runs on the kernel loop): each is asked to (``stop_proc``: its actors'
+    ``__cleanup__`` run) and gets ``grace`` seconds; one still alive then gets
+    SIGTERM, and one alive :data:`SIGNAL_WAIT` s later SIGKILL -- directly when
+    this process is its parent, through its host's worker loop (``host_kill``)
+    otherwise;
+    ``cell`` resolves once all are gone (or the last wait ended), after the
+    output they sent before stopping (``_reporting.after_procs_stopped``)."""
+    kernel.call_soon(kernel.start_task, _stop, kernel, slots, reason, grace, cell, mesh)
+
+
+async def _stop(kernel: Kernel, slots: list[ProcSlot], reason: str, grace: float, cell: Any, mesh: str) -> None:
+    import trio
+
+    from monarch_core._proc import _reporting
+
+    header = C.encode(C.StopProc(reason, max(0.5, grace - 0.5)))
+    for s in slots:
+        kernel.expect_exit(s.proc_id)
+        if s.proc_id not in kernel.dead:
+            kernel.send(s.proc_id, None, W.K_CONTROL, 0, header, b"", [], None)
+
+    async def all_gone() -> None:
+        for s in slots:
+            await kernel.wait_dead(s.proc_id)
+
+    with trio.move_on_after(grace):
+        await all_gone()
+    for sig_name in ("terminate", "kill"):
+        alive = [s for s in slots if s.proc_id not in kernel.dead]
+        if not alive:
+            break
+        for s in alive:
+            escalation_log.warning("%s did not stop within the grace period; sending %s", s.proc_id, sig_name)
+            child = kernel.child(s.proc_id)
+            if child is not None:
+                getattr(child, sig_name)()
+            elif s.host is not None:
+                kernel.send(host_proc_id(s.host), s.host, W.K_CONTROL, 0,
+                            C.encode(C.HostKill([s.proc_id], sig_name)), b"", [], None)
+        with trio.move_on_after(SIGNAL_WAIT):
+            await all_gone()
+    await _reporting.after_procs_stopped(kernel, mesh)
+    cell.set_result(None)

@@ -87,8 +87,6 @@ class ProcSpec:
             fields = json.loads(raw)
         except ValueError as e:
             raise ValueError(f"{BOOTSTRAP_ENV} is not JSON: {e}") from None
-        if not isinstance(fields, dict):
-            raise ValueError(f"{BOOTSTRAP_ENV} must hold a JSON object, got {type(fields).__name__}")
         return _conform(fields, cls, "ProcSpec")
 
 
@@ -99,13 +97,9 @@ def _conform(value: Any, hint: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ValueError(f"{BOOTSTRAP_ENV}: {where} must be an object, got {value!r}")
         hints = typing.get_type_hints(hint)
-        known = {f.name for f in dataclasses.fields(hint)}
-        unknown = sorted(set(value) - known)
-        if unknown:
-            raise ValueError(f"{BOOTSTRAP_ENV}: {where} has unknown fields {unknown}")
         try:
-            return hint(**{k: _conform(v, hints[k], f"{where}.{k}") for k, v in value.items()})
-        except TypeError as e:  # a missing field, or the dataclass's own check
+            return hint(**{k: _conform(v, hints[k], f"{where}.{k}") if k in hints else v for k, v in value.items()})
+        except TypeError as e:  # a missing or unknown field, or the dataclass's own check
             raise ValueError(f"{BOOTSTRAP_ENV}: {where}: {e}") from None
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (Union, types.UnionType):
@@ -124,13 +118,7 @@ def _conform(value: Any, hint: Any, where: str) -> Any:
             return tuple(_conform(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
     elif origin is not None and isinstance(value, dict):  # dict[str, str], Mapping[str, str | None]
         return {_conform(k, args[0], where): _conform(v, args[1], f"{where}[{k!r}]") for k, v in value.items()}
-    elif hint is type(None) or hint in (str, int, bool):
-        if type(value) is hint or (hint is type(None) and value is None):
-            return value
-    raise ValueError(f"{BOOTSTRAP_ENV}: {where} must be {_name(hint)}, got {value!r}")
-
-
-def _name(hint: Any) -> str:
-    if hint is type(None):
-        return "None"
-    return hint.__name__ if typing.get_origin(hint) is None and isinstance(hint, type) else str(hint).replace("typing.", "")
+    elif type(value) is hint or (hint is type(None) and value is None):  # str, int, bool, None
+        return value
+    shown = hint.__name__ if isinstance(hint, type) and origin is None else str(hint).replace("typing.", "")
+    raise ValueError(f"{BOOTSTRAP_ENV}: {where} must be {shown}, got {value!r}")

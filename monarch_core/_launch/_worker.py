@@ -23,6 +23,7 @@ import ipaddress
 import logging
 import os
 import re
+import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -321,7 +322,7 @@ def run_worker_loop_forever(
     ``MONARCH_DELIVERY_TIMEOUT`` (a partition, a lost host: the client will
     not use it again).  Without it, only that client's procs are killed.
     """
-    from monarch_core._proc import _transport
+    from monarch_core._proc import _state, _transport
     from monarch_core._proc._start import build_runtime
     from monarch_core._plugins import registry
 
@@ -339,10 +340,12 @@ def run_worker_loop_forever(
     # Forked from this process now (no thread of ours yet): the zygote shares
     # what the worker imported and imports the rest while the worker starts.
     _fork_server.start_early(fork=True)
+    proc_id = f"worker-loop-{os.getpid()}"
     rt = build_runtime(
-        proc_id=f"worker-loop-{os.getpid()}", kernel_name=f"worker loop {address}", transport=transport,
-        bind_spec=address, name=f"worker loop {address}", root=(f"worker-loop-{os.getpid()}", address),
-        proc_mesh_name="worker-loop", agent=functools.partial(WorkerLoopAgent, child_bind_spec=child_bind),
+        proc_id=proc_id, kernel_name=f"worker loop {address}", transport=transport, bind_spec=address,
+        agent=functools.partial(WorkerLoopAgent, child_bind_spec=child_bind), name=f"worker loop {address}",
+        is_client=False, root=(proc_id, address), parent=None, point=_state.ROOT_POINT,
+        python_executable=sys.executable, proc_mesh_name="worker-loop",
     )
     kernel, agent = rt.kernel, rt.agent
     agent.exit_without_client = exit_with_parent

@@ -20,7 +20,6 @@ from typing import Any, Callable
 
 from monarch_core import settings
 from monarch_core import _telemetry
-from monarch_core._mesh._shape import Point
 from monarch_core._proc import _state, _transport
 
 __all__ = ["build_runtime", "runtime", "shutdown"]
@@ -46,31 +45,18 @@ def runtime() -> _state.ProcRuntime:
     return _state.current()
 
 
-def build_runtime(
-    *,
-    proc_id: str,
-    kernel_name: str,
-    transport: Any,
-    bind_spec: str | None,
-    name: str,
-    is_client: bool = False,
-    root: _state.ProcRef | None = None,
-    parent: _state.ProcRef | None = None,
-    point: Point = _state.ROOT_POINT,
-    python_executable: str = sys.executable,
-    proc_mesh_name: str = "client",
-    agent: Callable[[Any], Any] | None = None,
-    ready: bool = True,
-) -> _state.ProcRuntime:
-    """Assemble this process's runtime and make it current (the one place it
-    is: a client's start, ``_launch._proc_main``, ``_launch._worker``).
+def build_runtime(*, proc_id: str, kernel_name: str, transport: Any, bind_spec: str | None,
+                  agent: Callable[[Any], Any] | None = None, ready: bool = True, **fields: Any) -> _state.ProcRuntime:
+    """Assemble this process's runtime and make it current: the one place it
+    is (a client's start, ``_launch._proc_main``, ``_launch._worker``).
 
     A kernel for ``proc_id`` (named ``kernel_name``, on ``transport`` -- a
     ``Transport`` -- bound at ``bind_spec``), its agent (``agent(kernel)``,
-    default a ``ProcAgent``), and the :class:`~._state.ProcRuntime` over both
-    (``name``, ``root``, ``parent``, ``point``... as that class holds them).
-    A client's kernel thread starts here, and a client is its own root
-    (``root=None``: this proc); a proc's or worker loop's kernel runs when its
+    default a ``ProcAgent``), and the :class:`~._state.ProcRuntime` over both,
+    whose other fields are ``fields`` (``name``, ``is_client``, ``root``,
+    ``parent``, ``point``, ``python_executable``...).  A client's kernel
+    thread starts here (``is_client=True``), and a client is its own root
+    (no ``root``: this proc); a proc's or worker loop's kernel runs when its
     caller serves it.  ``ready``: the agent takes actor messages at once (a
     proc's waits until its bootstrap ran)."""
     from monarch_core._kernel._runtime import Kernel  # (lazily: importing the API loads no trio)
@@ -78,21 +64,10 @@ def build_runtime(
 
     kernel = Kernel(proc_id=proc_id, name=kernel_name, transport=transport, bind_spec=bind_spec)
     kernel.agent = proc_agent = (agent or ProcAgent)(kernel)
-    if is_client:
+    if fields["is_client"]:
         kernel.start_thread()
-    rt = _state.ProcRuntime(
-        kernel=kernel,
-        agent=proc_agent,
-        proc_id=proc_id,
-        name=name,
-        is_client=is_client,
-        transport=transport.name,
-        root=root or (proc_id, kernel.address),
-        parent=parent,
-        point=point,
-        python_executable=python_executable,
-        proc_mesh_name=proc_mesh_name,
-    )
+    fields.setdefault("root", (proc_id, kernel.address))
+    rt = _state.ProcRuntime(kernel=kernel, agent=proc_agent, proc_id=proc_id, transport=transport.name, **fields)
     proc_agent.runtime = rt
     if ready:
         proc_agent.proc_ready.set()
@@ -108,7 +83,8 @@ def _start_client() -> None:
     choice = _transport.current_choice()
     proc_id = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     rt = build_runtime(proc_id=proc_id, kernel_name="client", transport=registry().transport(choice.name),
-                       bind_spec=choice.bind_spec, name="client", is_client=True)
+                       bind_spec=choice.bind_spec, name="client", is_client=True, parent=None,
+                       point=_state.ROOT_POINT, python_executable=sys.executable)
     _telemetry.configure_process(proc_id=proc_id, name="client", is_root=True)
     from monarch_core._telemetry._hub import hub
 
