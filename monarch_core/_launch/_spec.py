@@ -11,9 +11,10 @@ the proc (``_proc_main``), field by field.  The environment a proc gets is
 the *starting* host's, plus the command's overrides, plus the
 ``monarch_proc_env`` hook results; nothing of the client's environment
 travels except ``env`` (the ``BootstrapCommand`` overrides).
-"""
 
-from __future__ import annotations
+(No ``from __future__ import annotations`` here: the proc checks its spec
+against the field types, which are then objects, not strings to evaluate.)
+"""
 
 import dataclasses
 import json
@@ -77,10 +78,10 @@ class ProcSpec:
 
     def to_env(self) -> str:
         """The ``MONARCH_PROC_BOOTSTRAP`` value that hands this spec to its proc (JSON)."""
-        return json.dumps(dataclasses.asdict(self), separators=(",", ":"))
+        return json.dumps(vars(self), default=vars, separators=(",", ":"))  # (the command: its fields too)
 
     @classmethod
-    def from_env(cls, raw: str) -> ProcSpec:
+    def from_env(cls, raw: str) -> "ProcSpec":
         """The spec encoded by :meth:`to_env`, every field checked against its
         type; ``ValueError`` naming the field otherwise."""
         try:
@@ -96,7 +97,9 @@ def _conform(value: Any, hint: Any, where: str) -> Any:
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ValueError(f"{BOOTSTRAP_ENV}: {where} must be an object, got {value!r}")
-        hints = typing.get_type_hints(hint)
+        hints = {f.name: f.type for f in dataclasses.fields(hint)}
+        if any(isinstance(t, str) for t in hints.values()):  # ``from __future__ import annotations``
+            hints = typing.get_type_hints(hint)
         try:
             return hint(**{k: _conform(v, hints[k], f"{where}.{k}") if k in hints else v for k, v in value.items()})
         except TypeError as e:  # a missing or unknown field, or the dataclass's own check
