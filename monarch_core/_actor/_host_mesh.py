@@ -1,4 +1,4 @@
-"""``HostMesh``: a mesh of hosts that spawns proc meshes (building the ``ProcSpec`` s of ``spawn_procs``), losing hosts, shutting down."""
+"""``HostMesh``: a mesh of hosts that spawns proc meshes (``spawn_procs`` plans them, ``_launch`` starts them), losing hosts, shutting down."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 from monarch_core import _telemetry, settings
 from monarch_core._proc import _send, _serial, _start, _state
 from monarch_core._proc._future import Cell, Future
-from monarch_core._actor._mesh_base import _owner_check, _ProcSlot
+from monarch_core._actor._mesh_base import _owner_check
 from monarch_core._actor._proc_mesh import ProcMesh
 from monarch_core._proc import _control as C
 from monarch_core._launch._bootstrap import (
@@ -26,16 +26,10 @@ from monarch_core._launch._bootstrap import (
     default_bootstrap_cmd,
     validate_proc_bind,
 )
-from monarch_core._launch._spawn import (
-    ProcStatus,
-    host_proc_id,
-    spawn_local,
-    spawn_remote,
-)
+from monarch_core._launch._spawn import Launch, host_proc_id
 from monarch_core._launch._spec import ProcSpec
 from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
 from monarch_core._workspace import Workspace
-from monarch_core.errors import SupervisionError
 
 logger = logging.getLogger("monarch.mesh")
 
@@ -227,88 +221,64 @@ class HostMesh(MeshTrait):
             raise TypeError(f"bootstrap callable could not be pickled: {e}") from e
         name = name or f"procs{next(_names)}"
         rt = _start.runtime()
-        host_region = self._region_
-        labels = host_region.labels + tuple(per_host)
-        sizes = host_region.sizes + tuple(per_host.values())
-        extent = Extent(labels, sizes)
-        host_roots = host_region.root_ranks()
+        extent = Extent(self._region_.labels + tuple(per_host), self._region_.sizes + tuple(per_host.values()))
+        launch = Launch(rt)
+        try:
+            self._plan(launch, rt, name, extent, nper, bootstrap_command, binds)
+        except BaseException:
+            launch.close()
+            raise
+        pm = ProcMesh(name, launch.slots, extent.region, self, launch.cell, True)
+        self._shared["procs"].append(pm)
+        rt.agent.register_owned(pm)
+        launch.start(boot_payload, self._shared["lost"])
+        return pm
 
-        kernel = rt.kernel
+    def _plan(self, launch: Launch, rt: Any, name: str, extent: Extent, nper: int, bootstrap_command: Any,
+              binds: list[dict[str, str]] | None) -> None:
+        """``spawn_procs``'s plan: add each host's ``ProcSpec`` s to ``launch``."""
+        from monarch_core._launch import _code_sync
+
         level = settings.get("MONARCH_LOG_LEVEL") or logging.getLevelName(
             logging.getLogger("monarch").getEffectiveLevel()
         )
-        slots: list[_ProcSlot] = []
-        per_host_entries: list[tuple[HostHandle, list]] = []
-        from monarch_core._launch import _code_sync
-
+        common = dict(name=name, labels=extent.labels, sizes=extent.sizes, status=launch.status,
+                      parent=(rt.proc_id, rt.kernel.address), root=tuple(rt.root), transport=rt.transport,
+                      log_level=level)
+        host_roots = self._region_.root_ranks()
         here_path = tuple(p for p in sys.path if p)
         remote_path = _code_sync.remote_sys_path() if any(self._hosts[r].address is not None for r in host_roots) else ()
         for hi, hroot in enumerate(host_roots):
             host = self._hosts[hroot]
-            output = _output_mode(host.address is not None)
+            remote = host.address is not None
             # what sync_workspace gave this host: its directories first on sys.path, a shipped env's Python
-            sys_path, env_python = _code_sync.spawn_overrides(
-                self._shared, host.name, remote_path if host.address is not None else here_path)
-            entries = []
+            sys_path, env_python = _code_sync.spawn_overrides(self._shared, host.name, remote_path if remote else here_path)
+            specs = []
             for j in range(nper):
-                rank = hi * nper + j
-                point = Point(rank, extent)
-                default = False
-                if callable(bootstrap_command) and not isinstance(bootstrap_command, BootstrapCommand):
-                    cmd = bootstrap_command(point)
-                    if not isinstance(cmd, BootstrapCommand):
-                        raise TypeError(f"bootstrap_command({point}) returned {type(cmd).__name__}, not a BootstrapCommand")
-                elif bootstrap_command is not None:
-                    cmd = bootstrap_command
-                elif env_python is not None and self._python is None:
-                    cmd = default_bootstrap_cmd(env_python)
-                else:
-                    cmd = default_bootstrap_cmd(self._python or rt.python_executable)
-                    default = self._python is None and host.address is not None
-                slot = _ProcSlot(f"{name}-{rank}-{uuid.uuid4().hex[:8]}")
-                slot.host = host.address
-                slot.host_name = host.name
-                slot.describe = f"proc {name}{point if len(extent) else ''}"
-                if host.address is not None:
-                    slot.describe += f" on host {host.name}"
-                slots.append(slot)
-                entries.append((slot, dict(
-                    proc_id=slot.proc_id,
-                    name=name,
-                    rank=rank,
-                    labels=labels,
-                    sizes=sizes,
-                    describe=slot.describe,
-                    command=cmd,
-                    default_program=default,
-                    bind=binds[j] if binds else None,
-                    parent=(rt.proc_id, kernel.address),
-                    root=tuple(rt.root),
-                    transport=rt.transport,
-                    log_level=level,
-                    host_name=host.name,
-                    output=output,
-                    sys_path=sys_path,
-                )))
-            per_host_entries.append((host, entries))
-        status = ProcStatus(kernel, slots, lambda r: f"{name}{Point(r, extent)}")
-        sref = (rt.proc_id, kernel.address, status.port_id)
-        per_host_entries = [
-            (host, [(slot, ProcSpec(status=sref, **fields)) for slot, fields in entries])
-            for host, entries in per_host_entries
-        ]
-        pm = ProcMesh(name, slots, extent.region, self, status.cell, True)
-        self._shared["procs"].append(pm)
-        rt.agent.register_owned(pm)
-        lost = self._shared["lost"]
-        for host, entries in per_host_entries:
-            if host.name in lost:
-                kernel.call_soon(_fail_lost, kernel, [slot for slot, _ in entries], host.name, lost[host.name], status)
-            elif host.address is None:
-                kernel.call_soon(kernel.start_task, spawn_local, rt, entries, status, boot_payload)
-            else:
-                kernel.call_soon(spawn_remote, rt, host.address, entries, status, boot_payload)
-        return pm
+                point = Point(hi * nper + j, extent)
+                cmd, default = self._command(bootstrap_command, point, env_python, remote, rt.python_executable)
+                describe = f"proc {name}{point if len(extent) else ''}" + (f" on host {host.name}" if remote else "")
+                specs.append(ProcSpec(
+                    proc_id=f"{name}-{point.rank}-{uuid.uuid4().hex[:8]}", rank=point.rank, describe=describe,
+                    command=cmd, default_program=default, bind=binds[j] if binds else None, host_name=host.name,
+                    output=_output_mode(remote), sys_path=sys_path, **common,
+                ))
+            launch.add_host(host, specs)
+
+    def _command(self, bootstrap_command: Any, point: Point, env_python: str | None, remote: bool,
+                 python: str) -> tuple[BootstrapCommand, bool]:
+        """The ``BootstrapCommand`` of the proc at ``point``, and whether it is
+        the default one the starting host's Python runs (``ProcSpec.default_program``)."""
+        if callable(bootstrap_command) and not isinstance(bootstrap_command, BootstrapCommand):
+            cmd = bootstrap_command(point)
+            if not isinstance(cmd, BootstrapCommand):
+                raise TypeError(f"bootstrap_command({point}) returned {type(cmd).__name__}, not a BootstrapCommand")
+            return cmd, False
+        if bootstrap_command is not None:
+            return bootstrap_command, False
+        if env_python is not None and self._python is None:
+            return default_bootstrap_cmd(env_python), False
+        return default_bootstrap_cmd(self._python or python), self._python is None and remote
 
     def stop(self) -> Future[None]:
         """Stop every proc spawned on these hosts; keep the hosts for reuse.
@@ -475,15 +445,6 @@ def _all_done(futs: list[Future[Any]]) -> Future[None]:
         if not f._ensure().add_callback(one):
             one()
     return Future._of(out)
-
-
-def _fail_lost(kernel: Kernel, slots: list, host_name: str, reason: str, status: ProcStatus) -> None:
-    """Procs asked for on a host already lost fail at once (kernel loop)."""
-    for slot in slots:
-        msg = f"{slot.describe} could not start: its host {host_name} was lost ({reason})"
-        slot.failed = msg
-        kernel.proc_failed(slot.proc_id, msg)
-        status.fail(SupervisionError(msg), slot.proc_id)
 
 
 def _procs_of_host_lost(kernel: Kernel, shared: dict, hosts: list, host_name: str, reason: str) -> None:

@@ -49,18 +49,9 @@ def this_host() -> HostMesh:
     from its fork server (``_zygote``), or exec'd as its children, and they
     die with it."""
     from monarch_core._launch import _fork_server
-
-    # The fork server's imports overlap with the runtime's start and the
-    # caller's work before its first spawn.
-    _fork_server.warm(FORK_SERVER_WARM)
-    _fork_server.start_early()
-    try:
-        rt = _start.runtime()
-    except BaseException:
-        _fork_server.discard_early()
-        raise
-    _fork_server.prestart(rt.kernel)
     from monarch_core.hookspecs import HostHandle
+
+    rt = _fork_server.runtime_with_fork_server(FORK_SERVER_WARM)
 
     if not rt.caches.get("this_host_announced"):
         rt.caches["this_host_announced"] = True

@@ -1,13 +1,10 @@
-"""``ProcMesh``: a mesh of procs that spawns actor meshes, and stopping procs."""
+"""``ProcMesh``: a mesh of procs that spawns actor meshes, and stops its procs (``_launch._spawn.stop_procs``)."""
 
 from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING, Any, TypeVar
-
-if TYPE_CHECKING:
-    from monarch_core._kernel._runtime import Kernel
+from typing import Any, TypeVar
 
 from monarch_core import _telemetry
 from monarch_core._proc import _instrument, _reporting, _send, _serial, _start, _state
@@ -18,7 +15,7 @@ from monarch_core._actor import _engine
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
 from monarch_core._proc._port import GatherReplies
 from monarch_core._proc import _control as C
-from monarch_core._launch._spawn import host_proc_id
+from monarch_core._launch._spawn import stop_procs
 from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
 
 logger = logging.getLogger("monarch.mesh")
@@ -170,10 +167,7 @@ class ProcMesh(MeshTrait):
             cell.set_result(None)
             return Future._of(cell)
         _telemetry.lifecycle("proc_mesh.stopping", mesh=self._name, reason=reason)
-        rt.kernel.call_soon(
-            rt.kernel.start_task, _stop_procs, rt.kernel, slots, reason, cell, STOP_GRACE if grace is None else grace,
-            self._name,
-        )
+        stop_procs(rt.kernel, slots, reason, STOP_GRACE if grace is None else grace, cell, self._name)
         return Future._of(cell)
 
     def logging_option(
@@ -282,36 +276,3 @@ def _rebuild_proc_mesh(name: str, refs: list, region: Region) -> ProcMesh:
     c.set_result(True)
     return ProcMesh(name, [_slot_from_ref(r) for r in refs], region, None, c, False)
 
-
-async def _stop_procs(kernel: Kernel, slots: list[_ProcSlot], reason: str, cell: Cell, grace: float,
-                      mesh: str = "") -> None:
-    """Ask procs to stop (they get ``grace`` seconds to run ``__cleanup__``),
-    escalate to SIGTERM then SIGKILL (through their worker loop for procs on
-    remote hosts), resolve ``cell`` when all are gone."""
-    import trio
-    for s in slots:
-        kernel.expect_exit(s.proc_id)
-        if s.proc_id not in kernel.dead:
-            _send.control(kernel, s.proc_id, None, C.StopProc(reason, max(0.5, grace - 0.5)))
-
-    async def all_gone() -> None:
-        for s in slots:
-            await kernel.wait_dead(s.proc_id)
-
-    with trio.move_on_after(grace):
-        await all_gone()
-    for sig_name in ("terminate", "kill"):
-        alive = [s for s in slots if s.proc_id not in kernel.dead]
-        if not alive:
-            break
-        for s in alive:
-            logger.warning("%s did not stop within the grace period; sending %s", s.proc_id, sig_name)
-            child = kernel.child(s.proc_id)
-            if child is not None:
-                getattr(child, sig_name)()
-            elif s.host is not None:
-                _send.control(kernel, host_proc_id(s.host), s.host, C.HostKill([s.proc_id], sig_name))
-        with trio.move_on_after(1.0):
-            await all_gone()
-    await _reporting.after_procs_stopped(kernel, mesh)
-    cell.set_result(None)

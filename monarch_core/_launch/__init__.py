@@ -2,15 +2,22 @@
 
 One private module per job; arrows point down (this package imports
 ``_kernel``; the kernel never imports it -- it watches children through its
-own ``ChildProcess`` protocol).  Process entry points (``_proc_main``,
-``_worker``, the fork server's preload) are composition roots: they build the
-proc's runtime (agent, ``ProcRuntime``) from ``_actor`` as well.
+own ``ChildProcess`` protocol).  The process entry points (``_proc_main``,
+``_worker``) build their runtime with ``_proc._start.build_runtime``, as the
+client does.  The pipeline: ``HostMesh.spawn_procs`` checks its arguments and
+plans a :class:`~._spawn.Launch` (per host, the :class:`ProcSpec` s of its
+procs); the launch starts them here or asks worker loops to, and collects
+their hello/ready; the proc decodes the same spec; ``ProcMesh.stop`` ends
+them through :func:`~._spawn.stop_procs`.
 
-* ``_spec``      -- :class:`ProcSpec`, the typed description of one proc to start;
+* ``_spec``      -- :class:`ProcSpec`, the typed description of one proc to start,
+  and its one encoding for the proc (``to_env``/``from_env``);
 * ``_bootstrap`` -- ``BootstrapCommand`` (the OS command), ``proc_bind`` checks;
 * ``_spawn``     -- start a spec on this host (fork or exec); the client side of
-  a spawn (local, or through a worker loop) and the hello/ready collector;
-* ``_fork_server`` -- the fork server, spawner's side (one zygote per kernel);
+  a spawn (``Launch``: local, or through a worker loop; hello/ready); stopping
+  procs (ask, SIGTERM, SIGKILL);
+* ``_fork_server`` -- the fork server, spawner's side (one zygote per kernel;
+  started with the runtime by ``this_host()``, or by the worker loop);
 * ``_zygote``    -- the zygote process that forks procs;
 * ``_children``  -- exec'd child processes, awaited through pidfds;
 * ``_proc_main`` -- the entry point of a proc process;

@@ -1,6 +1,8 @@
-"""How procs are started: ``BootstrapCommand`` and ``default_bootstrap_cmd``."""
+"""How procs are started: ``BootstrapCommand`` and ``default_bootstrap_cmd``.
 
-from __future__ import annotations
+(No ``from __future__ import annotations``: a proc checks the command in its
+``ProcSpec`` against the field types, which are then objects.)
+"""
 
 import dataclasses
 import os
@@ -53,14 +55,14 @@ class BootstrapCommand:
         if not isinstance(self.inherit_env, bool):
             raise TypeError(f"BootstrapCommand.inherit_env must be True or False, got {self.inherit_env!r}")
 
-    def with_env(self, env: Mapping[str, str | None] | None = None, /, **kwargs: str | None) -> BootstrapCommand:
+    def with_env(self, env: Mapping[str, str | None] | None = None, /, **kwargs: str | None) -> "BootstrapCommand":
         """A copy with more environment overrides (``None`` removes a variable)."""
         merged = dict(self.env)
         merged.update(env or {})
         merged.update(kwargs)
         return dataclasses.replace(self, env=merged)
 
-    def with_args(self, *args: str) -> BootstrapCommand:
+    def with_args(self, *args: str) -> "BootstrapCommand":
         return dataclasses.replace(self, args=tuple(args))
 
     def argv(self) -> list[str]:

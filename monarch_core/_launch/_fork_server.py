@@ -1,7 +1,8 @@
 """The spawner's side of the fork server: :class:`ForkServer` (one per
 kernel) starts a zygote process (``_zygote``, whose docstring tells the whole
 design), asks it to fork procs, and sees each forked proc as a
-:class:`ForkedChild`; :func:`start_early`/:func:`prestart` start the zygote
+:class:`ForkedChild`; :func:`runtime_with_fork_server` (``this_host()``) and
+:func:`start_early`/:func:`prestart` (the worker loop) start the zygote
 before the first spawn so that its imports overlap with the caller's work.
 """
 
@@ -561,11 +562,27 @@ def _take_early() -> _Zygote | None:
     return z
 
 
-def discard_early() -> None:
-    """The runtime did not start after :func:`start_early`: stop that zygote."""
-    z = _take_early()
-    if z is not None:
-        z.discard()
+def runtime_with_fork_server(warm_modules: tuple[str, ...]) -> Any:
+    """This process's runtime (``_proc._start.runtime()``), with a fork server
+    on its way for the procs this host will start (``this_host()``): a
+    zygote started before the runtime (:func:`start_early`, importing
+    ``warm_modules`` too: :func:`warm`), adopted by its kernel (:func:`prestart`),
+    so that the zygote's imports overlap with the runtime's start and with
+    the caller's work before its first spawn.  Nothing starts before this
+    is called: importing the API starts no process."""
+    from monarch_core._proc import _start
+
+    warm(warm_modules)
+    start_early()
+    try:
+        rt = _start.runtime()
+    except BaseException:  # no runtime: the zygote started for it goes too
+        z = _take_early()
+        if z is not None:
+            z.discard()
+        raise
+    prestart(rt.kernel)
+    return rt
 
 
 def prestart(kernel: Kernel) -> None:

@@ -1,7 +1,8 @@
 """Entry point of a proc (worker) process: ``python -m monarch_core._launch._proc_main``.
 
-The spawning process passes the proc's identity in ``MONARCH_PROC_BOOTSTRAP``
-(JSON).  The proc sets a parent-death signal (so it never outlives the process
+The spawning process passes the proc's :class:`~._spec.ProcSpec` in
+``MONARCH_PROC_BOOTSTRAP`` (``ProcSpec.to_env``; decoded and checked once, by
+``ProcSpec.from_env``).  The proc sets a parent-death signal (so it never outlives the process
 that started it), starts its kernel on its own address, tells its parent it is
 listening, and serves until told to stop.
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import json
 import logging
 import os
 import signal
@@ -23,6 +23,8 @@ import sys
 import time
 from typing import Any
 
+from monarch_core._launch._bootstrap import BOOTSTRAP_ENV
+from monarch_core._launch._spec import ProcSpec
 from monarch_core._proc._state import tune_malloc  # noqa: F401 - defined below the launch layer
 
 
@@ -36,87 +38,74 @@ def _set_parent_death_signal() -> None:
 
 
 def main() -> None:
-    raw = os.environ.pop("MONARCH_PROC_BOOTSTRAP", None)
+    raw = os.environ.pop(BOOTSTRAP_ENV, None)
     if raw is None:
         sys.stderr.write(
             "monarch_core._launch._proc_main starts a proc for a monarch program; it is not run by hand. "
             "Use HostMesh.spawn_procs(...) (or `python -m monarch_core.worker` for a host worker loop).\n"
         )
         sys.exit(2)
-    info = json.loads(raw)
+    try:
+        spec = ProcSpec.from_env(raw)
+    except ValueError as e:
+        sys.stderr.write(f"monarch_core._launch._proc_main: {e}\n")
+        sys.exit(2)
     _set_parent_death_signal()
     tune_malloc()
-    if os.getppid() != info["parent_pid"]:
+    if os.getppid() != spec.parent_pid:
         os._exit(1)  # the parent died before we set the death signal
-    os.environ["MONARCH_PROC_ID"] = info["proc_id"]
-    for p in reversed(info.get("sys_path", [])):
+    os.environ["MONARCH_PROC_ID"] = spec.proc_id
+    for p in reversed(spec.sys_path):
         if p not in sys.path:
             sys.path.insert(0, p)
-    if info.get("cpus"):
+    if spec.cpus:
         from monarch_core._launch._bootstrap import parse_cpu_list
 
-        os.sched_setaffinity(0, parse_cpu_list(info["cpus"]))
-    level = info.get("log_level") or "WARNING"
+        os.sched_setaffinity(0, parse_cpu_list(spec.cpus))
+    level = spec.log_level
     logging.basicConfig(
-        level=level if isinstance(level, int) else getattr(logging, str(level).upper(), logging.WARNING),
-        format=f"[%(levelname)s {info['describe']} pid {os.getpid()}] %(name)s: %(message)s",
+        level=level if isinstance(level, int) else getattr(logging, level.upper(), logging.WARNING),
+        format=f"[%(levelname)s {spec.describe} pid {os.getpid()}] %(name)s: %(message)s",
     )
     # monarch's own loggers keep this level when ProcMesh.logging_option(level=...) changes the root's
     logging.getLogger("monarch").setLevel(logging.getLogger().level)
     sys.breakpointhook = _breakpoint_without_debugger  # the debugger plugin's proc setup replaces it
     import trio
 
-    from monarch_core._proc import _serial, _state, _transport
-    from monarch_core._proc._agent import ProcAgent
+    from monarch_core._proc import _serial, _transport
     from monarch_core._proc import _control as C
+    from monarch_core._proc._start import build_runtime
     from monarch_core._kernel import _wire as W
-    from monarch_core._kernel._runtime import Kernel
     from monarch_core._mesh._shape import Extent, Point
     from monarch_core._plugins import registry
 
-    _transport.set_from_parent(info["transport"])
-    transport = registry().transport(info["transport"])
-    kernel = Kernel(proc_id=info["proc_id"], name=info["name"], transport=transport, bind_spec=info.get("bind_spec"))
-    agent = ProcAgent(kernel)
-    kernel.agent = agent
-    parent = tuple(info["parent"])
-    rt = _state.ProcRuntime(
-        kernel=kernel,
-        agent=agent,
-        proc_id=info["proc_id"],
-        name=info["describe"],
-        is_client=False,
-        transport=transport.name,
-        root=tuple(info["root"]),
-        parent=parent,
-        point=Point(info["rank"], Extent(info["labels"], info["sizes"])),
-        python_executable=info.get("python") or sys.executable,
-        proc_mesh_name=info["name"],
+    _transport.set_from_parent(spec.transport)
+    rt = build_runtime(
+        proc_id=spec.proc_id, kernel_name=spec.name, transport=registry().transport(spec.transport),
+        bind_spec=spec.bind_spec, name=spec.describe, is_client=False, root=spec.root, parent=spec.parent,
+        point=Point(spec.rank, Extent(spec.labels, spec.sizes)), python_executable=spec.command.program,
+        proc_mesh_name=spec.name, ready=False,
     )
-    agent.runtime = rt
-    _state.set_runtime(rt)
-    status = tuple(info["status"])
+    kernel = rt.kernel
+    parent, status, worker_loop = spec.parent, spec.status, spec.worker_loop
     from monarch_core._proc import _reporting
 
-    output = info.get("output") or "direct"
-    host_name = info.get("host_name") or None
     # a proc on a remote host (its parent a worker loop) writes to a per-host log file when it does not stream
-    _reporting.start_proc(rt, host_name=host_name, output=output,
-                           log_path=proc_log_file(host_name, info["worker_loop"][2]) if info.get("worker_loop") else None)
+    _reporting.start_proc(rt, host_name=spec.host_name or None, output=spec.output,
+                          log_path=proc_log_file(spec.host_name or None, worker_loop[2]) if worker_loop else None)
 
     async def hello() -> None:
         import marshal
 
         payload, bufs = _serial.dumps(("hello", kernel.proc_id, kernel.address, os.getpid()))
         kernel.learn_address(parent[0], parent[1])
-        kernel.send(status[0], status[1], W.K_PORT, 0, marshal.dumps((status[2], info["rank"], W.S_VALUE)),
+        kernel.send(status[0], status[1], W.K_PORT, 0, marshal.dumps((status[2], spec.rank, W.S_VALUE)),
                     payload, bufs)
-        worker_loop = info.get("worker_loop")
         if worker_loop:  # our parent process, which heartbeats us, hears our address from us
             kernel.send(worker_loop[0], worker_loop[1], W.K_CONTROL, 0,
                         C.encode(C.ChildHello(kernel.proc_id, kernel.address)), b"", [])
         kernel.on_proc_failed.append(_exit_if_parent(parent[0]))
-        kernel.start_task(_watch_parent_pid, info["parent_pid"])
+        kernel.start_task(_watch_parent_pid, spec.parent_pid)
         kernel.start_task(_reporting.ship_loop, kernel)
 
     try:

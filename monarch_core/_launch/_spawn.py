@@ -1,4 +1,4 @@
-"""Starting procs: on this host, and through the worker loop of a remote host.
+"""Starting procs (on this host, and through the worker loop of a remote host) and stopping them.
 
 :func:`start_proc` turns a :class:`~._spec.ProcSpec` into an OS process on
 the host that runs it (this process is its parent): the environment is that
@@ -7,24 +7,27 @@ command's overrides, plus ``monarch_proc_env`` hook results.
 A proc that runs the default command is forked from the spawning process's
 fork server (see ``_fork_server``, ``_zygote``); any other is exec'd (``_children``).
 
-The client side of a spawn: :func:`spawn_local` starts the procs of a host
-without a worker loop (``this_host()``), :func:`spawn_remote` asks a worker
-loop to, and both send each proc its ``init`` (the bootstrap callable);
-:class:`ProcStatus` collects every proc's ``hello`` (its address) and
-``ready`` (its bootstrap ran), which resolves ``ProcMesh.initialized``.
+The client side of a spawn: a :class:`Launch` carries out the plan the
+mesh API made (``HostMesh.spawn_procs``: per host, the specs of its procs):
+it starts the procs of a host without a worker loop (``this_host()``) with
+:func:`start_proc`, asks a worker loop to start the others, sends each proc
+its ``init`` (the bootstrap callable), and collects every proc's ``hello``
+(its address) and ``ready`` (its bootstrap ran), which resolves
+``ProcMesh.initialized``.  :func:`stop_procs` is ``ProcMesh.stop``'s
+escalation: ask, then SIGTERM, then SIGKILL.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from monarch_core._proc import _control as C
+from monarch_core._proc import _send
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
 from monarch_core._launch._children import start_child
@@ -40,14 +43,18 @@ from monarch_core._launch._bootstrap import (
 
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
+    from monarch_core._proc._slot import ProcSlot
 
 logger = logging.getLogger("monarch.proc")
+#: proc stop escalation (docs/logging.md)
+escalation_log = logging.getLogger("monarch.mesh")
 
 
 async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -> Any:
     """Start the OS process for ``spec`` as a child of this process and hand
-    it to the kernel to watch (kernel loop).  Raises on failure to start (the
-    caller reports it)."""
+    it to the kernel to watch (kernel loop).  The proc gets ``spec`` with what
+    this host knows filled in (``MONARCH_PROC_BOOTSTRAP``, :meth:`ProcSpec.to_env`).
+    Raises on failure to start (the caller reports it)."""
     from monarch_core._plugins import registry
 
     program = sys.executable if spec.default_program else spec.command.program
@@ -63,35 +70,16 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
                 else:
                     env[k] = str(v)
     argv, cpus = apply_bind(cmd.argv(), spec.bind)
-    info = {
-        "proc_id": spec.proc_id,
-        "name": spec.name,
-        "rank": spec.rank,
-        "labels": list(spec.labels),
-        "sizes": list(spec.sizes),
-        "transport": spec.transport,
-        "bind_spec": bind_spec,
-        "parent": list(spec.parent),
-        "root": list(spec.root),
-        "status": list(spec.status),
-        "parent_pid": os.getpid(),
-        "sys_path": list(spec.sys_path),
-        "python": program,
-        "cpus": cpus,
-        "log_level": spec.log_level,
-        "host_name": getattr(spec, "host_name", ""),
-        "output": getattr(spec, "output", "direct"),
-        "describe": spec.describe,
-        # A worker loop is its procs' parent but not their spawner's address
-        # book: they tell it where they listen (for its heartbeats).
-        "worker_loop": [kernel.proc_id, kernel.address, os.getpid()] if getattr(kernel.agent, "is_host", False) else None,
-    }
+    # A worker loop is its procs' parent but not their spawner's address
+    # book: they tell it where they listen (for its heartbeats).
+    worker_loop = (kernel.proc_id, kernel.address, os.getpid()) if kernel.agent.is_host else None
+    spec = dataclasses.replace(spec, command=cmd, bind_spec=bind_spec, parent_pid=os.getpid(), cpus=cpus,
+                               worker_loop=worker_loop)
     zygote = _fork_server(kernel, cmd, argv, env)
     if zygote is not None:
         from monarch_core._launch._fork_server import ForkServerUnavailable
 
-        info["parent_pid"] = zygote.pid
-        env[BOOTSTRAP_ENV] = bootstrap_env_json(info)
+        env[BOOTSTRAP_ENV] = dataclasses.replace(spec, parent_pid=zygote.pid).to_env()
         kernel.expect_proc(spec.proc_id)
         try:
             child = await zygote.fork(env, os.getcwd())
@@ -101,8 +89,7 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
             logger.debug("%s forked from fork server pid %d as pid %d", spec.describe, zygote.pid, child.pid)
             kernel.adopt_child(spec.proc_id, child, describe=spec.describe)
             return child
-        info["parent_pid"] = os.getpid()
-    env[BOOTSTRAP_ENV] = bootstrap_env_json(info)
+    env[BOOTSTRAP_ENV] = spec.to_env()
     executable = cmd.program if cmd.arg0 is not None and argv[0] == cmd.arg0 else None
     kernel.expect_proc(spec.proc_id)
     child = start_child(argv, env, executable=executable)
@@ -121,11 +108,6 @@ def transport_env(transport: Any) -> dict[str, str]:
     if child_env is not None:
         env.update(child_env())
     return env
-
-
-def bootstrap_env_json(info: dict) -> str:
-    """The ``MONARCH_PROC_BOOTSTRAP`` value a proc reads its identity from."""
-    return json.dumps(info, separators=(",", ":"))
 
 
 def _fork_server(kernel: Kernel, cmd: BootstrapCommand, argv: list[str], env: dict[str, str]) -> Any:
@@ -161,67 +143,111 @@ def host_proc_id(address: str) -> str:
     return f"host@{address}"
 
 
-async def spawn_local(rt: Any, entries: list, status: ProcStatus, boot_payload: tuple) -> None:
-    """Start the OS processes of procs on this host (kernel loop), then send
-    each its ``init``.  ``entries``: ``(slot, spec)`` pairs."""
-    kernel = rt.kernel
+class Launch(PortHandler):
+    """One ``spawn_procs`` call carried out (the spawning client's side).
 
-    async def start(slot: Any, spec: ProcSpec) -> None:
-        try:
-            proc = await start_proc(kernel, spec, bind_spec=kernel.transport.child_bind_spec(kernel.address))
-            slot.pid = proc.pid
-            rt.agent.watch_child(slot.proc_id)
-        except Exception as e:
-            msg = f"could not start {spec.describe} with {spec.argv_for_errors()!r}: {type(e).__name__}: {e}"
-            logger.error("%s", msg)
-            slot.failed = msg
-            kernel.proc_failed(slot.proc_id, msg)
-            status.fail(SupervisionError(msg), slot.proc_id)
-            return
-        send_init(kernel, slot, spec, boot_payload, status)
+    The mesh API builds the plan -- :meth:`add_host`, per host, with the
+    :class:`ProcSpec` s of its procs, whose ``status`` is :attr:`status` --
+    then calls :meth:`start` (any thread): a host without a worker loop
+    (``this_host()``) starts its procs here (:func:`start_proc`, all at
+    once), one with a worker loop is asked to (``host_spawn``), a host
+    already lost fails its procs at once; each proc then gets its ``init``
+    (the bootstrap callable).  The procs' ``hello`` (their address) and
+    ``ready`` (their bootstrap ran) come to this port (any thread):
+    :attr:`cell` resolves when every proc is ready, or fails with the first
+    error (``SupervisionError`` naming the proc, its command and why), which
+    ``ProcMesh.initialized`` reports; each proc's own failure is reported to
+    the kernel as well (``proc_failed``)."""
 
-    import trio
-
-    # All at once: the fork server gets every request in one go (no round
-    # trip between two forks), and exec'd procs start their imports together.
-    async with trio.open_nursery() as nursery:
-        for slot, spec in entries:
-            nursery.start_soon(start, slot, spec)
-
-
-def send_init(kernel: Kernel, slot: Any, spec: ProcSpec, boot_payload: tuple, status: ProcStatus) -> None:
-    header = C.encode(C.Init(tuple(spec.status), spec.rank))
-    kernel.send(slot.proc_id, None, W.K_CONTROL, 0, header, boot_payload[0], boot_payload[1], status.port_id)
-
-
-def spawn_remote(rt: Any, address: str, entries: list, status: ProcStatus, boot_payload: tuple) -> None:
-    """Ask the worker loop at ``address`` to start procs (kernel loop)."""
-    from monarch_core._proc import _serial
-
-    kernel = rt.kernel
-    host_id = host_proc_id(address)
-    for slot, _spec in entries:
-        kernel.expect_proc(slot.proc_id)
-    payload, bufs = _serial.dumps([spec for _slot, spec in entries])
-    kernel.send(host_id, address, W.K_CONTROL, 0, C.encode(C.HostSpawn()), payload, bufs, status.port_id)
-    for slot, spec in entries:
-        send_init(kernel, slot, spec, boot_payload, status)
-
-
-class ProcStatus(PortHandler):
-    """Collects hello/ready from newly spawned procs (any thread); ``cell``
-    resolves when every proc is ready, or fails with the first error."""
-
-    def __init__(self, kernel: Kernel, slots: list, describe: Callable[[int], str]) -> None:
+    def __init__(self, rt: Any) -> None:
         from monarch_core._proc._future import Cell
 
-        self.kernel = kernel
-        self.slots = slots
+        self.rt = rt
+        self.kernel = rt.kernel
+        #: one per proc, in rank order (the proc mesh's)
+        self.slots: list[ProcSlot] = []
+        self.hosts: list[tuple[Any, list[tuple[ProcSlot, ProcSpec]]]] = []
         self.cell = Cell()
         self.ready = 0
         self.lock = threading.Lock()
-        self.describe = describe
-        self.port_id = kernel.add_port(self)
+        self.port_id = self.kernel.add_port(self)
+        #: the port the procs report to: every spec's ``status``
+        self.status = (rt.proc_id, self.kernel.address, self.port_id)
+
+    def add_host(self, host: Any, specs: list[ProcSpec]) -> None:
+        """Plan ``specs`` (the next ranks) on ``host`` (a ``HostHandle``)."""
+        from monarch_core._proc._slot import ProcSlot  # (lazily: it loads the mesh data model)
+
+        entries = []
+        for spec in specs:
+            slot = ProcSlot(spec.proc_id)
+            slot.host, slot.host_name, slot.describe = host.address, host.name, spec.describe
+            self.slots.append(slot)
+            entries.append((slot, spec))
+        self.hosts.append((host, entries))
+
+    def start(self, bootstrap: tuple, lost: dict[str, str]) -> None:
+        """Start every planned proc (any thread; the work runs on the kernel
+        loop).  ``bootstrap``: the pickled bootstrap callable (payload,
+        buffers); ``lost``: host name -> why, for hosts lost already."""
+        kernel = self.kernel
+        for host, entries in self.hosts:
+            if host.name in lost:
+                kernel.call_soon(self._fail_lost, entries, host.name, lost[host.name])
+            elif host.address is None:
+                kernel.call_soon(kernel.start_task, self._start_here, entries, bootstrap)
+            else:
+                kernel.call_soon(self._ask_worker_loop, host.address, entries, bootstrap)
+
+    async def _start_here(self, entries: list, bootstrap: tuple) -> None:
+        """Start the OS processes of procs on this host (kernel loop), then send each its ``init``."""
+        kernel = self.kernel
+
+        async def start(slot: ProcSlot, spec: ProcSpec) -> None:
+            try:
+                proc = await start_proc(kernel, spec, bind_spec=kernel.transport.child_bind_spec(kernel.address))
+                slot.pid = proc.pid
+                self.rt.agent.watch_child(slot.proc_id)
+            except Exception as e:
+                msg = f"could not start {spec.describe} with {spec.argv_for_errors()!r}: {type(e).__name__}: {e}"
+                logger.error("%s", msg)
+                slot.failed = msg
+                kernel.proc_failed(slot.proc_id, msg)
+                self.fail(SupervisionError(msg), slot.proc_id)
+                return
+            self._send_init(slot, spec, bootstrap)
+
+        import trio
+
+        # All at once: the fork server gets every request in one go (no round
+        # trip between two forks), and exec'd procs start their imports together.
+        async with trio.open_nursery() as nursery:
+            for slot, spec in entries:
+                nursery.start_soon(start, slot, spec)
+
+    def _ask_worker_loop(self, address: str, entries: list, bootstrap: tuple) -> None:
+        """Ask the worker loop at ``address`` to start procs (kernel loop)."""
+        from monarch_core._proc import _serial
+
+        kernel = self.kernel
+        for slot, _spec in entries:
+            kernel.expect_proc(slot.proc_id)
+        payload, bufs = _serial.dumps([spec for _slot, spec in entries])
+        _send.control(kernel, host_proc_id(address), address, C.HostSpawn(), payload, bufs, self.port_id)
+        for slot, spec in entries:
+            self._send_init(slot, spec, bootstrap)
+
+    def _send_init(self, slot: ProcSlot, spec: ProcSpec, bootstrap: tuple) -> None:
+        _send.control(self.kernel, slot.proc_id, None, C.Init(spec.status, spec.rank), bootstrap[0], bootstrap[1],
+                      self.port_id)
+
+    def _fail_lost(self, entries: list, host_name: str, reason: str) -> None:
+        """Procs asked for on a host already lost fail at once (kernel loop)."""
+        for slot, _spec in entries:
+            msg = f"{slot.describe} could not start: its host {host_name} was lost ({reason})"
+            slot.failed = msg
+            self.kernel.proc_failed(slot.proc_id, msg)
+            self.fail(SupervisionError(msg), slot.proc_id)
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         from monarch_core._proc import _serial
@@ -231,7 +257,7 @@ class ProcStatus(PortHandler):
         except Exception as e:
             msg, status = e, W.S_ERROR
         if status == W.S_ERROR:
-            self._fail(msg if isinstance(msg, BaseException) else RuntimeError(str(msg)), rank)
+            self._fail(msg if isinstance(msg, BaseException) else RuntimeError(str(msg)))
             return
         if msg[0] == "hello":
             _tag, proc_id, address, pid = msg
@@ -252,11 +278,15 @@ class ProcStatus(PortHandler):
 
                 _reporting.proc_ready(self.slots[rank].proc_id, self.slots[rank].pid, done)
             if done:
-                self.kernel.remove_port(self.port_id)
+                self.close()
                 self.cell.set_result(True)
 
-    def _fail(self, exc: BaseException, rank: int | None) -> None:
+    def close(self) -> None:
+        """Give the port back (a plan abandoned before :meth:`start`, or one that is over)."""
         self.kernel.remove_port(self.port_id)
+
+    def _fail(self, exc: BaseException) -> None:
+        self.close()
         self.cell.set_exception(exc)
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
@@ -264,4 +294,56 @@ class ProcStatus(PortHandler):
             if s.proc_id == proc_id:
                 s.failed = str(exc)
                 s.ready.set()
-        self._fail(SupervisionError(f"a proc failed while starting: {exc}"), None)
+        self._fail(SupervisionError(f"a proc failed while starting: {exc}"))
+
+
+# ---------------------------------------------------------------- stopping procs
+
+#: Seconds between SIGTERM and SIGKILL, and after SIGKILL before giving up waiting.
+SIGNAL_WAIT = 1.0
+
+
+def stop_procs(kernel: Kernel, slots: list[ProcSlot], reason: str, grace: float, cell: Any, mesh: str = "") -> None:
+    """Stop the procs of ``slots`` (``ProcMesh.stop``; any thread, the work
+    runs on the kernel loop): each is asked to (``stop_proc``: its actors'
+    ``__cleanup__`` run) and gets ``grace`` seconds; one still alive then gets
+    SIGTERM, and one alive :data:`SIGNAL_WAIT` s later SIGKILL -- directly when
+    this process is its parent, through its host's worker loop (``host_kill``)
+    otherwise;
+    ``cell`` resolves once all are gone (or the last wait ended), after the
+    output they sent before stopping (``_reporting.after_procs_stopped``)."""
+    kernel.call_soon(kernel.start_task, _stop, kernel, slots, reason, grace, cell, mesh)
+
+
+async def _stop(kernel: Kernel, slots: list[ProcSlot], reason: str, grace: float, cell: Any, mesh: str) -> None:
+    import trio
+
+    from monarch_core._proc import _reporting
+
+    stop = C.StopProc(reason, max(0.5, grace - 0.5))
+    for s in slots:
+        kernel.expect_exit(s.proc_id)
+        if s.proc_id not in kernel.dead:
+            _send.control(kernel, s.proc_id, None, stop)
+
+    async def all_gone() -> None:
+        for s in slots:
+            await kernel.wait_dead(s.proc_id)
+
+    with trio.move_on_after(grace):
+        await all_gone()
+    for sig_name in ("terminate", "kill"):
+        alive = [s for s in slots if s.proc_id not in kernel.dead]
+        if not alive:
+            break
+        for s in alive:
+            escalation_log.warning("%s did not stop within the grace period; sending %s", s.proc_id, sig_name)
+            child = kernel.child(s.proc_id)
+            if child is not None:
+                getattr(child, sig_name)()
+            elif s.host is not None:
+                _send.control(kernel, host_proc_id(s.host), s.host, C.HostKill([s.proc_id], sig_name))
+        with trio.move_on_after(SIGNAL_WAIT):
+            await all_gone()
+    await _reporting.after_procs_stopped(kernel, mesh)
+    cell.set_result(None)

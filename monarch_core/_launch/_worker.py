@@ -36,6 +36,7 @@ from monarch_core._proc._port import send_to_port
 from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core._launch._spawn import start_proc
+from monarch_core._launch._spec import ProcSpec
 
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
@@ -98,7 +99,7 @@ class WorkerLoopAgent(ProcAgent):
     async def _host_spawn(self, specs: list, client: str) -> None:
         kernel = self.kernel
 
-        async def start(spec: dict) -> None:
+        async def start(spec: ProcSpec) -> None:
             try:
                 bind = self.child_bind_spec or kernel.transport.child_bind_spec(kernel.address)
                 await start_proc(kernel, spec, bind_spec=bind)
@@ -322,8 +323,7 @@ def run_worker_loop_forever(
     not use it again).  Without it, only that client's procs are killed.
     """
     from monarch_core._proc import _state, _transport
-    from monarch_core._kernel._runtime import Kernel
-    from monarch_core._mesh._shape import Extent, Point
+    from monarch_core._proc._start import build_runtime
     from monarch_core._plugins import registry
 
     if not isinstance(address, str) or "://" not in address:
@@ -340,26 +340,15 @@ def run_worker_loop_forever(
     # Forked from this process now (no thread of ours yet): the zygote shares
     # what the worker imported and imports the rest while the worker starts.
     _fork_server.start_early(fork=True)
-    kernel = Kernel(proc_id=f"worker-loop-{os.getpid()}", name=f"worker loop {address}", transport=transport, bind_spec=address)
-    agent = WorkerLoopAgent(kernel, child_bind)
-    agent.exit_without_client = exit_with_parent
-    kernel.agent = agent
-    rt = _state.ProcRuntime(
-        kernel=kernel,
-        agent=agent,
-        proc_id=kernel.proc_id,
-        name=f"worker loop {address}",
-        is_client=False,
-        transport=transport.name,
-        root=(kernel.proc_id, address),
-        parent=None,
-        point=Point(0, Extent([], [])),
-        python_executable=sys.executable,
-        proc_mesh_name="worker-loop",
+    proc_id = f"worker-loop-{os.getpid()}"
+    rt = build_runtime(
+        proc_id=proc_id, kernel_name=f"worker loop {address}", transport=transport, bind_spec=address,
+        agent=functools.partial(WorkerLoopAgent, child_bind_spec=child_bind), name=f"worker loop {address}",
+        is_client=False, root=(proc_id, address), parent=None, point=_state.ROOT_POINT,
+        python_executable=sys.executable, proc_mesh_name="worker-loop",
     )
-    agent.runtime = rt
-    agent.proc_ready.set()
-    _state.set_runtime(rt)
+    kernel, agent = rt.kernel, rt.agent
+    agent.exit_without_client = exit_with_parent
 
     async def announce() -> None:
         logger.info("monarch worker loop listening on %s (pid %d)", kernel.address, os.getpid())

@@ -3,8 +3,8 @@
 :func:`runtime` is what the mesh API's entry points call: the runtime of this
 process, starting the client's (its kernel thread, its proc agent, the
 telemetry hub) on first use.  :func:`shutdown` stops it (``shutdown_context``,
-interpreter exit).  A proc's runtime is built by ``_launch._proc_main``
-instead.  The state itself lives in :mod:`._state`, which imports nothing
+interpreter exit).  :func:`build_runtime` assembles a runtime: the client's
+here, a proc's in ``_launch._proc_main``, a worker loop's in ``_launch._worker``.  The state itself lives in :mod:`._state`, which imports nothing
 above it.
 """
 
@@ -16,12 +16,13 @@ import os
 import sys
 import threading
 import uuid
+from typing import Any, Callable
 
 from monarch_core import settings
 from monarch_core import _telemetry
 from monarch_core._proc import _state, _transport
 
-__all__ = ["runtime", "shutdown"]
+__all__ = ["build_runtime", "runtime", "shutdown"]
 
 logger = logging.getLogger("monarch.actor")
 
@@ -44,42 +45,52 @@ def runtime() -> _state.ProcRuntime:
     return _state.current()
 
 
-def _start_client() -> None:
+def build_runtime(*, proc_id: str, kernel_name: str, transport: Any, bind_spec: str | None,
+                  agent: Callable[[Any], Any] | None = None, ready: bool = True, **fields: Any) -> _state.ProcRuntime:
+    """Assemble this process's runtime and make it current: the one place it
+    is (a client's start, ``_launch._proc_main``, ``_launch._worker``).
+
+    A kernel for ``proc_id`` (named ``kernel_name``, on ``transport`` -- a
+    ``Transport`` -- bound at ``bind_spec``), its agent (``agent(kernel)``,
+    default a ``ProcAgent``), and the :class:`~._state.ProcRuntime` over both,
+    whose other fields are ``fields`` (``name``, ``is_client``, ``root``,
+    ``parent``, ``point``, ``python_executable``...).  A client's kernel
+    thread starts here (``is_client=True``), and a client is its own root
+    (no ``root``: this proc); a proc's or worker loop's kernel runs when its
+    caller serves it.  ``ready``: the agent takes actor messages at once (a
+    proc's waits until its bootstrap ran)."""
     from monarch_core._kernel._runtime import Kernel  # (lazily: importing the API loads no trio)
     from monarch_core._proc._agent import ProcAgent
+
+    kernel = Kernel(proc_id=proc_id, name=kernel_name, transport=transport, bind_spec=bind_spec)
+    kernel.agent = proc_agent = (agent or ProcAgent)(kernel)
+    if fields["is_client"]:
+        kernel.start_thread()
+    fields.setdefault("root", (proc_id, kernel.address))
+    rt = _state.ProcRuntime(kernel=kernel, agent=proc_agent, proc_id=proc_id, transport=transport.name, **fields)
+    proc_agent.runtime = rt
+    if ready:
+        proc_agent.proc_ready.set()
+    _state.set_runtime(rt)
+    return rt
+
+
+def _start_client() -> None:
     from monarch_core._plugins import registry
 
     if settings.is_set("MONARCH_MALLOC_REUSE_MB"):  # procs tune malloc by default; a client only when asked
         _state.tune_malloc()
     choice = _transport.current_choice()
-    transport = registry().transport(choice.name)
     proc_id = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    kernel = Kernel(proc_id=proc_id, name="client", transport=transport, bind_spec=choice.bind_spec)
-    agent = ProcAgent(kernel)
-    kernel.agent = agent
-    kernel.start_thread()
-    ref = (proc_id, kernel.address)
-    rt = _state.ProcRuntime(
-        kernel=kernel,
-        agent=agent,
-        proc_id=proc_id,
-        name="client",
-        is_client=True,
-        transport=choice.name,
-        root=ref,
-        parent=None,
-        point=_state.ROOT_POINT,
-        python_executable=sys.executable,
-    )
-    agent.runtime = rt
-    agent.proc_ready.set()
-    _state.set_runtime(rt)
+    rt = build_runtime(proc_id=proc_id, kernel_name="client", transport=registry().transport(choice.name),
+                       bind_spec=choice.bind_spec, name="client", is_client=True, parent=None,
+                       point=_state.ROOT_POINT, python_executable=sys.executable)
     _telemetry.configure_process(proc_id=proc_id, name="client", is_root=True)
     from monarch_core._telemetry._hub import hub
 
     hub.start()  # the root's sinks: settings, plugins (procs ship their telemetry here)
     atexit.register(_atexit_shutdown)
-    logger.debug("client kernel listening on %s", kernel.address)
+    logger.debug("client kernel listening on %s", rt.kernel.address)
 
 
 def _atexit_shutdown() -> None:

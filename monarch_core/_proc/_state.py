@@ -2,7 +2,7 @@
 
 In the client the runtime is created on first use (``_start.runtime()``,
 starting the kernel thread); in a proc ``_launch._proc_main`` creates it
-before the loop starts.  This module holds the state only: it imports
+before the loop starts; both through ``_start.build_runtime``.  This module holds the state only: it imports
 nothing of the runtime above it.
 """
 

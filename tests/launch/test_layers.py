@@ -215,3 +215,18 @@ def test_the_contracts_over_plugins_are_kept() -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "2 kept, 0 broken" in out.stdout, out.stdout
+
+
+@pytest.mark.unit
+def test_a_proc_runtime_is_assembled_in_one_place() -> None:
+    """``_proc._start.build_runtime`` builds every runtime: the client's, a
+    proc's (``_launch._proc_main``) and a worker loop's (``_launch._worker``)."""
+    import ast
+
+    found = []
+    for p in sorted((ROOT / "monarch_core").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if isinstance(node, ast.Call) and "ProcRuntime" in (getattr(node.func, "attr", None),
+                                                                getattr(node.func, "id", None)):
+                found.append(str(p.relative_to(ROOT / "monarch_core")))
+    assert found == ["_proc/_start.py"]
