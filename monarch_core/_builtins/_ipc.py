@@ -6,7 +6,7 @@ The default for a new proc is a fresh abstract name.
 
 Neither form has a permission check worth the name (an abstract socket none
 at all), so the kernel refuses a peer of another uid once per connection
-(``SO_PEERCRED``, ``_kernel._serving``), before it reads a byte.
+(``SO_PEERCRED``, ``Kernel._serve_inbound``), before it reads a byte.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import uuid
 
 import pytest
 
-from monarch_core._kernel import _outbound, _runtime, _serving
+from monarch_core._kernel import _outbound, _runtime
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._runtime import Kernel
 from monarch_core._plugins import registry
@@ -61,7 +61,7 @@ class _Sockets:
         self.outbound: list[socket.socket] = []
         self.inbound: list[socket.socket] = []
         self.lock = threading.Lock()
-        real = _serving._raw_socket
+        real = _runtime._raw_socket
 
         def recording(stream):  # type: ignore[no-untyped-def]
             sock = real(stream)
@@ -71,7 +71,7 @@ class _Sockets:
                     (self.outbound if caller == "_session" else self.inbound).append(sock)
             return sock
 
-        monkeypatch.setattr(_serving, "_raw_socket", recording)  # inbound sessions (Kernel._serve_inbound)
+        monkeypatch.setattr(_runtime, "_raw_socket", recording)  # inbound sessions (Kernel._serve_inbound)
         monkeypatch.setattr(_outbound, "_raw_socket", recording)  # outbound ones (_Outbound._session)
 
     def inbound_of(self, b: Kernel) -> list[socket.socket]:

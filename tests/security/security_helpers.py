@@ -40,7 +40,7 @@ import monarch_core.worker, monarch_core.actor
 from monarch_core import actor as _a, worker as _w
 from monarch_core._actor import _attach, _host_mesh, _proc_mesh, _actor_mesh, _mesh
 from monarch_core._proc import _transport, _state, _agent
-from monarch_core._kernel import _runtime, _wire, _serving, _poller, _inbound, _outbound
+from monarch_core._kernel import _runtime, _wire, _poller, _inbound, _outbound
 from monarch_core._builtins import _ipc, _local
 from monarch_core._plugins import registry as _registry
 _registry().transport("ipc")
