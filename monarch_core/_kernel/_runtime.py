@@ -562,10 +562,10 @@ class Kernel(ChildWatch):
 
     def route_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         """Hand an actor message (its decoded 9-field header; one with an
-        extension, a traced call's trace context, has it as a tenth) to its actor, or to the agent when
-        the actor is not (yet) here; either raises :class:`ProtocolError` for
-        a header of the wrong shape.  Without an agent (a bare kernel) the
-        message is dropped."""
+        extension, a traced call's trace context, has it as a tenth) to its
+        actor, or to the agent when the actor is not (yet) here; either
+        raises :class:`ProtocolError` for a header of the wrong shape.
+        Without an agent (a bare kernel) the message is dropped."""
         actor = self.actors.get(h[0])
         if actor is None:
             if self.agent is not None:

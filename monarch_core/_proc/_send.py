@@ -82,13 +82,11 @@ class Recipients:
     def send_one(self, kernel: Kernel, index: int, call: Call) -> str | tuple[str, ...]:
         """Send ``call`` to rank ``index``; the proc its reply comes from
         (through the cast tree: every proc on the way, a tuple)."""
-        if len(self.members) < _tree.TREE_MIN:
-            return self._send(kernel, index, call)
-        return tuple(self.cast(kernel, (index,), call))
-
-    def _send(self, kernel: Kernel, index: int, call: Call) -> str:
+        members = self.members
+        if len(members) >= _tree.TREE_MIN:
+            return tuple(self.cast(kernel, (index,), call))
         region = self.region
-        slot = self.members[region.root_rank(index)]
+        slot = members[region.root_rank(index)]
         ret = call.ret
         header = W.actor_header(self.key, call.method, call.reply, index, region.labels, region.sizes, call.sender,
                                 ret, call.explicit, call.trace, self._headers)
@@ -110,7 +108,8 @@ class Recipients:
         members = self.members
         n = len(members)
         if n < _tree.TREE_MIN:
-            return [self._send(kernel, i, call) for i in (range(region.nelements) if indices is None else indices)]
+            send = self.send_one  # (below TREE_MIN: one frame each, the proc's id back)
+            return [send(kernel, i, call) for i in (range(region.nelements) if indices is None else indices)]
         fanout = _tree.FANOUT
         if indices is None and self._whole_view():
             targets = None  # every member: each forwarder works out its children

@@ -303,7 +303,7 @@ def decode(peer: str, header: bytes) -> tuple:
         msg, n, fanout, at, targets, table, view, gather = h
         key, method, reply, labels, sizes, _sender, ret, _explicit, trace = msg
         ok = (
-            type(gather) is bool and (trace is None or type(trace) is bytes) and
+            type(msg) is tuple and type(gather) is bool and (trace is None or type(trace) is bytes) and
             isinstance(key, str) and isinstance(method, str) and isinstance(labels, tuple)
             and isinstance(sizes, tuple) and type(n) is int and type(fanout) is int and type(at) is int
             and 0 <= at < n and fanout >= 2 and (table is None or isinstance(table, dict)) and isinstance(view, str)
