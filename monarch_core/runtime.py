@@ -35,7 +35,8 @@ from typing import Any, Callable
 from monarch_core._actor import _mesh  # noqa: F401 - a client runtime started from here has the mesh API's hooks
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
-from monarch_core._proc import _lifecycle, _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _lifecycle, _state
 from monarch_core._proc._future import Cell, Future
 
 __all__ = [

@@ -63,7 +63,7 @@ def flush(timeout: float = 5.0) -> None:
     ``MONARCH_TELEMETRY_INTERVAL`` (1 s) and when they stop."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
         raise ValueError(f"flush(timeout=...) must be a number of seconds >= 0, got {timeout!r}")
-    from monarch_core._proc import _reporting
+    from monarch_core._telemetry import _reporting
 
     _reporting.flush(float(timeout))
 

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
-from monarch_core._proc import _instrument, _reporting, _serial, _start, _state, _tree
+from monarch_core._launch import _start
+from monarch_core._proc import _serial, _state, _tree
 from monarch_core._actor._endpoint import Endpoint, EndpointProperty, NotAnEndpoint
 from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
@@ -244,7 +245,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         kernel = rt.kernel
         tm = ep._tm
         if tm is None:
-            tm = ep._tm = _instrument.client_side(ep)
+            tm = ep._tm = rt.observer.client_side(ep)
         if tm:
             h, trace = tm.one(kernel, self._region_, index, adverb, payload, bufs, ep)
         else:
@@ -269,10 +270,10 @@ class ActorMesh(MeshTrait, Generic[T]):
         region = self._region_
         tm = ep._tm
         if tm is None:
-            tm = ep._tm = _instrument.client_side(ep)
+            tm = ep._tm = rt.observer.client_side(ep)
         if tm:
             h = tm.gather(kernel, region.extent, ValueMesh, "call", payload, bufs, ep)
-            trace = _instrument.trace_bytes(h.sp)
+            trace = tm.trace_bytes(h.sp)
         else:
             h, trace = GatherReplies(kernel, region.extent, ep, ValueMesh), None
         reply = (rt.proc_id, kernel.address, h.port_id)
@@ -288,11 +289,11 @@ class ActorMesh(MeshTrait, Generic[T]):
         region = self._region_
         tm = ep._tm
         if tm is None:
-            tm = ep._tm = _instrument.client_side(ep)
+            tm = ep._tm = rt.observer.client_side(ep)
         describe = ep if err is None else ""
         if tm:
             h = tm.stream(kernel, region.nelements, payload, bufs, describe)
-            trace = _instrument.trace_bytes(h.sp)
+            trace = tm.trace_bytes(h.sp)
         else:
             h, trace = StreamReplies(kernel, region.nelements, describe), None
         if err is not None:
@@ -320,11 +321,11 @@ class ActorMesh(MeshTrait, Generic[T]):
         sender = host.display_name if host is not None else "client"
         tm = ep._tm
         if tm is None:
-            tm = ep._tm = _instrument.client_side(ep)
+            tm = ep._tm = rt.observer.client_side(ep)
         sp = tm.cast(adverb, region.nelements if only is None else 1, payload, bufs) if tm else None
         self._send_many(None if only is None else (only,), ep._name, reply, region,
                         ep._prop._explicit_response_port, payload, bufs, None, kernel, sender, ret,
-                        trace=_instrument.trace_bytes(sp) if sp is not None else None)
+                        trace=tm.trace_bytes(sp) if sp is not None else None)
         if sp is not None:
             tm.end_cast(sp, adverb)
 
@@ -358,8 +359,8 @@ class ActorMesh(MeshTrait, Generic[T]):
                 h.procs = self._send_many(live, _tree.STOP_METHOD, reply, region, False, payload, bufs, h.port_id,
                                           kernel, _sender_name())
             _release(rt, self)
-            _instrument.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
-            return Future._of(_reporting.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
+            rt.observer.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
+            return Future._of(rt.observer.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
         for i in range(region.nelements):
             slot = self._members[region.root_rank(i)]
             if slot.proc_id in kernel.dead:
@@ -370,8 +371,8 @@ class ActorMesh(MeshTrait, Generic[T]):
                         h.port_id)
             h.procs.append(slot.proc_id)
         _release(rt, self)
-        _instrument.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
-        return Future._of(_reporting.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
+        rt.observer.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
+        return Future._of(rt.observer.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
 
     def __reduce__(self) -> Any:
         members = [self._members[r].ref() for r in self._region_.root_ranks()]

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
-from monarch_core import _telemetry
-from monarch_core._proc import _instrument, _reporting, _serial, _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _serial, _state
 from monarch_core._actor._actor_mesh import ActorMesh, _release
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._owned import Applied
@@ -53,7 +53,7 @@ class ProcMesh(MeshTrait):
         #: released when this mesh stops
         self._actor_meshes: dict[str, ActorMesh] = {} if actor_meshes is None else actor_meshes
         if owner and host_mesh is not None:
-            _reporting.register_procs(name, slots, region.extent, getattr(host_mesh, "_name", ""))
+            _start.runtime().observer.register_procs(name, slots, region.extent, getattr(host_mesh, "_name", ""))
 
     @property
     def _region(self) -> Region:
@@ -126,7 +126,7 @@ class ProcMesh(MeshTrait):
             Supervised(key, name, Class.__qualname__, mesh, owner_host, mesh._health, members)
         )
         procs = []
-        trace, traced = _instrument.spawn_trace(name)  # (the ``__init__`` s record under a traced spawn)
+        trace, traced = rt.observer.spawn_trace(name)  # (the ``__init__`` s record under a traced spawn)
         for i, slot in enumerate(members):
             header = C.encode(C.Spawn(key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner,
                                       trace))
@@ -138,7 +138,7 @@ class ProcMesh(MeshTrait):
             traced()
         rt.agent.register_owned(mesh)
         self._actor_meshes[key] = mesh
-        _reporting.actor_mesh_spawned(mesh, self._name, gather)
+        rt.observer.actor_mesh_spawned(mesh, self._name, gather)
         return mesh  # type: ignore[return-value]
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
@@ -161,7 +161,7 @@ class ProcMesh(MeshTrait):
             if not am._stopped:
                 am._stopped = True
                 _release(rt, am)
-                _instrument.retire_when_stopped(cell, am._key, am._class.__qualname__)
+                rt.observer.retire_when_stopped(cell, am._key, am._class.__qualname__)
         self._actor_meshes.clear()
         slots = [s for s in self._slots if s.proc_id != rt.proc_id]
         note = f"its proc mesh {self._name!r} was stopped: {reason}"
@@ -171,7 +171,7 @@ class ProcMesh(MeshTrait):
         if not slots:
             cell.set_result(None)
             return Future._of(cell)
-        _telemetry.lifecycle("proc_mesh.stopping", mesh=self._name, reason=reason)
+        rt.observer.lifecycle("proc_mesh.stopping", mesh=self._name, reason=reason)
         rt.kernel.call_soon(
             rt.kernel.start_task, _stop_procs, rt.kernel, slots, reason, cell, STOP_GRACE if grace is None else grace,
             self._name,
@@ -226,11 +226,9 @@ class ProcMesh(MeshTrait):
         if self._stopped is not None:
             raise RuntimeError(f"proc mesh {self._name!r} has been stopped; spawn procs again")
         from monarch_core._actor._mesh_base import START_TIMEOUT
-        from monarch_core._telemetry._output import printer
-
-        printer.set_window(self._name, aggregate_window_sec)
         slots = [self._slots[r] for r in self._region_.root_ranks()]
-        _reporting.log_option(slots, stream_to_client, level, START_TIMEOUT)
+        _start.runtime().observer.log_option(self._name, slots, stream_to_client, level, aggregate_window_sec,
+                                             START_TIMEOUT)
         return Applied()
 
     async def __aenter__(self) -> ProcMesh:
@@ -317,5 +315,5 @@ async def _stop_procs(kernel: Kernel, slots: list[_ProcSlot], reason: str, cell:
                             C.encode(C.HostKill([s.proc_id], sig_name)), b"", [], None)
         with trio.move_on_after(1.0):
             await all_gone()
-    await _reporting.after_procs_stopped(kernel, mesh)
+    await _state.observer().after_procs_stopped(kernel, mesh)
     cell.set_result(None)

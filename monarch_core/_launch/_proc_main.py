@@ -73,6 +73,8 @@ def main() -> None:
     from monarch_core._kernel._runtime import Kernel
     from monarch_core._mesh._shape import Extent, Point
     from monarch_core._plugins import registry
+    from monarch_core._telemetry import _reporting
+    from monarch_core._telemetry._observer import Telemetry
 
     _transport.set_from_parent(info["transport"])
     transport = registry().transport(info["transport"])
@@ -92,11 +94,11 @@ def main() -> None:
         point=Point(info["rank"], Extent(info["labels"], info["sizes"])),
         python_executable=info.get("python") or sys.executable,
         proc_mesh_name=info["name"],
+        observer=Telemetry(),
     )
     agent.runtime = rt
     _state.set_runtime(rt)
     status = tuple(info["status"])
-    from monarch_core._proc import _reporting
 
     output = info.get("output") or "direct"
     host_name = info.get("host_name") or None
@@ -155,7 +157,7 @@ def proc_log_file(host_name: str | None, worker_pid: int) -> str:
     host (worker loop), in ``MONARCH_PROC_LOG_DIR`` (default
     ``<tmp>/monarch-<uid>-logs``).  The folder is private (0700, this user's;
     checked before use) and the files are 0600, opened without following a
-    link (``_output.open_private_log``)."""
+    link (``_proc._output.open_private_log``)."""
     import socket
     import tempfile
 

@@ -203,6 +203,15 @@ def _dumps_bytes_oob(obj: Any) -> tuple[bytes, list]:
     return f.getvalue(), bufs
 
 
+def nbytes(payload: Any, buffers: list) -> int:
+    """Bytes of a message's payload and out-of-band buffers."""
+    n = len(payload)
+    if buffers:
+        for b in buffers:
+            n += memoryview(b).nbytes
+    return n
+
+
 def loads(payload: Any, buffers: list) -> Any:
     """Inverse of :func:`dumps`."""
     if payload[:1] == _BYTES_MARK:

@@ -20,7 +20,8 @@ import threading
 from typing import Any, Optional
 
 from monarch_core import settings
-from monarch_core._telemetry import _batch, _metrics, _output
+from monarch_core._proc import _output
+from monarch_core._telemetry import _batch, _metrics
 from monarch_core._telemetry._core import state
 
 logger = logging.getLogger("monarch.telemetry")

@@ -1,4 +1,4 @@
-"""Per-call instrumentation of the proc runtime: the client and server side of a call.
+"""Per-call instrumentation: the client and server side of a call (hooks of the runtime's observer).
 
 * :class:`ClientSide` -- what an endpoint of an actor mesh records in the
   caller: ``call_one``/``choose`` count in ``OneReply`` itself, the reply
@@ -8,6 +8,7 @@
   trace context its messages carry.
 * the server side -- the endpoint stat and span helpers ``ActorHost`` uses.
 
+The runtime reaches these through its observer (:class:`._observer.Telemetry`).
 What a proc then reports to the root (batches, output, lifecycle events) is
 :mod:`._reporting`.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
+from monarch_core._proc import _serial
 from monarch_core._proc._port import GatherReplies, OneReply, StreamReplies
 from monarch_core._kernel import _wire as W
 from monarch_core._telemetry import _metrics, _spans
@@ -38,7 +40,7 @@ _S_ERROR = W.S_ERROR
 _S_BATCH = W.S_BATCH
 
 
-nbytes = _metrics.nbytes
+nbytes = _serial.nbytes
 error_type = _metrics.error_type
 
 
@@ -164,6 +166,11 @@ class ClientSide:
         now = _now()
         self.end_span(sp, adverb, None, None, sp[3], now - sp[3])
 
+    @staticmethod
+    def trace_bytes(sp: Optional[tuple]) -> Optional[bytes]:
+        """The trace context a traced call's messages carry (None: not traced), from its span ``sp``."""
+        return None if sp is None else sp[0]
+
 
 def client_context() -> Optional[tuple[bytes, int]]:
     """The trace context of a client span about to start and its parent's
@@ -181,11 +188,6 @@ def client_side(ep: Any) -> Any:
     if not state.enabled or not ep._prop._instrument:
         return False
     return ClientSide(ep._mesh._key, ep._mesh._name, ep._name)
-
-
-def trace_bytes(sp: Optional[tuple]) -> Optional[bytes]:
-    """The header prefix of a traced call's messages (None: not traced)."""
-    return None if sp is None else sp[0]
 
 
 class TimedOneReply(OneReply):
@@ -344,7 +346,7 @@ def server_span(h: tuple) -> Optional[tuple]:
         if type(ctx) is not bytes or len(ctx) != _spans.CONTEXT_SIZE or not state.enabled:
             return None  # a malformed context: the call runs untraced
         return (ctx, _getrandbits(64) or 1, None)
-    return _spans.begin(None)  # (None unless this process traces everything)
+    return _spans.begin(None) if state.tracing else None  # (a new trace when this process traces everything)
 
 
 def spawn_trace(mesh: str) -> tuple[Optional[bytes], Any]:

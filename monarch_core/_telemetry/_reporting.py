@@ -1,12 +1,15 @@
 """What a proc reports to the root client, and the root's side of it.
 
-* shipping -- a proc sends its telemetry batch (``_telemetry._batch``) to the
+* starting -- :func:`start_client` / :func:`start_proc`: who this process is
+  in what it records (the runtime's builders call them), and, at the root,
+  its sinks; :func:`close_client` is the root's final flush;
+* shipping -- a proc sends its telemetry batch (:mod:`._batch`) to the
   root once per interval, when it stops, and when the root asks
   (``TelemetryFlush``); the root ingests batches into its hub
   (:func:`on_telemetry`), and :func:`flush` waits for every proc's;
-* proc output -- a proc's captured stdout/stderr lines go to the root in
-  batches (``_telemetry._output``); ``logging_option`` reconfigures them;
-* lifecycle and supervision events (``_telemetry._events.LIFECYCLE``).
+* proc output -- a proc's captured stdout/stderr lines (``_proc._output``) go
+  to the root in batches; ``logging_option`` reconfigures them;
+* lifecycle and supervision events (``_events.LIFECYCLE``).
 
 The per-call half (endpoint metrics, spans) is :mod:`._instrument`.
 """
@@ -19,13 +22,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from monarch_core import _telemetry
-from monarch_core._proc import _state
+from monarch_core._proc import _output, _serial, _state
+from monarch_core._proc._future import Cell
 from monarch_core._proc._port import GatherReplies, send_to_port
 from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
-from monarch_core._telemetry import _batch, _events, _output
-from monarch_core._telemetry._core import lifecycle, state
+from monarch_core._telemetry import _batch, _events
+from monarch_core._telemetry._core import configure_process, lifecycle, state
+from monarch_core._telemetry._hub import hub
 
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
@@ -77,13 +81,30 @@ class Shipper:
 shipper = Shipper()
 
 
+def start_client(rt: Any) -> None:
+    """Telemetry of a new client (the root): who it is, and its sinks (the
+    settings', the plugins'): procs ship their telemetry here."""
+    configure_process(proc_id=rt.proc_id, name="client", is_root=True)
+    hub.start()
+
+
+def close_client(kernel: Kernel) -> None:
+    """The root's shutdown: what the procs shipped before they stopped goes to
+    the sinks, which are closed."""
+    try:
+        loop_barrier(kernel, 1.0)  # the batches delivered so far wait in the loop's queue: let them through
+        hub.close()
+    except Exception:  # pragma: no cover - best effort at exit
+        logger.exception("closing the telemetry sinks failed")
+
+
 def start_proc(rt: Any, *, host_name: Optional[str], output: str, log_path: Optional[str]) -> None:
     """Telemetry of a new proc (``_launch._proc_main``, before its kernel serves):
     who it is, where its output goes, and the periodic batches to the root."""
     state.read_settings()
     point = rt.point
     label = f"{rt.proc_mesh_name}{point if len(point.extent) else ''}"
-    _telemetry.configure_process(proc_id=rt.proc_id, name=label, host=host_name, is_root=False)
+    configure_process(proc_id=rt.proc_id, name=label, host=host_name, is_root=False)
     shipper.rt = rt
     shipper.group = rt.proc_mesh_name
     shipper.group_size = point.extent.nelements
@@ -129,8 +150,6 @@ def on_telemetry(payload: Any, sender: str) -> None:
     if not isinstance(batch, dict):
         logger.warning("malformed telemetry batch from %s dropped", sender)
         return
-    from monarch_core._telemetry._hub import hub
-
     hub.ingest(batch)
 
 
@@ -165,9 +184,6 @@ def flush(timeout: float = 5.0) -> None:
     """Ask every proc that shipped telemetry here to send what it has, wait for
     them (at most ``timeout`` s), and hand everything to the sinks (root only;
     blocking, not on the kernel's loop)."""
-    from monarch_core._proc._future import Cell
-    from monarch_core._telemetry._hub import hub
-
     rt = _state.current_runtime_or_none()
     if rt is not None and not rt.is_client:  # in a proc: what it holds goes to the root now
         shipper.ship()
@@ -178,7 +194,7 @@ def flush(timeout: float = 5.0) -> None:
         cells = []
         for proc_id in targets:
             c = Cell()
-            once = _Once(kernel, c, proc_id)
+            once = _Answer(kernel, c, proc_id)
             port = once.port_id = kernel.add_port(once)
             try:
                 kernel.send(proc_id, hub.sources.get(proc_id), W.K_CONTROL, 0,
@@ -204,28 +220,6 @@ def loop_barrier(kernel: Kernel, timeout: float) -> None:
     except Exception:  # noqa: BLE001 - the loop is gone
         return
     done.wait(timeout)
-
-
-class _Once:
-    """A port that resolves a cell with the first answer (or failure: the proc
-    is gone, and is not asked again)."""
-
-    def __init__(self, kernel: Kernel, cell: Any, proc_id: str) -> None:
-        self.kernel = kernel
-        self.cell = cell
-        self.proc_id = proc_id
-        self.port_id = 0
-
-    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
-        self.kernel.remove_port(self.port_id)
-        self.cell.set_result(None)
-
-    def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
-        from monarch_core._telemetry._hub import hub
-
-        hub.sources.pop(self.proc_id, None)
-        self.kernel.remove_port(self.port_id)
-        self.cell.set_result(None)
 
 
 # ------------------------------------------------------------------ lifecycle events
@@ -266,8 +260,6 @@ def proc_ended(proc_id: str, reason: str, stopped: bool) -> None:
     forgets where it was and keeps its figures as stopped meshes' totals."""
     info = procs.pop(proc_id, None)
     if state.is_root:
-        from monarch_core._telemetry._hub import hub
-
         hub.proc_ended(proc_id)
     if info is None or not state.enabled:
         return
@@ -354,10 +346,11 @@ async def after_procs_stopped(kernel: Kernel, mesh: str) -> None:
         lifecycle("proc_mesh.stopped", mesh=mesh)
 
 
-def log_option(slots: list, stream: bool, level: int, timeout: float) -> None:
-    """Send ``LogOption`` to the procs of ``slots`` and wait until each applied it."""
-    from monarch_core._proc._future import Cell
-
+def log_option(mesh: str, slots: list, stream: bool, level: int, window: Optional[float], timeout: float) -> None:
+    """``ProcMesh.logging_option`` of proc mesh ``mesh``: its aggregation
+    ``window`` in the root's printer; ``LogOption`` sent to the procs of
+    ``slots``, and waited for until each applied it."""
+    _output.printer.set_window(mesh, window)
     rt = _state.current()
     kernel = rt.kernel
     waits = []
@@ -383,19 +376,19 @@ def log_option(slots: list, stream: bool, level: int, timeout: float) -> None:
 
 
 class _Answer:
-    """A port that resolves a cell with one answer, keeping an error's text."""
+    """A port that resolves a cell with one answer, keeping an error's text (or
+    the failure's: the proc is gone; a flush's proc ``proc_id`` is not asked again)."""
 
-    def __init__(self, kernel: Kernel, cell: Any) -> None:
+    def __init__(self, kernel: Kernel, cell: Any, proc_id: Optional[str] = None) -> None:
         self.kernel = kernel
         self.cell = cell
+        self.proc_id = proc_id
         self.port_id = 0
         self.error: Optional[str] = None
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         self.kernel.remove_port(self.port_id)
         if status != W.S_VALUE:
-            from monarch_core._proc import _serial
-
             try:
                 self.error = str(_serial.loads(payload, buffers))
             except Exception as e:  # noqa: BLE001
@@ -403,6 +396,8 @@ class _Answer:
         self.cell.set_result(None)
 
     def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
+        if self.proc_id is not None:
+            hub.sources.pop(self.proc_id, None)
         self.kernel.remove_port(self.port_id)
         self.error = str(exc)
         self.cell.set_result(None)

@@ -1,11 +1,11 @@
 """Starting and stopping this process's runtime in a client.
 
 :func:`runtime` is what the mesh API's entry points call: the runtime of this
-process, starting the client's (its kernel thread, its proc agent, the
-telemetry hub) on first use.  :func:`shutdown` stops it (``shutdown_context``,
-interpreter exit).  A proc's runtime is built by ``_launch._proc_main``
-instead.  The state itself lives in :mod:`._state`, which imports nothing
-above it.
+process, starting the client's (its kernel thread, its proc agent, its
+observer -- telemetry, whose hub the procs report to) on first use.
+:func:`shutdown` stops it (``shutdown_context``, interpreter exit).  The
+client's composition root, as :mod:`._proc_main` is a proc's; the state itself
+lives in ``_proc._state``, which imports nothing above it.
 """
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ import atexit
 import logging
 import os
 import sys
-import threading
 import uuid
 
 from monarch_core import settings
-from monarch_core import _telemetry
 from monarch_core._proc import _state, _transport
+from monarch_core._telemetry import _reporting
+from monarch_core._telemetry._observer import Telemetry
 
 __all__ = ["runtime", "shutdown"]
 
@@ -70,14 +70,12 @@ def _start_client() -> None:
         parent=None,
         point=_state.ROOT_POINT,
         python_executable=sys.executable,
+        observer=Telemetry(),
     )
     agent.runtime = rt
     agent.proc_ready.set()
     _state.set_runtime(rt)
-    _telemetry.configure_process(proc_id=proc_id, name="client", is_root=True)
-    from monarch_core._telemetry._hub import hub
-
-    hub.start()  # the root's sinks: settings, plugins (procs ship their telemetry here)
+    _reporting.start_client(rt)
     atexit.register(_atexit_shutdown)
     logger.debug("client kernel listening on %s", kernel.address)
 
@@ -103,20 +101,7 @@ def shutdown(timeout: float = 10.0) -> None:
         rt.agent.shutdown_owned(timeout)  # ends with the ``proc_stopped`` event (allocations are given back)
     finally:
         if rt.is_client:  # what the procs shipped before they stopped goes to the sinks
-            _close_telemetry(rt)
+            _reporting.close_client(rt.kernel)
         rt.kernel.stop_loop()
         rt.kernel.join(timeout)
         _state.clear_runtime()
-
-
-def _close_telemetry(rt: _state.ProcRuntime) -> None:
-    try:
-        from monarch_core._telemetry._hub import hub
-
-        if not rt.kernel.in_loop():  # the batches delivered so far wait in the loop's queue: let them through
-            done = threading.Event()
-            rt.kernel.call_soon(done.set)
-            done.wait(1.0)
-        hub.close()
-    except Exception:  # pragma: no cover - best effort at exit
-        logger.exception("closing the telemetry sinks failed")
