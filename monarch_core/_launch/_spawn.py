@@ -25,7 +25,6 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_core._proc import _control as C
-from monarch_core._proc import _state
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
 from monarch_core._launch._children import start_child
@@ -249,6 +248,8 @@ class ProcStatus(PortHandler):
                 self.ready += 1
                 done = self.ready == len(self.slots)
             if 0 <= rank < len(self.slots):
+                from monarch_core._proc import _state
+
                 _state.observer().proc_ready(self.slots[rank].proc_id, self.slots[rank].pid, done)
             if done:
                 self.kernel.remove_port(self.port_id)
