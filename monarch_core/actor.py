@@ -82,7 +82,6 @@ def shutdown_context() -> Future[None]:
     Idempotent: later calls return an already-resolved future.  Runs
     automatically at interpreter exit."""
     from monarch_core._launch import _start
-    from monarch_core._proc import _state
 
     _start.shutdown()
     return Future._resolved(None)

@@ -2,10 +2,12 @@
 
 One private module per job; arrows point down (this package imports
 ``_kernel``; the kernel never imports it -- it watches children through its
-own ``ChildProcess`` protocol).  Process entry points (``_proc_main``,
-``_worker``, the fork server's preload) are composition roots: they build the
-proc's runtime (agent, ``ProcRuntime``) from ``_actor`` as well.
+own ``ChildProcess`` protocol).  Process entry points (``_start`` for the
+client, ``_proc_main``, ``_worker``, the fork server's preload) are composition
+roots: they build the process's runtime (agent, ``ProcRuntime`` and its
+observer, telemetry's).
 
+* ``_start``     -- the client's runtime: started on first use, stopped at shutdown;
 * ``_spec``      -- :class:`ProcSpec`, the typed description of one proc to start;
 * ``_bootstrap`` -- ``BootstrapCommand`` (the OS command), ``proc_bind`` checks;
 * ``_spawn``     -- start a spec on this host (fork or exec); the client side of

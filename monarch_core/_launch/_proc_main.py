@@ -73,8 +73,7 @@ def main() -> None:
     from monarch_core._kernel._runtime import Kernel
     from monarch_core._mesh._shape import Extent, Point
     from monarch_core._plugins import registry
-    from monarch_core._telemetry import _reporting
-    from monarch_core._telemetry._observer import Telemetry
+    from monarch_core._telemetry import _observer, _reporting
 
     _transport.set_from_parent(info["transport"])
     transport = registry().transport(info["transport"])
@@ -94,7 +93,7 @@ def main() -> None:
         point=Point(info["rank"], Extent(info["labels"], info["sizes"])),
         python_executable=info.get("python") or sys.executable,
         proc_mesh_name=info["name"],
-        observer=Telemetry(),
+        observer=_observer.Telemetry(),
     )
     agent.runtime = rt
     _state.set_runtime(rt)

@@ -18,8 +18,7 @@ import uuid
 
 from monarch_core import settings
 from monarch_core._proc import _state, _transport
-from monarch_core._telemetry import _reporting
-from monarch_core._telemetry._observer import Telemetry
+from monarch_core._telemetry import _observer, _reporting
 
 __all__ = ["runtime", "shutdown"]
 
@@ -70,7 +69,7 @@ def _start_client() -> None:
         parent=None,
         point=_state.ROOT_POINT,
         python_executable=sys.executable,
-        observer=Telemetry(),
+        observer=_observer.Telemetry(),
     )
     agent.runtime = rt
     agent.proc_ready.set()

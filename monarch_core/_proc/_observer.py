@@ -49,14 +49,12 @@ class Observer:
 
     def server_span(self, h: tuple) -> Optional[tuple]:
         """The span of one run of an instrumented endpoint (its header ``h``), or None."""
-        return None
 
     def end_server_span(self, sp: tuple, host: Any, method: str, t0: int, dt: int, error: Optional[str]) -> None:
         """The run of ``method`` on ``host`` with span ``sp`` took ``dt`` ns from ``t0``."""
 
     def init_span(self, ctx: Optional[bytes]) -> Optional[tuple]:
         """The span of an actor's ``__init__`` under the spawn's trace context ``ctx``, or None."""
-        return None
 
     def run_init(self, host: Any, sp: tuple, init: Any, args: tuple, kwargs: dict) -> None:
         """Run ``init(*args, **kwargs)`` inside span ``sp`` (from :meth:`init_span`)."""

@@ -24,7 +24,8 @@ from monarch_core._telemetry._spans import attrs_dict, clock_offset, decode, rec
 VERSION = 1
 
 
-def _drain(dq: Any) -> list:
+def drain(dq: Any) -> list:
+    """What ``dq`` holds, taken out (any thread may append meanwhile)."""
     out = []
     pop = dq.popleft
     while dq:
@@ -44,7 +45,7 @@ def collect(*, force: bool = False, address: Optional[str] = None) -> Optional[d
     # one ``bytes`` blob: the root keeps it as it is for the trace file (unpacking tens of
     # thousands of tuples per second there would cost the client its garbage collector's time)
     spans = marshal.dumps(taken) if taken else b""
-    events = _drain(state.events) if state.events else []
+    events = drain(state.events) if state.events else []
     dropped, state.dropped = state.dropped, 0
     if not (metrics or retired or taken or events or dropped or force):
         return None

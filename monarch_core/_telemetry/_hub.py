@@ -147,11 +147,7 @@ class Hub:
             local = _batch.collect()
             if local is not None:
                 batches.append(local)
-            while self.pending:
-                try:
-                    batches.append(self.pending.popleft())
-                except IndexError:
-                    break
+            batches.extend(_batch.drain(self.pending))
             entries = list(self.entries)
             if not batches or not entries:
                 return

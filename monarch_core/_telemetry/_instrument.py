@@ -139,20 +139,12 @@ class ClientSide:
     def gather(self, kernel: Kernel, extent: Any, build: Any, adverb: str, payload: Any, bufs: list,
                describe: Any = "") -> TimedGather:
         h = TimedGather(kernel, extent, describe, build)
-        h.stat = self.stat(None, adverb)
-        h.req = nbytes(payload, bufs) * h.n
-        h.side = self
-        h.sp = self.span()
-        h.t0 = _now()
+        h._timing_init(self, adverb, nbytes(payload, bufs) * h.n)
         return h
 
     def stream(self, kernel: Kernel, n: int, payload: Any, bufs: list, describe: Any = "") -> TimedStream:
         h = TimedStream(kernel, n, describe)
-        h.stat = self.stat(None, "stream")
-        h.req = nbytes(payload, bufs) * n
-        h.side = self
-        h.sp = self.span()
-        h.t0 = _now()
+        h._timing_init(self, "stream", nbytes(payload, bufs) * n)
         return h
 
     def cast(self, adverb: str, n: int, payload: Any, bufs: list) -> Optional[tuple]:
@@ -227,15 +219,16 @@ class _RecordsOnce:
     _SPAN = "call"
     lock: Any
 
-    def _timing_init(self) -> None:
+    def _timing_init(self, side: ClientSide, adverb: str, req: int) -> None:
+        """Time the call from now: ``side`` made it by ``adverb`` with ``req`` request bytes."""
         self.rep = 0
         self.err: Optional[str] = None
         self.recorded = False
-        self.stat: Any = None
-        self.req = 0
-        self.side: Any = None
-        self.sp: Optional[tuple] = None
-        self.t0 = 0
+        self.stat = side.stat(None, adverb)
+        self.req = req
+        self.side = side
+        self.sp: Optional[tuple] = side.span()
+        self.t0 = _now()
 
     def _record(self, err: Optional[str]) -> None:
         with self.lock:
@@ -251,10 +244,6 @@ class _RecordsOnce:
 
 class TimedGather(_RecordsOnce, GatherReplies):
     """``GatherReplies`` (``call``) that records the call once every reply (or the first error) is in."""
-
-    def __init__(self, kernel: Kernel, extent: Any, describe: Any, build: Any) -> None:
-        super().__init__(kernel, extent, describe, build)
-        self._timing_init()
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         if status != _S_BATCH:
@@ -281,10 +270,6 @@ class TimedStream(_RecordsOnce, StreamReplies):
     """``StreamReplies`` that records the call when its last reply arrives."""
 
     _SPAN = "stream"
-
-    def __init__(self, kernel: Kernel, n: int, describe: Any) -> None:
-        super().__init__(kernel, n, describe)
-        self._timing_init()
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         n = nbytes(payload, buffers)

@@ -189,23 +189,16 @@ def flush(timeout: float = 5.0) -> None:
         shipper.ship()
         return
     if rt is not None:
-        kernel = rt.kernel
-        targets = [p for p in list(hub.sources) if p not in kernel.dead]
-        cells = []
-        for proc_id in targets:
-            c = Cell()
-            once = _Answer(kernel, c, proc_id)
-            port = once.port_id = kernel.add_port(once)
+        answers = []
+        for proc_id in [p for p in list(hub.sources) if p not in rt.kernel.dead]:
             try:
-                kernel.send(proc_id, hub.sources.get(proc_id), W.K_CONTROL, 0,
-                            C.encode(C.TelemetryFlush((rt.proc_id, kernel.address, port))), b"", [], port)
+                answers.append(_ask(rt, proc_id, hub.sources.get(proc_id), C.TelemetryFlush, forget=True))
             except Exception:  # noqa: BLE001 - a proc that is gone has nothing more to say
                 continue
-            cells.append(c)
         deadline = time.monotonic() + timeout
-        for c in cells:
-            c.wait(max(0.0, deadline - time.monotonic()))
-        loop_barrier(kernel, max(0.1, deadline - time.monotonic()))
+        for a in answers:
+            a.wait(max(0.0, deadline - time.monotonic()))
+        loop_barrier(rt.kernel, max(0.1, deadline - time.monotonic()))
     hub.tick()
 
 
@@ -352,39 +345,40 @@ def log_option(mesh: str, slots: list, stream: bool, level: int, window: Optiona
     ``slots``, and waited for until each applied it."""
     _output.printer.set_window(mesh, window)
     rt = _state.current()
-    kernel = rt.kernel
-    waits = []
-    for slot in slots:
-        if slot.proc_id in kernel.dead:
-            continue
-        c = Cell()
-        once = _Answer(kernel, c)
-        port = once.port_id = kernel.add_port(once)
-        kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0,
-                    C.encode(C.LogOption((rt.proc_id, kernel.address, port), stream, level)), b"", [], port)
-        waits.append((slot, c, once))
+    waits = [(slot, _ask(rt, slot.proc_id, slot.address if slot.ready.is_set() else None,
+                         lambda reply: C.LogOption(reply, stream, level)))
+             for slot in slots if slot.proc_id not in rt.kernel.dead]
     deadline = time.monotonic() + timeout
     problems = []
-    for slot, c, once in waits:
-        if not c.wait(max(0.0, deadline - time.monotonic())):
-            kernel.remove_port(once.port_id)
+    for slot, a in waits:
+        if not a.wait(max(0.0, deadline - time.monotonic())):
+            rt.kernel.remove_port(a.port_id)
             problems.append(f"{slot.describe or slot.proc_id}: no answer within {timeout:.0f}s")
-        elif once.error is not None:
-            problems.append(f"{slot.describe or slot.proc_id}: {once.error}")
+        elif a.error is not None:
+            problems.append(f"{slot.describe or slot.proc_id}: {a.error}")
     if problems:
         raise RuntimeError("logging_option was not applied by every proc: " + "; ".join(problems))
 
 
-class _Answer:
-    """A port that resolves a cell with one answer, keeping an error's text (or
+def _ask(rt: Any, proc_id: str, address: Optional[str], message: Any, forget: bool = False) -> _Answer:
+    """Send the control message ``message(reply)`` to ``proc_id``; the :class:`_Answer`
+    its reply resolves (``forget``: a flush's, whose failure drops the proc from the hub's sources)."""
+    a = _Answer(rt.kernel, proc_id if forget else None)
+    rt.kernel.send(proc_id, address, W.K_CONTROL, 0, C.encode(message((rt.proc_id, rt.kernel.address, a.port_id))),
+                   b"", [], a.port_id)
+    return a
+
+
+class _Answer(Cell):
+    """A port whose cell resolves with its one answer, keeping an error's text (or
     the failure's: the proc is gone; a flush's proc ``proc_id`` is not asked again)."""
 
-    def __init__(self, kernel: Kernel, cell: Any, proc_id: Optional[str] = None) -> None:
+    def __init__(self, kernel: Kernel, proc_id: Optional[str] = None) -> None:
+        Cell.__init__(self)
         self.kernel = kernel
-        self.cell = cell
         self.proc_id = proc_id
-        self.port_id = 0
         self.error: Optional[str] = None
+        self.port_id = kernel.add_port(self)
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         self.kernel.remove_port(self.port_id)
@@ -393,11 +387,11 @@ class _Answer:
                 self.error = str(_serial.loads(payload, buffers))
             except Exception as e:  # noqa: BLE001
                 self.error = f"an error that could not be decoded ({e})"
-        self.cell.set_result(None)
+        self.set_result(None)
 
     def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
         if self.proc_id is not None:
             hub.sources.pop(self.proc_id, None)
         self.kernel.remove_port(self.port_id)
         self.error = str(exc)
-        self.cell.set_result(None)
+        self.set_result(None)
