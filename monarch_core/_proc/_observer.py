@@ -66,8 +66,11 @@ class Observer:
     def lifecycle(self, name: str, **attributes: Any) -> None:
         """Lifecycle event ``name`` (``monarch_core.telemetry.LIFECYCLE``) happened."""
 
-    def log_extra(self, category: str, **fields: Any) -> dict:
-        """The ``extra=`` of an error log record about a failure (``LOG_FIELDS``)."""
+    def log_extra(self, category: str, *, actor: Optional[str] = None, endpoint: Optional[str] = None,
+                  mesh: Optional[str] = None, rank: Optional[int] = None, proc: Optional[str] = None,
+                  host: Optional[str] = None) -> dict:
+        """The ``extra=`` of an error log record about a failure of ``category``
+        (``monarch_core.telemetry.LOG_FIELDS``); the proc and host default to this process's."""
         return {}
 
     def actor_failed(self, host: Any, cause: str, category: str) -> None:

@@ -205,11 +205,7 @@ def _dumps_bytes_oob(obj: Any) -> tuple[bytes, list]:
 
 def nbytes(payload: Any, buffers: list) -> int:
     """Bytes of a message's payload and out-of-band buffers."""
-    n = len(payload)
-    if buffers:
-        for b in buffers:
-            n += memoryview(b).nbytes
-    return n
+    return len(payload) + sum(memoryview(b).nbytes for b in buffers) if buffers else len(payload)
 
 
 def loads(payload: Any, buffers: list) -> Any:

@@ -85,8 +85,7 @@ class ClientSide:
         c = client_context()
         if c is None:
             return None
-        track = getattr(_spans._local, "track", None)
-        return (c[0], c[1], track if track is not None else _spans._thread())
+        return (c[0], c[1], _spans._thread())
 
     def meta(self, adverb: str, rank: Optional[int], track: str) -> tuple:
         """The spans' meta (``_spans.meta``) of this endpoint's calls by ``adverb``
@@ -124,9 +123,7 @@ class ClientSide:
             ctx, parent = _getrandbits(192).to_bytes(24, "little"), 0  # (``client_context``, inlined)
         else:
             ctx, parent = _child_context(cur), cur[1]
-        track = getattr(_spans._local, "track", None)
-        if track is None:
-            track = _spans._thread()
+        track = _spans._thread()
         m = self._first_meta
         if m is None or m[2] is not track or stat is not self._first:
             m = self.meta(adverb, stat.key[4], track)
