@@ -46,16 +46,12 @@ class Shipper:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.rt: Any = None
-        self.group = ""
-        self.group_size = 1
-        self.started = False
 
     def send(self, batch: dict) -> None:
         rt = self.rt
         if rt is None:
             return
-        root = rt.root
-        rt.kernel.send(root[0], root[1], W.K_CONTROL, 0, C.encode(C.Telemetry()), _batch.encode(batch), [])
+        rt.kernel.send(*rt.root, W.K_CONTROL, 0, C.encode(C.Telemetry()), _batch.encode(batch), [])
 
     def ship(self, force: bool = False) -> None:
         """Send one batch now, if there is anything in it (any thread)."""
@@ -70,12 +66,12 @@ class Shipper:
                 self.send(batch)
 
     def output(self, lines: list) -> None:
-        """Captured output lines (the ``monarch-output`` thread)."""
+        """Captured output lines (the ``monarch-output`` thread), with their proc mesh (``group``)."""
         rt = self.rt
         if rt is None:
             return
         self.send({"v": _batch.VERSION, **state.identity(), "address": rt.kernel.address, "output": lines,
-                   "group": self.group, "group_size": self.group_size})
+                   "group": rt.proc_mesh_name, "group_size": rt.point.extent.nelements})
 
 
 shipper = Shipper()
@@ -106,8 +102,6 @@ def start_proc(rt: Any, *, host_name: Optional[str], output: str, log_path: Opti
     label = f"{rt.proc_mesh_name}{point if len(point.extent) else ''}"
     configure_process(proc_id=rt.proc_id, name=label, host=host_name, is_root=False)
     shipper.rt = rt
-    shipper.group = rt.proc_mesh_name
-    shipper.group_size = point.extent.nelements
     _output.capture.configure(label=label, send=shipper.output, log_path=log_path)
     try:
         _output.capture.set_mode(output)
@@ -160,8 +154,7 @@ def on_flush(reply: tuple) -> None:
 
 
 def on_log_option(reply: tuple, stream: bool, level: int) -> None:
-    """``ProcMesh.logging_option`` reached this proc."""
-    err: Optional[BaseException] = None
+    """``ProcMesh.logging_option`` reached this proc: applied, then answered (its error, if it failed)."""
     try:
         if level >= 0:
             logging.getLogger().setLevel(level)
@@ -170,11 +163,9 @@ def on_log_option(reply: tuple, stream: bool, level: int) -> None:
         if cap.log_file:
             shipper.ship(force=True)  # the root logs where this proc's output goes now
     except Exception as e:  # noqa: BLE001 - reported to the caller
-        err = e
-    if err is None:
-        send_to_port(reply, -1, W.S_VALUE, None)
-    else:
-        send_to_port(reply, -1, W.S_ERROR, RuntimeError(f"logging_option failed on {state.name}: {err}"))
+        send_to_port(reply, -1, W.S_ERROR, RuntimeError(f"logging_option failed on {state.name}: {e}"))
+        return
+    send_to_port(reply, -1, W.S_VALUE, None)
 
 
 # ------------------------------------------------------------------ the root's flush
