@@ -49,7 +49,8 @@ def _status_kib(pid: int | str, key: str) -> int:
 
 def child(count: int, size: int, delay: float) -> dict:
     import monarch_core.actor as mactor
-    from monarch_core._proc import _start, _state
+    from monarch_core._launch import _start
+    from monarch_core._proc import _state
     from monarch_core.actor import Actor, endpoint, this_host
 
     mactor.unhandled_fault_hook = lambda failure: None  # the worker is killed at the end

@@ -81,7 +81,7 @@ def shutdown_context() -> Future[None]:
 
     Idempotent: later calls return an already-resolved future.  Runs
     automatically at interpreter exit."""
-    from monarch_core._proc import _start, _state
+    from monarch_core._launch import _start
 
     _start.shutdown()
     return Future._resolved(None)

@@ -33,7 +33,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from monarch_core._actor import _mesh  # noqa: F401 - a client runtime started from here has the mesh API's hooks
-from monarch_core._proc import _lifecycle, _send, _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _lifecycle, _send, _state
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._port import PortHandler
 

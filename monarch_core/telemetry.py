@@ -28,6 +28,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Optional
 
+from monarch_core._telemetry import _metrics
 from monarch_core._telemetry._events import LIFECYCLE, LOG_FIELDS
 from monarch_core._telemetry._metrics import EndpointMetrics, Latency
 from monarch_core._telemetry._spans import traced
@@ -63,7 +64,7 @@ def flush(timeout: float = 5.0) -> None:
     ``MONARCH_TELEMETRY_INTERVAL`` (1 s) and when they stop."""
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
         raise ValueError(f"flush(timeout=...) must be a number of seconds >= 0, got {timeout!r}")
-    from monarch_core._proc import _reporting
+    from monarch_core._telemetry import _reporting
 
     _reporting.flush(float(timeout))
 
@@ -89,8 +90,6 @@ def endpoint_metrics(
         raise ValueError(f"endpoint_metrics(side={side!r}): side is 'client' or 'server' (or None for both)")
     if refresh:
         flush(timeout)
-    from monarch_core._telemetry import _metrics
-
     rows = [r for r in _metrics.all_metrics()
             if (mesh is None or r.mesh == mesh) and (endpoint is None or r.endpoint == endpoint)
             and (side is None or r.side == side)]
@@ -111,8 +110,6 @@ def metrics_table(top: int = 20, *, per_rank: bool = False, refresh: bool = True
 def reset_metrics() -> None:
     """Forget the endpoint metrics this client holds (its own and the procs'
     reports so far; a proc's next report brings its totals since it started)."""
-    from monarch_core._telemetry import _metrics
-
     _metrics.forget()
 
 

@@ -469,7 +469,8 @@ def check_scheduler(
 
     import monarch_core.actor as api
     from monarch_core._actor import _mesh
-    from monarch_core._proc import _start, _state
+    from monarch_core._launch import _start
+    from monarch_core._proc import _state
     from monarch_core._launch import _alloc
     from monarch_core.errors import AllocationError, ConfigError
     from monarch_core.hookspecs import AllocationRequest

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Generic, TypeVar
 
-from monarch_core._proc import _instrument, _reporting, _serial, _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _serial, _state
 from monarch_core._actor._endpoint import Endpoint, EndpointProperty, NotAnEndpoint
 from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
@@ -147,7 +148,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         kernel = rt.kernel
         tm = ep._tm
         if tm is None:
-            tm = ep._tm = _instrument.client_side(ep)
+            tm = ep._tm = rt.observer.client_side(ep)
         if tm:
             h, trace = tm.one(kernel, self._region_, index, adverb, payload, bufs, ep)
         else:
@@ -168,10 +169,10 @@ class ActorMesh(MeshTrait, Generic[T]):
         region = self._region_
         tm = ep._tm
         if tm is None:
-            tm = ep._tm = _instrument.client_side(ep)
+            tm = ep._tm = rt.observer.client_side(ep)
         if tm:
             h = tm.gather(kernel, region.extent, ValueMesh, "call", payload, bufs, ep)
-            trace = _instrument.trace_bytes(h.sp)
+            trace = tm.trace_bytes(h.sp)
         else:
             h, trace = GatherReplies(kernel, region.extent, ep, ValueMesh), None
         call = Call(ep.name, payload, bufs, (rt.proc_id, kernel.address, h.port_id), h.port_id, None,
@@ -187,11 +188,11 @@ class ActorMesh(MeshTrait, Generic[T]):
         region = self._region_
         tm = ep._tm
         if tm is None:
-            tm = ep._tm = _instrument.client_side(ep)
+            tm = ep._tm = rt.observer.client_side(ep)
         describe = ep if err is None else ""
         if tm:
             h = tm.stream(kernel, region.nelements, payload, bufs, describe)
-            trace = _instrument.trace_bytes(h.sp)
+            trace = tm.trace_bytes(h.sp)
         else:
             h, trace = StreamReplies(kernel, region.nelements, describe), None
         if err is not None:
@@ -217,11 +218,11 @@ class ActorMesh(MeshTrait, Generic[T]):
             ret = host.return_ref() if host is not None else rt.agent.return_ref()
         tm = ep._tm
         if tm is None:
-            tm = ep._tm = _instrument.client_side(ep)
+            tm = ep._tm = rt.observer.client_side(ep)
         sp = tm.cast(adverb, region.nelements if only is None else 1, payload, bufs) if tm else None
         call = Call(ep.name, payload, bufs, reply, None, ret, ep.explicit_response_port,
                     host.display_name if host is not None else "client",
-                    _instrument.trace_bytes(sp) if sp is not None else None)
+                    tm.trace_bytes(sp) if sp is not None else None)
         self._recipients.cast(rt.kernel, None if only is None else (only,), call)
         if sp is not None:
             tm.end_cast(sp, adverb)
@@ -241,8 +242,8 @@ class ActorMesh(MeshTrait, Generic[T]):
         h = GatherReplies(rt.kernel, self._region_.extent, "", lambda e, v: None)
         h.procs = self._recipients.stop(rt.kernel, reason, _sender_name(), h)
         _release(rt, self)
-        _instrument.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
-        return Future._of(_reporting.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
+        rt.observer.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
+        return Future._of(rt.observer.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
 
     def __reduce__(self) -> Any:
         members = [self._members[r].ref() for r in self._region_.root_ranks()]

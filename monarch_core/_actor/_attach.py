@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from monarch_core import _telemetry, settings
-from monarch_core._proc import _start, _state
+from monarch_core import settings
+from monarch_core._launch import _start
+from monarch_core._proc import _state
 from monarch_core._actor import FORK_SERVER_WARM
 from monarch_core._actor._host_mesh import HostMesh, _HostMeshOwnership
 from monarch_core._launch import _alloc
@@ -113,6 +114,6 @@ def attach(
     hosts = [HostHandle(name=str(answers[a].get("hostname", a)), address=a) for a in addrs]
     region = Extent(["hosts"], [len(hosts)]).region
     hm = HostMesh(hosts, region, owner=True, name="workers")
-    _telemetry.lifecycle("host_mesh.spawned", mesh="workers", hosts=[h.name for h in hosts], scheduler="attach")
+    rt.observer.lifecycle("host_mesh.spawned", mesh="workers", hosts=[h.name for h in hosts], scheduler="attach")
     rt.agent.register_owned(_HostMeshOwnership(hm))
     return hm

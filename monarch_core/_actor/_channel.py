@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
-from monarch_core._proc import _start
+from monarch_core._launch import _start
 from monarch_core._proc._port import Port, PortReceiver, RankedPortReceiver, QueueHandler
 
 __all__ = ["Channel"]

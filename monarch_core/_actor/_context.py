@@ -5,7 +5,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from monarch_core._proc import _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _state
 from monarch_core._mesh._shape import Point
 
 

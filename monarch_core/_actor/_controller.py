@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from monarch_core._proc import _send, _serial, _start
+from monarch_core._launch import _start
+from monarch_core._proc import _send, _serial
 from monarch_core._actor._actor_mesh import ActorMesh
 from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _EMPTY_REGION, _ProcSlot

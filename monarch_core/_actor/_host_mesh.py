@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
     from monarch_core.hookspecs import Allocation, HostHandle
 
-from monarch_core import _telemetry, settings
-from monarch_core._proc import _send, _serial, _start, _state
+from monarch_core import settings
+from monarch_core._launch import _start
+from monarch_core._proc import _send, _serial, _state
 from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._mesh_base import _owner_check
 from monarch_core._actor._proc_mesh import ProcMesh
@@ -154,7 +155,7 @@ class HostMesh(MeshTrait):
         if host_name in self._shared["lost"]:
             return
         self._shared["lost"][host_name] = reason
-        _telemetry.lifecycle("host_mesh.lost_host", mesh=self._name, host_name=host_name, reason=reason)
+        _state.observer().lifecycle("host_mesh.lost_host", mesh=self._name, host_name=host_name, reason=reason)
         rt = _state.current_runtime_or_none()
         if rt is not None:
             rt.kernel.call_soon(_procs_of_host_lost, rt.kernel, self._shared, self._hosts, host_name, reason)
@@ -290,7 +291,7 @@ class HostMesh(MeshTrait):
         _owner_check(self, "stop")
         if self._allocation is not None:
             self._allocation.stopped = True
-        _telemetry.lifecycle("host_mesh.stopping", mesh=self._name, shutdown=False)
+        _state.observer().lifecycle("host_mesh.stopping", mesh=self._name, shutdown=False)
         self._stop_watcher()
         return _lifecycle_when_done(self._stop_procs(), "host_mesh.stopped", mesh=self._name, shutdown=False)
 
@@ -322,7 +323,7 @@ class HostMesh(MeshTrait):
     def _end(self, *, detach: bool) -> Future[None]:
         """Stop the procs, tell the worker loops to exit, then release the
         allocation (``detach``: through ``Allocation.detach``, keeping the hosts)."""
-        _telemetry.lifecycle("host_mesh.stopping", mesh=self._name, shutdown=True)
+        _state.observer().lifecycle("host_mesh.stopping", mesh=self._name, shutdown=True)
         self._stop_watcher()
         fut = self._stop_procs()
         self._shared["shutdown"] = True
@@ -346,7 +347,7 @@ class HostMesh(MeshTrait):
 
                 release = functools.partial(alloc.release, detach=True) if detach else alloc.release
                 await trio.to_thread.run_sync(release, abandon_on_cancel=True)
-            _telemetry.lifecycle("host_mesh.stopped", mesh=self._name, shutdown=True)
+            _state.observer().lifecycle("host_mesh.stopped", mesh=self._name, shutdown=True)
             out.set_result(None)
 
         def after() -> None:
@@ -415,7 +416,7 @@ def _output_mode(remote: bool) -> str:
 def _lifecycle_when_done(fut: Future[None], name: str, **attributes: Any) -> Future[None]:
     """``fut``, recording lifecycle event ``name`` when it resolves."""
     def done() -> None:
-        _telemetry.lifecycle(name, **attributes)
+        _state.observer().lifecycle(name, **attributes)
 
     if not fut._ensure().add_callback(done):
         done()

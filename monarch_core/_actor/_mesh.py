@@ -11,8 +11,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from monarch_core import _telemetry
-from monarch_core._proc import _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _state
 from monarch_core._actor import FORK_SERVER_WARM
 from monarch_core._actor._actor_mesh import ActorMesh
 from monarch_core._actor._attach import ATTACH_TIMEOUT, attach
@@ -55,7 +55,7 @@ def this_host() -> HostMesh:
 
     if not rt.caches.get("this_host_announced"):
         rt.caches["this_host_announced"] = True
-        _telemetry.lifecycle("host_mesh.spawned", mesh="this_host", hosts=["localhost"], scheduler="this_host")
+        rt.observer.lifecycle("host_mesh.spawned", mesh="this_host", hosts=["localhost"], scheduler="this_host")
     return HostMesh([HostHandle("localhost")], _EMPTY_REGION, owner=True, name="this_host")
 
 
@@ -104,8 +104,8 @@ def host_mesh_of(record: Any, name: str) -> HostMesh:
     region = Extent(list(record.labels), list(record.sizes)).region
     hm = HostMesh(list(record.hosts), region, owner=True, allocation=record, name=name)
     hm._shared["owner"] = _state.current_actor.get()  # who hears its notices (None: this process)
-    _telemetry.lifecycle("host_mesh.spawned", mesh=name, hosts=[h.name for h in record.hosts],
-                         scheduler=getattr(record.scheduler, "name", None))
+    _start.runtime().observer.lifecycle("host_mesh.spawned", mesh=name, hosts=[h.name for h in record.hosts],
+                                        scheduler=getattr(record.scheduler, "name", None))
     record.on_lost = hm._host_lost
     for host_name, reason in list(record.lost.items()):  # reported while allocating
         hm._host_lost(host_name, reason)

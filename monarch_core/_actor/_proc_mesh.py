@@ -6,8 +6,8 @@ import logging
 import uuid
 from typing import Any, TypeVar
 
-from monarch_core import _telemetry
-from monarch_core._proc import _instrument, _reporting, _send, _serial, _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _send, _serial, _state
 from monarch_core._actor._actor_mesh import ActorMesh, _release
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._owned import Applied
@@ -49,7 +49,7 @@ class ProcMesh(MeshTrait):
         #: released when this mesh stops
         self._actor_meshes: dict[str, ActorMesh] = {} if actor_meshes is None else actor_meshes
         if owner and host_mesh is not None:
-            _reporting.register_procs(name, slots, region.extent, getattr(host_mesh, "_name", ""))
+            _start.runtime().observer.register_procs(name, slots, region.extent, getattr(host_mesh, "_name", ""))
 
     @property
     def _region(self) -> Region:
@@ -122,7 +122,7 @@ class ProcMesh(MeshTrait):
             Supervised(key, name, Class.__qualname__, mesh, owner_host, mesh._health, members)
         )
         procs = []
-        trace, traced = _instrument.spawn_trace(name)  # (the ``__init__`` s record under a traced spawn)
+        trace, traced = rt.observer.spawn_trace(name)  # (the ``__init__`` s record under a traced spawn)
         for i, slot in enumerate(members):
             _send.control(kernel, slot.proc_id, slot.address if slot.ready.is_set() else None,
                           C.Spawn(key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner, trace),
@@ -133,7 +133,7 @@ class ProcMesh(MeshTrait):
             traced()
         rt.agent.register_owned(mesh)
         self._actor_meshes[key] = mesh
-        _reporting.actor_mesh_spawned(mesh, self._name, gather)
+        rt.observer.actor_mesh_spawned(mesh, self._name, gather)
         return mesh  # type: ignore[return-value]
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
@@ -156,7 +156,7 @@ class ProcMesh(MeshTrait):
             if not am._stopped:
                 am._stopped = True
                 _release(rt, am)
-                _instrument.retire_when_stopped(cell, am._key, am._class.__qualname__)
+                rt.observer.retire_when_stopped(cell, am._key, am._class.__qualname__)
         self._actor_meshes.clear()
         slots = [s for s in self._slots if s.proc_id != rt.proc_id]
         note = f"its proc mesh {self._name!r} was stopped: {reason}"
@@ -166,7 +166,7 @@ class ProcMesh(MeshTrait):
         if not slots:
             cell.set_result(None)
             return Future._of(cell)
-        _telemetry.lifecycle("proc_mesh.stopping", mesh=self._name, reason=reason)
+        rt.observer.lifecycle("proc_mesh.stopping", mesh=self._name, reason=reason)
         stop_procs(rt.kernel, slots, reason, STOP_GRACE if grace is None else grace, cell, self._name)
         return Future._of(cell)
 
@@ -218,11 +218,9 @@ class ProcMesh(MeshTrait):
         if self._stopped is not None:
             raise RuntimeError(f"proc mesh {self._name!r} has been stopped; spawn procs again")
         from monarch_core._actor._mesh_base import START_TIMEOUT
-        from monarch_core._telemetry._output import printer
-
-        printer.set_window(self._name, aggregate_window_sec)
         slots = [self._slots[r] for r in self._region_.root_ranks()]
-        _reporting.log_option(slots, stream_to_client, level, START_TIMEOUT)
+        _start.runtime().observer.log_option(self._name, slots, stream_to_client, level, aggregate_window_sec,
+                                             START_TIMEOUT)
         return Applied()
 
     async def __aenter__(self) -> ProcMesh:

@@ -2,14 +2,18 @@
 
 One private module per job; arrows point down (this package imports
 ``_kernel``; the kernel never imports it -- it watches children through its
-own ``ChildProcess`` protocol).  The process entry points (``_proc_main``,
-``_worker``) build their runtime with ``_proc._start.build_runtime``, as the
-client does.  The pipeline: ``HostMesh.spawn_procs`` checks its arguments and
-plans a :class:`~._spawn.Launch` (per host, the :class:`ProcSpec` s of its
-procs); the launch starts them here or asks worker loops to, and collects
-their hello/ready; the proc decodes the same spec; ``ProcMesh.stop`` ends
-them through :func:`~._spawn.stop_procs`.
+own ``ChildProcess`` protocol).  Process entry points (``_start`` for the
+client, ``_proc_main``, ``_worker``, the fork server's preload) are composition
+roots: they build the process's runtime (kernel, agent, ``ProcRuntime`` and its
+observer, telemetry's) with the one :func:`~._start.build_runtime`.  The
+pipeline: ``HostMesh.spawn_procs`` checks its arguments and plans a
+:class:`~._spawn.Launch` (per host, the :class:`ProcSpec` s of its procs); the
+launch starts them here or asks worker loops to, and collects their
+hello/ready; the proc decodes the same spec; ``ProcMesh.stop`` ends them
+through :func:`~._spawn.stop_procs`.
 
+* ``_start``     -- the client's runtime: started on first use, stopped at shutdown;
+  :func:`~._start.build_runtime`, the one assembly of a runtime;
 * ``_spec``      -- :class:`ProcSpec`, the typed description of one proc to start,
   and its one encoding for the proc (``to_env``/``from_env``);
 * ``_bootstrap`` -- ``BootstrapCommand`` (the OS command), ``proc_bind`` checks;

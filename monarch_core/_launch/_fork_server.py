@@ -563,14 +563,14 @@ def _take_early() -> _Zygote | None:
 
 
 def runtime_with_fork_server(warm_modules: tuple[str, ...]) -> Any:
-    """This process's runtime (``_proc._start.runtime()``), with a fork server
+    """This process's runtime (``_start.runtime()``), with a fork server
     on its way for the procs this host will start (``this_host()``): a
     zygote started before the runtime (:func:`start_early`, importing
     ``warm_modules`` too: :func:`warm`), adopted by its kernel (:func:`prestart`),
     so that the zygote's imports overlap with the runtime's start and with
     the caller's work before its first spawn.  Nothing starts before this
     is called: importing the API starts no process."""
-    from monarch_core._proc import _start
+    from monarch_core._launch import _start
 
     warm(warm_modules)
     start_early()

@@ -74,21 +74,21 @@ def main() -> None:
 
     from monarch_core._proc import _serial, _transport
     from monarch_core._proc import _control as C
-    from monarch_core._proc._start import build_runtime
+    from monarch_core._launch._start import build_runtime
     from monarch_core._kernel import _wire as W
     from monarch_core._mesh._shape import Extent, Point
     from monarch_core._plugins import registry
+    from monarch_core._telemetry import _observer, _reporting
 
     _transport.set_from_parent(spec.transport)
     rt = build_runtime(
         proc_id=spec.proc_id, kernel_name=spec.name, transport=registry().transport(spec.transport),
         bind_spec=spec.bind_spec, name=spec.describe, is_client=False, root=spec.root, parent=spec.parent,
         point=Point(spec.rank, Extent(spec.labels, spec.sizes)), python_executable=spec.command.program,
-        proc_mesh_name=spec.name, ready=False,
+        proc_mesh_name=spec.name, ready=False, observer=_observer.Telemetry(),
     )
     kernel = rt.kernel
     parent, status, worker_loop = spec.parent, spec.status, spec.worker_loop
-    from monarch_core._proc import _reporting
 
     # a proc on a remote host (its parent a worker loop) writes to a per-host log file when it does not stream
     _reporting.start_proc(rt, host_name=spec.host_name or None, output=spec.output,
@@ -144,7 +144,7 @@ def proc_log_file(host_name: str | None, worker_pid: int) -> str:
     host (worker loop), in ``MONARCH_PROC_LOG_DIR`` (default
     ``<tmp>/monarch-<uid>-logs``).  The folder is private (0700, this user's;
     checked before use) and the files are 0600, opened without following a
-    link (``_output.open_private_log``)."""
+    link (``_proc._output.open_private_log``)."""
     import socket
     import tempfile
 

@@ -274,9 +274,9 @@ class Launch(PortHandler):
                 self.ready += 1
                 done = self.ready == len(self.slots)
             if 0 <= rank < len(self.slots):
-                from monarch_core._proc import _reporting
+                from monarch_core._proc import _state
 
-                _reporting.proc_ready(self.slots[rank].proc_id, self.slots[rank].pid, done)
+                _state.observer().proc_ready(self.slots[rank].proc_id, self.slots[rank].pid, done)
             if done:
                 self.close()
                 self.cell.set_result(True)
@@ -318,7 +318,7 @@ def stop_procs(kernel: Kernel, slots: list[ProcSlot], reason: str, grace: float,
 async def _stop(kernel: Kernel, slots: list[ProcSlot], reason: str, grace: float, cell: Any, mesh: str) -> None:
     import trio
 
-    from monarch_core._proc import _reporting
+    from monarch_core._proc import _state
 
     stop = C.StopProc(reason, max(0.5, grace - 0.5))
     for s in slots:
@@ -345,5 +345,5 @@ async def _stop(kernel: Kernel, slots: list[ProcSlot], reason: str, grace: float
                 _send.control(kernel, host_proc_id(s.host), s.host, C.HostKill([s.proc_id], sig_name))
         with trio.move_on_after(SIGNAL_WAIT):
             await all_gone()
-    await _reporting.after_procs_stopped(kernel, mesh)
+    await _state.observer().after_procs_stopped(kernel, mesh)
     cell.set_result(None)

@@ -58,7 +58,7 @@ class ProcSpec:
     log_level: int | str = "WARNING"
     #: The host's name in its host mesh (``HostHandle.name``): how the proc's output and telemetry name it.
     host_name: str = ""
-    #: Where its stdout/stderr go (``monarch_core._telemetry._output``): ``"direct"`` (inherited),
+    #: Where its stdout/stderr go (``monarch_core._proc._output``): ``"direct"`` (inherited),
     #: ``"stream"`` (to the client), ``"file"`` (a per-host log file).
     output: Literal["direct", "stream", "file"] = "direct"
     sys_path: tuple[str, ...] = dataclasses.field(default_factory=lambda: tuple(p for p in sys.path if p))

@@ -323,7 +323,7 @@ def run_worker_loop_forever(
     not use it again).  Without it, only that client's procs are killed.
     """
     from monarch_core._proc import _state, _transport
-    from monarch_core._proc._start import build_runtime
+    from monarch_core._launch._start import build_runtime
     from monarch_core._plugins import registry
 
     if not isinstance(address, str) or "://" not in address:

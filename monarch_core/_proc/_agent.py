@@ -19,8 +19,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 
 from monarch_core import settings
-from monarch_core import _telemetry
-from monarch_core._proc import _lifecycle, _reporting, _serial, _state
+from monarch_core._proc import _lifecycle, _serial, _state
 from monarch_core._proc._port import send_to_port, wrap_exception
 from monarch_core._proc._watch import ProcWatch, Supervised
 from monarch_core._proc import _control as C
@@ -170,7 +169,7 @@ class ProcAgent(ProcWatch):
             except BaseException as e:
                 self.init_error = wrap_exception(e, "bootstrap")
                 logger.error("proc bootstrap failed: %r", e,
-                             extra=_telemetry.log_extra("user", endpoint="bootstrap", rank=rank))
+                             extra=self.runtime.observer.log_extra("user", endpoint="bootstrap", rank=rank))
                 send_to_port(reply, rank, W.S_ERROR, self.init_error)
             else:
                 send_to_port(reply, rank, W.S_VALUE, ("ready", self.kernel.proc_id))
@@ -194,7 +193,7 @@ class ProcAgent(ProcWatch):
             # say so now, or the senders would count what is unacknowledged as lost.
             self.kernel.call_soon(self.kernel.ack_at_once)
             self.stop_everything(reason, grace)
-            _reporting.final_flush()  # its output and last telemetry go out before it ends
+            self.runtime.observer.final_flush()  # its output and last telemetry go out before it ends
             try:
                 self.kernel.run(self.kernel.settle_acks, 1.0)
                 # let replies already queued (stop acknowledgements) reach their ports
@@ -350,13 +349,13 @@ class ProcAgent(ProcWatch):
 
     # ---------------------------------------------------------------- telemetry
     def _on_telemetry(self, m: C.Telemetry, payload: Any, buffers: list, sender: str) -> None:
-        _reporting.on_telemetry(payload, sender)
+        self.runtime.observer.on_telemetry(payload, sender)
 
     def _on_telemetry_flush(self, m: C.TelemetryFlush, payload: Any, buffers: list, sender: str) -> None:
-        _reporting.on_flush(m.reply)
+        self.runtime.observer.on_flush(m.reply)
 
     def _on_log_option(self, m: C.LogOption, payload: Any, buffers: list, sender: str) -> None:
-        _reporting.on_log_option(m.reply, m.stream, m.level)
+        self.runtime.observer.on_log_option(m.reply, m.stream, m.level)
 
     def _on_reload(self, m: C.Reload, payload: Any, buffers: list, sender: str) -> None:
         from monarch_core._proc import _reload

@@ -18,7 +18,7 @@ import threading
 from _thread import get_ident as _get_ident
 from typing import TYPE_CHECKING, Any
 
-from monarch_core._proc import _instrument, _reporting, _serial, _state
+from monarch_core._proc import _serial, _state
 from monarch_core._proc._invoke import EndpointCalls, _loopless
 from monarch_core._proc._port import ReturnPort, send_to_port, this_proc_and_host, wrap_exception
 from monarch_core._kernel import _frames
@@ -73,6 +73,7 @@ class ActorHost(EndpointCalls):
         trace: bytes | None = None,
     ) -> None:
         self.agent = agent
+        self.observer = agent.runtime.observer  # the runtime's (``_observer``): what this actor records
         self.owner = owner  # (proc_id, address, owning actor key or "")
         self.key = key
         self.name = mesh_name
@@ -93,7 +94,7 @@ class ActorHost(EndpointCalls):
         self._extents: dict[tuple, Extent] = {(labels, sizes): self.mesh_extent}
         self._methods: dict[str, tuple] = {}  # endpoint name -> (class, property or None, function)
         self._stats: dict[str, Any] = {}  # endpoint name -> its server-side stat (False: not instrumented)
-        self.span_metas: dict[str, tuple] = {}  # endpoint name -> its server spans' meta (``_instrument``)
+        self.span_metas: dict[str, tuple] = {}  # endpoint name -> its server spans' meta (the observer's)
         self._concurrent: set[asyncio.Task] = set()
         self._current_reply: tuple | None = None
         self._stop_lock = threading.Lock()
@@ -300,7 +301,7 @@ class ActorHost(EndpointCalls):
 
     def _finish_stop(self) -> None:
         """The stop is complete (any thread): its watchdog is cancelled, the
-        actor's server-side metrics leave this process (``_instrument.retire_server``)
+        actor's server-side metrics leave this process (``observer.retire_server``)
         and the stop is acknowledged.  Nothing of the proc's keeps the host after
         this: its thread ends and its loop is closed once ``_main`` returns."""
         with self._stop_lock:
@@ -315,7 +316,7 @@ class ActorHost(EndpointCalls):
                     self.agent.kernel.call_soon(scope.cancel)
                 except RuntimeError:  # the kernel is shutting down: so is the watchdog
                     pass
-            _instrument.retire_server(self)
+            self.observer.retire_server(self)
             _frames.forget_actor(self.key)
         for r in replies:
             send_to_port(r, self.rank.rank, W.S_VALUE, None)
@@ -403,11 +404,11 @@ class ActorHost(EndpointCalls):
             instance = cls.__new__(cls)
             self.instance = instance
             self._busy = "__init__"
-            sp = _instrument.init_span(self._init_trace)
+            sp = self.observer.init_span(self._init_trace)
             if sp is None:
                 _loopless(instance.__init__)(*args, **kwargs)
             else:
-                _instrument.run_init(self, sp, _loopless(instance.__init__), args, kwargs)
+                self.observer.run_init(self, sp, _loopless(instance.__init__), args, kwargs)
         except BaseException as e:  # any failure of __init__: the actor is stopped, the owner told
             self._busy = None
             if self._abandoned:  # its stop gave up waiting for __init__ long ago
@@ -462,11 +463,9 @@ class ActorHost(EndpointCalls):
         self._after_death_task = self.loop.create_task(self._after_death(err))
 
     def _log_extra(self, category: str, endpoint: str | None) -> dict:
-        """Structured fields of an error log record about this actor (``_telemetry._events.LOG_FIELDS``)."""
-        from monarch_core import _telemetry
-
-        return _telemetry.log_extra(category, actor=self.display_name, endpoint=endpoint, mesh=self.name,
-                                    rank=self.rank.rank, proc=self.proc_id)
+        """Structured fields of an error log record about this actor (``monarch_core.telemetry.LOG_FIELDS``)."""
+        return self.observer.log_extra(category, actor=self.display_name, endpoint=endpoint, mesh=self.name,
+                                       rank=self.rank.rank, proc=self.proc_id)
 
     async def _after_death(self, err: BaseException) -> None:
         await self._cancel_concurrent()
@@ -507,13 +506,13 @@ class ActorHost(EndpointCalls):
             if inspect.isawaitable(handled):
                 handled = await handled
         except BaseException as e:
-            _reporting.supervision_handled(failure.mesh_name, f"{self.display_name}.__supervise__", False)
+            self.observer.supervision_handled(failure.mesh_name, f"{self.display_name}.__supervise__", False)
             self._die(e, f"__supervise__ raised while handling the failure of its mesh {failure.mesh_name!r}",
                       chain=failure.events, where=self._where("__supervise__"))
             return
         finally:
             _state.current_message_rank.reset(token)
-        _reporting.supervision_handled(failure.mesh_name, f"{self.display_name}.__supervise__", bool(handled))
+        self.observer.supervision_handled(failure.mesh_name, f"{self.display_name}.__supervise__", bool(handled))
         if handled:
             logger.info("actor %s handled the failure of its mesh %r", self.display_name, failure.mesh_name)
             return

@@ -14,9 +14,10 @@ import asyncio
 import functools
 import inspect
 import logging
+import time
 from typing import Any
 
-from monarch_core._proc import _instrument, _lifecycle, _serial, _state, _tree
+from monarch_core._proc import _lifecycle, _serial, _state, _tree
 from monarch_core._proc._port import (
     _DroppingPort,
     Port,
@@ -27,17 +28,12 @@ from monarch_core._proc._port import (
 )
 from monarch_core._kernel import _wire as W
 from monarch_core._mesh._shape import Extent, Point
-from monarch_core._telemetry import _metrics, _spans
-from monarch_core._telemetry._core import state as _tstate
 from monarch_core.errors import SupervisionError
 
 logger = logging.getLogger("monarch.actor")
 
-_now = _instrument._now
-_nbytes = _metrics.nbytes
-_FOLD_AT = _metrics.FOLD_AT
-_MAX_FLAT = _spans.MAX_FLAT
-_current_span = _spans.current_span
+_now = time.perf_counter_ns
+_nbytes = _serial.nbytes
 _get_running_loop = asyncio._get_running_loop
 _set_running_loop = asyncio._set_running_loop
 
@@ -104,13 +100,13 @@ class EndpointCalls:
         token = _state.current_message_rank.set(point)
         explicit = bool(explicit_flag)
         self._current_reply = (reply_ref, rank, method_name)
-        # telemetry (see ``_instrument``): the endpoint's stat, its span when the call is traced
+        # the observer's: the endpoint's stat, its span when the call is traced
         stat = self._stats.get(method_name)
         if stat is None:
             stat = self._stat_for(method_name)
         t0 = _now() if stat else 0
-        sp = _instrument.server_span(h) if stat and (len(h) > 9 or _tstate.tracing) else None
-        span_token = _current_span.set(sp) if sp is not None else None  # (its [0], [1]: trace and span id)
+        sp = self.observer.server_span(h) if stat else None
+        span_token = self.observer.current_span.set(sp) if sp is not None else None  # (its [0], [1]: trace, span id)
         rest: Any = None
         try:
             args, kwargs = _serial.loads(payload, buffers)
@@ -152,7 +148,7 @@ class EndpointCalls:
             self._die(e, f"{self._where(method_name)} raised {type(e).__name__}", where=self._where(method_name))
         finally:
             if span_token is not None:
-                _current_span.reset(span_token)
+                self.observer.current_span.reset(span_token)
             if rest is None:
                 self._current_reply = None
             _state.current_message_rank.reset(token)
@@ -168,14 +164,14 @@ class EndpointCalls:
         dt = _now() - t0
         stat.record(dt, req, rep, err)
         if sp is not None:
-            _instrument.end_server_span(sp, self, method, t0, dt, err)
+            self.observer.end_server_span(sp, self, method, t0, dt, err)
 
     def _stat_for(self, method: str) -> Any:
         try:
             prop, _func = self._lookup(method)
         except AttributeError:
             prop = None
-        stat = self._stats[method] = _instrument.server_stat(self, method, prop)
+        stat = self._stats[method] = self.observer.server_stat(self, method, prop)
         return stat
 
     def _where(self, method: str) -> str:
@@ -188,7 +184,7 @@ class EndpointCalls:
         time, request bytes and span)."""
         token = _state.current_message_rank.set(point)
         stat, t0, req, sp = tm
-        span_token = _current_span.set(sp) if sp is not None else None
+        span_token = self.observer.current_span.set(sp) if sp is not None else None
         try:
             result = await result
             rec = (stat, t0, req, sp) if stat else None
@@ -207,7 +203,7 @@ class EndpointCalls:
             self._die(e, f"{self._where(method)} raised {type(e).__name__}", where=self._where(method))
         finally:
             if span_token is not None:
-                _current_span.reset(span_token)
+                self.observer.current_span.reset(span_token)
             self._current_reply = None
             _state.current_message_rank.reset(token)
 
@@ -237,15 +233,10 @@ class EndpointCalls:
             rep = len(rp) if not rb else _nbytes(rp, rb)
             dt = _now() - t0  # (``_record``, inlined: the per-call path with metrics on)
             stat.add((dt, req, rep))
-            if len(stat.pending) >= _FOLD_AT:
+            if len(stat.pending) >= stat.FOLD_AT:
                 stat.fold()
             if sp is not None:
-                m = self.span_metas.get(method)
-                spans = _tstate.spans
-                if m is not None and len(spans) < _MAX_FLAT:  # (``_instrument.end_server_span``, inlined)
-                    spans.extend((m, sp[0], sp[1], sp[2], t0, dt, None))
-                else:
-                    _instrument.end_server_span(sp, self, method, t0, dt, None)
+                self.observer.end_server_span(sp, self, method, t0, dt, None)
         send_raw_to_port(reply_ref, rank, W.S_VALUE, rp, rb)
 
     def _lookup(self, name: str) -> tuple[Any, Any]:

@@ -20,7 +20,6 @@ from monarch_core._proc import _serial, _state
 from monarch_core._proc._future import Cell, Future
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
-from monarch_core._telemetry import _metrics
 from monarch_core.errors import ActorError
 
 if TYPE_CHECKING:
@@ -30,8 +29,7 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 _S_VALUE = W.S_VALUE
 _now = time.perf_counter_ns
-_nbytes = _metrics.nbytes
-_FOLD_AT = _metrics.FOLD_AT
+_nbytes = _serial.nbytes
 
 
 def _decode_value(status: int, payload: Any, buffers: list) -> Any:
@@ -347,7 +345,7 @@ class OneReply(Cell, PortHandler):
 
     ``describe`` names the call in its failures: a :class:`CallSite` (with
     ``index``, the rank called, and ``adverb``) or a plain text.  ``stat``
-    (an endpoint stat, ``_telemetry._metrics``): the call is counted there
+    (an endpoint stat, from the runtime's observer): the call is counted there
     when its reply or failure arrives -- latency from construction, ``req``
     request bytes, the reply's bytes, the error's type.  (Built in rather than
     a subclass: it is the per-call path of ``call_one`` with metrics on.)"""
@@ -375,10 +373,10 @@ class OneReply(Cell, PortHandler):
             rep = len(payload) if not buffers else _nbytes(payload, buffers)
             if status == _S_VALUE:  # (``stat.record``, inlined)
                 stat.add((dt, self.req, rep))
-                if len(stat.pending) >= _FOLD_AT:
+                if len(stat.pending) >= stat.FOLD_AT:
                     stat.fold()
             else:
-                stat.record(dt, self.req, rep, _metrics.error_type(payload))
+                stat.record(dt, self.req, rep, stat.error_type(payload))
         self.kernel.remove_port(self.port_id)
         self._forget()
         if status == _S_VALUE:

@@ -203,6 +203,11 @@ def _dumps_bytes_oob(obj: Any) -> tuple[bytes, list]:
     return f.getvalue(), bufs
 
 
+def nbytes(payload: Any, buffers: list) -> int:
+    """Bytes of a message's payload and out-of-band buffers."""
+    return len(payload) + sum(memoryview(b).nbytes for b in buffers) if buffers else len(payload)
+
+
 def loads(payload: Any, buffers: list) -> Any:
     """Inverse of :func:`dumps`."""
     if payload[:1] == _BYTES_MARK:

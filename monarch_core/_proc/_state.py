@@ -1,6 +1,6 @@
 """Process-wide runtime state: the kernel, this proc's identity, the context.
 
-In the client the runtime is created on first use (``_start.runtime()``,
+In the client the runtime is created on first use (``_launch._start.runtime()``,
 starting the kernel thread); in a proc ``_launch._proc_main`` creates it
 before the loop starts; both through ``_start.build_runtime``.  This module holds the state only: it imports
 nothing of the runtime above it.
@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from monarch_core import settings
-from monarch_core import _telemetry
 from monarch_core._mesh._shape import Extent, Point
+from monarch_core._proc._observer import Observer
 
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
@@ -81,6 +81,8 @@ class ProcRuntime:
     python_executable: str
     proc_mesh_name: str = "client"
     caches: dict[str, Any] = field(default_factory=dict)
+    #: What the runtime tells of itself (``_observer``): telemetry's, handed in where the runtime is built.
+    observer: Observer = field(default_factory=Observer)
 
     @property
     def ref(self) -> ProcRef:
@@ -99,7 +101,7 @@ current_message_rank: contextvars.ContextVar[Point | None] = contextvars.Context
     "monarch_message_rank", default=None
 )
 
-_telemetry.bind_current_actor(current_actor)  # spans and output lines name the actor they come from
+_NULL = Observer()
 
 _EMPTY = Extent([], [])
 ROOT_POINT = Point(0, _EMPTY)
@@ -107,6 +109,18 @@ ROOT_POINT = Point(0, _EMPTY)
 
 def current_runtime_or_none() -> ProcRuntime | None:
     return _runtime
+
+
+def observer() -> Observer:
+    """The observer of this process's runtime (the null one while it has none)."""
+    rt = _runtime
+    return rt.observer if rt is not None else _NULL
+
+
+def actor_name() -> str | None:
+    """The display name of the actor running on this thread (``None`` outside actors)."""
+    host = current_actor.get()
+    return host.display_name if host is not None else None
 
 
 def set_runtime(rt: ProcRuntime) -> None:
@@ -117,7 +131,7 @@ def set_runtime(rt: ProcRuntime) -> None:
 def current() -> ProcRuntime:
     """This process's runtime; ``RuntimeError`` if it has none (yet, or any
     more).  Code that may be the first to need one in a client --
-    the mesh API's entry points -- calls ``_start.runtime()``, which starts it."""
+    the mesh API's entry points -- calls ``_launch._start.runtime()``, which starts it."""
     rt = _runtime
     if rt is None:
         raise RuntimeError(

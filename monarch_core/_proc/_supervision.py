@@ -210,24 +210,24 @@ def _run_hook(failure: MeshFailure) -> None:
     if getattr(failure, "notice", False):
         _run_notice_hook(hook, failure)
         return
-    from monarch_core import _telemetry
+    from monarch_core._proc import _state
 
+    obs = _state.observer()
     first = failure.events[0]
     try:
         hook(failure)
     except BaseException as e:  # noqa: BLE001 - any exception means "unhandled"
-        _telemetry.lifecycle("supervision.handled", mesh=failure.mesh_name, handled_by="unhandled_fault_hook",
-                             handled=False)
+        obs.supervision_handled(failure.mesh_name, "unhandled_fault_hook", False)
         logger.error(
             "unhandled supervision failure (%s); ending the client with exit code 1:\n%s",
             type(e).__name__,
             failure.report(),
-            extra=_telemetry.log_extra(failure.category, actor=first.get("actor"), mesh=failure.mesh_name,
-                                       rank=first.get("rank"), proc=first.get("proc")),
+            extra=obs.log_extra(failure.category, actor=first.get("actor"), mesh=failure.mesh_name,
+                                rank=first.get("rank"), proc=first.get("proc")),
         )
         _end_client()
         return
-    _telemetry.lifecycle("supervision.handled", mesh=failure.mesh_name, handled_by="unhandled_fault_hook", handled=True)
+    obs.supervision_handled(failure.mesh_name, "unhandled_fault_hook", True)
     logger.warning("supervision failure dropped by unhandled_fault_hook:\n%s", failure.report())
 
 

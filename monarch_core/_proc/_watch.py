@@ -19,7 +19,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_core import settings
-from monarch_core._proc import _reporting, _serial
+from monarch_core._proc import _serial
 from monarch_core._proc._port import ReturnPort, send_to_port
 from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
@@ -69,7 +69,7 @@ class ProcWatch:
         from monarch_core._proc._port import this_proc_and_host
 
         self.gone.setdefault(host.key, (host.describe(), f"failed: {cause.strip().splitlines()[-1] if cause.strip() else cause}"))
-        _reporting.actor_failed(host, cause, category)
+        self.runtime.observer.actor_failed(host, cause, category)
         report = S.make_report(
             mesh_key=host.key,
             mesh_name=host.name,
@@ -124,7 +124,7 @@ class ProcWatch:
         rec.health[rank] = report
         mesh = rec.mesh._with_region(rec.mesh._region_) if rec.mesh is not None else None
         failure = S.MeshFailure(mesh, report)
-        _reporting.supervision_event(failure, report, rec.owner_host, self.runtime)
+        self.runtime.observer.supervision_event(failure, report, rec.owner_host, self.runtime)
         logger.info("supervision: %s", failure.report().splitlines()[0])
         if rec.owner_host is not None:
             rec.owner_host.supervise(failure)
@@ -157,7 +157,7 @@ class ProcWatch:
         cause = self._failure_causes.pop(proc_id, None)
         seen_dead = self._seen_dead(proc_id)
         self._reported_dead.discard(proc_id)
-        _reporting.proc_ended(proc_id, reason, stopped)
+        self.runtime.observer.proc_ended(proc_id, reason, stopped)
         if proc_id in self.proc_owners:
             self._tell_owners(proc_id, reason, stopped)
         if stopped:

@@ -1,32 +1,28 @@
-"""Telemetry: endpoint metrics, spans, lifecycle events and proc output.
+"""Telemetry: endpoint metrics, spans, lifecycle events, and what procs report to the root.
 
-The private half of :mod:`monarch_core.telemetry` (the public façade), at the
-bottom of the layers: the proc runtime records into it and calls
-:func:`collect` / :func:`ingest`; nothing here imports the runtime, trio,
-asyncio or pluggy at import time.
+The private half of :mod:`monarch_core.telemetry` (the public façade).  It
+sits right above the proc runtime (``_proc``), which sees it only through the
+one observer it is handed where the runtime is built
+(:class:`._observer.Telemetry`, a ``_proc._observer.Observer``); the sinks'
+hookspec is the plugin contract's (``_contract/_telemetry.py``).  Nothing here
+imports trio, asyncio or pluggy at import time.
 
+* :mod:`._observer` -- :class:`Telemetry`, the runtime's observer: each hook, and who implements it;
 * :mod:`._core` -- switches, this process's identity, the span/event buffers;
 * :mod:`._metrics` -- endpoint stats and their histograms;
 * :mod:`._spans` -- ``@traced``, trace contexts, span records;
+* :mod:`._instrument` -- the client and server side of a call (stats, timed reply collectors, spans);
 * :mod:`._batch` -- batches shipped to the root, and the sink events made of them;
+* :mod:`._reporting` -- a proc's telemetry and output to the root, the root's flush, lifecycle events;
 * :mod:`._hub` -- the root's sinks and telemetry thread;
-* :mod:`._sinks` -- the JSON-lines and Chrome trace sinks;
-* :mod:`._output` -- proc stdout/stderr capture and the root's printer;
+* :mod:`._sinks` -- the JSON-lines and Chrome trace sinks; :mod:`._plugin` -- the built-in plugin of the file sinks;
 * :mod:`._events` -- the lifecycle event names and the structured log fields;
 * :mod:`._summary` -- the summary tables (``monarch summary``).
+
+Proc stdout/stderr capture and the root's printer are the runtime's own
+(``_proc/_output.py``); their lines travel in the batches shipped here.
 """
 
-from __future__ import annotations
-
-from typing import Any
-
-from monarch_core._telemetry._core import configure_process, lifecycle, state
-from monarch_core._telemetry._events import log_extra
 from monarch_core._telemetry._spans import traced
 
-__all__ = ["bind_current_actor", "configure_process", "lifecycle", "log_extra", "state", "traced"]
-
-
-def bind_current_actor(var: Any) -> None:
-    """Tell telemetry which context variable holds the running actor (``_proc._state``)."""
-    state.current_actor = var
+__all__ = ["traced"]

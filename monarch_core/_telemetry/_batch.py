@@ -22,9 +22,12 @@ from monarch_core._telemetry._core import SPAN_FIELDS
 from monarch_core._telemetry._spans import attrs_dict, clock_offset, decode, records
 
 VERSION = 1
+#: The kinds of sink events (``TelemetryEvent.kind``).
+ALL_KINDS = frozenset({"span", "metric", "lifecycle"})
 
 
-def _drain(dq: Any) -> list:
+def drain(dq: Any) -> list:
+    """What ``dq`` holds, taken out (any thread may append meanwhile)."""
     out = []
     pop = dq.popleft
     while dq:
@@ -44,7 +47,7 @@ def collect(*, force: bool = False, address: Optional[str] = None) -> Optional[d
     # one ``bytes`` blob: the root keeps it as it is for the trace file (unpacking tens of
     # thousands of tuples per second there would cost the client its garbage collector's time)
     spans = marshal.dumps(taken) if taken else b""
-    events = _drain(state.events) if state.events else []
+    events = drain(state.events) if state.events else []
     dropped, state.dropped = state.dropped, 0
     if not (metrics or retired or taken or events or dropped or force):
         return None
@@ -68,7 +71,8 @@ def encode(batch: dict) -> bytes:
     return marshal.dumps(batch)
 
 
-def _hex(v: int, width: int) -> Optional[str]:
+def hex_id(v: int, width: int) -> Optional[str]:
+    """``v`` as ``width`` hex digits, None for 0 (no such id)."""
     return f"{v:0{width}x}" if v else None
 
 
@@ -81,8 +85,8 @@ def events_of(batch: dict, kinds: frozenset[str]) -> list[Any]:
     out: list[Any] = []
     if "span" in kinds:
         for name, trace, span, parent, start, dur, kind, thread, attrs in spans_of(batch):
-            a = {**ident, "thread": thread, "trace_id": trace.hex(), "span_id": _hex(span, 16),
-                 "parent_id": _hex(parent, 16), "span_kind": kind, **attrs_dict(attrs)}
+            a = {**ident, "thread": thread, "trace_id": trace.hex(), "span_id": hex_id(span, 16),
+                 "parent_id": hex_id(parent, 16), "span_kind": kind, **attrs_dict(attrs)}
             out.append(TelemetryEvent("span", name, start, dur, a))
     if "lifecycle" in kinds:
         for name, ts, attrs in batch.get("events", ()):

@@ -56,8 +56,6 @@ class State:
         self._retired_taken = 0
         self.events: collections.deque[tuple] = collections.deque(maxlen=MAX_BUFFERED)
         self.dropped = 0
-        #: ``_proc._state.current_actor`` (this bottom layer does not import it).
-        self.current_actor: Any = None
         self.read_settings()
 
     def read_settings(self, env: Any = None) -> None:
@@ -96,13 +94,6 @@ def configure_process(*, proc_id: str, name: str, host: str | None = None, is_ro
     if host:
         state.host = host
     state.is_root = is_root
-
-
-def actor_name() -> str | None:
-    """The display name of the actor running on this thread (``None`` outside actors)."""
-    cv = state.current_actor
-    host = cv.get() if cv is not None else None
-    return host.display_name if host is not None else None
 
 
 def lifecycle(name: str, **attributes: Any) -> None:

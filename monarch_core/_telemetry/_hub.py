@@ -20,26 +20,26 @@ import threading
 from typing import Any, Optional
 
 from monarch_core import settings
-from monarch_core._telemetry import _batch, _metrics, _output
+from monarch_core._proc import _output
+from monarch_core._telemetry import _batch, _metrics
 from monarch_core._telemetry._core import state
 
 logger = logging.getLogger("monarch.telemetry")
 
-ALL_KINDS = frozenset({"span", "metric", "lifecycle"})
 
 
 def kinds_of(sink: Any) -> frozenset[str]:
     """The event kinds ``sink`` wants (its ``kinds`` attribute; default all)."""
     kinds = getattr(sink, "kinds", None)
     if kinds is None:
-        return ALL_KINDS
+        return _batch.ALL_KINDS
     try:
         k = frozenset(kinds)
     except TypeError:
-        raise TypeError(f"{sink!r}.kinds must be a set of event kinds from {sorted(ALL_KINDS)}, got {kinds!r}") from None
-    unknown = sorted(k - ALL_KINDS)
+        raise TypeError(f"{sink!r}.kinds must be a set of event kinds from {sorted(_batch.ALL_KINDS)}, got {kinds!r}") from None
+    unknown = sorted(k - _batch.ALL_KINDS)
     if unknown:
-        raise ValueError(f"{sink!r}.kinds holds unknown kind(s) {unknown}; the kinds are {sorted(ALL_KINDS)}")
+        raise ValueError(f"{sink!r}.kinds holds unknown kind(s) {unknown}; the kinds are {sorted(_batch.ALL_KINDS)}")
     return k
 
 
@@ -146,11 +146,7 @@ class Hub:
             local = _batch.collect()
             if local is not None:
                 batches.append(local)
-            while self.pending:
-                try:
-                    batches.append(self.pending.popleft())
-                except IndexError:
-                    break
+            batches.extend(_batch.drain(self.pending))
             entries = list(self.entries)
             if not batches or not entries:
                 return

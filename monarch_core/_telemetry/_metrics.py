@@ -38,15 +38,6 @@ CLIENT = "client"
 SERVER = "server"
 
 
-def nbytes(payload: Any, buffers: list) -> int:
-    """Bytes of a message's payload and out-of-band buffers."""
-    n = len(payload)
-    if buffers:
-        for b in buffers:
-            n += memoryview(b).nbytes
-    return n
-
-
 def error_type(payload: Any) -> str:
     """The type of the exception an error reply carries, read from the
     pickle's opcodes (nothing is unpickled, no code runs): ``ActorError``,
@@ -70,6 +61,12 @@ def error_type(payload: Any) -> str:
         pass
     return "Exception"
 
+
+#: Pending items of one stat (3 a sample) at which its recorder folds them (bounds their memory).
+FOLD_AT = 768
+#: Most samples one fold puts into the histogram one by one; a bigger fold
+#: takes every k-th with weight k (calls, sums, min, max and bytes stay exact).
+HIST_SAMPLES = 32
 
 def bucket_of(ns: int) -> int:
     """The histogram bucket of a duration of ``ns`` nanoseconds."""
@@ -97,6 +94,8 @@ class EndpointStat:
 
     __slots__ = ("key", "lock", "calls", "errors", "count", "sum", "min", "max", "buckets", "req", "rep", "sent",
                  "pending", "add")
+    FOLD_AT = FOLD_AT
+    error_type = staticmethod(error_type)
 
     def __init__(self, key: tuple) -> None:
         self.key = key
@@ -114,7 +113,7 @@ class EndpointStat:
         self.pending: collections.deque[int] = collections.deque()  # dt, req, rep, dt, req, rep, ...
         #: ``add((dt, req, rep))``: one successful call that took ``dt`` ns, with
         #: ``req`` request and ``rep`` reply bytes (the bound ``extend``: the
-        #: callers check ``len(stat.pending) >= FOLD_AT`` and call :meth:`fold`).
+        #: callers check ``len(stat.pending) >= stat.FOLD_AT`` and call :meth:`fold`).
         self.add = self.pending.extend
 
     def record(self, dt: int, req: int, rep: int, err: Optional[str] = None) -> None:
@@ -197,12 +196,6 @@ class EndpointStat:
             return (self.key, self.calls, dict(self.errors), self.count, self.sum, self.min if self.count else 0,
                     self.max, buckets, self.req, self.rep)
 
-
-#: Pending items of one stat (3 a sample) at which its recorder folds them (bounds their memory).
-FOLD_AT = 768
-#: Most samples one fold puts into the histogram one by one; a bigger fold
-#: takes every k-th with weight k (calls, sums, min, max and bytes stay exact).
-HIST_SAMPLES = 32
 
 _stats: dict[tuple, EndpointStat] = {}
 _stats_lock = threading.Lock()

@@ -16,12 +16,12 @@ import threading
 from collections.abc import Sequence
 from typing import IO, Any, Optional
 
+from monarch_core._telemetry._batch import ALL_KINDS, hex_id
 from monarch_core._telemetry._spans import attrs_dict, decode, records
 from monarch_core.hookspecs import TelemetryEvent, TelemetrySink
 
 logger = logging.getLogger("monarch.telemetry")
 
-ALL_KINDS = frozenset({"span", "metric", "lifecycle"})
 
 
 def _open(path: str, mode: str) -> IO[str]:
@@ -148,10 +148,6 @@ def _plain(v: Any) -> Any:
     return str(v)
 
 
-def _hex(v: int, width: int) -> Optional[str]:
-    return f"{v:0{width}x}" if v else None
-
-
 class _ChromeWriter:
     """Turns kept batches into the trace-event JSON array."""
 
@@ -187,8 +183,8 @@ class _ChromeWriter:
              thread: str, attrs: dict) -> None:
         tid = self.tid(pid, str(thread or "main"))
         ts = start / 1000.0
-        args = {"trace_id": trace.hex() if isinstance(trace, bytes) else _hex(trace, 32), "span_id": _hex(span, 16),
-                "parent_id": _hex(parent, 16),
+        args = {"trace_id": trace.hex() if isinstance(trace, bytes) else hex_id(trace, 32), "span_id": hex_id(span, 16),
+                "parent_id": hex_id(parent, 16),
                 **(attrs if isinstance(attrs, dict) else attrs_dict(attrs))}
         self.write({"name": name, "cat": kind, "ph": "X", "ts": ts, "dur": dur / 1000.0, "pid": pid, "tid": tid,
                     "args": args})

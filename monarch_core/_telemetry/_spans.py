@@ -36,7 +36,8 @@ import time
 from random import getrandbits
 from typing import Any, Callable, Optional, TypeVar, overload
 
-from monarch_core._telemetry._core import MAX_FLAT, SPAN_FIELDS, actor_name, state
+from monarch_core._proc._state import actor_name
+from monarch_core._telemetry._core import MAX_FLAT, SPAN_FIELDS, state
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -16,7 +16,8 @@ from collections import Counter
 
 import pytest
 
-from monarch_core._proc import _start, _state, _tree
+from monarch_core._launch import _start
+from monarch_core._proc import _state, _tree
 from monarch_core._kernel import _wire as W
 from monarch_core.actor import Actor, current_rank, endpoint, this_host
 from monarch_core.errors import ProtocolError, SupervisionError

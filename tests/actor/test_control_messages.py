@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import marshal
 
-from monarch_core._proc import _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _state
 from monarch_core._proc._port import OneReply
 from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W

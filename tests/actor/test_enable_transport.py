@@ -27,7 +27,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class Probe(Actor):
     @endpoint
     def where(self) -> dict:
-        from monarch_core._proc import _start, _state
+        from monarch_core._launch import _start
+        from monarch_core._proc import _state
 
         rt = _start.runtime()
         return {"address": rt.kernel.address, "transport": rt.transport, "pid": os.getpid()}
@@ -56,7 +57,8 @@ def short_dir():  # type: ignore[no-untyped-def]
 _USE = """
 import json, os, stat
 from monarch_core.actor import ChannelTransport, enable_transport, this_host
-from monarch_core._proc import _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _state
 from test_enable_transport import Probe
 
 choice = {choice}

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import threading
 
-from monarch_core._proc import _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _state
 from monarch_core.actor import Actor, endpoint, this_host
 
 from _helpers import fresh, poll_until
@@ -72,7 +73,8 @@ for _round in range(3):
     pm.stop().get(timeout=60)
     # wait until the procs' ends are seen and what they set off has run
     import threading, time
-    from monarch_core._proc import _start, _state
+    from monarch_core._launch import _start
+    from monarch_core._proc import _state
     kernel = _start.runtime().kernel
     deadline = time.monotonic() + 30
     while not all(slot.proc_id in kernel.dead for slot in pm._slots):

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from monarch_core._proc import _agent, _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _agent, _state
 from monarch_core._actor._actor_mesh import _rebuild_actor_mesh
 from monarch_core._mesh._shape import Extent
 from monarch_core.actor import Actor, endpoint, this_proc

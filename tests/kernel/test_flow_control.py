@@ -412,7 +412,8 @@ class Echo(Actor):
 
     @endpoint
     def window(self) -> tuple[int, int]:
-        from monarch_core._proc import _start, _state
+        from monarch_core._launch import _start
+        from monarch_core._proc import _state
 
         k = _start.runtime().kernel
         return k.send_window_msgs, k.send_window_bytes
@@ -444,7 +445,8 @@ class Spammer(Actor):
         """Broadcast ``n`` messages to ``target`` from this actor's asyncio
         loop; the first makes ``target`` call back into ``ping``.  Returns the
         most messages this proc held for ``target`` and how many it received."""
-        from monarch_core._proc import _start, _state
+        from monarch_core._launch import _start
+        from monarch_core._proc import _state
 
         k = _start.runtime().kernel
         with Sampler(k, [target._members[0].proc_id]) as sampler:
@@ -464,7 +466,8 @@ def small_window():
     """Worker procs (and this client) with a 16-message / 64 KiB window; the
     client's supervision failures are recorded instead of exiting."""
     import monarch_core.actor as mactor
-    from monarch_core._proc import _start, _state
+    from monarch_core._launch import _start
+    from monarch_core._proc import _state
     from monarch_core.actor import this_host
 
     failures: list = []

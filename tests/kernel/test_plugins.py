@@ -77,7 +77,8 @@ class WhereAmI(Actor):
 
     @endpoint
     def where(self, var: str) -> dict:
-        from monarch_core._proc import _start, _state
+        from monarch_core._launch import _start
+        from monarch_core._proc import _state
 
         return {"address": _start.runtime().kernel.address, "pid": os.getpid(), "var": os.environ.get(var)}
 
@@ -468,7 +469,8 @@ def test_third_party_transport_plugin_is_usable_by_name_and_carries_a_mesh(
         pm = this_host().spawn_procs(per_host={"gpus": 2})
         w = pm.spawn("w", WhereAmI)
         where = w.where.call("MC_DIRT_RANK").get(timeout=60).values()
-        from monarch_core._proc import _start, _state
+        from monarch_core._launch import _start
+        from monarch_core._proc import _state
         client = _start.runtime().kernel.address
         files = sorted(os.listdir(os.environ["MC_DIRT_DIR"]))
         pm.stop().get(timeout=30)

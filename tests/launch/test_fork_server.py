@@ -21,7 +21,8 @@ import time
 
 import pytest
 
-from monarch_core._proc import _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _state
 from monarch_core._launch import _fork_server
 from monarch_core._launch._bootstrap import PROC_MODULE
 from monarch_core.actor import (

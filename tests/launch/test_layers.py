@@ -219,7 +219,7 @@ def test_the_contracts_over_plugins_are_kept() -> None:
 
 @pytest.mark.unit
 def test_a_proc_runtime_is_assembled_in_one_place() -> None:
-    """``_proc._start.build_runtime`` builds every runtime: the client's, a
+    """``_launch._start.build_runtime`` builds every runtime: the client's, a
     proc's (``_launch._proc_main``) and a worker loop's (``_launch._worker``)."""
     import ast
 
@@ -229,4 +229,4 @@ def test_a_proc_runtime_is_assembled_in_one_place() -> None:
             if isinstance(node, ast.Call) and "ProcRuntime" in (getattr(node.func, "attr", None),
                                                                 getattr(node.func, "id", None)):
                 found.append(str(p.relative_to(ROOT / "monarch_core")))
-    assert found == ["_proc/_start.py"]
+    assert found == ["_launch/_start.py"]

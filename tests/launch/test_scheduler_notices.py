@@ -61,7 +61,8 @@ class Noticing(Scheduler):
 
 def host_mesh(sched):
     from monarch_core._actor import _mesh
-    from monarch_core._proc import _start, _state
+    from monarch_core._launch import _start
+    from monarch_core._proc import _state
     from monarch_core._launch import _alloc
     from monarch_core.hookspecs import AllocationRequest
     request = AllocationRequest(name="n", params={}, source="<test>")

@@ -23,7 +23,8 @@ import pytest
 import trio
 
 from monarch_core._actor import _mesh
-from monarch_core._proc import _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _state
 from monarch_core._builtins._local import LocalScheduler
 from monarch_core._launch import _alloc
 from monarch_core.actor import Actor, endpoint, this_host
@@ -318,7 +319,8 @@ CLIENT = textwrap.dedent(
     """
     import json, os, sys, time
     from monarch_core._actor import _mesh
-    from monarch_core._proc import _start, _state
+    from monarch_core._launch import _start
+    from monarch_core._proc import _state
     from monarch_core._builtins._local import LocalScheduler
     from monarch_core._launch import _alloc
     from monarch_core.actor import Actor, endpoint

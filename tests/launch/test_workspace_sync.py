@@ -20,7 +20,8 @@ import monarch_core
 import monarch_core.actor as mactor
 import monarch_core.hookspecs as hs
 from monarch_core._actor import _mesh
-from monarch_core._proc import _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _state
 from monarch_core._launch import _alloc
 from monarch_core._workspace import Workspace
 from monarch_core.actor import this_host

@@ -81,7 +81,8 @@ def check_good_client(run_client, scheme, i, pki=None, port=None) -> None:  # ty
 # ---------------------------------------------------------------- three hosts, tcp and tls
 
 CROSS_HOSTS = """
-from monarch_core._proc import _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _state
 hosts = attach()
 pm = hosts.spawn_procs(per_host={"gpus": 2})
 a = pm.spawn("a", Where)

@@ -37,7 +37,8 @@ def _assert_ran_exactly_once_in_order(out: dict, calls: int) -> None:
 CLIENT = """
 import json, threading
 from monarch_core.actor import enable_transport, this_host
-from monarch_core._proc import _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _state
 from transport_actors import ProcBreaker, SeqRecorder, break_sessions_forever
 enable_transport({transport!r})
 pm = this_host().spawn_procs(per_host={{"gpus": 1}})
@@ -69,7 +70,8 @@ def test_pipelined_calls_run_exactly_once_in_order_while_both_ends_break_connect
 TLS_CLIENT = """
 import json, threading
 from monarch_core.actor import enable_transport, this_host
-from monarch_core._proc import _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _state
 from transport_actors import SeqRecorder, reset_connections_forever
 enable_transport("tls://127.0.0.1:0")
 pm = this_host().spawn_procs(per_host={{"gpus": 1}})

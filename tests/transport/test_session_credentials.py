@@ -19,7 +19,8 @@ trustme = pytest.importorskip("trustme")
 CLIENT = r'''
 import json, os, socket, ssl, subprocess, sys, tempfile
 from monarch_core._actor import _mesh
-from monarch_core._proc import _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _state
 from monarch_core._launch import _alloc
 from monarch_core.actor import Actor, endpoint
 from monarch_core.hookspecs import Allocation, AllocationRequest, HostHandle, Scheduler, wait_worker_address

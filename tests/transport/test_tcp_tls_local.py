@@ -34,7 +34,8 @@ NEEDS_V6 = pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no 
 PAIR = """
 import json, os
 from monarch_core.actor import ChannelTransport, enable_transport, this_host
-from monarch_core._proc import _start, _state
+from monarch_core._launch import _start
+from monarch_core._proc import _state
 from transport_actors import Where, my_listening
 choice = {choice}
 enable_transport(choice)

@@ -15,7 +15,8 @@ from monarch_core.actor import Actor, endpoint
 
 
 def _my_address() -> str:
-    from monarch_core._proc import _start, _state
+    from monarch_core._launch import _start
+    from monarch_core._proc import _state
 
     return _start.runtime().kernel.address
 
@@ -167,7 +168,8 @@ class ProcBreaker(Actor):
     def begin(self, seed: int) -> None:
         import threading
 
-        from monarch_core._proc import _start, _state
+        from monarch_core._launch import _start
+        from monarch_core._proc import _state
 
         self._thread = threading.Thread(
             target=break_sessions_forever, args=(_start.runtime().kernel, seed, self._stop), daemon=True

@@ -1,11 +1,13 @@
 """Starting and stopping this process's runtime in a client.
 
 :func:`runtime` is what the mesh API's entry points call: the runtime of this
-process, starting the client's (its kernel thread, its proc agent, the
-telemetry hub) on first use.  :func:`shutdown` stops it (``shutdown_context``,
-interpreter exit).  :func:`build_runtime` assembles a runtime: the client's
-here, a proc's in ``_launch._proc_main``, a worker loop's in ``_launch._worker``.  The state itself lives in :mod:`._state`, which imports nothing
-above it.
+process, starting the client's (its kernel thread, its proc agent, its
+observer -- telemetry, whose hub the procs report to) on first use.
+:func:`shutdown` stops it (``shutdown_context``, interpreter exit).
+:func:`build_runtime` assembles a runtime, in the one place it is: the
+client's here, a proc's in :mod:`._proc_main`, a worker loop's in
+:mod:`._worker`.  The state itself lives in ``_proc._state``, which imports
+nothing above it.
 """
 
 from __future__ import annotations
@@ -14,13 +16,12 @@ import atexit
 import logging
 import os
 import sys
-import threading
 import uuid
 from typing import Any, Callable
 
 from monarch_core import settings
-from monarch_core import _telemetry
 from monarch_core._proc import _state, _transport
+from monarch_core._telemetry import _observer, _reporting
 
 __all__ = ["build_runtime", "runtime", "shutdown"]
 
@@ -84,11 +85,8 @@ def _start_client() -> None:
     proc_id = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     rt = build_runtime(proc_id=proc_id, kernel_name="client", transport=registry().transport(choice.name),
                        bind_spec=choice.bind_spec, name="client", is_client=True, parent=None,
-                       point=_state.ROOT_POINT, python_executable=sys.executable)
-    _telemetry.configure_process(proc_id=proc_id, name="client", is_root=True)
-    from monarch_core._telemetry._hub import hub
-
-    hub.start()  # the root's sinks: settings, plugins (procs ship their telemetry here)
+                       point=_state.ROOT_POINT, python_executable=sys.executable, observer=_observer.Telemetry())
+    _reporting.start_client(rt)
     atexit.register(_atexit_shutdown)
     logger.debug("client kernel listening on %s", rt.kernel.address)
 
@@ -114,20 +112,7 @@ def shutdown(timeout: float = 10.0) -> None:
         rt.agent.shutdown_owned(timeout)  # ends with the ``proc_stopped`` event (allocations are given back)
     finally:
         if rt.is_client:  # what the procs shipped before they stopped goes to the sinks
-            _close_telemetry(rt)
+            _reporting.close_client(rt.kernel)
         rt.kernel.stop_loop()
         rt.kernel.join(timeout)
         _state.clear_runtime()
-
-
-def _close_telemetry(rt: _state.ProcRuntime) -> None:
-    try:
-        from monarch_core._telemetry._hub import hub
-
-        if not rt.kernel.in_loop():  # the batches delivered so far wait in the loop's queue: let them through
-            done = threading.Event()
-            rt.kernel.call_soon(done.set)
-            done.wait(1.0)
-        hub.close()
-    except Exception:  # pragma: no cover - best effort at exit
-        logger.exception("closing the telemetry sinks failed")

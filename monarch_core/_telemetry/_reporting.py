@@ -1,12 +1,15 @@
 """What a proc reports to the root client, and the root's side of it.
 
-* shipping -- a proc sends its telemetry batch (``_telemetry._batch``) to the
+* starting -- :func:`start_client` / :func:`start_proc`: who this process is
+  in what it records (the runtime's builders call them), and, at the root,
+  its sinks; :func:`close_client` is the root's final flush;
+* shipping -- a proc sends its telemetry batch (:mod:`._batch`) to the
   root once per interval, when it stops, and when the root asks
   (``TelemetryFlush``); the root ingests batches into its hub
   (:func:`on_telemetry`), and :func:`flush` waits for every proc's;
-* proc output -- a proc's captured stdout/stderr lines go to the root in
-  batches (``_telemetry._output``); ``logging_option`` reconfigures them;
-* lifecycle and supervision events (``_telemetry._events.LIFECYCLE``).
+* proc output -- a proc's captured stdout/stderr lines (``_proc._output``) go
+  to the root in batches; ``logging_option`` reconfigures them;
+* lifecycle and supervision events (``_events.LIFECYCLE``).
 
 The per-call half (endpoint metrics, spans) is :mod:`._instrument`.
 """
@@ -19,13 +22,14 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
-from monarch_core import _telemetry
-from monarch_core._proc import _state
+from monarch_core._proc import _output, _serial, _state
+from monarch_core._proc._future import Cell
 from monarch_core._proc._port import GatherReplies, send_to_port
 from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
-from monarch_core._telemetry import _batch, _events, _output
-from monarch_core._telemetry._core import lifecycle, state
+from monarch_core._telemetry import _batch, _events
+from monarch_core._telemetry._core import configure_process, lifecycle, state
+from monarch_core._telemetry._hub import hub
 
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
@@ -42,16 +46,12 @@ class Shipper:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.rt: Any = None
-        self.group = ""
-        self.group_size = 1
-        self.started = False
 
     def send(self, batch: dict) -> None:
         rt = self.rt
         if rt is None:
             return
-        root = rt.root
-        rt.kernel.send(root[0], root[1], W.K_CONTROL, 0, C.encode(C.Telemetry()), _batch.encode(batch), [])
+        rt.kernel.send(*rt.root, W.K_CONTROL, 0, C.encode(C.Telemetry()), _batch.encode(batch), [])
 
     def ship(self, force: bool = False) -> None:
         """Send one batch now, if there is anything in it (any thread)."""
@@ -66,15 +66,32 @@ class Shipper:
                 self.send(batch)
 
     def output(self, lines: list) -> None:
-        """Captured output lines (the ``monarch-output`` thread)."""
+        """Captured output lines (the ``monarch-output`` thread), with their proc mesh (``group``)."""
         rt = self.rt
         if rt is None:
             return
         self.send({"v": _batch.VERSION, **state.identity(), "address": rt.kernel.address, "output": lines,
-                   "group": self.group, "group_size": self.group_size})
+                   "group": rt.proc_mesh_name, "group_size": rt.point.extent.nelements})
 
 
 shipper = Shipper()
+
+
+def start_client(rt: Any) -> None:
+    """Telemetry of a new client (the root): who it is, and its sinks (the
+    settings', the plugins'): procs ship their telemetry here."""
+    configure_process(proc_id=rt.proc_id, name="client", is_root=True)
+    hub.start()
+
+
+def close_client(kernel: Kernel) -> None:
+    """The root's shutdown: what the procs shipped before they stopped goes to
+    the sinks, which are closed."""
+    try:
+        loop_barrier(kernel, 1.0)  # the batches delivered so far wait in the loop's queue: let them through
+        hub.close()
+    except Exception:  # pragma: no cover - best effort at exit
+        logger.exception("closing the telemetry sinks failed")
 
 
 def start_proc(rt: Any, *, host_name: Optional[str], output: str, log_path: Optional[str]) -> None:
@@ -83,10 +100,8 @@ def start_proc(rt: Any, *, host_name: Optional[str], output: str, log_path: Opti
     state.read_settings()
     point = rt.point
     label = f"{rt.proc_mesh_name}{point if len(point.extent) else ''}"
-    _telemetry.configure_process(proc_id=rt.proc_id, name=label, host=host_name, is_root=False)
+    configure_process(proc_id=rt.proc_id, name=label, host=host_name, is_root=False)
     shipper.rt = rt
-    shipper.group = rt.proc_mesh_name
-    shipper.group_size = point.extent.nelements
     _output.capture.configure(label=label, send=shipper.output, log_path=log_path)
     try:
         _output.capture.set_mode(output)
@@ -129,8 +144,6 @@ def on_telemetry(payload: Any, sender: str) -> None:
     if not isinstance(batch, dict):
         logger.warning("malformed telemetry batch from %s dropped", sender)
         return
-    from monarch_core._telemetry._hub import hub
-
     hub.ingest(batch)
 
 
@@ -141,8 +154,7 @@ def on_flush(reply: tuple) -> None:
 
 
 def on_log_option(reply: tuple, stream: bool, level: int) -> None:
-    """``ProcMesh.logging_option`` reached this proc."""
-    err: Optional[BaseException] = None
+    """``ProcMesh.logging_option`` reached this proc: applied, then answered (its error, if it failed)."""
     try:
         if level >= 0:
             logging.getLogger().setLevel(level)
@@ -151,11 +163,9 @@ def on_log_option(reply: tuple, stream: bool, level: int) -> None:
         if cap.log_file:
             shipper.ship(force=True)  # the root logs where this proc's output goes now
     except Exception as e:  # noqa: BLE001 - reported to the caller
-        err = e
-    if err is None:
-        send_to_port(reply, -1, W.S_VALUE, None)
-    else:
-        send_to_port(reply, -1, W.S_ERROR, RuntimeError(f"logging_option failed on {state.name}: {err}"))
+        send_to_port(reply, -1, W.S_ERROR, RuntimeError(f"logging_option failed on {state.name}: {e}"))
+        return
+    send_to_port(reply, -1, W.S_VALUE, None)
 
 
 # ------------------------------------------------------------------ the root's flush
@@ -165,31 +175,21 @@ def flush(timeout: float = 5.0) -> None:
     """Ask every proc that shipped telemetry here to send what it has, wait for
     them (at most ``timeout`` s), and hand everything to the sinks (root only;
     blocking, not on the kernel's loop)."""
-    from monarch_core._proc._future import Cell
-    from monarch_core._telemetry._hub import hub
-
     rt = _state.current_runtime_or_none()
     if rt is not None and not rt.is_client:  # in a proc: what it holds goes to the root now
         shipper.ship()
         return
     if rt is not None:
-        kernel = rt.kernel
-        targets = [p for p in list(hub.sources) if p not in kernel.dead]
-        cells = []
-        for proc_id in targets:
-            c = Cell()
-            once = _Once(kernel, c, proc_id)
-            port = once.port_id = kernel.add_port(once)
+        answers = []
+        for proc_id in [p for p in list(hub.sources) if p not in rt.kernel.dead]:
             try:
-                kernel.send(proc_id, hub.sources.get(proc_id), W.K_CONTROL, 0,
-                            C.encode(C.TelemetryFlush((rt.proc_id, kernel.address, port))), b"", [], port)
+                answers.append(_ask(rt, proc_id, hub.sources.get(proc_id), C.TelemetryFlush, forget=True))
             except Exception:  # noqa: BLE001 - a proc that is gone has nothing more to say
                 continue
-            cells.append(c)
         deadline = time.monotonic() + timeout
-        for c in cells:
-            c.wait(max(0.0, deadline - time.monotonic()))
-        loop_barrier(kernel, max(0.1, deadline - time.monotonic()))
+        for a in answers:
+            a.wait(max(0.0, deadline - time.monotonic()))
+        loop_barrier(rt.kernel, max(0.1, deadline - time.monotonic()))
     hub.tick()
 
 
@@ -204,28 +204,6 @@ def loop_barrier(kernel: Kernel, timeout: float) -> None:
     except Exception:  # noqa: BLE001 - the loop is gone
         return
     done.wait(timeout)
-
-
-class _Once:
-    """A port that resolves a cell with the first answer (or failure: the proc
-    is gone, and is not asked again)."""
-
-    def __init__(self, kernel: Kernel, cell: Any, proc_id: str) -> None:
-        self.kernel = kernel
-        self.cell = cell
-        self.proc_id = proc_id
-        self.port_id = 0
-
-    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
-        self.kernel.remove_port(self.port_id)
-        self.cell.set_result(None)
-
-    def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
-        from monarch_core._telemetry._hub import hub
-
-        hub.sources.pop(self.proc_id, None)
-        self.kernel.remove_port(self.port_id)
-        self.cell.set_result(None)
 
 
 # ------------------------------------------------------------------ lifecycle events
@@ -266,8 +244,6 @@ def proc_ended(proc_id: str, reason: str, stopped: bool) -> None:
     forgets where it was and keeps its figures as stopped meshes' totals."""
     info = procs.pop(proc_id, None)
     if state.is_root:
-        from monarch_core._telemetry._hub import hub
-
         hub.proc_ended(proc_id)
     if info is None or not state.enabled:
         return
@@ -354,55 +330,59 @@ async def after_procs_stopped(kernel: Kernel, mesh: str) -> None:
         lifecycle("proc_mesh.stopped", mesh=mesh)
 
 
-def log_option(slots: list, stream: bool, level: int, timeout: float) -> None:
-    """Send ``LogOption`` to the procs of ``slots`` and wait until each applied it."""
-    from monarch_core._proc._future import Cell
-
+def log_option(mesh: str, slots: list, stream: bool, level: int, window: Optional[float], timeout: float) -> None:
+    """``ProcMesh.logging_option`` of proc mesh ``mesh``: its aggregation
+    ``window`` in the root's printer; ``LogOption`` sent to the procs of
+    ``slots``, and waited for until each applied it."""
+    _output.printer.set_window(mesh, window)
     rt = _state.current()
-    kernel = rt.kernel
-    waits = []
-    for slot in slots:
-        if slot.proc_id in kernel.dead:
-            continue
-        c = Cell()
-        once = _Answer(kernel, c)
-        port = once.port_id = kernel.add_port(once)
-        kernel.send(slot.proc_id, slot.address if slot.ready.is_set() else None, W.K_CONTROL, 0,
-                    C.encode(C.LogOption((rt.proc_id, kernel.address, port), stream, level)), b"", [], port)
-        waits.append((slot, c, once))
+    waits = [(slot, _ask(rt, slot.proc_id, slot.address if slot.ready.is_set() else None,
+                         lambda reply: C.LogOption(reply, stream, level)))
+             for slot in slots if slot.proc_id not in rt.kernel.dead]
     deadline = time.monotonic() + timeout
     problems = []
-    for slot, c, once in waits:
-        if not c.wait(max(0.0, deadline - time.monotonic())):
-            kernel.remove_port(once.port_id)
+    for slot, a in waits:
+        if not a.wait(max(0.0, deadline - time.monotonic())):
+            rt.kernel.remove_port(a.port_id)
             problems.append(f"{slot.describe or slot.proc_id}: no answer within {timeout:.0f}s")
-        elif once.error is not None:
-            problems.append(f"{slot.describe or slot.proc_id}: {once.error}")
+        elif a.error is not None:
+            problems.append(f"{slot.describe or slot.proc_id}: {a.error}")
     if problems:
         raise RuntimeError("logging_option was not applied by every proc: " + "; ".join(problems))
 
 
-class _Answer:
-    """A port that resolves a cell with one answer, keeping an error's text."""
+def _ask(rt: Any, proc_id: str, address: Optional[str], message: Any, forget: bool = False) -> _Answer:
+    """Send the control message ``message(reply)`` to ``proc_id``; the :class:`_Answer`
+    its reply resolves (``forget``: a flush's, whose failure drops the proc from the hub's sources)."""
+    a = _Answer(rt.kernel, proc_id if forget else None)
+    rt.kernel.send(proc_id, address, W.K_CONTROL, 0, C.encode(message((rt.proc_id, rt.kernel.address, a.port_id))),
+                   b"", [], a.port_id)
+    return a
 
-    def __init__(self, kernel: Kernel, cell: Any) -> None:
+
+class _Answer(Cell):
+    """A port whose cell resolves with its one answer, keeping an error's text (or
+    the failure's: the proc is gone; a flush's proc ``proc_id`` is not asked again)."""
+
+    def __init__(self, kernel: Kernel, proc_id: Optional[str] = None) -> None:
+        Cell.__init__(self)
         self.kernel = kernel
-        self.cell = cell
-        self.port_id = 0
+        self.proc_id = proc_id
         self.error: Optional[str] = None
+        self.port_id = kernel.add_port(self)
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         self.kernel.remove_port(self.port_id)
         if status != W.S_VALUE:
-            from monarch_core._proc import _serial
-
             try:
                 self.error = str(_serial.loads(payload, buffers))
             except Exception as e:  # noqa: BLE001
                 self.error = f"an error that could not be decoded ({e})"
-        self.cell.set_result(None)
+        self.set_result(None)
 
     def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
+        if self.proc_id is not None:
+            hub.sources.pop(self.proc_id, None)
         self.kernel.remove_port(self.port_id)
         self.error = str(exc)
-        self.cell.set_result(None)
+        self.set_result(None)

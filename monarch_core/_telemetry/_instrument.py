@@ -1,4 +1,4 @@
-"""Per-call instrumentation of the proc runtime: the client and server side of a call.
+"""Per-call instrumentation: the client and server side of a call (hooks of the runtime's observer).
 
 * :class:`ClientSide` -- what an endpoint of an actor mesh records in the
   caller: ``call_one``/``choose`` count in ``OneReply`` itself, the reply
@@ -8,6 +8,7 @@
   trace context its messages carry.
 * the server side -- the endpoint stat and span helpers ``ActorHost`` uses.
 
+The runtime reaches these through its observer (:class:`._observer.Telemetry`).
 What a proc then reports to the root (batches, output, lifecycle events) is
 :mod:`._reporting`.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
+from monarch_core._proc import _serial
 from monarch_core._proc._port import GatherReplies, OneReply, StreamReplies
 from monarch_core._kernel import _wire as W
 from monarch_core._telemetry import _metrics, _spans
@@ -38,7 +40,7 @@ _S_ERROR = W.S_ERROR
 _S_BATCH = W.S_BATCH
 
 
-nbytes = _metrics.nbytes
+nbytes = _serial.nbytes
 error_type = _metrics.error_type
 
 
@@ -83,8 +85,7 @@ class ClientSide:
         c = client_context()
         if c is None:
             return None
-        track = getattr(_spans._local, "track", None)
-        return (c[0], c[1], track if track is not None else _spans._thread())
+        return (c[0], c[1], _spans._thread())
 
     def meta(self, adverb: str, rank: Optional[int], track: str) -> tuple:
         """The spans' meta (``_spans.meta``) of this endpoint's calls by ``adverb``
@@ -122,9 +123,7 @@ class ClientSide:
             ctx, parent = _getrandbits(192).to_bytes(24, "little"), 0  # (``client_context``, inlined)
         else:
             ctx, parent = _child_context(cur), cur[1]
-        track = getattr(_spans._local, "track", None)
-        if track is None:
-            track = _spans._thread()
+        track = _spans._thread()
         m = self._first_meta
         if m is None or m[2] is not track or stat is not self._first:
             m = self.meta(adverb, stat.key[4], track)
@@ -137,20 +136,12 @@ class ClientSide:
     def gather(self, kernel: Kernel, extent: Any, build: Any, adverb: str, payload: Any, bufs: list,
                describe: Any = "") -> TimedGather:
         h = TimedGather(kernel, extent, describe, build)
-        h.stat = self.stat(None, adverb)
-        h.req = nbytes(payload, bufs) * h.n
-        h.side = self
-        h.sp = self.span()
-        h.t0 = _now()
+        h._timing_init(self, adverb, nbytes(payload, bufs) * h.n)
         return h
 
     def stream(self, kernel: Kernel, n: int, payload: Any, bufs: list, describe: Any = "") -> TimedStream:
         h = TimedStream(kernel, n, describe)
-        h.stat = self.stat(None, "stream")
-        h.req = nbytes(payload, bufs) * n
-        h.side = self
-        h.sp = self.span()
-        h.t0 = _now()
+        h._timing_init(self, "stream", nbytes(payload, bufs) * n)
         return h
 
     def cast(self, adverb: str, n: int, payload: Any, bufs: list) -> Optional[tuple]:
@@ -163,6 +154,11 @@ class ClientSide:
     def end_cast(self, sp: tuple, adverb: str) -> None:
         now = _now()
         self.end_span(sp, adverb, None, None, sp[3], now - sp[3])
+
+    @staticmethod
+    def trace_bytes(sp: Optional[tuple]) -> Optional[bytes]:
+        """The trace context a traced call's messages carry (None: not traced), from its span ``sp``."""
+        return None if sp is None else sp[0]
 
 
 def client_context() -> Optional[tuple[bytes, int]]:
@@ -181,11 +177,6 @@ def client_side(ep: Any) -> Any:
     if not state.enabled or not ep._prop._instrument:
         return False
     return ClientSide(ep._mesh._key, ep._mesh._name, ep._name)
-
-
-def trace_bytes(sp: Optional[tuple]) -> Optional[bytes]:
-    """The header prefix of a traced call's messages (None: not traced)."""
-    return None if sp is None else sp[0]
 
 
 class TimedOneReply(OneReply):
@@ -225,15 +216,16 @@ class _RecordsOnce:
     _SPAN = "call"
     lock: Any
 
-    def _timing_init(self) -> None:
+    def _timing_init(self, side: ClientSide, adverb: str, req: int) -> None:
+        """Time the call from now: ``side`` made it by ``adverb`` with ``req`` request bytes."""
         self.rep = 0
         self.err: Optional[str] = None
         self.recorded = False
-        self.stat: Any = None
-        self.req = 0
-        self.side: Any = None
-        self.sp: Optional[tuple] = None
-        self.t0 = 0
+        self.stat = side.stat(None, adverb)
+        self.req = req
+        self.side = side
+        self.sp: Optional[tuple] = side.span()
+        self.t0 = _now()
 
     def _record(self, err: Optional[str]) -> None:
         with self.lock:
@@ -249,10 +241,6 @@ class _RecordsOnce:
 
 class TimedGather(_RecordsOnce, GatherReplies):
     """``GatherReplies`` (``call``) that records the call once every reply (or the first error) is in."""
-
-    def __init__(self, kernel: Kernel, extent: Any, describe: Any, build: Any) -> None:
-        super().__init__(kernel, extent, describe, build)
-        self._timing_init()
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         if status != _S_BATCH:
@@ -279,10 +267,6 @@ class TimedStream(_RecordsOnce, StreamReplies):
     """``StreamReplies`` that records the call when its last reply arrives."""
 
     _SPAN = "stream"
-
-    def __init__(self, kernel: Kernel, n: int, describe: Any) -> None:
-        super().__init__(kernel, n, describe)
-        self._timing_init()
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         n = nbytes(payload, buffers)
@@ -344,7 +328,7 @@ def server_span(h: tuple) -> Optional[tuple]:
         if type(ctx) is not bytes or len(ctx) != _spans.CONTEXT_SIZE or not state.enabled:
             return None  # a malformed context: the call runs untraced
         return (ctx, _getrandbits(64) or 1, None)
-    return _spans.begin(None)  # (None unless this process traces everything)
+    return _spans.begin(None) if state.tracing else None  # (a new trace when this process traces everything)
 
 
 def spawn_trace(mesh: str) -> tuple[Optional[bytes], Any]:

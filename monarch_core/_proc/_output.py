@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from monarch_core._telemetry._core import actor_name
+from monarch_core._proc._state import actor_name
 
 logger = logging.getLogger("monarch.logs")
 
