@@ -363,8 +363,13 @@ class _Outbound:
                         # It was there, its connection broke, and now nothing
                         # listens at its address: the proc is gone.  Give its
                         # parent a moment to tell us how it ended (exit status,
-                        # or a stop) before we say it ourselves.
-                        with trio.move_on_after(DEAD_VERDICT_GRACE):
+                        # or a stop) before we say it ourselves.  When this
+                        # kernel is its parent, the exit comes from its watcher:
+                        # a proc that closed its listener may still be running
+                        # its interpreter's finalization (a stopped proc is gone
+                        # only once it exited).
+                        grace = DEAD_VERDICT_GRACE if k.child(self.proc_id) is None else k.delivery_timeout
+                        with trio.move_on_after(grace):
                             await k.wait_dead(self.proc_id)
                         k.proc_failed(
                             self.proc_id,
