@@ -13,6 +13,9 @@ from typing import Any, Iterator, Optional
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))  # the suite's helpers
+from _helpers.testbed import netns  # noqa: E402,F401 - the testbed fixture
+
 import monarch_dashboard
 
 
@@ -82,14 +85,13 @@ def test_a_request_from_another_address_is_refused(dash: Any) -> None:
     assert status == 403 and "is not this dashboard's address" in body
 
 
-def test_it_listens_on_loopback_only(dash: Any) -> None:
+def test_it_listens_on_loopback_only(dash: Any, netns: Any) -> None:
+    """Not reachable at this machine's other addresses: its own, and the
+    testbed's root-namespace address (``netns``: there is always one)."""
     import socket
 
     others = {ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)} - {"127.0.0.1"}
-    if os.path.exists("/run/netns/rt-h4"):
-        others.add("10.250.0.1")  # the testbed's root-namespace address
-    if not others:
-        pytest.skip("this machine has no address but loopback")
+    others.add("10.250.0.1")  # the testbed's root-namespace address
     for addr in others:
         if addr.startswith("127."):
             continue
@@ -97,9 +99,9 @@ def test_it_listens_on_loopback_only(dash: Any) -> None:
             socket.create_connection((addr, dash.port), timeout=5).close()
 
 
-@pytest.mark.skipif(not os.path.exists("/run/netns/rt-h4") or os.geteuid() != 0,
-                    reason="needs the testbed's namespace host h4 (scripts/testbed, as root)")
-def test_another_host_cannot_connect(dash: Any) -> None:
+def test_another_host_cannot_connect(dash: Any, netns: Any) -> None:
+    """From namespace host h4 of the testbed (the ``netns`` fixture: the
+    testbed tier), the dashboard's port on this machine refuses."""
     probe = ("import socket,sys\ntry:\n socket.create_connection(('10.250.0.1', %d), timeout=5)\n"
              " print('connected')\nexcept OSError as e:\n print(type(e).__name__)\n") % dash.port
     res = subprocess.run(["ip", "netns", "exec", "rt-h4", sys.executable, "-c", probe], capture_output=True,
