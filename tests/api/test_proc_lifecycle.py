@@ -170,8 +170,8 @@ class _Tracker:
         self.path = path
 
     def __del__(self, _open=open) -> None:  # (module teardown: builtins may be gone, as in any program)
-        with _open(self.path, "w") as f:
-            f.write("del")
+        with _open(self.path, "wb") as f:  # binary: a text file would look up its encoding, maybe torn down by now
+            f.write(b"del")
 
 
 def _write_atexit(path: str) -> None:
