@@ -37,14 +37,14 @@ TIERS = ("unit", "procs", "testbed")
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        testbed = bool(TESTBED_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+        names = getattr(item, "fixturenames", ())
+        testbed = bool(TESTBED_FIXTURES.intersection(names))
         if item.get_closest_marker("unit") is not None:
             if testbed:
                 raise pytest.UsageError(f"{item.nodeid} is marked unit but uses the testbed fixtures "
                                         f"{sorted(TESTBED_FIXTURES.intersection(item.fixturenames))}: drop the unit mark")
             continue
         if testbed:
-            names = getattr(item, "fixturenames", ())
             item.add_marker(pytest.mark.testbed)
             item.add_marker(pytest.mark.xdist_group("testbed-slurm" if SLURM_FIXTURES.intersection(names) else "testbed"))
         else:

@@ -41,6 +41,8 @@ from typing import Iterator
 
 import pytest
 
+from _helpers.procs import pid_running
+
 REPO = Path(__file__).resolve().parents[2]
 TESTBED = REPO / "scripts" / "testbed"
 RT_RUN = Path(os.environ.get("RT_RUN", "/tmp/rt"))
@@ -62,12 +64,12 @@ def host_addr(i: int) -> str:
     return f"{NET}.{10 + i}"
 
 
-def _run(argv: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+def _run(argv: list[str], timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def _script(name: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return _run([str(TESTBED / name), *args], timeout=timeout)
+def _script(name: str, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return _run([str(TESTBED / name), *args], timeout=timeout, env=env)
 
 
 def pid_alive(name: str) -> bool:
@@ -166,19 +168,9 @@ def _shared_state() -> Iterator[dict]:
             state = json.loads(path.read_text())
         except (OSError, ValueError):
             state = {}
-        state["users"] = [p for p in state.get("users", []) if _pid_running(p)]
+        state["users"] = [p for p in state.get("users", []) if pid_running(p)]
         yield state
         path.write_text(json.dumps(state))
-
-
-def _pid_running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @pytest.fixture(scope="session")
@@ -292,9 +284,8 @@ class SlurmTestbed:
 
 
 def _slurm_up(timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([str(TESTBED / "slurm-up.sh"), "netns", str(SLURM_NODES), str(SLURM_CPUS)],
-                          capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "RT_SLURM_FIRST": str(SLURM_FIRST)})
+    return _script("slurm-up.sh", "netns", str(SLURM_NODES), str(SLURM_CPUS), timeout=timeout,
+                   env={**os.environ, "RT_SLURM_FIRST": str(SLURM_FIRST)})
 
 
 @pytest.fixture(scope="session")
