@@ -216,10 +216,19 @@ def test_a_stopped_mesh_leaves_its_totals_by_the_documented_rule(procs, monkeypa
     # docs/observability.md, "Stopped meshes": nothing of a stopped mesh stays live in any
     # process; the client keeps the last MONARCH_METRICS_KEEP_STOPPED meshes' rows as they were
     # and folds older ones into one row per (side, class, endpoint), so the totals stay.
-    stopped = getattr(_metrics, "stopped", None)  # (a8b8e1a had none: there the live-stats check fails)
-    if stopped is not None:
-        monkeypatch.setattr(stopped, "keep", 1)
-    keys = []
+    # With keep=1 any other mesh that stops meanwhile displaces ours: earlier tests' procs in this
+    # worker end on their own schedule and their meshes' rows arrive as stopped ones.  So the
+    # record under test is a fresh one that hears only of this test's meshes (the rule is the same).
+    keys: list[str] = []
+
+    class Ours(_metrics.Stopped):
+        def add(self, mesh_key: str, rows: list[tuple]) -> None:
+            if mesh_key in keys:
+                super().add(mesh_key, rows)
+
+    ours = Ours()
+    ours.keep = 1
+    monkeypatch.setattr(_metrics, "stopped", ours)
     for round_ in range(3):
         mesh = procs.spawn("metrics_fold", Folded)
         keys.append(mesh._key)

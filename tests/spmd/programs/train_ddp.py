@@ -101,6 +101,8 @@ dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 assert rank == int(os.environ["RANK"]) and world == int(os.environ["WORLD_SIZE"])
 print(f"rank {rank}/{world} local {os.environ['LOCAL_RANK']} host {os.uname().nodename} joined", flush=True)
+if args.exit_rank >= 0 or args.hang_rank >= 0:
+    dist.barrier()  # every rank has joined (and said so) before one leaves or hangs
 if rank == args.exit_rank:
     sys.exit(args.exit_code)
 if rank == args.hang_rank:
