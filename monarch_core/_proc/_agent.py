@@ -187,6 +187,10 @@ class ProcAgent(ProcWatch):
         ).start()
 
     def _stop_proc(self, reason: str, grace: float) -> None:
+        """Stop within ``grace`` seconds (the stopper escalates to signals a
+        little after it): the actors, then the last output and acknowledgements,
+        each waiting at most for what is left of it."""
+        deadline = time.monotonic() + grace
         try:
             self.kernel.call_soon(self._announce_stopping)
             # Everything delivered here was handled (or will be, before the actors stop):
@@ -195,9 +199,9 @@ class ProcAgent(ProcWatch):
             self.stop_everything(reason, grace)
             self.runtime.observer.final_flush()  # its output and last telemetry go out before it ends
             try:
-                self.kernel.run(self.kernel.settle_acks, 1.0)
+                self.kernel.run(self.kernel.settle_acks, min(1.0, max(0.05, deadline - time.monotonic())))
                 # let replies already queued (stop acknowledgements) reach their ports
-                self.kernel.run(self.kernel.flush, 1.0)
+                self.kernel.run(self.kernel.flush, min(1.0, max(0.05, deadline - time.monotonic())))
             except Exception:  # pragma: no cover - the loop is already gone
                 pass
         finally:

@@ -4,7 +4,7 @@ endpoint blocked forever) completes after the stop grace period.
 A thread cannot be killed: the stop completes without it.  The actor becomes
 unreachable (calls fail with a clear "stopped" error naming what it was stuck
 in), the proc keeps serving its other actors, and the proc's own stop ends
-it.  The client runs in a child interpreter with ``MONARCH_STOP_GRACE=2``
+it.  The client runs in a child interpreter with ``MONARCH_STOP_GRACE=3``
 (inherited by its procs), so that the grace is short; the timeouts below
 only guard against hangs, nothing asserts how long anything took.
 """
@@ -112,7 +112,7 @@ print("RESULT " + json.dumps(out), flush=True)
 
 
 def test_stopping_a_stuck_actor_completes_and_the_proc_stop_ends_it(client_script) -> None:
-    r = client_script(STUCK_CLIENT, env={"MONARCH_STOP_GRACE": "2"}, timeout=240)
+    r = client_script(STUCK_CLIENT, env={"MONARCH_STOP_GRACE": "3"}, timeout=240)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, f"rc={r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr[-4000:]}"
     out = json.loads(lines[0][len("RESULT "):])
@@ -131,7 +131,7 @@ def test_stopping_a_stuck_actor_completes_and_the_proc_stop_ends_it(client_scrip
         text = out[key]
         assert text and text.startswith("SupervisionError: "), f"{key}: {text}"
         assert "stopped" in text and "making room" in text, f"{key}: {text}"
-    assert "its __init__ did not return within the 2s stop grace period" in out["init_queued"]
+    assert "its __init__ did not return within the 3s stop grace period" in out["init_queued"]
     assert "stuck_init" in out["init_later"] and "(Stuck)" in out["init_later"]
     assert "__init__ did not complete" in out["init_initialized"]
 
@@ -141,7 +141,7 @@ def test_stopping_a_stuck_actor_completes_and_the_proc_stop_ends_it(client_scrip
         text = out[key]
         assert text and text.startswith("SupervisionError: "), f"{key}: {text}"
         assert "stopped" in text, f"{key}: {text}"
-    assert "its endpoint hang did not return within the 2s stop grace period" in out["ep_later"]
+    assert "its endpoint hang did not return within the 3s stop grace period" in out["ep_later"]
     assert "hang did not complete" in out["ep_in_flight"]
     assert "pid was not run" in out["ep_behind"]
 
