@@ -68,7 +68,7 @@ class Recipients:
     ``region`` over them; and what the cast tree keeps of the view between
     casts.  Indices are the view's ranks."""
 
-    __slots__ = ("key", "members", "region", "_whole", "_view", "_tree_sent", "_headers")
+    __slots__ = ("key", "members", "region", "_whole", "_view", "_tree_sent", "_headers", "_roots")
 
     def __init__(self, key: str, members: list, region: Region) -> None:
         self.key = key
@@ -78,6 +78,7 @@ class Recipients:
         self._view: str | None = None
         self._tree_sent: tuple | None = None  # (kernel, deaths known) when the member table last went out
         self._headers: dict = {}  # the marshal parts of the actor headers sent to them (``W.actor_header``)
+        self._roots: list[int] | None = None  # the view's rank -> member index (below TREE_MIN: at most that many)
 
     def send_one(self, kernel: Kernel, index: int, call: Call) -> str | tuple[str, ...]:
         """Send ``call`` to rank ``index``; the proc its reply comes from
@@ -86,7 +87,10 @@ class Recipients:
         if len(members) >= _tree.TREE_MIN:
             return tuple(self.cast(kernel, (index,), call))
         region = self.region
-        slot = members[region.root_rank(index)]
+        roots = self._roots
+        if roots is None:
+            roots = self._roots = region.root_ranks()
+        slot = members[roots[index]]
         ret = call.ret
         header = W.actor_header(self.key, call.method, call.reply, index, region.labels, region.sizes, call.sender,
                                 ret, call.explicit, call.trace, self._headers)
