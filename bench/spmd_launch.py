@@ -11,8 +11,9 @@ $SLURM_NODEID --master-addr <first node> ...``.
 
 Needs the testbed up (``bash scripts/testbed/netns-up.sh 4 && bash
 scripts/testbed/slurm-up.sh netns 3 4``; ``SLURM_CONF=/tmp/rt/slurm/slurm.conf``),
-the project venv with torch and the slurm plugin.  Nothing leaves the
-machine.  Usage: ``python bench/spmd_launch.py [--reps 3] [--out FILE]``.
+the project venv with torch, the slurm plugin and monarch-spmd (``monarch
+torchrun``).  Nothing leaves the machine.  Usage: ``python
+bench/spmd_launch.py [--reps 3] [--out FILE]``.
 """
 
 from __future__ import annotations

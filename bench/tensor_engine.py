@@ -12,8 +12,9 @@
   from an endpoint.
 
 Usage: ``python bench/tensor_engine.py [--reps 5] [--ops 10000]
-[--monarch-py PYTHON]`` (needs torch and monarch-tensor-engine; nothing
-leaves the machine).  The dispatch and fetch rows run side by side with
+[--monarch-py PYTHON]`` (needs torch, monarch-tensor-engine and, for the
+floor's ``setup_torch_elastic_env``, monarch-spmd; nothing leaves the
+machine).  The dispatch and fetch rows run side by side with
 torchmonarch 0.7.0 on the same script, in its venv (``--monarch-py``,
 default ``$MONARCH_PY`` or ``/tmp/anchors/monarch/bin/python``; see
 bench/README.md); its collectives fail on CPU (they need NCCL), so those rows

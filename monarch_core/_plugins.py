@@ -98,6 +98,7 @@ PLUGIN_DIRS = {
     "monarch-dashboard": "plugins/dashboard",
     "monarch-debugger": "plugins/debugger",
     "monarch-tensor-engine": "plugins/tensor_engine",
+    "monarch-spmd": "plugins/spmd",
 }
 #: The project's distributions each of those requires besides the core (from
 #: the plugins' ``pyproject.toml``): nothing of the project is on an index, so

@@ -7,22 +7,22 @@
                      (docs/debugging.md; comes with the monarch-debugger plugin).
 ``monarch settings`` every ``MONARCH_*`` variable of the core and the installed plugins.
 ``monarch torchrun [torchrun's options] SCRIPT ARGS...``  run a torch.distributed
-                     script on every proc of a host mesh (docs/spmd.md).
+                     script on every proc of a host mesh (docs/spmd.md; comes with the
+                     monarch-spmd plugin).
 ``monarch summary FILE``  top endpoints by total time (calls, errors, p50/p99) of a
 recorded trace (``record_trace``, ``MONARCH_TRACE_FILE``) or JSON-lines telemetry file
 (``record_events``, ``MONARCH_TELEMETRY_JSONL``).
 
 Plugins add commands through the ``monarch.cli`` entry point group; a known
-plugin command that is not installed (``monarch debug`` without the debugger)
-says which plugin to install.
+plugin command that is not installed (``monarch debug`` without the debugger,
+``monarch torchrun`` without monarch-spmd) says which plugin to install and
+exits 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-
-from monarch_core._spmd import _command
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
@@ -94,6 +94,7 @@ def _plugin_commands(sub: argparse._SubParsersAction) -> None:
 PLUGIN_COMMANDS = {
     "debug": ("monarch-debugger", "pip install ./plugins/debugger"),
     "dashboard": ("monarch-dashboard", "pip install ./plugins/dashboard"),
+    "torchrun": ("monarch-spmd", "pip install ./plugins/spmd"),
 }
 
 
@@ -121,7 +122,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--side", choices=("client", "server"), help="only this side of the calls")
     p.add_argument("--per-rank", action="store_true", help="one row per rank")
     p.set_defaults(func=_cmd_summary)
-    _command.register(sub)
     _plugin_commands(sub)
     argv = sys.argv[1:] if argv is None else argv
     missing = _missing_plugin_command(argv, sub)

@@ -1,7 +1,7 @@
-"""The plugin contract of monarch-core: pluggy hookspecs for five seams.
+"""The plugin contract of monarch-core: pluggy hookspecs for its seams.
 
 This module, together with the public types it names, is the *only* thing a
-plugin imports from monarch-core.  Seven families of hooks:
+plugin imports from monarch-core.  Nine families of hooks:
 
 * **transport** -- :func:`monarch_transports` yields :class:`TransportSpec`
   descriptions of byte-stream channels (``ipc``, ``tcp``, ``tls`` ...).
@@ -28,7 +28,13 @@ plugin imports from monarch-core.  Seven families of hooks:
   descriptions of one-sided memory transfer paths (``ibverbs``,
   ``process_vm`` ...) behind ``monarch_core.rdma.RDMABuffer``; an
   :class:`RDMABackend` is resolved once per process, its
-  :class:`RDMAConnection` once per peer proc.
+  :class:`RDMAConnection` once per peer proc; :func:`monarch_rdma_api`
+  provides the names of ``monarch_core.rdma``.
+* **tensor engine** -- :func:`monarch_tensor_engine` provides the
+  distributed tensor engine (``ProcMesh.activate()``, the names of
+  :data:`TENSOR_ENGINE_NAMES`).
+* **spmd** -- :func:`monarch_spmd_api` provides the names of
+  ``monarch_core.spmd`` (:data:`SPMD_NAMES`: ``SPMDActor``, ``launch`` ...).
 
 Hooks are plain synchronous functions that *describe*, *decide* or *react*;
 they are called once (when a transport is enabled, a host mesh is allocated, a
@@ -92,7 +98,10 @@ and the names here are its objects (their ``__module__`` names that module):
   errors, plain data), :class:`MemoryRegion`, :class:`RDMAPeer`,
   :class:`RemoteRegion`, :class:`RDMAConnection`, :class:`RDMABackend`,
   :class:`RDMABackendSpec`, :func:`monarch_rdma_backends` and its worked
-  example.
+  example, :func:`monarch_rdma_api`;
+* ``_contract/_tensor.py`` -- :func:`monarch_tensor_engine`
+  (:data:`TENSOR_ENGINE_NAMES` comes from ``monarch_core._compat``);
+* ``_contract/_spmd.py`` -- :data:`SPMD_NAMES`, :func:`monarch_spmd_api`.
 
 ``monarch_core._plugins`` registers this module with pluggy
 (``add_hookspecs``), which finds every hook specification here.
@@ -140,6 +149,7 @@ from monarch_core._contract._transport import (
     monarch_transports,
 )
 from monarch_core._contract._settings import monarch_settings
+from monarch_core._contract._spmd import SPMD_NAMES, monarch_spmd_api
 from monarch_core._contract._tensor import TENSOR_ENGINE_NAMES, monarch_tensor_engine
 from monarch_core._workspace import Environment, SyncedHost, Workspace, active_environment
 from monarch_core.settings import Setting
@@ -182,6 +192,8 @@ __all__ = [
     "monarch_settings",
     "Setting",
     "monarch_rdma_api",
+    "monarch_spmd_api",
+    "SPMD_NAMES",
     "monarch_tensor_engine",
     "TENSOR_ENGINE_NAMES",
     "monarch_rdma_backends",

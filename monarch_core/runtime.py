@@ -1,10 +1,12 @@
-"""``monarch_core.runtime``: what a data-plane plugin may use of this
-process's runtime (the seam ``monarch-transport-rdma``'s ``RDMABuffer`` is
-built on).
+"""``monarch_core.runtime``: what a plugin may use of this process's runtime
+(the seam ``monarch-transport-rdma``'s ``RDMABuffer`` is built on, and where
+``monarch-spmd`` and ``monarch-tensor-engine`` find a rendezvous address).
 
 Plugins import hookspecs, errors, streams, settings and the public API; a
 plugin that moves bytes between procs beside the actor messages also needs
-the proc's ports.  This façade is that part of the runtime, and nothing else:
+the proc's ports, and one that hosts a rendezvous (``torch.distributed``)
+the address its peers reach it at.  This façade is that part of the runtime,
+and nothing else:
 
 * **ports** -- :class:`PortHandler` (``deliver(rank, status, payload,
   buffers)`` and ``fail(exc, proc_id)``, called from any thread: hand the
@@ -22,7 +24,12 @@ the proc's ports.  This façade is that part of the runtime, and nothing else:
   ``actor_stopped(actor_key, actor_name, why)``, ``proc_stopping(why)``,
   ``proc_stopped(why)``, ``endpoint_raised(...)``);
 * **futures** -- :class:`Cell` (a thread-safe one-shot result),
-  :func:`future_of` and :func:`resolved` (the public ``Future`` over one).
+  :func:`future_of` and :func:`resolved` (the public ``Future`` over one);
+* **rendezvous addresses** -- :func:`host_address` (the address other procs
+  reach this process at, for a rendezvous it hosts: a ``TCPStore``, gloo's
+  devices), :func:`master_address` (the same for any listen address),
+  :func:`transport_host`, :func:`free_port` and :class:`AddrType` (which
+  address family), what ``monarch-spmd`` and the tensor engine build on.
 
 Nothing here goes through pluggy; each call is a plain function call on the
 per-message path.  Importing this module starts nothing.
@@ -35,13 +42,14 @@ from typing import Any, Callable
 from monarch_core._actor import _mesh  # noqa: F401 - a client runtime started from here has the mesh API's hooks
 from monarch_core._launch import _start
 from monarch_core._proc import _lifecycle, _send, _state
+from monarch_core._proc._address import AddrType, free_port, master_address, transport_host
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._port import PortHandler
 
 __all__ = [
-    "Cell", "Future", "PortHandler", "close_port", "current_actor", "future_of", "local_ref", "on_proc_failed",
-    "open_port", "proc_death", "process_name", "rdma_backend_specs", "resolved", "send_to_port", "start", "started",
-    "subscribe",
+    "AddrType", "Cell", "Future", "PortHandler", "close_port", "current_actor", "free_port", "future_of",
+    "host_address", "local_ref", "master_address", "on_proc_failed", "open_port", "proc_death", "process_name",
+    "rdma_backend_specs", "resolved", "send_to_port", "start", "started", "subscribe", "transport_host",
 ]
 
 
@@ -60,6 +68,19 @@ def local_ref() -> tuple[str, str]:
     """``(proc_id, address)`` of this process, as other procs reach it."""
     rt = _start.runtime()
     return rt.proc_id, rt.kernel.address
+
+
+def host_address(use_ipaddr: AddrType | None = None) -> str:
+    """The address other procs of the mesh reach this process at: the host of
+    the address its transport listens on (``tcp://10.0.0.7:4123`` ->
+    ``10.0.0.7``; ``127.0.0.1`` for a transport local to the machine, such as
+    ``ipc``), for code that hosts its own rendezvous (a ``TCPStore``) in a
+    proc; what ``SPMDActor.get_host_port`` answers with.  ``use_ipaddr``
+    (:class:`AddrType`) asks for an IP address of that family instead of the
+    transport's host name.  Starts this process's runtime if it was not (see
+    :func:`start`).  Raises ``ValueError`` when no such address exists (see
+    :func:`master_address`)."""
+    return master_address(local_ref()[1], use_ipaddr)
 
 
 def process_name() -> str:

@@ -8,26 +8,58 @@ training script on every proc, as ``torchrun`` would (``monarch torchrun``
 is the command-line form, ``launch(host_mesh, argv, nproc_per_node=...)``
 its Python form: stop every rank at the first failure, restarts).  See
 ``docs/spmd.md``.
+
+A façade over a plugin: ``SPMDActor``, ``setup_torch_elastic_env``,
+``setup_torch_elastic_env_async``, ``launch``, ``JobFailed``,
+``RankFailure`` and ``ScriptError`` come from whichever installed plugin
+answers the ``monarch_spmd_api`` hook -- ``monarch-spmd`` (``pip install
+./plugins/spmd``), which also adds the ``monarch torchrun`` command.
+Without it this module still imports, and using one of those names raises
+``ImportError`` saying what to install.  ``AddrType`` and ``host_address``
+are the core's own (:mod:`monarch_core.runtime`) and need no plugin.
+Importing this module loads nothing; the first name used loads what it needs
+(the plugin registry, or the runtime's façade).
 """
 
 from __future__ import annotations
 
-from monarch_core._spmd._actor import SPMDActor, setup_torch_elastic_env, setup_torch_elastic_env_async
-from monarch_core._spmd._address import AddrType, master_address
-from monarch_core._spmd._launch import JobFailed, RankFailure, launch
-from monarch_core._spmd._script import ScriptError
+from typing import Any
+
+#: the names the providing plugin supplies (``monarch_core.hookspecs.SPMD_NAMES``)
+PROVIDED = ("JobFailed", "RankFailure", "SPMDActor", "ScriptError", "launch", "setup_torch_elastic_env",
+            "setup_torch_elastic_env_async")
+#: the names the core itself supplies (from ``monarch_core.runtime``)
+CORE = ("AddrType", "host_address")
+
+__all__ = [*CORE, *PROVIDED]
+
+DISTRIBUTION = "monarch-spmd"
 
 
+def _provider() -> Any:
+    from monarch_core._plugins import install_hint, registry
 
-def host_address(use_ipaddr: AddrType | None = None) -> str:
-    """The address other procs of the mesh reach this process at (the host of
-    the address its transport listens on; ``127.0.0.1`` for a transport local
-    to the machine): what ``SPMDActor.get_host_port`` answers with, for code
-    that hosts its own rendezvous (a ``TCPStore``) in a proc."""
-    from monarch_core import runtime
+    api = registry().pm.hook.monarch_spmd_api()
+    if api is None:
+        raise ImportError(
+            f"monarch_core.spmd needs a plugin that provides SPMDActor, setup_torch_elastic_env and launch, and "
+            f"none is installed here: {install_hint(DISTRIBUTION)} ({DISTRIBUTION}: torchrun's environment on "
+            f"proc meshes and the `monarch torchrun` command; see docs/spmd.md)")
+    return api
 
-    return master_address(runtime.local_ref()[1], use_ipaddr)
+
+def __getattr__(name: str) -> Any:
+    if name in CORE:
+        from monarch_core import runtime
+
+        value = getattr(runtime, name)
+    elif name in PROVIDED:
+        value = getattr(_provider(), name)
+    else:
+        raise AttributeError(f"module 'monarch_core.spmd' has no attribute {name!r}")
+    globals()[name] = value  # found once per process
+    return value
 
 
-__all__ = ["AddrType", "JobFailed", "RankFailure", "SPMDActor", "ScriptError", "host_address", "launch", "setup_torch_elastic_env",
-           "setup_torch_elastic_env_async"]
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -23,6 +23,9 @@ fi
 "$VENV/bin/python" -m pip install -q -e plugins/scheduler_ssh
 "$VENV/bin/python" -m pip install -q -e plugins/transport_rdma
 "$VENV/bin/python" -m pip install -q -e plugins/debugger
+# torchrun's launcher (monarch_core.spmd, `monarch torchrun`); torch is not its
+# dependency (the scripts it runs need it, installed below)
+"$VENV/bin/python" -m pip install -q -e plugins/spmd
 # the dashboard and its browser tests (Playwright drives the system Chromium of
 # scripts/testbed/install.sh; never `playwright install`)
 "$VENV/bin/python" -m pip install -q -e "plugins/dashboard[test]"

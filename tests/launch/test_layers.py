@@ -204,7 +204,7 @@ def test_the_contracts_over_plugins_are_kept() -> None:
 
     missing = [p for p in ("monarch_transport_tcp", "monarch_transport_rdma", "monarch_scheduler_ssh",
                            "monarch_scheduler_slurm", "monarch_telemetry_otel", "monarch_debugger", "monarch_dashboard",
-                           "monarch_tensor_engine")
+                           "monarch_tensor_engine", "monarch_spmd")
                if find_spec(p) is None]
     if missing:
         pytest.skip(f"plugins not installed here (scripts/test.sh installs them all): {missing}")

@@ -1,6 +1,8 @@
 """``monarch_core.spmd`` without processes: torchrun's variables from a mesh
 position, the rendezvous address from a transport address, argument checks,
-and the command's usage errors (all before any proc starts)."""
+the command's usage errors (all before any proc starts), and the façade over
+the monarch-spmd plugin (``monarch torchrun`` without it says what to
+install)."""
 
 from __future__ import annotations
 
@@ -9,11 +11,13 @@ import socket
 
 import pytest
 
-from monarch_core._spmd import _command
-from monarch_core._spmd._address import AddrType, master_address, transport_host
-from monarch_core._spmd._env import Layout, apply, torchrun_env
-from monarch_core._spmd._script import ScriptError, _exit_code, check_argv
+import monarch_core.spmd as spmd
+from monarch_core import cli, hookspecs, runtime
+from monarch_core.runtime import AddrType, master_address, transport_host
 from monarch_core.spmd import setup_torch_elastic_env
+from monarch_spmd import _command, api
+from monarch_spmd._env import Layout, apply, torchrun_env
+from monarch_spmd._script import ScriptError, _exit_code, check_argv
 
 pytestmark = pytest.mark.unit
 
@@ -136,3 +140,30 @@ def test_torchruns_underscore_spellings_and_the_script_arguments_after_it_are_ke
     args = _parse("--nproc_per_node", "2", "--max_restarts", "1", "-m", "pkg.train", "--lr", "0.1", "--nnodes", "9")
     assert (args.nproc_per_node, args.max_restarts, args.module, args.script) == ("2", 1, True, "pkg.train")
     assert args.args == ["--lr", "0.1", "--nnodes", "9"]  # the script's own options are its own
+
+
+def test_the_facade_has_the_reference_names_from_the_plugin_and_the_core() -> None:
+    assert sorted(spmd.__all__) == sorted(dir(spmd)) == ["AddrType", "JobFailed", "RankFailure", "SPMDActor",
+                                                         "ScriptError", "host_address", "launch",
+                                                         "setup_torch_elastic_env", "setup_torch_elastic_env_async"]
+    assert tuple(spmd.PROVIDED) == tuple(hookspecs.SPMD_NAMES) == tuple(api.__all__)
+    for name in spmd.PROVIDED:  # the plugin's objects, found through monarch_spmd_api
+        assert getattr(spmd, name) is getattr(api, name), name
+    assert spmd.AddrType is runtime.AddrType and spmd.host_address is runtime.host_address  # the core's own
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        spmd.nonsense  # noqa: B018
+
+
+def test_monarch_torchrun_without_the_plugin_exits_2_naming_the_install_line(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(cli, "_plugin_commands", lambda sub: None)  # no monarch.cli entry point is installed
+    assert cli.main(["torchrun", "--nproc-per-node", "2", "train.py"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "monarch: the 'torchrun' command comes with the monarch-spmd plugin, which is not installed here; "
+        "install it in a monarch-core checkout with `pip install ./plugins/spmd`")
+
+
+def test_with_the_plugin_monarch_torchrun_is_its_command() -> None:
+    sub = argparse.ArgumentParser().add_subparsers()
+    cli._plugin_commands(sub)
+    assert "torchrun" in sub.choices
+    assert cli._missing_plugin_command(["torchrun", "t.py"], sub) is None

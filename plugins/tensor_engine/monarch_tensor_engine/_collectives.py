@@ -142,7 +142,7 @@ def _ensure_store(ctl: Any) -> None:
 
 def start_store(worker: Any) -> tuple[str, int]:
     """In the mesh's first proc: the groups' store, on a free port here."""
-    from monarch_core.spmd import host_address
+    from monarch_core.runtime import host_address
 
     if getattr(worker, "store", None) is None:
         addr = host_address()
@@ -239,7 +239,7 @@ def gloo_group(store: Any, rank: int, size: int, base: Any) -> Any:
     """A gloo process group on ``store``, bound to the address the other procs
     reach this one at (not whatever the host name resolves to), once its
     members have all arrived (:func:`arrive`)."""
-    from monarch_core.spmd import host_address
+    from monarch_core.runtime import host_address
 
     arrive(store, size, base)
     opts = torch.distributed.ProcessGroupGloo._Options()

@@ -24,7 +24,8 @@ HELP = "run a torch.distributed training script on every proc of a host mesh, as
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add the ``torchrun`` subcommand to the ``monarch`` command line."""
+    """Add the ``torchrun`` subcommand to the ``monarch`` command line (this
+    plugin's ``monarch.cli`` entry point)."""
     p = sub.add_parser("torchrun", help=HELP, description=__doc__.split("\n\n", 1)[1],
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nnodes", default=None,
@@ -112,10 +113,10 @@ def run(args: argparse.Namespace) -> int:
     argv = (["-m", args.script] if args.module else [args.script]) + list(args.args)
     if not args.module and args.hosts is None and not os.path.isfile(args.script):
         return _usage(f"the script {args.script!r} does not exist (working directory {os.getcwd()})")
-    from monarch_core._spmd._address import AddrType
-    from monarch_core._spmd._launch import JobFailed, launch
     from monarch_core.actor import hosts_from_config, this_host
     from monarch_core.errors import MonarchError
+    from monarch_core.runtime import AddrType
+    from monarch_spmd._launch import JobFailed, launch
 
     use_ipaddr = None if args.use_ipaddr is None else {"ipv4": AddrType.IPv4, "ipv6": AddrType.IPv6,
                                                         "default": AddrType.Default}[args.use_ipaddr]

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import monarch_core.actor as _api
-from monarch_core._spmd._actor import ACTOR_NAME, SPMDActor, check_master
-from monarch_core._spmd._address import AddrType
-from monarch_core._spmd._env import DEFAULT_ROLE
-from monarch_core._spmd._script import ScriptError, check_argv
 from monarch_core.errors import ActorError, SupervisionError, UndeliverableMessageError
+from monarch_core.runtime import AddrType
+from monarch_spmd._actor import ACTOR_NAME, SPMDActor, check_master
+from monarch_spmd._env import DEFAULT_ROLE
+from monarch_spmd._script import ScriptError, check_argv
 
 logger = logging.getLogger("monarch.spmd")
 

@@ -1,4 +1,7 @@
-"""A rendezvous address every rank can reach, and a free port on the master.
+"""A rendezvous address every rank can reach, and a free port on the master
+(public through :mod:`monarch_core.runtime`: ``host_address``,
+``master_address``, ``free_port``, ``transport_host``, ``AddrType``; used by
+``monarch-spmd``'s ``SPMDActor`` and the tensor engine's collectives).
 
 The master's address comes from the address its own proc's transport listens
 on (``tcp://10.0.0.7:4123`` -> ``10.0.0.7``): that is the address the other
@@ -35,7 +38,7 @@ def _families(use_ipaddr: AddrType | None) -> tuple[int, ...]:
         return (socket.AF_INET,)
     if use_ipaddr is AddrType.IPv6:
         return (socket.AF_INET6,)
-    raise TypeError(f"use_ipaddr must be None or a monarch_core.spmd.AddrType ({', '.join(AddrType.__members__)}), "
+    raise TypeError(f"use_ipaddr must be None or a monarch_core.runtime.AddrType ({', '.join(AddrType.__members__)}), "
                     f"got {use_ipaddr!r}")
 
 

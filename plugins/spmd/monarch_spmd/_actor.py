@@ -4,15 +4,13 @@ proc mesh, and training scripts run inside its procs."""
 from __future__ import annotations
 
 import logging
-import os
 import socket
 from typing import Any, Sequence
 
-from monarch_core._proc import _state
-from monarch_core._spmd import _env
-from monarch_core._spmd._address import AddrType, free_port, master_address
-from monarch_core._spmd._script import check_argv, release, run_main
 from monarch_core.actor import Actor, Port, ProcMesh, current_rank, current_size, endpoint
+from monarch_core.runtime import AddrType, free_port, host_address
+from monarch_spmd import _env
+from monarch_spmd._script import check_argv, release, run_main
 
 logger = logging.getLogger("monarch.spmd")
 
@@ -25,7 +23,7 @@ class SPMDActor(Actor):
 
     Its rank comes from its position in the mesh: the last dimension is the
     local one (``LOCAL_RANK``), the proc with every coordinate 0 is rank 0
-    (see ``monarch_core._spmd._env`` for every variable).  Endpoints (the
+    (see ``monarch_spmd._env`` for every variable).  Endpoints (the
     reference's): ``get_host_port(use_ipaddr)`` -> ``(address, port)``, an
     address the other ranks can reach this proc at and a port free on its
     host; ``setup_env(master_addr, master_port)``; ``main(master_addr,
@@ -56,7 +54,7 @@ class SPMDActor(Actor):
     @endpoint
     def get_host_port(self, use_ipaddr: AddrType | None = None) -> tuple[str, int]:
         """``(address, port)`` for a rendezvous hosted by this proc."""
-        addr = master_address(_state.current().kernel.address, use_ipaddr)
+        addr = host_address(use_ipaddr)
         return addr, free_port(addr)
 
     @endpoint
