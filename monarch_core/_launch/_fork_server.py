@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_core import settings
 from monarch_core._launch._children import close_pidfd
-from monarch_core._launch._zygote import FORK_SAFE_IMPORTS, _recv, _send
+from monarch_core._launch._zygote import _recv, _send
 
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
@@ -50,13 +50,6 @@ def warm(modules: tuple[str, ...]) -> None:
     main) with its own modules: the launch layer names nothing above it."""
     global warm_modules
     warm_modules = tuple(modules)
-
-
-def _fork_safe_warm() -> list[str]:
-    """The libraries of :data:`~._zygote.FORK_SAFE_IMPORTS` this process has
-    loaded: its procs will most likely import them too (an actor module of a
-    torch program imports torch), so its zygote imports them once for all."""
-    return [m for m in FORK_SAFE_IMPORTS if m in sys.modules]
 
 
 def startup_fingerprint(env: Any) -> tuple:
@@ -169,7 +162,7 @@ class _Zygote:
         self.pending: dict[int, list] = {}
         self._ids = itertools.count(1)
         self._closed = False
-        _send(mine, ("config", [p for p in sys.path if p], transport, list(warm_modules) + _fork_safe_warm()))
+        _send(mine, ("config", [p for p in sys.path if p], transport, list(warm_modules)))
         logger.debug("started fork server pid %d", self.pid)
 
     def attach(self, kernel: Kernel) -> None:

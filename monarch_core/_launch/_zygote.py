@@ -17,16 +17,9 @@ would start with, ``random`` re-seeded, and then the same
 :func:`monarch_core._launch._proc_main.main` (its parent, for the death signal
 and the re-parenting check, is the zygote).
 
-The zygote stays single-threaded through its own imports (nothing may fork a
+The zygote stays single-threaded and never imports torch (nothing may fork a
 process that has started CUDA or other threads); it refuses to serve (and the
-spawner falls back to exec) if it finds more than one thread after them.  The
-one exception is :data:`FORK_SAFE_IMPORTS`: when the spawner has torch loaded,
-the zygote imports it last, after that check, so that its procs share torch's
-pages instead of each importing it (~1.6 s of CPU apiece here).  Importing
-torch starts one idle thread of torch's own; a process that has imported torch
-and run nothing of it is safe to fork -- PyTorch's ``DataLoader`` forks its
-workers from one -- as long as CUDA is not initialised, which is checked
-again after it.  If the import fails, the zygote serves without it.
+spawner falls back to exec) if it finds more than one thread after its imports.
 It reaps its children through pidfds and reports each exit status, in
 ``Popen.returncode`` convention, to the spawner.  The spawner sees a forked
 proc as a :class:`ForkedChild` (the interface of ``monarch_core._launch._children.Child``): it
@@ -60,10 +53,6 @@ logger = logging.getLogger("monarch.proc")
 
 #: Largest control message on the fork socket.
 _MAX_MSG = 1 << 20
-#: Libraries whose import starts threads of their own but leaves the process
-#: safe to fork while none of their work has run: the zygote imports them last,
-#: when the spawner has them loaded (see the module docstring).
-FORK_SAFE_IMPORTS = ("torch",)
 
 
 # ====================================================================== the zygote process
@@ -115,23 +104,12 @@ def _preload(transport: str | None, sock: socket.socket | None = None, warm: Seq
             pass
 
 
-def _import_fork_safe(names: Sequence[str]) -> str | None:
-    """Import ``names`` (of :data:`FORK_SAFE_IMPORTS`, after the thread check);
-    one that fails is left to the procs.  What makes forking unsafe, or None."""
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001 - the procs meet it themselves, where it matters
-            logger.debug("fork server: %s not preloaded: %s: %s", name, type(e).__name__, e)
-    return _unsafe_to_fork(check_threads=False)
-
-
-def _unsafe_to_fork(check_threads: bool = True) -> str | None:
+def _unsafe_to_fork() -> str | None:
     try:
         threads = len(os.listdir("/proc/self/task"))
     except OSError:  # pragma: no cover
         threads = 1
-    if check_threads and threads != 1:
+    if threads != 1:
         return f"it has {threads} threads after its imports (something it imported started one); forking it is unsafe"
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -205,10 +183,8 @@ def serve(fd: int, parent_pid: int) -> None:
             if p not in sys.path:
                 sys.path.insert(0, p)
         try:
-            _preload(transport, sock, [m for m in warm if m not in FORK_SAFE_IMPORTS])
+            _preload(transport, sock, warm)
             problem = _unsafe_to_fork()
-            if problem is None:
-                problem = _import_fork_safe([m for m in warm if m in FORK_SAFE_IMPORTS])
         except BaseException as e:  # noqa: BLE001 - reported to the spawner
             problem = f"its imports failed: {type(e).__name__}: {e}"
         if problem is not None:
