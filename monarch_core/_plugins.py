@@ -120,6 +120,18 @@ def install_hint(pkg: str, *, upgrade: bool = False) -> str:
     return f"pip install {'--upgrade ' if upgrade else ''}{' '.join(paths)} (in a monarch-core checkout)"
 
 
+def provided(hook: str, distribution: str, needed_for: str, offers: str) -> Any:
+    """What the first plugin answering the ``firstresult`` hook ``hook`` gives
+    (a façade's provider: ``monarch_core.rdma``, ``monarch_core.spmd``, the
+    tensor engine), or ``ImportError``: ``needed_for`` needs ``distribution``
+    (which ``offers`` that), with the line that installs it."""
+    got = getattr(registry().pm.hook, hook)()
+    if got is None:
+        raise ImportError(f"{needed_for}, and none is installed here: {install_hint(distribution)} "
+                          f"({distribution}: {offers})")
+    return got
+
+
 @dataclass
 class PluginInfo:
     """One registered plugin, as ``monarch plugins`` shows it."""

@@ -44,15 +44,10 @@ DISTRIBUTION = "monarch-transport-rdma"
 
 
 def _provider() -> Any:
-    from monarch_core._plugins import install_hint, registry
+    from monarch_core._plugins import provided
 
-    api = registry().pm.hook.monarch_rdma_api()
-    if api is None:
-        raise ImportError(
-            f"monarch_core.rdma needs a plugin that provides RDMABuffer, and none is installed here: "
-            f"{install_hint(DISTRIBUTION)} (monarch-transport-rdma: the channel fallback, ibverbs and "
-            f"process_vm; see docs/rdma.md)")
-    return api
+    return provided("monarch_rdma_api", DISTRIBUTION, "monarch_core.rdma needs a plugin that provides RDMABuffer",
+                    "the channel fallback, ibverbs and process_vm; see docs/rdma.md")
 
 
 def __getattr__(name: str) -> Any:

@@ -37,15 +37,11 @@ DISTRIBUTION = "monarch-spmd"
 
 
 def _provider() -> Any:
-    from monarch_core._plugins import install_hint, registry
+    from monarch_core._plugins import provided
 
-    api = registry().pm.hook.monarch_spmd_api()
-    if api is None:
-        raise ImportError(
-            f"monarch_core.spmd needs a plugin that provides SPMDActor, setup_torch_elastic_env and launch, and "
-            f"none is installed here: {install_hint(DISTRIBUTION)} ({DISTRIBUTION}: torchrun's environment on "
-            f"proc meshes and the `monarch torchrun` command; see docs/spmd.md)")
-    return api
+    return provided("monarch_spmd_api", DISTRIBUTION,
+                    "monarch_core.spmd needs a plugin that provides SPMDActor, setup_torch_elastic_env and launch",
+                    "torchrun's environment on proc meshes and the `monarch torchrun` command; see docs/spmd.md")
 
 
 def __getattr__(name: str) -> Any:

@@ -11,17 +11,13 @@ DISTRIBUTION = "monarch-tensor-engine"
 
 def engine(what: str) -> Any:
     """The engine; ``what`` (e.g. ``"ProcMesh.activate()"``) names the caller in the error."""
-    from monarch_core._plugins import install_hint, registry
+    from monarch_core._plugins import provided
     from monarch_core.errors import PluginError
 
     try:
-        got = registry().pm.hook.monarch_tensor_engine()
+        return provided("monarch_tensor_engine", DISTRIBUTION, f"{what} needs the distributed tensor engine",
+                        "it needs torch==2.13.0; see docs/tensors.md")
     except PluginError as e:
         if isinstance(e.__cause__, ImportError):  # the engine is there, what it needs is not (torch)
             raise ImportError(f"{what}: {e.__cause__}") from e.__cause__
         raise
-    if got is None:
-        raise ImportError(
-            f"{what} needs the distributed tensor engine, and no plugin provides one here: "
-            f"{install_hint(DISTRIBUTION)} (it needs torch==2.13.0; see docs/tensors.md)")
-    return got
