@@ -10,7 +10,7 @@ if sys.version_info >= (3, 11):  # pragma: no cover - version dependent
 else:  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup  # type: ignore[no-redef]
 
-__all__ = ["BaseExceptionGroup", "TENSOR_ENGINE_NAMES", "leaf_exceptions", "first_leaf"]
+__all__ = ["BaseExceptionGroup", "SPMD_NAMES", "TENSOR_ENGINE_NAMES", "leaf_exceptions", "first_leaf"]
 
 #: The reference's top-level distributed-tensor names: attributes of
 #: ``monarch_core`` resolved through the tensor engine plugin
@@ -19,6 +19,11 @@ TENSOR_ENGINE_NAMES = (
     "Stream", "Tensor", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh", "get_active_stream",
     "grad_generator", "inspect", "no_mesh", "reduce", "reduce_", "remote", "show", "slice_mesh", "to_mesh",
 )
+
+#: The names of ``monarch_core.spmd`` (the reference's ``monarch.spmd``) that
+#: the plugin answering ``monarch_spmd_api`` supplies.
+SPMD_NAMES = ("JobFailed", "RankFailure", "SPMDActor", "ScriptError", "launch", "setup_torch_elastic_env",
+              "setup_torch_elastic_env_async")
 
 
 def leaf_exceptions(exc: BaseException) -> list[BaseException]:

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
-#: the names the providing plugin supplies (``monarch_core.hookspecs.SPMD_NAMES``)
-PROVIDED = ("JobFailed", "RankFailure", "SPMDActor", "ScriptError", "launch", "setup_torch_elastic_env",
-            "setup_torch_elastic_env_async")
+from monarch_core._compat import SPMD_NAMES as PROVIDED  # the names the providing plugin supplies
+
 #: the names the core itself supplies (from ``monarch_core.runtime``)
 CORE = ("AddrType", "host_address")
 

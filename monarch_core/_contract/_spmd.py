@@ -8,13 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from monarch_core._compat import SPMD_NAMES
 from monarch_core._contract._common import hookspec
 
 __all__ = ["SPMD_NAMES", "monarch_spmd_api"]
-
-#: the names of ``monarch_core.spmd`` that the answering plugin supplies
-SPMD_NAMES = ("JobFailed", "RankFailure", "SPMDActor", "ScriptError", "launch", "setup_torch_elastic_env",
-              "setup_torch_elastic_env_async")
 
 
 @hookspec(firstresult=True)
