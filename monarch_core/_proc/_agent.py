@@ -191,6 +191,10 @@ class ProcAgent(ProcWatch):
         little after it): the actors, then the last output and acknowledgements,
         each waiting at most for what is left of it."""
         deadline = time.monotonic() + grace
+
+        def left() -> float:  # what remains of the grace, for one more wait of at most 1 s
+            return min(1.0, max(0.05, deadline - time.monotonic()))
+
         try:
             self.kernel.call_soon(self._announce_stopping)
             # Everything delivered here was handled (or will be, before the actors stop):
@@ -199,9 +203,9 @@ class ProcAgent(ProcWatch):
             self.stop_everything(reason, grace)
             self.runtime.observer.final_flush()  # its output and last telemetry go out before it ends
             try:
-                self.kernel.run(self.kernel.settle_acks, min(1.0, max(0.05, deadline - time.monotonic())))
+                self.kernel.run(self.kernel.settle_acks, left())
                 # let replies already queued (stop acknowledgements) reach their ports
-                self.kernel.run(self.kernel.flush, min(1.0, max(0.05, deadline - time.monotonic())))
+                self.kernel.run(self.kernel.flush, left())
             except Exception:  # pragma: no cover - the loop is already gone
                 pass
         finally:
