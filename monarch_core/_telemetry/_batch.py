@@ -58,19 +58,6 @@ def collect(*, force: bool = False, address: Optional[str] = None) -> Optional[d
     }
 
 
-def spans_of(batch: dict) -> list:
-    """The spans of a batch, each as :func:`._spans.decode` gives it."""
-    blob = batch.get("spans")
-    if not blob:
-        return []
-    offset = int(batch.get("clock_offset") or 0)
-    return [decode(rec, offset) for rec in records(marshal.loads(blob))]
-
-
-def encode(batch: dict) -> bytes:
-    return marshal.dumps(batch)
-
-
 def hex_id(v: int, width: int) -> Optional[str]:
     """``v`` as ``width`` hex digits, None for 0 (no such id)."""
     return f"{v:0{width}x}" if v else None
@@ -83,8 +70,10 @@ def events_of(batch: dict, kinds: frozenset[str]) -> list[Any]:
     ident = {"proc": batch.get("proc"), "proc_name": batch.get("proc_name"), "host": batch.get("host"),
              "pid": batch.get("pid")}
     out: list[Any] = []
-    if "span" in kinds:
-        for name, trace, span, parent, start, dur, kind, thread, attrs in spans_of(batch):
+    if "span" in kinds and batch.get("spans"):
+        offset = int(batch.get("clock_offset") or 0)
+        for rec in records(marshal.loads(batch["spans"])):
+            name, trace, span, parent, start, dur, kind, thread, attrs = decode(rec, offset)
             a = {**ident, "thread": thread, "trace_id": trace.hex(), "span_id": hex_id(span, 16),
                  "parent_id": hex_id(parent, 16), "span_kind": kind, **attrs_dict(attrs)}
             out.append(TelemetryEvent("span", name, start, dur, a))

@@ -377,19 +377,12 @@ def run_init(host: Any, sp: tuple, init: Any, args: tuple, kwargs: dict) -> None
         end_server_span(sp, host, "__init__", t0, _now() - t0, err)
 
 
-def server_meta(host: Any, method: str) -> tuple:
-    """The spans' meta (``_spans.meta``) of ``method`` on actor ``host``, kept
-    by the host (``host.span_metas``; an actor has a thread of its own)."""
-    m = host.span_metas[method] = _spans.meta(f"{host.name}.{method}", "server", (
-        "mesh", host.name, "endpoint", method, "rank", host.rank.rank, "actor_id", host.actor_id))
-    return m
-
-
 def end_server_span(sp: tuple, host: Any, method: str, t0: int, dt: int, error: Optional[str]) -> None:
     """Record the server span ``sp`` (from :func:`server_span`) of ``method`` on ``host``."""
     m = host.span_metas.get(method)
-    if m is None:
-        m = server_meta(host, method)
+    if m is None:  # the spans' meta of ``method``, kept by the host (an actor has a thread of its own)
+        m = host.span_metas[method] = _spans.meta(f"{host.name}.{method}", "server", (
+            "mesh", host.name, "endpoint", method, "rank", host.rank.rank, "actor_id", host.actor_id))
     spans = state.spans
     if len(spans) < _MAX_FLAT:  # (``_spans.record``, inlined)
         spans.extend((m, sp[0], sp[1], sp[2], t0, dt, error))

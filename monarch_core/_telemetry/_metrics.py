@@ -124,22 +124,10 @@ class EndpointStat:
             if len(self.pending) >= FOLD_AT:
                 self.fold()
             return
-        with self.lock:
+        with self.lock:  # folded with the pending samples, at once
+            self.add((dt, req, rep))
             self._fold_locked()
-            self._one(dt, req, rep)
             self.errors[err] = self.errors.get(err, 0) + 1
-
-    def _one(self, dt: int, req: int, rep: int) -> None:
-        self.buckets[bucket_of(dt)] += 1
-        self.calls += 1
-        self.count += 1
-        self.sum += dt
-        self.req += req
-        self.rep += rep
-        if dt > self.max:
-            self.max = dt
-        if dt < self.min:
-            self.min = dt
 
     def fold(self) -> None:
         """Fold the pending samples into the totals."""
@@ -264,10 +252,6 @@ def changed_snapshots() -> list[tuple]:
     return out
 
 
-def local_snapshots() -> list[tuple]:
-    return [s.snapshot() for s in list(_stats.values())]
-
-
 # ------------------------------------------------------------------ the root's view
 
 #: (proc id, key) -> (snapshot, host): the latest totals each proc shipped.
@@ -286,11 +270,9 @@ def merge(proc: str, host: str, snapshots: Iterable[tuple], retired: Iterable[tu
     (moved to :data:`stopped`, with what ``proc`` shipped of them before)."""
     moved: dict[str, list[tuple]] = {}
     with _remote_lock:
-        if proc in _ended:  # a late batch of a proc that ended: nothing of it is live any more
-            for snap in snapshots:
-                key = tuple(snap[0])
-                _remote.pop((proc, key), None)
-                moved.setdefault(key[1], []).append((snap, proc, host, ""))
+        if proc in _ended:  # a late batch of a proc that ended: nothing of it is live any more,
+            # its snapshots go to ``stopped`` like the retired ones (no class name)
+            retired = [*(("", snap) for snap in snapshots), *retired]
         else:
             for snap in snapshots:
                 _remote[(proc, tuple(snap[0]))] = (snap, host)
@@ -539,7 +521,7 @@ def from_dict(d: Mapping[str, Any]) -> EndpointMetrics:
 
 def all_metrics() -> list[EndpointMetrics]:
     """This process's own stats and (in the root) every shipped one."""
-    out = [from_snapshot(s, state.proc_id, state.host) for s in local_snapshots()]
+    out = [from_snapshot(s.snapshot(), state.proc_id, state.host) for s in list(_stats.values())]
     with _remote_lock:
         items = list(_remote.items())
     out.extend(from_snapshot(snap, proc, host) for (proc, _key), (snap, host) in items)

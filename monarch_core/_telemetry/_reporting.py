@@ -51,7 +51,7 @@ class Shipper:
         rt = self.rt
         if rt is None:
             return
-        rt.kernel.send(*rt.root, W.K_CONTROL, 0, C.encode(C.Telemetry()), _batch.encode(batch), [])
+        rt.kernel.send(*rt.root, W.K_CONTROL, 0, C.encode(C.Telemetry()), marshal.dumps(batch), [])
 
     def ship(self, force: bool = False) -> None:
         """Send one batch now, if there is anything in it (any thread)."""

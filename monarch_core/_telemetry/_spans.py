@@ -226,8 +226,6 @@ def traced(fn: Any = None, /, *, name: Optional[str] = None) -> Any:
         return wrapper
 
     if fn is not None:
-        if not callable(fn):
-            raise TypeError(f"@traced decorates a function; got {fn!r}. Use @traced or @traced(name='...').")
         return deco(fn)
     if name is not None and not isinstance(name, str):
         raise TypeError(f"traced(name=...) must be a str, got {name!r}")
