@@ -385,23 +385,17 @@ class Kernel(ChildWatch):
     def _push(self, proc_id, address, kind, flags, header, payload, buffers, reply_port, track=True,
               size=0) -> None:
         if proc_id in self.dead:
-            self._window(proc_id).release(1, size)
-            if reply_port is not None:
-                self._fail_port(reply_port, self._dead_error(proc_id), proc_id)
+            self._drop(proc_id, size, reply_port, self._dead_error(proc_id))
             return
         if address is not None and proc_id not in self._addresses:
             if not isinstance(address, str):
-                self._window(proc_id).release(1, size)
-                if reply_port is not None:
-                    self._fail_port(reply_port, UndeliverableMessageError(f"bad address {address!r}"), proc_id)
+                self._drop(proc_id, size, reply_port, UndeliverableMessageError(f"bad address {address!r}"))
                 return
             self.learn_address(proc_id, address)
         out = self._outbound.get(proc_id)
         if out is None or out.failed is not None:
             if self._closing:
-                self._window(proc_id).release(1, size)
-                if reply_port is not None:
-                    self._fail_port(reply_port, RuntimeError("the monarch kernel is shutting down"), proc_id)
+                self._drop(proc_id, size, reply_port, RuntimeError("the monarch kernel is shutting down"))
                 return
             out = _Outbound(self, proc_id)
             self._outbound[proc_id] = out
@@ -410,6 +404,13 @@ class Kernel(ChildWatch):
         if reply_port is not None and track:
             self._wait_on(proc_id, reply_port)
         out.push(kind, flags, header, payload, buffers, reply_port, size)
+
+    def _drop(self, proc_id: str, size: int, reply_port: int | None, exc: BaseException) -> None:
+        """A message to ``proc_id`` that is not sent: its room in the window
+        comes back, and its reply port (if any) fails with ``exc``."""
+        self._window(proc_id).release(1, size)
+        if reply_port is not None:
+            self._fail_port(reply_port, exc, proc_id)
 
     def _window(self, proc_id: str) -> _Window:
         """The send window to ``proc_id`` (any thread; created on first use)."""
