@@ -133,7 +133,6 @@ class Kernel(ChildWatch):
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self._closing = False
-        self._thread: threading.Thread | None = None
         self._children: dict[str, Any] = {}
         self._dead_events: dict[str, trio.Event] = {}
         self._expected_exits: set[str] = set()
@@ -145,9 +144,7 @@ class Kernel(ChildWatch):
     # ------------------------------------------------------------------ startup
     def start_thread(self, *, name: str = "monarch-kernel") -> None:
         """Run the kernel loop in a daemon thread; return once it is listening."""
-        t = threading.Thread(target=self._thread_main, name=name, daemon=True)
-        self._thread = t
-        t.start()
+        threading.Thread(target=self._thread_main, name=name, daemon=True).start()
         self._started.wait()
         if self._start_error is not None:
             raise self._start_error

@@ -54,7 +54,6 @@ class Hub:
         self.wake = threading.Event()
         self.closed = False
         self.started = False
-        self.env_tracing = False
 
     # -------------------------------------------------------------- sinks
     def start(self) -> None:
