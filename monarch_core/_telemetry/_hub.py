@@ -66,11 +66,9 @@ class Hub:
             try:
                 from monarch_core._plugins import registry
 
-                hook = registry().pm.hook.monarch_telemetry_sinks
-                if hook.get_hookimpls():
-                    for group in hook():
-                        for sink in group or ():
-                            self._add(sink)
+                for group in registry().pm.hook.monarch_telemetry_sinks():
+                    for sink in group or ():
+                        self._add(sink)
             except Exception:
                 logger.exception("a monarch_telemetry_sinks hook failed; its sinks are not used")
 
@@ -96,20 +94,17 @@ class Hub:
         """Flush everything to ``sink``, then uninstall it (and ``close()`` it)."""
         self.tick()
         with self.lock:
-            before = len(self.entries)
             # a plugin's sink is held behind its GuardedSink: the plugin's own object finds it too
             held = [s for s, _k in self.entries if s is sink or getattr(s, "wrapped", None) is sink]
-            self.entries = [(s, k) for s, k in self.entries if s is not sink and getattr(s, "wrapped", None) is not sink]
-            found = len(self.entries) != before
+            self.entries = [(s, k) for s, k in self.entries if not any(s is h for h in held)]
             self._changed()
-        if found and close:
+        if close:
             for s in held:
                 _close(s)
-        return found
+        return bool(held)
 
     def _changed(self) -> None:
-        active = bool(self.entries)
-        state.sinks_active = active
+        state.sinks_active = bool(self.entries)
         if state.is_root:
             state.tracing = state.enabled and any("span" in k for _s, k in self.entries)
 

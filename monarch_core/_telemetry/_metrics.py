@@ -331,9 +331,7 @@ class Stopped:
                 for snap, proc, host, class_name in rows:
                     self._fold(from_snapshot(snap, proc, host), class_name or late)
                 return
-            m = self.meshes.get(mesh_key)
-            if m is None:
-                m = self.meshes[mesh_key] = {}
+            m = self.meshes.setdefault(mesh_key, {})
             for snap, proc, host, class_name in rows:
                 k = (proc, tuple(snap[0]))
                 old = m.get(k)
@@ -432,12 +430,8 @@ class Latency:
         b = dict(self.buckets)
         for i, c in other.buckets.items():
             b[i] = b.get(i, 0) + c
-        if not self.count:
-            lo, hi = other.min_ns, other.max_ns
-        elif not other.count:
-            lo, hi = self.min_ns, self.max_ns
-        else:
-            lo, hi = min(self.min_ns, other.min_ns), max(self.max_ns, other.max_ns)
+        sampled = [x for x in (self, other) if x.count] or [other]  # (a min/max without samples means nothing)
+        lo, hi = min(x.min_ns for x in sampled), max(x.max_ns for x in sampled)
         return Latency(self.count + other.count, self.sum_ns + other.sum_ns, lo, hi, b)
 
 

@@ -47,12 +47,6 @@ class Shipper:
         self.lock = threading.Lock()
         self.rt: Any = None
 
-    def send(self, batch: dict) -> None:
-        rt = self.rt
-        if rt is None:
-            return
-        rt.kernel.send(*rt.root, W.K_CONTROL, 0, C.encode(C.Telemetry()), marshal.dumps(batch), [])
-
     def ship(self, force: bool = False) -> None:
         """Send one batch now, if there is anything in it (any thread)."""
         rt = self.rt
@@ -63,15 +57,18 @@ class Shipper:
             if batch is not None:
                 if _output.capture.log_file:
                     batch["log_file"] = _output.capture.log_file
-                self.send(batch)
+                _send(rt, batch)
 
     def output(self, lines: list) -> None:
         """Captured output lines (the ``monarch-output`` thread), with their proc mesh (``group``)."""
         rt = self.rt
-        if rt is None:
-            return
-        self.send({"v": _batch.VERSION, **state.identity(), "address": rt.kernel.address, "output": lines,
-                   "group": rt.proc_mesh_name, "group_size": rt.point.extent.nelements})
+        if rt is not None:
+            _send(rt, {"v": _batch.VERSION, **state.identity(), "address": rt.kernel.address, "output": lines,
+                       "group": rt.proc_mesh_name, "group_size": rt.point.extent.nelements})
+
+
+def _send(rt: Any, batch: dict) -> None:
+    rt.kernel.send(*rt.root, W.K_CONTROL, 0, C.encode(C.Telemetry()), marshal.dumps(batch), [])
 
 
 shipper = Shipper()
