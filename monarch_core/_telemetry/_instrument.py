@@ -18,6 +18,7 @@ for an ``@endpoint(instrument=False)``: the mesh then uses the plain collectors.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -289,12 +290,13 @@ class TimedStream(_RecordsOnce, StreamReplies):
 def retire_when_stopped(cell: Any, mesh_key: str, class_name: str) -> None:
     """Once ``cell`` (an actor mesh's stop) resolves, this process's client-side
     stats of the mesh are retired (``_metrics.retire``: nothing of it is kept here)."""
-    if not state.enabled:
-        return
+    if state.enabled:
+        when_resolved(cell, _metrics.retire, mesh_key, class_name, _metrics.CLIENT)
 
-    def done() -> None:
-        _metrics.retire(mesh_key, class_name, _metrics.CLIENT)
 
+def when_resolved(cell: Any, fn: Any, *args: Any, **kwargs: Any) -> None:
+    """Call ``fn(*args, **kwargs)`` once ``cell`` (a ``_future.Cell``) resolves; now if it has."""
+    done = functools.partial(fn, *args, **kwargs)
     if not cell.add_callback(done):
         done()
 

@@ -30,6 +30,7 @@ from monarch_core._kernel import _wire as W
 from monarch_core._telemetry import _batch, _events
 from monarch_core._telemetry._core import configure_process, lifecycle, state
 from monarch_core._telemetry._hub import hub
+from monarch_core._telemetry._instrument import when_resolved
 
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
@@ -292,8 +293,7 @@ def actor_mesh_spawned(mesh: Any, proc_mesh: str, init: GatherReplies) -> None:
         if init.count == init.n:  # every answer a success (an error resolves it early)
             lifecycle("actor_mesh.ready", mesh=mesh._name, mesh_key=mesh._key)
 
-    if not init.cell.add_callback(done):
-        done()
+    when_resolved(init.cell, done)
 
 
 def actor_mesh_stopping(mesh: Any, reason: str, cell: Any) -> Any:
@@ -301,12 +301,7 @@ def actor_mesh_stopping(mesh: Any, reason: str, cell: Any) -> Any:
     if not state.enabled:
         return cell
     lifecycle("actor_mesh.stopping", mesh=mesh._name, mesh_key=mesh._key, reason=reason)
-
-    def done() -> None:
-        lifecycle("actor_mesh.stopped", mesh=mesh._name, mesh_key=mesh._key)
-
-    if not cell.add_callback(done):
-        done()
+    when_resolved(cell, lifecycle, "actor_mesh.stopped", mesh=mesh._name, mesh_key=mesh._key)
     return cell
 
 
