@@ -153,9 +153,9 @@ class Kernel(ChildWatch):
         try:
             trio.run(self.serve)
         except BaseException as e:  # pragma: no cover - logged, the loop is gone
-            if self._start_error is None and not self._started.is_set():
+            if not self._started.is_set():  # (it failed to start: start_thread raises it)
                 self._start_error = e
-            elif self._start_error is None:
+            else:
                 logger.exception("monarch kernel loop crashed")
         finally:
             self._started.set()
@@ -166,12 +166,7 @@ class Kernel(ChildWatch):
         self.token = trio.lowlevel.current_trio_token()
         self.thread_ident = threading.get_ident()
         self._shutdown = trio.Event()
-        try:
-            self._listener = await self.transport.listen(self.bind_spec)
-        except BaseException as e:
-            self._start_error = e
-            self._started.set()
-            raise
+        self._listener = await self.transport.listen(self.bind_spec)  # (a failure: start_thread raises it)
         self.address = self._listener.address
         self._addresses[self.proc_id] = self.address
         async with trio.open_nursery() as nursery:
