@@ -27,6 +27,14 @@ def _as_int(value: object, what: str) -> int:
         ) from None
 
 
+def _as_count(value: object, what: str, minimum: int) -> int:
+    """``value`` as an ``int`` (see :func:`_as_int`); ``ValueError`` below ``minimum``."""
+    n = _as_int(value, what)
+    if n < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {n}")
+    return n
+
+
 def _check_label(label: object, what: str) -> str:
     """Validate that ``label`` is a non-empty ``str`` and return it."""
     if not isinstance(label, str):
@@ -38,13 +46,6 @@ def _check_label(label: object, what: str) -> str:
     return label
 
 
-def _product(values: Sequence[int]) -> int:
-    n = 1
-    for v in values:
-        n *= v
-    return n
-
-
 def _dense_strides(sizes: Sequence[int]) -> tuple[int, ...]:
     """Row-major strides for ``sizes`` (the last dimension has stride 1)."""
     strides = [1] * len(sizes)
@@ -53,6 +54,14 @@ def _dense_strides(sizes: Sequence[int]) -> tuple[int, ...]:
         strides[i] = acc
         acc *= sizes[i]
     return tuple(strides)
+
+
+def _unravel(rank: int, sizes: Sequence[int]) -> list[int]:
+    """The row-major coordinates of ``rank`` over ``sizes``."""
+    coords = [0] * len(sizes)
+    for i in range(len(sizes) - 1, -1, -1):
+        rank, coords[i] = divmod(rank, sizes[i])
+    return coords
 
 
 def _unknown_dim(owner: str, label: object, labels: Sequence[str]) -> NoReturn:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from monarch_core._mesh._checks import _as_int, _format_dict, _Frozen
+from monarch_core._mesh._checks import _as_int, _format_dict, _Frozen, _unravel
 from monarch_core._mesh._region import Extent
 
 __all__ = ["Point"]
@@ -116,13 +116,8 @@ class Point(_Frozen, Mapping[str, int]):
         """Coordinates, one per dimension, in label order."""
         c = self._coords
         if c is None:
-            sizes = self._extent.sizes
-            out = [0] * len(sizes)
-            r = self._rank
-            for i in range(len(sizes) - 1, -1, -1):
-                r, out[i] = divmod(r, sizes[i])
-            c = tuple(out)
-            object.__setattr__(self, "_coords", c)
+            c = tuple(_unravel(self._rank, self._extent.sizes))
+            _point_set_coords(self, c)
         return c
 
     def size(self, label: str) -> int:

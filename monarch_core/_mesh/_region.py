@@ -7,18 +7,12 @@ of root ranks.  The arithmetic of ``Region.slice``/``rename``/``split`` is
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from monarch_core._mesh import _select
-from monarch_core._mesh._checks import (
-    _as_int,
-    _check_label,
-    _dense_strides,
-    _format_dict,
-    _Frozen,
-    _product,
-)
+from monarch_core._mesh._checks import _as_count, _as_int, _check_label, _dense_strides, _format_dict, _Frozen, _unravel
 
 __all__ = ["Extent", "Region"]
 
@@ -68,20 +62,16 @@ class Extent(_Frozen):
                     f"once in {list(labels_t)}"
                 )
             seen.add(label)
-        checked = []
-        for label, size in zip(labels_t, sizes_t):
-            s = _as_int(size, f"Extent size of dimension {label!r}")
-            if s < 1:
-                raise ValueError(
-                    f"Extent size of dimension {label!r} must be >= 1, got {s}"
-                )
-            checked.append(s)
-        self._init(labels_t, tuple(checked))
+        checked = tuple(
+            _as_count(size, f"Extent size of dimension {label!r}", 1)
+            for label, size in zip(labels_t, sizes_t)
+        )
+        self._init(labels_t, checked)
 
     def _init(self, labels: tuple[str, ...], sizes: tuple[int, ...]) -> None:
         object.__setattr__(self, "_labels", labels)
         object.__setattr__(self, "_sizes", sizes)
-        object.__setattr__(self, "_nelements", _product(sizes))
+        object.__setattr__(self, "_nelements", math.prod(sizes))
         object.__setattr__(self, "_region", None)
         object.__setattr__(self, "_index", None)
 
@@ -233,18 +223,12 @@ class Region(_Frozen):
                 f"but {len(strides_t)} strides {list(strides_t)}; they must match "
                 "one to one"
             )
-        checked = []
-        for label, stride in zip(extent.labels, strides_t):
-            s = _as_int(stride, f"Region stride of dimension {label!r}")
-            if s < 0:
-                raise ValueError(
-                    f"Region stride of dimension {label!r} must be >= 0, got {s}"
-                )
-            checked.append(s)
-        off = _as_int(offset, "Region offset")
-        if off < 0:
-            raise ValueError(f"Region offset must be >= 0, got {off}")
-        self._init(extent.labels, extent.sizes, tuple(checked), off, extent)
+        checked = tuple(
+            _as_count(stride, f"Region stride of dimension {label!r}", 0)
+            for label, stride in zip(extent.labels, strides_t)
+        )
+        off = _as_count(offset, "Region offset", 0)
+        self._init(extent.labels, extent.sizes, checked, off, extent)
 
     def _init(
         self,
@@ -263,20 +247,10 @@ class Region(_Frozen):
         # Dense means the root ranks form the arithmetic progression
         # offset, offset + s, offset + 2s, ...; dimensions of size 1 don't
         # take part (their stride is irrelevant).
-        dense: int | None = None
-        expected: int | None = None
-        for size, stride in zip(reversed(sizes), reversed(strides)):
-            if size == 1:
-                continue
-            if expected is None:
-                dense = stride
-            elif stride != expected:
-                dense = None
-                break
-            expected = stride * size
-        else:
-            if dense is None:
-                dense = 1
+        dims = [(size, stride) for size, stride in zip(sizes, strides) if size > 1]
+        dense: int | None = dims[-1][1] if dims else 1
+        if any(outer[1] != inner[1] * inner[0] for outer, inner in zip(dims, dims[1:])):
+            dense = None
         osa(self, "_dense_stride", dense)
         osa(self, "_inverse", None)
 
@@ -344,13 +318,7 @@ class Region(_Frozen):
                 f"rank {r} is out of range for region {self.extent} with {n} "
                 f"elements (valid: 0..{n - 1})"
             )
-        root = self._offset
-        sizes = self._sizes
-        strides = self._strides
-        for i in range(len(sizes) - 1, -1, -1):
-            r, c = divmod(r, sizes[i])
-            root += c * strides[i]
-        return root
+        return self._offset + sum(c * s for c, s in zip(_unravel(r, self._sizes), self._strides))
 
     def root_ranks(self) -> list[int]:
         """Root indices of all elements, in row-major order."""
@@ -444,11 +412,7 @@ class Region(_Frozen):
     def _slice(self, kwargs: Mapping[str, object], owner: str) -> Region:
         if not kwargs:
             return self
-        labels, sizes, strides, offset = _select.sliced(
-            self._labels, self._sizes, self._strides, self._offset,
-            self.extent._label_index(), kwargs, owner,
-        )
-        return Region._make(labels, sizes, strides, offset)
+        return Region._make(*_select.sliced(self, kwargs, owner))
 
     def rename(self, **kwargs: str) -> Region:
         """Rename dimensions (``old='new'``); others are kept unchanged."""
@@ -457,9 +421,7 @@ class Region(_Frozen):
     def _rename(self, kwargs: Mapping[str, object], owner: str) -> Region:
         if not kwargs:
             return self
-        labels = _select.renamed(
-            self._labels, self.extent._label_index(), kwargs, owner
-        )
+        labels = _select.renamed(self, kwargs, owner)
         return Region._make(labels, self._sizes, self._strides, self._offset)
 
     def split(self, **kwargs: Sequence[str] | int) -> Region:
@@ -476,11 +438,7 @@ class Region(_Frozen):
     def _split(self, kwargs: Mapping[str, object], owner: str) -> Region:
         if not kwargs:
             return self
-        labels, sizes, strides = _select.split(
-            self._labels, self._sizes, self._strides,
-            self.extent._label_index(), kwargs, owner,
-        )
-        return Region._make(labels, sizes, strides, self._offset)
+        return Region._make(*_select.split(self, kwargs, owner), self._offset)
 
     def flatten(self, name: str) -> Region:
         """Flatten all dimensions into one dimension ``name``.
