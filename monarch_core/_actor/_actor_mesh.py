@@ -94,7 +94,23 @@ class ActorMesh(MeshTrait, Generic[T]):
         the proc and host of each; a stop reason its proc mesh was given.
         ``None`` when ``exc`` is the endpoint's own ``ActorError`` (which names
         all that already).  Only ever called for a failure."""
-        return _describe_call(self, endpoint, adverb, ranks, proc_id, exc)
+        from monarch_core.errors import ActorError
+
+        if isinstance(exc, ActorError) and exc.endpoint == endpoint and exc.actor:
+            return None  # raised by the endpoint itself: its text names the actor, endpoint, proc and host
+        region = self._region_
+        n = region.nelements
+        members = self._members
+        if ranks is None or any(r < 0 or r >= n for r in ranks):
+            ranks = [i for i in range(n) if proc_id is None or members[region.root_rank(i)].proc_id == proc_id]
+        head = f"{adverb}() of {self._name}.{endpoint} (actor mesh {self._name!r}, class {self._class.__qualname__})"
+        if not ranks:
+            return f"{head} failed"
+        text = f"{head} failed on {_ranks_where(self, ranks)}"
+        stops = {members[region.root_rank(r)].stopped for r in ranks} - {None}
+        if stops:
+            text += " (" + "; ".join(sorted(stops)) + ")"
+        return text
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__") or attr in ("_class", "_endpoints", "_name", "_region_"):
@@ -142,7 +158,7 @@ class ActorMesh(MeshTrait, Generic[T]):
                   adverb: str = "call_one") -> Cell:
         err = self._failed_error(ep)
         if err is not None:
-            return _failed_cell(err)
+            return Future._failed(err)._ensure()
         payload, bufs = self._pack(ep, args, kwargs)
         rt = _start.runtime()
         kernel = rt.kernel
@@ -162,7 +178,7 @@ class ActorMesh(MeshTrait, Generic[T]):
     def _call_all(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> Cell:
         err = self._failed_error(ep)
         if err is not None:
-            return _failed_cell(err)
+            return Future._failed(err)._ensure()
         payload, bufs = self._pack(ep, args, kwargs)
         rt = _start.runtime()
         kernel = rt.kernel
@@ -247,8 +263,7 @@ class ActorMesh(MeshTrait, Generic[T]):
 
     def __reduce__(self) -> Any:
         members = [self._members[r].ref() for r in self._region_.root_ranks()]
-        region = Extent(self._region_.labels, self._region_.sizes).region
-        return (_rebuild_actor_mesh, (self._class, self._name, self._key, members, region))
+        return (_rebuild_actor_mesh, (self._class, self._name, self._key, members, self._region_.extent.region))
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} of {self._class.__qualname__} {self._region_.extent}>"
@@ -327,27 +342,6 @@ def _ranks_where(mesh: ActorMesh[Any], ranks: list[int]) -> str:
     return shown
 
 
-def _describe_call(mesh: ActorMesh[Any], endpoint: str, adverb: str, ranks: list[int] | None,
-                   proc_id: str | None, exc: BaseException) -> str | None:
-    from monarch_core.errors import ActorError
-
-    if isinstance(exc, ActorError) and exc.endpoint == endpoint and exc.actor:
-        return None  # raised by the endpoint itself: its text names the actor, endpoint, proc and host
-    region = mesh._region_
-    n = region.nelements
-    members = mesh._members
-    if ranks is None or any(r < 0 or r >= n for r in ranks):
-        ranks = [i for i in range(n) if proc_id is None or members[region.root_rank(i)].proc_id == proc_id]
-    head = f"{adverb}() of {mesh._name}.{endpoint} (actor mesh {mesh._name!r}, class {mesh._class.__qualname__})"
-    if not ranks:
-        return f"{head} failed"
-    text = f"{head} failed on {_ranks_where(mesh, ranks)}"
-    stops = {members[region.root_rank(r)].stopped for r in ranks} - {None}
-    if stops:
-        text += " (" + "; ".join(sorted(stops)) + ")"
-    return text
-
-
 def _failed_ranks_error(mesh: ActorMesh[Any], endpoint: str, failed: list[tuple[int, dict]]) -> SupervisionError:
     """The fail-fast error of a call to a view with failed ranks: every failed
     rank of the view, then the report of the first (its cascade, first failure first)."""
@@ -365,12 +359,6 @@ def _failed_ranks_error(mesh: ActorMesh[Any], endpoint: str, failed: list[tuple[
     )
 
 
-def _failed_cell(exc: BaseException) -> Cell:
-    c = Cell()
-    c.set_exception(exc)
-    return c
-
-
 def _never_fails(cell: Cell) -> Cell:
     """A cell that resolves to None when ``cell`` resolves, whatever the outcome
     (stopping something already dead is not an error)."""
@@ -385,6 +373,5 @@ def _never_fails(cell: Cell) -> Cell:
 
 
 def _rebuild_actor_mesh(cls: type, name: str, key: str, members: list, region: Region) -> ActorMesh[Any]:
-    c = Cell()
-    c.set_result(True)
-    return ActorMesh(cls, name, key, [_slot_from_ref(m) for m in members], region, None, c, False)
+    members = [_slot_from_ref(m) for m in members]
+    return ActorMesh(cls, name, key, members, region, None, Future._resolved(True)._ensure(), False)

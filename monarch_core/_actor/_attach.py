@@ -8,7 +8,7 @@ from monarch_core import settings
 from monarch_core._launch import _start
 from monarch_core._proc import _state
 from monarch_core._actor import FORK_SERVER_WARM
-from monarch_core._actor._host_mesh import HostMesh, _HostMeshOwnership
+from monarch_core._actor._host_mesh import HostMesh
 from monarch_core._launch import _alloc
 from monarch_core._mesh._shape import Extent
 
@@ -115,5 +115,5 @@ def attach(
     region = Extent(["hosts"], [len(hosts)]).region
     hm = HostMesh(hosts, region, owner=True, name="workers")
     rt.observer.lifecycle("host_mesh.spawned", mesh="workers", hosts=[h.name for h in hosts], scheduler="attach")
-    rt.agent.register_owned(_HostMeshOwnership(hm))
+    rt.agent.register_owned(hm)
     return hm

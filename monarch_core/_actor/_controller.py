@@ -7,7 +7,7 @@ from typing import Any, TypeVar
 from monarch_core._launch import _start
 from monarch_core._proc import _send, _serial
 from monarch_core._actor._actor_mesh import ActorMesh
-from monarch_core._proc._future import Cell, Future
+from monarch_core._proc._future import Future
 from monarch_core._actor._mesh_base import _EMPTY_REGION, _ProcSlot
 from monarch_core._proc._port import OneReply
 from monarch_core._proc import _control as C
@@ -38,9 +38,8 @@ def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any
 
     def build(ref: Any) -> Any:
         key, proc_id, address = ref
-        c = Cell()
-        c.set_result(True)
-        return ActorMesh(Class, name, key, [_ProcSlot(proc_id, address)], _EMPTY_REGION, None, c, False)
+        ready = Future._resolved(True)._ensure()
+        return ActorMesh(Class, name, key, [_ProcSlot(proc_id, address)], _EMPTY_REGION, None, ready, False)
 
     from monarch_core._actor._endpoint import _map_future
 

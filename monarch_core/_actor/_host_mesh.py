@@ -68,9 +68,10 @@ class HostMesh(MeshTrait):
     def _region(self) -> Region:
         return self._region_
 
-    def _with_region(self, region: Region) -> HostMesh:
-        return HostMesh(self._hosts, region, owner=False, allocation=self._allocation, python_executable=self._python,
-                        name=self._name, shared=self._shared)
+    def _with_region(self, region: Region, python_executable: str | None = None) -> HostMesh:
+        """A view of these hosts over ``region`` (starting procs with ``python_executable``, if given)."""
+        return HostMesh(self._hosts, region, owner=False, allocation=self._allocation,
+                        python_executable=python_executable or self._python, name=self._name, shared=self._shared)
 
     @property
     def region(self) -> Region:
@@ -184,8 +185,7 @@ class HostMesh(MeshTrait):
         """A view of these hosts that starts procs with ``python_executable``."""
         if not isinstance(python_executable, str) or not python_executable:
             raise TypeError("with_python_executable() needs the path of a Python executable")
-        return HostMesh(self._hosts, self._region_, owner=False, allocation=self._allocation,
-                        python_executable=python_executable, name=self._name, shared=self._shared)
+        return self._with_region(self._region_, python_executable)
 
     def spawn_procs(
         self,
@@ -389,6 +389,14 @@ class HostMesh(MeshTrait):
                                 attached=self._allocation is None, mesh=self._name, shared=self._shared)
         await Future._of(cell)
 
+    def _stop_owned(self, reason: str, grace: float | None = None) -> Future[None]:
+        """How the agent shuts a host mesh it owns down at exit (``register_owned``)."""
+        if self._shared["shutdown"]:
+            return Future._resolved(None)
+        if self._allocation is None:  # attached worker loops outlive their clients
+            return self._stop_procs(grace)
+        return self._end(detach=self._allocation.stopped)
+
     async def __aenter__(self) -> HostMesh:
         return self
 
@@ -479,16 +487,3 @@ def _check_per_host(per_host: Any, host_labels: tuple) -> dict[str, int]:
         out[k] = v
     return out
 
-
-class _HostMeshOwnership:
-    """Lets the agent shut a configured host mesh down at exit."""
-
-    def __init__(self, hm: HostMesh) -> None:
-        self.hm = hm
-
-    def _stop_owned(self, reason: str, grace: float | None = None) -> Future[None]:
-        if self.hm._shared["shutdown"]:
-            return Future._resolved(None)
-        if self.hm._allocation is None:  # attached worker loops outlive their clients
-            return self.hm._stop_procs(grace)
-        return self.hm._end(detach=self.hm._allocation.stopped)

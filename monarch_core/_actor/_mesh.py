@@ -17,8 +17,8 @@ from monarch_core._actor import FORK_SERVER_WARM
 from monarch_core._actor._actor_mesh import ActorMesh
 from monarch_core._actor._attach import ATTACH_TIMEOUT, attach
 from monarch_core._actor._controller import get_or_spawn_controller
-from monarch_core._proc._future import Cell
-from monarch_core._actor._host_mesh import HostMesh, _HostMeshOwnership
+from monarch_core._proc._future import Future
+from monarch_core._actor._host_mesh import HostMesh
 from monarch_core._actor._mesh_base import _EMPTY_REGION, START_TIMEOUT, _ProcSlot
 from monarch_core._actor._proc_mesh import ProcMesh
 from monarch_core._mesh._shape import Extent
@@ -36,9 +36,8 @@ def this_proc() -> ProcMesh:
     rt = _start.runtime()
     pm = rt.caches.get("this_proc")
     if pm is None:
-        c = Cell()
-        c.set_result(True)
-        pm = ProcMesh(rt.proc_mesh_name, [_ProcSlot(rt.proc_id, rt.kernel.address)], _EMPTY_REGION, None, c, False)
+        slot = _ProcSlot(rt.proc_id, rt.kernel.address)
+        pm = ProcMesh(rt.proc_mesh_name, [slot], _EMPTY_REGION, None, Future._resolved(True)._ensure(), False)
         rt.caches["this_proc"] = pm
     return pm
 
@@ -111,7 +110,7 @@ def host_mesh_of(record: Any, name: str) -> HostMesh:
         hm._host_lost(host_name, reason)
     for host_name, message in record.listen_notices(hm._host_notice):  # reported while allocating
         hm._host_notice(host_name, message)
-    _start.runtime().agent.register_owned(_HostMeshOwnership(hm))
+    _start.runtime().agent.register_owned(hm)
     return hm
 
 

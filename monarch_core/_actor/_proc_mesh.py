@@ -16,7 +16,7 @@ from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_r
 from monarch_core._proc._port import GatherReplies
 from monarch_core._proc import _control as C
 from monarch_core._launch._spawn import stop_procs
-from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
+from monarch_core._mesh._shape import MeshTrait, Point, Region
 
 logger = logging.getLogger("monarch.mesh")
 
@@ -112,9 +112,7 @@ class ProcMesh(MeshTrait):
         owner_host = _state.current_actor.get()
         owner = (rt.proc_id, kernel.address, owner_host.key if owner_host is not None else "")
         members = [self._slots[root] for root in region.root_ranks()]
-        mesh: ActorMesh[Any] = ActorMesh(
-            Class, name, key, members, Extent(region.labels, region.sizes).region, self, gather.cell, True
-        )
+        mesh: ActorMesh[Any] = ActorMesh(Class, name, key, members, region.extent.region, self, gather.cell, True)
         from monarch_core._proc._agent import Supervised
 
         # Register before sending: a failing __init__ reports back at once.
@@ -263,14 +261,12 @@ class ProcMesh(MeshTrait):
 
     def __reduce__(self) -> Any:
         refs = [self._slots[r].ref() for r in self._region_.root_ranks()]
-        return (_rebuild_proc_mesh, (self._name, refs, Extent(self._region_.labels, self._region_.sizes).region))
+        return (_rebuild_proc_mesh, (self._name, refs, self._region_.extent.region))
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._name!r} {self._region_.extent}>"
 
 
 def _rebuild_proc_mesh(name: str, refs: list, region: Region) -> ProcMesh:
-    c = Cell()
-    c.set_result(True)
-    return ProcMesh(name, [_slot_from_ref(r) for r in refs], region, None, c, False)
+    return ProcMesh(name, [_slot_from_ref(r) for r in refs], region, None, Future._resolved(True)._ensure(), False)
 
