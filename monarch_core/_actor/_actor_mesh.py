@@ -259,7 +259,7 @@ class ActorMesh(MeshTrait, Generic[T]):
         h.procs = self._recipients.stop(rt.kernel, reason, _sender_name(), h)
         _release(rt, self)
         rt.observer.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
-        return Future._of(rt.observer.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
+        return Future._of(rt.observer.actor_mesh_stopping(self, reason, _all_done([h.cell])))
 
     def __reduce__(self) -> Any:
         members = [self._members[r].ref() for r in self._region_.root_ranks()]
@@ -359,16 +359,18 @@ def _failed_ranks_error(mesh: ActorMesh[Any], endpoint: str, failed: list[tuple[
     )
 
 
-def _never_fails(cell: Cell) -> Cell:
-    """A cell that resolves to None when ``cell`` resolves, whatever the outcome
-    (stopping something already dead is not an error)."""
+def _all_done(cells: list[Cell]) -> Cell:
+    """A cell that resolves to None once every one of ``cells`` has, whatever
+    the outcomes (stopping something already dead is not an error)."""
     out = Cell()
 
-    def done() -> None:
-        out.set_result(None)
+    def check() -> None:  # each cell is done before its callbacks run: the last one's sees them all done
+        if all(c.done() for c in cells):
+            out.set_result(None)
 
-    if not cell.add_callback(done):
-        done()
+    for c in cells:
+        c.add_callback(check)
+    check()  # (those done already, or none at all)
     return out
 
 

@@ -7,7 +7,6 @@ import itertools
 import logging
 import math
 import sys
-import threading
 import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -19,6 +18,7 @@ from monarch_core import settings
 from monarch_core._launch import _start
 from monarch_core._proc import _send, _serial, _state
 from monarch_core._proc._future import Cell, Future
+from monarch_core._actor._actor_mesh import _all_done
 from monarch_core._actor._mesh_base import _owner_check
 from monarch_core._actor._proc_mesh import ProcMesh
 from monarch_core._proc import _control as C
@@ -312,8 +312,7 @@ class HostMesh(MeshTrait):
     def _stop_procs(self, grace: float | None = None) -> Future[None]:
         procs = list(self._shared["procs"])
         self._shared["procs"].clear()
-        futs = [p._stop_owned("its host mesh was stopped", grace) for p in procs]
-        return _all_done(futs)
+        return Future._of(_all_done([p._stop_owned("its host mesh was stopped", grace)._ensure() for p in procs]))
 
     def shutdown(self) -> Future[None]:
         """Stop every proc and give the hosts back; the mesh is unusable after."""
@@ -433,27 +432,6 @@ def _lifecycle_when_done(fut: Future[None], name: str, **attributes: Any) -> Fut
 
 def _rebuild_host_mesh(hosts: list, region: Region, python: str | None, name: str) -> HostMesh:
     return HostMesh(hosts, region, owner=False, python_executable=python, name=name)
-
-
-def _all_done(futs: list[Future[Any]]) -> Future[None]:
-    out = Cell()
-    if not futs:
-        out.set_result(None)
-        return Future._of(out)
-    remaining = [len(futs)]
-    lock = threading.Lock()
-
-    def one() -> None:
-        with lock:
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            out.set_result(None)
-
-    for f in futs:
-        if not f._ensure().add_callback(one):
-            one()
-    return Future._of(out)
 
 
 def _procs_of_host_lost(kernel: Kernel, shared: dict, hosts: list, host_name: str, reason: str) -> None:

@@ -125,13 +125,7 @@ class Point(_Frozen, Mapping[str, int]):
         return self._extent[label]
 
     def __getitem__(self, label: str) -> int:
-        i = self._extent._label_index().get(label) if isinstance(label, str) else None
-        if i is None:
-            raise KeyError(
-                f"Point has no dimension {label!r}; its dimensions are "
-                f"{list(self._extent.labels)}"
-            )
-        return self.coords[i]
+        return self.coords[self._extent._position(label, "Point")]
 
     def __contains__(self, label: object) -> bool:
         return label in self._extent

@@ -117,6 +117,13 @@ class Extent(_Frozen):
             object.__setattr__(self, "_index", idx)
         return idx
 
+    def _position(self, label: object, owner: str) -> int:
+        """Index of dimension ``label``; ``KeyError`` naming ``owner`` and the dimensions."""
+        i = self._label_index().get(label) if isinstance(label, str) else None
+        if i is None:
+            raise KeyError(f"{owner} has no dimension {label!r}; its dimensions are {list(self._labels)}")
+        return i
+
     # -- mapping-like API ---------------------------------------------------
 
     def keys(self) -> list[str]:
@@ -133,13 +140,7 @@ class Extent(_Frozen):
 
     def __getitem__(self, label: str) -> int:
         """Size of dimension ``label``; ``KeyError`` naming the known labels."""
-        i = self._label_index().get(label) if isinstance(label, str) else None
-        if i is None:
-            raise KeyError(
-                f"Extent has no dimension {label!r}; its dimensions are "
-                f"{list(self._labels)}"
-            )
-        return self._sizes[i]
+        return self._sizes[self._position(label, "Extent")]
 
     def __contains__(self, label: object) -> bool:
         return isinstance(label, str) and label in self._label_index()

@@ -26,15 +26,11 @@ def sliced(
     for label in kwargs:
         if label not in region.extent:
             _unknown_dim(owner, label, region.labels)
-    labels: list[str] = []
-    sizes: list[int] = []
-    strides: list[int] = []
+    dims: list[tuple[str, int, int]] = []
     offset = region.offset
     for label, size, stride in zip(region.labels, region.sizes, region.strides):
         if label not in kwargs:
-            labels.append(label)
-            sizes.append(size)
-            strides.append(stride)
+            dims.append((label, size, stride))
             continue
         sel = kwargs[label]
         if isinstance(sel, slice):
@@ -62,9 +58,7 @@ def sliced(
                     f"elements of dimension {label!r} of size {size}; a mesh "
                     "dimension cannot be empty"
                 )
-            labels.append(label)
-            sizes.append(n)
-            strides.append(stride * step)
+            dims.append((label, n, stride * step))
             offset += start * stride
         elif isinstance(sel, bool) or not hasattr(type(sel), "__index__"):
             raise TypeError(
@@ -81,7 +75,7 @@ def sliced(
                     f"{label!r} of size {size} (valid: {-size}..{size - 1})"
                 )
             offset += j * stride
-    return tuple(labels), tuple(sizes), tuple(strides), offset
+    return (*_columns(dims), offset)
 
 
 def renamed(region: Any, kwargs: Mapping[str, object], owner: str) -> tuple[str, ...]:
@@ -141,14 +135,10 @@ def split(
             )
         sizes_of[key] = _as_count(value, f"{owner}.split: size of new dimension {key!r}", 1)
 
-    labels: list[str] = []
-    sizes: list[int] = []
-    strides: list[int] = []
+    dims: list[tuple[str, int, int]] = []
     for label, size, stride in zip(region.labels, region.sizes, region.strides):
         if label not in splits:
-            labels.append(label)
-            sizes.append(size)
-            strides.append(stride)
+            dims.append((label, size, stride))
             continue
         news = splits[label]
         unsized = [n for n in news if n not in sizes_of]
@@ -173,13 +163,18 @@ def split(
                 f"not {size}"
             )
         new_sizes = [sizes_of.get(n, size // known) for n in news]  # (at most one is derived)
-        labels.extend(news)
-        sizes.extend(new_sizes)
-        strides.extend(stride * s for s in _dense_strides(new_sizes))
+        dims.extend(zip(news, new_sizes, [stride * s for s in _dense_strides(new_sizes)]))
+    labels, sizes, strides = _columns(dims)
     if len(set(labels)) != len(labels):
         dups = sorted({lab for lab in labels if labels.count(lab) > 1})
         raise ValueError(
             f"{owner}.split: the result would have duplicate dimension names "
-            f"{dups} (result {labels}); dimension names must be unique"
+            f"{dups} (result {list(labels)}); dimension names must be unique"
         )
-    return tuple(labels), tuple(sizes), tuple(strides)
+    return labels, sizes, strides
+
+
+def _columns(dims: list[tuple[str, int, int]]) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+    """``[(label, size, stride), ...]`` as the tuples of the labels, the sizes and the strides."""
+    labels, sizes, strides = zip(*dims) if dims else ((), (), ())
+    return labels, sizes, strides

@@ -147,11 +147,7 @@ class MeshTrait(abc.ABC):
                 ) from None
         n = 1
         for name in names:
-            if name not in extent:
-                raise KeyError(
-                    f"{type(self).__name__} has no dimension {name!r}; its dimensions are {list(extent.labels)}"
-                )
-            n *= extent[name]
+            n *= extent.sizes[extent._position(name, type(self).__name__)]
         return n
 
     @property
