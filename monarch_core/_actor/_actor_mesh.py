@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Generic, TypeVar
 
 from monarch_core._launch import _start
@@ -276,10 +277,8 @@ def _release(rt: Any, mesh: Any) -> None:
     rt.agent.unregister_owned(mesh)
     host = _state.current_actor.get()
     if host is not None:
-        try:
+        with contextlib.suppress(ValueError):
             host.owned.remove(mesh)
-        except ValueError:
-            pass
     if isinstance(mesh, ActorMesh):
         rt.agent.unregister_supervised(mesh._key)
         pm = mesh._proc_mesh

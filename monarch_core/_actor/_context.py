@@ -10,6 +10,13 @@ from monarch_core._proc import _state
 from monarch_core._mesh._shape import Point
 
 
+def _this_proc(_instance: Any) -> Any:
+    """``proc`` of an actor or client instance: the ``ProcMesh`` of the proc it runs on."""
+    from monarch_core._actor._mesh import this_proc
+
+    return this_proc()
+
+
 class ClientInstance:
     """``context().actor_instance`` outside any actor: the root client."""
 
@@ -22,11 +29,7 @@ class ClientInstance:
         self.actor_id = f"{rt.proc_id}.{rt.name}"
         self.display_name = rt.name
 
-    @property
-    def proc(self) -> Any:
-        from monarch_core._actor._mesh import this_proc
-
-        return this_proc()
+    proc = property(_this_proc)
 
     def __repr__(self) -> str:
         return f"<{self.name} on {self.proc_id}>"
@@ -44,11 +47,7 @@ class ActorInstance:
     def __init__(self, host: Any) -> None:
         self._host = host
 
-    @property
-    def proc(self) -> Any:
-        from monarch_core._actor._mesh import this_proc
-
-        return this_proc()
+    proc = property(_this_proc)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._host, name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
@@ -133,10 +134,8 @@ class HostMesh(MeshTrait):
             for name, address in remote:
                 rt.agent.watch_host(host_proc_id(address), address, functools.partial(self._host_silent, name))
 
-        try:
+        with contextlib.suppress(RuntimeError):  # the kernel is gone: nothing to watch with
             rt.kernel.call_soon(watch)
-        except RuntimeError:  # the kernel is gone: nothing to watch with
-            pass
 
     def _host_silent(self, host_name: str, reason: str) -> None:
         """The worker loop of ``host_name`` stopped answering heartbeats (loop
@@ -304,10 +303,8 @@ class HostMesh(MeshTrait):
 
     def _forget_procs(self, pm: Any) -> None:
         """``pm`` (spawned here) is stopping: these hosts no longer keep it."""
-        try:
+        with contextlib.suppress(ValueError):
             self._shared["procs"].remove(pm)
-        except ValueError:
-            pass
 
     def _stop_procs(self, grace: float | None = None) -> Future[None]:
         procs = list(self._shared["procs"])

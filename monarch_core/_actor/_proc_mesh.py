@@ -161,11 +161,11 @@ class ProcMesh(MeshTrait):
         for s in slots:  # shared with the actor meshes spawned here: their failures say why
             if s.stopped is None:
                 s.stopped = note
-        if not slots:
+        if slots:
+            rt.observer.lifecycle("proc_mesh.stopping", mesh=self._name, reason=reason)
+            stop_procs(rt.kernel, slots, reason, STOP_GRACE if grace is None else grace, cell, self._name)
+        else:
             cell.set_result(None)
-            return Future._of(cell)
-        rt.observer.lifecycle("proc_mesh.stopping", mesh=self._name, reason=reason)
-        stop_procs(rt.kernel, slots, reason, STOP_GRACE if grace is None else grace, cell, self._name)
         return Future._of(cell)
 
     def logging_option(
