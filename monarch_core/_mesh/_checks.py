@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 def _as_int(value: object, what: str) -> int:
@@ -75,9 +75,26 @@ def _format_dict(labels: Sequence[str], values: Sequence[object]) -> str:
 
 
 class _Frozen:
-    """Base for immutable slotted value objects."""
+    """Base for immutable slotted value objects: equal (to objects of their
+    own type), hashed and pickled by ``_key()``, the arguments that rebuild them."""
 
     __slots__ = ()
+
+    def _key(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, type(self)):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self._key())
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")

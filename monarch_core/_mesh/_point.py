@@ -136,13 +136,8 @@ class Point(_Frozen, Mapping[str, int]):
     def __len__(self) -> int:
         return len(self._extent.labels)
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Point):
-            return NotImplemented
-        return self._rank == other._rank and self._extent == other._extent
-
-    def __hash__(self) -> int:
-        return hash((self._rank, self._extent))
+    def _key(self) -> tuple[Any, ...]:
+        return (self._rank, self._extent)
 
     def __repr__(self) -> str:
         return (
@@ -156,9 +151,6 @@ class Point(_Frozen, Mapping[str, int]):
         return _format_dict(
             e.labels, [f"{c}/{s}" for c, s in zip(self.coords, e.sizes)]
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Point, (self._rank, self._extent))
 
 
 # Direct slot setters: bypass the immutability guard on the hot path

@@ -155,24 +155,14 @@ class Extent(_Frozen):
 
     # -- value semantics ----------------------------------------------------
 
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, Extent):
-            return NotImplemented
-        return self._labels == other._labels and self._sizes == other._sizes
-
-    def __hash__(self) -> int:
-        return hash((self._labels, self._sizes))
+    def _key(self) -> tuple[Any, ...]:
+        return (self._labels, self._sizes)
 
     def __repr__(self) -> str:
         return f"Extent({self})"
 
     def __str__(self) -> str:
         return _format_dict(self._labels, self._sizes)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Extent, (self._labels, self._sizes))
 
 
 class Region(_Frozen):
@@ -465,21 +455,8 @@ class Region(_Frozen):
     def _key(self) -> tuple[Any, ...]:
         return (self._labels, self._sizes, self._strides, self._offset)
 
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, Region):
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
     def __repr__(self) -> str:
         return (
             f"Region(labels={list(self._labels)}, sizes={list(self._sizes)}, "
             f"strides={list(self._strides)}, offset={self._offset})"
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Region, self._key())
