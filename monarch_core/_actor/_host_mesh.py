@@ -451,7 +451,6 @@ def _check_per_host(per_host: Any, host_labels: tuple) -> dict[str, int]:
         return {}
     if not isinstance(per_host, dict):
         raise TypeError(f"per_host must be a dict like {{'gpus': 4}}, got {type(per_host).__name__}")
-    out = {}
     for k, v in per_host.items():
         if not isinstance(k, str) or not k:
             raise TypeError(f"per_host keys must be dimension names (str), got {k!r}")
@@ -459,6 +458,5 @@ def _check_per_host(per_host: Any, host_labels: tuple) -> dict[str, int]:
             raise ValueError(f"per_host[{k!r}] must be an int >= 1, got {v!r}")
         if k in host_labels:
             raise ValueError(f"per_host dimension {k!r} clashes with a host mesh dimension {list(host_labels)}")
-        out[k] = v
-    return out
+    return dict(per_host)
 

@@ -326,55 +326,43 @@ class Region(_Frozen):
         return roots
 
     def _build_inverse(self) -> Any:
-        # Either ("greedy", [(dim, stride, size), ...] sorted by stride
-        # descending) when the layout is a mixed radix (each stride exceeds
-        # the span of all smaller-stride dimensions), or ("table", dict).
-        dims = [
-            (i, st, sz)
-            for i, (sz, st) in enumerate(zip(self._sizes, self._strides))
-            if sz > 1
-        ]
-        dims.sort(key=lambda d: d[1])
+        # The greedy decoding, [(stride, size, rank stride), ...] by stride
+        # descending, when the layout is a mixed radix (each stride exceeds
+        # the span of all smaller-stride dimensions); else a root -> rank dict.
+        dims = sorted(
+            (stride, size, rank_stride)
+            for size, stride, rank_stride in zip(self._sizes, self._strides, _dense_strides(self._sizes))
+            if size > 1
+        )
+        inv: Any = dims[::-1]
         span = 0
-        nested = True
-        for _, st, sz in dims:
-            if st <= span:
-                nested = False
+        for stride, size, _ in dims:
+            if stride <= span:
+                inv = {}
+                for rank, root in enumerate(self.root_ranks()):
+                    inv.setdefault(root, rank)
                 break
-            span += st * (sz - 1)
-        if nested:
-            dims.reverse()
-            inv: Any = ("greedy", dims)
-        else:
-            table: dict[int, int] = {}
-            for idx, root in enumerate(self.root_ranks()):
-                table.setdefault(root, idx)
-            inv = ("table", table)
+            span += stride * (size - 1)
         object.__setattr__(self, "_inverse", inv)
         return inv
 
     def index_of_root(self, root: int) -> int | None:
         """Rank in this region of root index ``root``, or ``None`` if absent."""
         root = _as_int(root, "Region.index_of_root root")
-        inv = self._inverse or self._build_inverse()
-        if inv[0] == "table":
-            return inv[1].get(root)
+        inv = self._inverse if self._inverse is not None else self._build_inverse()
+        if isinstance(inv, dict):
+            return inv.get(root)
         r = root - self._offset
         if r < 0:
             return None
-        coords = [0] * len(self._sizes)
-        for i, stride, size in inv[1]:
+        rank = 0
+        for stride, size, rank_stride in inv:
             c = r // stride
             if c >= size:
                 return None
-            coords[i] = c
+            rank += c * rank_stride
             r -= c * stride
-        if r != 0:
-            return None
-        rank = 0
-        for c, size in zip(coords, self._sizes):
-            rank = rank * size + c
-        return rank
+        return rank if r == 0 else None
 
     def contains_root(self, root: int) -> bool:
         """Whether root index ``root`` is an element of this region."""
