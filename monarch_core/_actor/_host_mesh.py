@@ -213,7 +213,7 @@ class HostMesh(MeshTrait):
             isinstance(bootstrap_command, BootstrapCommand) or callable(bootstrap_command)
         ):
             raise TypeError("bootstrap_command must be a BootstrapCommand or a callable Point -> BootstrapCommand")
-        nper = math.prod(per_host.values()) if per_host else 1
+        nper = math.prod(per_host.values())
         binds = validate_proc_bind(proc_bind, nper)
         try:
             boot_payload = _serial.dumps(bootstrap)

@@ -25,11 +25,7 @@ def _rank_from_coords(
     if len(coords) != len(labels) or any(label not in coords for label in labels):
         missing = [label for label in labels if label not in coords]
         extra = [k for k in coords if k not in extent]
-        parts = []
-        if missing:
-            parts.append(f"missing {missing}")
-        if extra:
-            parts.append(f"unknown {extra}")
+        parts = [f"{what} {names}" for what, names in (("missing", missing), ("unknown", extra)) if names]
         raise KeyError(
             f"{owner} needs exactly one coordinate per dimension {list(labels)}; "
             + " and ".join(parts)
