@@ -15,11 +15,13 @@ from monarch_core._proc._port import (
     OneReply,
     StreamIterator,
     StreamReplies,
+    this_proc_and_host,
 )
 from monarch_core._proc._send import Call, Recipients
-from monarch_core._mesh._shape import Extent, MeshTrait, Region
+from monarch_core._proc._supervision import MeshFailure
+from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
 from monarch_core._mesh._value_mesh import ValueMesh
-from monarch_core.errors import SupervisionError
+from monarch_core.errors import ActorError, SupervisionError
 
 T = TypeVar("T")
 #: A ``ProcMesh`` (``_proc_mesh`` imports this module, so it is not named here).
@@ -95,8 +97,6 @@ class ActorMesh(MeshTrait, Generic[T]):
         the proc and host of each; a stop reason its proc mesh was given.
         ``None`` when ``exc`` is the endpoint's own ``ActorError`` (which names
         all that already).  Only ever called for a failure."""
-        from monarch_core.errors import ActorError
-
         if isinstance(exc, ActorError) and exc.endpoint == endpoint and exc.actor:
             return None  # raised by the endpoint itself: its text names the actor, endpoint, proc and host
         region = self._region_
@@ -304,9 +304,6 @@ _RANKS_SHOWN = 4
 def _rank_where(mesh: ActorMesh[Any], index: int) -> str:
     """``rank 1 {'gpus': 1/2} on proc procs0{'gpus': 1/2} on host node7`` for
     rank ``index`` of the view ``mesh``."""
-    from monarch_core._proc._port import this_proc_and_host
-    from monarch_core._mesh._shape import Point
-
     region = mesh._region_
     root = region.root_rank(index)
     slot = mesh._members[root]
@@ -344,8 +341,6 @@ def _ranks_where(mesh: ActorMesh[Any], ranks: list[int]) -> str:
 def _failed_ranks_error(mesh: ActorMesh[Any], endpoint: str, failed: list[tuple[int, dict]]) -> SupervisionError:
     """The fail-fast error of a call to a view with failed ranks: every failed
     rank of the view, then the report of the first (its cascade, first failure first)."""
-    from monarch_core._proc._supervision import MeshFailure
-
     ranks = ", ".join(f"{i} ({rep['mesh_name']}{rep['coords'] if rep['coords'] != '{}' else ''})"
                       for i, rep in failed[:_RANKS_SHOWN])
     if len(failed) > _RANKS_SHOWN:

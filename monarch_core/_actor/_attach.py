@@ -11,6 +11,7 @@ from monarch_core._actor import FORK_SERVER_WARM
 from monarch_core._actor._host_mesh import HostMesh
 from monarch_core._launch import _alloc
 from monarch_core._mesh._shape import Extent
+from monarch_core.errors import ConnectError
 
 ATTACH_TIMEOUT: float = settings.get("MONARCH_ATTACH_TIMEOUT")
 
@@ -63,7 +64,6 @@ def attach(
 ) -> HostMesh:
     """See :func:`attach_to_workers`."""
     from monarch_core._proc import _transport
-    from monarch_core.errors import ConnectError
 
     if isinstance(workers, str) or not workers:
         raise TypeError(

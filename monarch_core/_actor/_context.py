@@ -5,6 +5,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from monarch_core._actor._mesh import this_proc
 from monarch_core._launch import _start
 from monarch_core._proc import _state
 from monarch_core._mesh._shape import Point
@@ -12,8 +13,6 @@ from monarch_core._mesh._shape import Point
 
 def _this_proc(_instance: Any) -> Any:
     """``proc`` of an actor or client instance: the ``ProcMesh`` of the proc it runs on."""
-    from monarch_core._actor._mesh import this_proc
-
     return this_proc()
 
 

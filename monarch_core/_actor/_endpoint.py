@@ -7,6 +7,7 @@ import inspect
 import random
 from typing import TYPE_CHECKING, Any, Callable, Generic, Literal, TypeVar, overload
 
+from monarch_core._actor import _engine
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._port import Port, StreamIterator
 
@@ -297,8 +298,6 @@ class Endpoint(Generic[P, R]):
         """Call the endpoint on every actor inside an active mesh; its tensor
         results stay on the procs as distributed tensors (the tensor engine
         plugin; ``@endpoint(propagate=...)`` tells the client their shapes)."""
-        from monarch_core._actor import _engine
-
         return _engine.engine("Endpoint.rref()").rref(self, args, kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

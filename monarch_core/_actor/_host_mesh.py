@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 from monarch_core import settings
 from monarch_core._launch import _start
 from monarch_core._proc import _send, _serial, _state
+from monarch_core._proc import _supervision as S
 from monarch_core._proc._future import Cell, Future
 from monarch_core._actor._actor_mesh import _all_done
 from monarch_core._actor._mesh_base import _owner_check
@@ -164,8 +165,6 @@ class HostMesh(MeshTrait):
         """A scheduler's notice (any thread): a ``MeshFailure`` with
         ``notice`` set for this host mesh's owner (its ``__supervise__``, or
         the client's ``unhandled_fault_hook``); nothing fails."""
-        from monarch_core._proc import _supervision as S
-
         coords = "{}"
         for i, root in enumerate(self._region_.root_ranks()):
             if self._hosts[root].name == host_name:

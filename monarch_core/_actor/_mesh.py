@@ -22,6 +22,7 @@ from monarch_core._actor._host_mesh import HostMesh
 from monarch_core._actor._mesh_base import _EMPTY_REGION, START_TIMEOUT, _ProcSlot
 from monarch_core._actor._proc_mesh import ProcMesh
 from monarch_core._mesh._shape import Extent
+from monarch_core.errors import ConfigError
 
 __all__ = [
     "ATTACH_TIMEOUT", "START_TIMEOUT", "ActorMesh", "HostMesh", "ProcMesh", "attach", "get_or_spawn_controller",
@@ -83,10 +84,8 @@ def hosts_from_config(name: str, *, timeout: float | None = None) -> HostMesh:
         raise TypeError(f"hosts_from_config(name): name must be a non-empty str, got {name!r}")
     reg = registry()
     installed = sorted(reg.scheduler_specs())
-    if find_config_file() is None:
-        cfg = default_host_mesh(name, installed_schedulers=installed)
-    else:
-        cfg = lookup_host_mesh(name, installed_schedulers=installed)
+    lookup = default_host_mesh if find_config_file() is None else lookup_host_mesh
+    cfg = lookup(name, installed_schedulers=installed)
     scheduler = reg.scheduler(cfg.scheduler)
     params = _scheduler_params(scheduler, cfg)
     request = AllocationRequest(name=name, params=params, source=cfg.source)
@@ -132,8 +131,6 @@ def _scheduler_params(scheduler: Any, cfg: Any) -> dict[str, Any]:
 
 
 def _check_params(scheduler: Any, request: Any) -> None:
-    from monarch_core.errors import ConfigError
-
     accepted = getattr(scheduler, "params", None)
     unknown = sorted(k for k in request.params if accepted is not None and k not in accepted)
     if unknown:

@@ -8,11 +8,12 @@ from typing import Any, TypeVar
 
 from monarch_core._launch import _start
 from monarch_core._proc import _send, _serial, _state
+from monarch_core._actor._actor import Actor
 from monarch_core._actor._actor_mesh import ActorMesh, _release
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._owned import Applied
 from monarch_core._actor import _engine
-from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
+from monarch_core._actor._mesh_base import START_TIMEOUT, _owner_check, _ProcSlot, _slot_from_ref
 from monarch_core._proc._port import GatherReplies
 from monarch_core._proc import _control as C
 from monarch_core._launch._spawn import stop_procs
@@ -83,8 +84,6 @@ class ProcMesh(MeshTrait):
         Returns immediately; each actor's ``__init__`` runs before its first
         endpoint call.  ``ValueError`` if ``Class`` is not an ``Actor``
         subclass."""
-        from monarch_core._actor._actor import Actor
-
         if not isinstance(name, str) or not name:
             raise TypeError(f"spawn(name, Class, ...): name must be a non-empty str, got {name!r}")
         if not (isinstance(Class, type) and issubclass(Class, Actor)):
@@ -119,14 +118,12 @@ class ProcMesh(MeshTrait):
         rt.agent.register_supervised(
             Supervised(key, name, Class.__qualname__, mesh, owner_host, mesh._health, members)
         )
-        procs = []
         trace, traced = rt.observer.spawn_trace(name)  # (the ``__init__`` s record under a traced spawn)
         for i, slot in enumerate(members):
             _send.control(kernel, slot.proc_id, slot.address if slot.ready.is_set() else None,
                           C.Spawn(key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner, trace),
                           payload, bufs, gather.port_id)
-            procs.append(slot.proc_id)
-        gather.procs = procs
+        gather.procs = [slot.proc_id for slot in members]
         if traced is not None and not gather.cell.add_callback(traced):
             traced()
         rt.agent.register_owned(mesh)
@@ -215,7 +212,6 @@ class ProcMesh(MeshTrait):
             raise TypeError(f"logging_option(level=...) must be a logging level such as logging.INFO, got {level!r}")
         if self._stopped is not None:
             raise RuntimeError(f"proc mesh {self._name!r} has been stopped; spawn procs again")
-        from monarch_core._actor._mesh_base import START_TIMEOUT
         slots = [self._slots[r] for r in self._region_.root_ranks()]
         _start.runtime().observer.log_option(self._name, slots, stream_to_client, level, aggregate_window_sec,
                                              START_TIMEOUT)
