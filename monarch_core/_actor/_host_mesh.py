@@ -88,7 +88,7 @@ class HostMesh(MeshTrait):
         client's terminal themselves); ``MONARCH_STREAM_LOGS`` sets it for both.
         When false, a remote proc writes to a per-host log file whose path the
         client logs (``monarch.logs``, INFO)."""
-        return _output_mode(any(self._hosts[r].address is not None for r in self._region_.root_ranks())) == "stream"
+        return _output_mode(any(h.address is not None for h in self.hosts)) == "stream"
 
     @property
     def is_fake_in_process(self) -> bool:
@@ -108,8 +108,7 @@ class HostMesh(MeshTrait):
         rows = [f"{'rank':>4}  {'coords':<28} {'host':<20} {'address':<40} labels"]
         ext = self._region_.extent
         lost = self._shared["lost"]
-        for i, root in enumerate(self._region_.root_ranks()):
-            h = self._hosts[root]
+        for i, h in enumerate(self.hosts):
             labels = " ".join(f"{k}={v}" for k, v in h.labels.items())
             if h.name in lost:
                 labels = (labels + " " if labels else "") + f"LOST ({lost[h.name]})"
@@ -166,8 +165,8 @@ class HostMesh(MeshTrait):
         ``notice`` set for this host mesh's owner (its ``__supervise__``, or
         the client's ``unhandled_fault_hook``); nothing fails."""
         coords = "{}"
-        for i, root in enumerate(self._region_.root_ranks()):
-            if self._hosts[root].name == host_name:
+        for i, h in enumerate(self.hosts):
+            if h.name == host_name:
                 coords = str(Point(i, self._region_.extent))
         failure = S.make_notice(self, self._name, host_name, coords, message)
         owner = self._shared.get("owner")
@@ -244,11 +243,10 @@ class HostMesh(MeshTrait):
         common = dict(name=name, labels=extent.labels, sizes=extent.sizes, status=launch.status,
                       parent=(rt.proc_id, rt.kernel.address), root=tuple(rt.root), transport=rt.transport,
                       log_level=level)
-        host_roots = self._region_.root_ranks()
+        hosts = self.hosts
         here_path = tuple(p for p in sys.path if p)
-        remote_path = _code_sync.remote_sys_path() if any(self._hosts[r].address is not None for r in host_roots) else ()
-        for hi, hroot in enumerate(host_roots):
-            host = self._hosts[hroot]
+        remote_path = _code_sync.remote_sys_path() if any(h.address is not None for h in hosts) else ()
+        for hi, host in enumerate(hosts):
             remote = host.address is not None
             # what sync_workspace gave this host: its directories first on sys.path, a shipped env's Python
             sys_path, env_python = _code_sync.spawn_overrides(self._shared, host.name, remote_path if remote else here_path)
