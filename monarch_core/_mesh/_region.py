@@ -32,13 +32,12 @@ class Extent(_Frozen):
         order.  A zero-dimensional extent has exactly one element.
     """
 
-    __slots__ = ("_labels", "_sizes", "_nelements", "_region", "_index")
+    __slots__ = ("_labels", "_sizes", "_nelements", "_region")
 
     _labels: tuple[str, ...]
     _sizes: tuple[int, ...]
     _nelements: int
     _region: Region | None
-    _index: dict[str, int] | None
 
     def __init__(self, labels: Sequence[str], sizes: Sequence[int]) -> None:
         if isinstance(labels, str):
@@ -73,7 +72,6 @@ class Extent(_Frozen):
         object.__setattr__(self, "_sizes", sizes)
         object.__setattr__(self, "_nelements", math.prod(sizes))
         object.__setattr__(self, "_region", None)
-        object.__setattr__(self, "_index", None)
 
     @classmethod
     def _make(cls, labels: tuple[str, ...], sizes: tuple[int, ...]) -> Extent:
@@ -110,19 +108,11 @@ class Extent(_Frozen):
             object.__setattr__(self, "_region", r)
         return r
 
-    def _label_index(self) -> dict[str, int]:
-        idx = self._index
-        if idx is None:
-            idx = {label: i for i, label in enumerate(self._labels)}
-            object.__setattr__(self, "_index", idx)
-        return idx
-
     def _position(self, label: object, owner: str) -> int:
         """Index of dimension ``label``; ``KeyError`` naming ``owner`` and the dimensions."""
-        i = self._label_index().get(label) if isinstance(label, str) else None
-        if i is None:
+        if label not in self:
             raise KeyError(f"{owner} has no dimension {label!r}; its dimensions are {list(self._labels)}")
-        return i
+        return self._labels.index(label)
 
     # -- mapping-like API ---------------------------------------------------
 
@@ -143,7 +133,7 @@ class Extent(_Frozen):
         return self._sizes[self._position(label, "Extent")]
 
     def __contains__(self, label: object) -> bool:
-        return isinstance(label, str) and label in self._label_index()
+        return isinstance(label, str) and label in self._labels
 
     def __len__(self) -> int:
         """Number of dimensions."""
