@@ -185,7 +185,7 @@ class Region(_Frozen):
     _sizes: tuple[int, ...]
     _strides: tuple[int, ...]
     _offset: int
-    _extent: Extent | None
+    _extent: Extent
     _dense_stride: int | None
     _inverse: Any
 
@@ -224,7 +224,7 @@ class Region(_Frozen):
         osa(self, "_sizes", sizes)
         osa(self, "_strides", strides)
         osa(self, "_offset", offset)
-        osa(self, "_extent", extent)
+        osa(self, "_extent", Extent._make(labels, sizes) if extent is None else extent)
         # Dense means the root ranks form the arithmetic progression
         # offset, offset + s, offset + 2s, ...; dimensions of size 1 don't
         # take part (their stride is irrelevant).
@@ -274,11 +274,7 @@ class Region(_Frozen):
     @property
     def extent(self) -> Extent:
         """``Extent(labels, sizes)``."""
-        e = self._extent
-        if e is None:
-            e = Extent._make(self._labels, self._sizes)
-            object.__setattr__(self, "_extent", e)
-        return e
+        return self._extent
 
     @property
     def nelements(self) -> int:
