@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any
 
@@ -72,19 +73,14 @@ def _instance(host: Any) -> ActorInstance:
     return view
 
 
+@dataclasses.dataclass(eq=False, slots=True)
 class Context:
     """What ``context()`` returns: ``actor_instance`` (the running actor: its
     ``rank``, ``actor_id``, ``name``, ``proc``) and ``message_rank`` (the
     current message's ``Point`` within the cast that delivered it)."""
 
-    __slots__ = ("actor_instance", "message_rank")
-
-    def __init__(self, actor_instance: Any, message_rank: Point) -> None:
-        self.actor_instance = actor_instance
-        self.message_rank = message_rank
-
-    def __repr__(self) -> str:
-        return f"Context(actor_instance={self.actor_instance!r}, message_rank={self.message_rank!r})"
+    actor_instance: Any
+    message_rank: Point
 
 
 def context() -> Context:
