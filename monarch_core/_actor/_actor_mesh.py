@@ -33,7 +33,27 @@ def _sender_name() -> str:
     return host.display_name if host is not None else "client"
 
 
-class ActorMesh(MeshTrait, Generic[T]):
+class _Mesh(MeshTrait):
+    """What the actor, proc and host meshes share: the region of the view
+    (``_region_``, the ``MeshTrait`` hook) and the cell that says when the
+    mesh is ready (``_init_cell``)."""
+
+    _region_: Region
+    _init_cell: Cell
+
+    @property
+    def _region(self) -> Region:
+        return self._region_
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Resolves to True once the mesh is ready: every actor's ``__init__``
+        has run (raises the first ``__init__`` error), every proc has started
+        and run its bootstrap; a host mesh's at once."""
+        return Future._of(self._init_cell)
+
+
+class ActorMesh(_Mesh, Generic[T]):
     """A mesh of actors of one class.  Endpoint attributes are
     :class:`~monarch_core.actor.Endpoint` s; slicing gives a view.
 
@@ -68,11 +88,6 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._stopped = False
         self._endpoints: dict[str, Any] = {}
         self._recipients = Recipients(key, members, region)  # how messages reach this view (``_proc._send``)
-
-    # MeshTrait hooks
-    @property
-    def _region(self) -> Region:
-        return self._region_
 
     def _with_region(self, region: Region) -> ActorMesh[T]:
         return ActorMesh(
@@ -133,12 +148,6 @@ class ActorMesh(MeshTrait, Generic[T]):
         raise AttributeError(
             f"actor mesh {self._name!r} of {self._class.__qualname__} has no endpoint {attr!r}"
         )
-
-    @property
-    def initialized(self) -> Future[bool]:
-        """Resolves to True once every actor's ``__init__`` has run (raises the
-        first ``__init__`` error)."""
-        return Future._of(self._init_cell)
 
     @property
     def proc_mesh(self) -> ProcMesh | None:

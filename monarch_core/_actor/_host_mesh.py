@@ -20,7 +20,7 @@ from monarch_core._launch import _start
 from monarch_core._proc import _send, _serial, _state
 from monarch_core._proc import _supervision as S
 from monarch_core._proc._future import Cell, Future
-from monarch_core._actor._actor_mesh import _all_done
+from monarch_core._actor._actor_mesh import _all_done, _Mesh
 from monarch_core._actor._mesh_base import _owner_check
 from monarch_core._actor._proc_mesh import ProcMesh
 from monarch_core._proc import _control as C
@@ -31,7 +31,7 @@ from monarch_core._launch._bootstrap import (
 )
 from monarch_core._launch._spawn import Launch, host_proc_id
 from monarch_core._launch._spec import ProcSpec
-from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
+from monarch_core._mesh._shape import Extent, Point, Region
 from monarch_core._workspace import Workspace
 
 logger = logging.getLogger("monarch.mesh")
@@ -39,7 +39,7 @@ logger = logging.getLogger("monarch.mesh")
 _names = itertools.count()
 
 
-class HostMesh(MeshTrait):
+class HostMesh(_Mesh):
     """A mesh of hosts that can spawn proc meshes.
 
     As an async context manager it shuts the hosts down on exit."""
@@ -57,6 +57,7 @@ class HostMesh(MeshTrait):
     ) -> None:
         self._hosts = hosts
         self._region_ = region
+        self._init_cell = Future._resolved(True)._ensure()  # (hosts are ready once allocated)
         self._owner = owner
         self._allocation = allocation
         self._python = python_executable
@@ -65,10 +66,6 @@ class HostMesh(MeshTrait):
         self._shared = shared if shared is not None else {"procs": [], "shutdown": False, "lost": {}}
         if owner and shared is None:
             self._watch_hosts()
-
-    @property
-    def _region(self) -> Region:
-        return self._region_
 
     def _with_region(self, region: Region, python_executable: str | None = None) -> HostMesh:
         """A view of these hosts over ``region`` (starting procs with ``python_executable``, if given)."""
@@ -93,10 +90,6 @@ class HostMesh(MeshTrait):
     @property
     def is_fake_in_process(self) -> bool:
         return False
-
-    @property
-    def initialized(self) -> Future[bool]:
-        return Future._resolved(True)
 
     @property
     def hosts(self) -> list[HostHandle]:

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 from monarch_core._launch import _start
 from monarch_core._proc import _send, _serial, _state
 from monarch_core._actor._actor import Actor
-from monarch_core._actor._actor_mesh import ActorMesh, _release
+from monarch_core._actor._actor_mesh import ActorMesh, _Mesh, _release
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._owned import Applied
 from monarch_core._actor import _engine
@@ -17,7 +17,7 @@ from monarch_core._actor._mesh_base import START_TIMEOUT, _owner_check, _ProcSlo
 from monarch_core._proc._port import GatherReplies
 from monarch_core._proc import _control as C
 from monarch_core._launch._spawn import stop_procs
-from monarch_core._mesh._shape import MeshTrait, Point, Region
+from monarch_core._mesh._shape import Point, Region
 
 logger = logging.getLogger("monarch.mesh")
 
@@ -26,7 +26,7 @@ T = TypeVar("T")
 HostMesh = Any
 
 
-class ProcMesh(MeshTrait):
+class ProcMesh(_Mesh):
     """A mesh of processes that can spawn actor meshes."""
 
     def __init__(
@@ -52,17 +52,8 @@ class ProcMesh(MeshTrait):
         if owner and host_mesh is not None:
             _start.runtime().observer.register_procs(name, slots, region.extent, getattr(host_mesh, "_name", ""))
 
-    @property
-    def _region(self) -> Region:
-        return self._region_
-
     def _with_region(self, region: Region) -> ProcMesh:
         return ProcMesh(self._name, self._slots, region, self._host_mesh, self._init_cell, False, self._actor_meshes)
-
-    @property
-    def initialized(self) -> Future[bool]:
-        """Resolves to True once every proc has started and run its bootstrap."""
-        return Future._of(self._init_cell)
 
     @property
     def host_mesh(self) -> HostMesh | None:
