@@ -29,17 +29,11 @@ SPMD_NAMES = ("JobFailed", "RankFailure", "SPMDActor", "ScriptError", "launch", 
 def leaf_exceptions(exc: BaseException) -> list[BaseException]:
     """Flatten nested exception groups into their leaf exceptions."""
     if isinstance(exc, BaseExceptionGroup):
-        out: list[BaseException] = []
-        for e in exc.exceptions:
-            out.extend(leaf_exceptions(e))
-        return out
+        return [leaf for e in exc.exceptions for leaf in leaf_exceptions(e)]
     return [exc]
 
 
 def first_leaf(exc: BaseException, *, skip: tuple[type[BaseException], ...] = ()) -> BaseException:
     """The first leaf of ``exc`` that is not an instance of ``skip`` (or the first leaf)."""
-    leaves = leaf_exceptions(exc)
-    for e in leaves:
-        if not isinstance(e, skip):
-            return e
-    return leaves[0] if leaves else exc
+    leaves = leaf_exceptions(exc)  # (never empty: an exception group has at least one exception)
+    return next((e for e in leaves if not isinstance(e, skip)), leaves[0])

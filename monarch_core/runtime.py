@@ -153,7 +153,4 @@ def rdma_backend_specs() -> list[Any]:
     call it once and keep the result)."""
     from monarch_core._plugins import registry
 
-    out: list[Any] = []
-    for batch in registry().pm.hook.monarch_rdma_backends():
-        out.extend(batch or ())
-    return out
+    return [spec for batch in registry().pm.hook.monarch_rdma_backends() for spec in batch or ()]

@@ -8,6 +8,7 @@ not copied on its way through.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket as _stdsocket
 from typing import Any
@@ -30,10 +31,8 @@ class SocketStream(Stream):
         self.peer = peer
         self._closed = False
         if sock.family in (_stdsocket.AF_INET, _stdsocket.AF_INET6):
-            try:
+            with contextlib.suppress(OSError):
                 sock.setsockopt(_stdsocket.IPPROTO_TCP, _stdsocket.TCP_NODELAY, 1)
-            except OSError:  # pragma: no cover
-                pass
 
     async def send_all(self, data: Any) -> None:
         if self._closed:

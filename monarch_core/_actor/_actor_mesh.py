@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Generic, TypeVar
 
 from monarch_core._launch import _start
@@ -14,11 +15,13 @@ from monarch_core._proc._port import (
     OneReply,
     StreamIterator,
     StreamReplies,
+    this_proc_and_host,
 )
 from monarch_core._proc._send import Call, Recipients
-from monarch_core._mesh._shape import Extent, MeshTrait, Region
+from monarch_core._proc._supervision import MeshFailure
+from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
 from monarch_core._mesh._value_mesh import ValueMesh
-from monarch_core.errors import SupervisionError
+from monarch_core.errors import ActorError, SupervisionError
 
 T = TypeVar("T")
 #: A ``ProcMesh`` (``_proc_mesh`` imports this module, so it is not named here).
@@ -30,7 +33,27 @@ def _sender_name() -> str:
     return host.display_name if host is not None else "client"
 
 
-class ActorMesh(MeshTrait, Generic[T]):
+class _Mesh(MeshTrait):
+    """What the actor, proc and host meshes share: the region of the view
+    (``_region_``, the ``MeshTrait`` hook) and the cell that says when the
+    mesh is ready (``_init_cell``)."""
+
+    _region_: Region
+    _init_cell: Cell
+
+    @property
+    def _region(self) -> Region:
+        return self._region_
+
+    @property
+    def initialized(self) -> Future[bool]:
+        """Resolves to True once the mesh is ready: every actor's ``__init__``
+        has run (raises the first ``__init__`` error), every proc has started
+        and run its bootstrap; a host mesh's at once."""
+        return Future._of(self._init_cell)
+
+
+class ActorMesh(_Mesh, Generic[T]):
     """A mesh of actors of one class.  Endpoint attributes are
     :class:`~monarch_core.actor.Endpoint` s; slicing gives a view.
 
@@ -66,11 +89,6 @@ class ActorMesh(MeshTrait, Generic[T]):
         self._endpoints: dict[str, Any] = {}
         self._recipients = Recipients(key, members, region)  # how messages reach this view (``_proc._send``)
 
-    # MeshTrait hooks
-    @property
-    def _region(self) -> Region:
-        return self._region_
-
     def _with_region(self, region: Region) -> ActorMesh[T]:
         return ActorMesh(
             self._class, self._name, self._key, self._members, region, self._proc_mesh, self._init_cell, False,
@@ -94,7 +112,21 @@ class ActorMesh(MeshTrait, Generic[T]):
         the proc and host of each; a stop reason its proc mesh was given.
         ``None`` when ``exc`` is the endpoint's own ``ActorError`` (which names
         all that already).  Only ever called for a failure."""
-        return _describe_call(self, endpoint, adverb, ranks, proc_id, exc)
+        if isinstance(exc, ActorError) and exc.endpoint == endpoint and exc.actor:
+            return None  # raised by the endpoint itself: its text names the actor, endpoint, proc and host
+        region = self._region_
+        n = region.nelements
+        members = self._members
+        if ranks is None or any(r < 0 or r >= n for r in ranks):
+            ranks = [i for i in range(n) if proc_id is None or members[region.root_rank(i)].proc_id == proc_id]
+        head = f"{adverb}() of {self._name}.{endpoint} (actor mesh {self._name!r}, class {self._class.__qualname__})"
+        if not ranks:
+            return f"{head} failed"
+        text = f"{head} failed on {_ranks_where(self, ranks)}"
+        stops = {members[region.root_rank(r)].stopped for r in ranks} - {None}
+        if stops:
+            text += " (" + "; ".join(sorted(stops)) + ")"
+        return text
 
     def __getattr__(self, attr: str) -> Any:
         if attr.startswith("__") or attr in ("_class", "_endpoints", "_name", "_region_"):
@@ -118,12 +150,6 @@ class ActorMesh(MeshTrait, Generic[T]):
         )
 
     @property
-    def initialized(self) -> Future[bool]:
-        """Resolves to True once every actor's ``__init__`` has run (raises the
-        first ``__init__`` error)."""
-        return Future._of(self._init_cell)
-
-    @property
     def proc_mesh(self) -> ProcMesh | None:
         return self._proc_mesh
 
@@ -142,7 +168,7 @@ class ActorMesh(MeshTrait, Generic[T]):
                   adverb: str = "call_one") -> Cell:
         err = self._failed_error(ep)
         if err is not None:
-            return _failed_cell(err)
+            return Future._failed(err)._ensure()
         payload, bufs = self._pack(ep, args, kwargs)
         rt = _start.runtime()
         kernel = rt.kernel
@@ -162,7 +188,7 @@ class ActorMesh(MeshTrait, Generic[T]):
     def _call_all(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> Cell:
         err = self._failed_error(ep)
         if err is not None:
-            return _failed_cell(err)
+            return Future._failed(err)._ensure()
         payload, bufs = self._pack(ep, args, kwargs)
         rt = _start.runtime()
         kernel = rt.kernel
@@ -243,12 +269,11 @@ class ActorMesh(MeshTrait, Generic[T]):
         h.procs = self._recipients.stop(rt.kernel, reason, _sender_name(), h)
         _release(rt, self)
         rt.observer.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
-        return Future._of(rt.observer.actor_mesh_stopping(self, reason, _never_fails(h.cell)))
+        return Future._of(rt.observer.actor_mesh_stopping(self, reason, _all_done([h.cell])))
 
     def __reduce__(self) -> Any:
         members = [self._members[r].ref() for r in self._region_.root_ranks()]
-        region = Extent(self._region_.labels, self._region_.sizes).region
-        return (_rebuild_actor_mesh, (self._class, self._name, self._key, members, region))
+        return (_rebuild_actor_mesh, (self._class, self._name, self._key, members, self._region_.extent.region))
 
     def __repr__(self) -> str:
         return f"<ActorMesh {self._name!r} of {self._class.__qualname__} {self._region_.extent}>"
@@ -261,10 +286,8 @@ def _release(rt: Any, mesh: Any) -> None:
     rt.agent.unregister_owned(mesh)
     host = _state.current_actor.get()
     if host is not None:
-        try:
+        with contextlib.suppress(ValueError):
             host.owned.remove(mesh)
-        except ValueError:
-            pass
     if isinstance(mesh, ActorMesh):
         rt.agent.unregister_supervised(mesh._key)
         pm = mesh._proc_mesh
@@ -290,9 +313,6 @@ _RANKS_SHOWN = 4
 def _rank_where(mesh: ActorMesh[Any], index: int) -> str:
     """``rank 1 {'gpus': 1/2} on proc procs0{'gpus': 1/2} on host node7`` for
     rank ``index`` of the view ``mesh``."""
-    from monarch_core._proc._port import this_proc_and_host
-    from monarch_core._mesh._shape import Point
-
     region = mesh._region_
     root = region.root_rank(index)
     slot = mesh._members[root]
@@ -327,32 +347,9 @@ def _ranks_where(mesh: ActorMesh[Any], ranks: list[int]) -> str:
     return shown
 
 
-def _describe_call(mesh: ActorMesh[Any], endpoint: str, adverb: str, ranks: list[int] | None,
-                   proc_id: str | None, exc: BaseException) -> str | None:
-    from monarch_core.errors import ActorError
-
-    if isinstance(exc, ActorError) and exc.endpoint == endpoint and exc.actor:
-        return None  # raised by the endpoint itself: its text names the actor, endpoint, proc and host
-    region = mesh._region_
-    n = region.nelements
-    members = mesh._members
-    if ranks is None or any(r < 0 or r >= n for r in ranks):
-        ranks = [i for i in range(n) if proc_id is None or members[region.root_rank(i)].proc_id == proc_id]
-    head = f"{adverb}() of {mesh._name}.{endpoint} (actor mesh {mesh._name!r}, class {mesh._class.__qualname__})"
-    if not ranks:
-        return f"{head} failed"
-    text = f"{head} failed on {_ranks_where(mesh, ranks)}"
-    stops = {members[region.root_rank(r)].stopped for r in ranks} - {None}
-    if stops:
-        text += " (" + "; ".join(sorted(stops)) + ")"
-    return text
-
-
 def _failed_ranks_error(mesh: ActorMesh[Any], endpoint: str, failed: list[tuple[int, dict]]) -> SupervisionError:
     """The fail-fast error of a call to a view with failed ranks: every failed
     rank of the view, then the report of the first (its cascade, first failure first)."""
-    from monarch_core._proc._supervision import MeshFailure
-
     ranks = ", ".join(f"{i} ({rep['mesh_name']}{rep['coords'] if rep['coords'] != '{}' else ''})"
                       for i, rep in failed[:_RANKS_SHOWN])
     if len(failed) > _RANKS_SHOWN:
@@ -365,26 +362,21 @@ def _failed_ranks_error(mesh: ActorMesh[Any], endpoint: str, failed: list[tuple[
     )
 
 
-def _failed_cell(exc: BaseException) -> Cell:
-    c = Cell()
-    c.set_exception(exc)
-    return c
-
-
-def _never_fails(cell: Cell) -> Cell:
-    """A cell that resolves to None when ``cell`` resolves, whatever the outcome
-    (stopping something already dead is not an error)."""
+def _all_done(cells: list[Cell]) -> Cell:
+    """A cell that resolves to None once every one of ``cells`` has, whatever
+    the outcomes (stopping something already dead is not an error)."""
     out = Cell()
 
-    def done() -> None:
-        out.set_result(None)
+    def check() -> None:  # each cell is done before its callbacks run: the last one's sees them all done
+        if all(c.done() for c in cells):
+            out.set_result(None)
 
-    if not cell.add_callback(done):
-        done()
+    for c in cells:
+        c.add_callback(check)
+    check()  # (those done already, or none at all)
     return out
 
 
 def _rebuild_actor_mesh(cls: type, name: str, key: str, members: list, region: Region) -> ActorMesh[Any]:
-    c = Cell()
-    c.set_result(True)
-    return ActorMesh(cls, name, key, [_slot_from_ref(m) for m in members], region, None, c, False)
+    members = [_slot_from_ref(m) for m in members]
+    return ActorMesh(cls, name, key, members, region, None, Future._resolved(True)._ensure(), False)

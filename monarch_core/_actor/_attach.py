@@ -8,9 +8,10 @@ from monarch_core import settings
 from monarch_core._launch import _start
 from monarch_core._proc import _state
 from monarch_core._actor import FORK_SERVER_WARM
-from monarch_core._actor._host_mesh import HostMesh, _HostMeshOwnership
+from monarch_core._actor._host_mesh import HostMesh
 from monarch_core._launch import _alloc
 from monarch_core._mesh._shape import Extent
+from monarch_core.errors import ConnectError
 
 ATTACH_TIMEOUT: float = settings.get("MONARCH_ATTACH_TIMEOUT")
 
@@ -63,7 +64,6 @@ def attach(
 ) -> HostMesh:
     """See :func:`attach_to_workers`."""
     from monarch_core._proc import _transport
-    from monarch_core.errors import ConnectError
 
     if isinstance(workers, str) or not workers:
         raise TypeError(
@@ -115,5 +115,5 @@ def attach(
     region = Extent(["hosts"], [len(hosts)]).region
     hm = HostMesh(hosts, region, owner=True, name="workers")
     rt.observer.lifecycle("host_mesh.spawned", mesh="workers", hosts=[h.name for h in hosts], scheduler="attach")
-    rt.agent.register_owned(_HostMeshOwnership(hm))
+    rt.agent.register_owned(hm)
     return hm

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from typing import Any
 
+from monarch_core._actor._mesh import this_proc
 from monarch_core._launch import _start
 from monarch_core._proc import _state
 from monarch_core._mesh._shape import Point
+
+
+def _this_proc(_instance: Any) -> Any:
+    """``proc`` of an actor or client instance: the ``ProcMesh`` of the proc it runs on."""
+    return this_proc()
 
 
 class ClientInstance:
@@ -22,11 +29,7 @@ class ClientInstance:
         self.actor_id = f"{rt.proc_id}.{rt.name}"
         self.display_name = rt.name
 
-    @property
-    def proc(self) -> Any:
-        from monarch_core._actor._mesh import this_proc
-
-        return this_proc()
+    proc = property(_this_proc)
 
     def __repr__(self) -> str:
         return f"<{self.name} on {self.proc_id}>"
@@ -44,11 +47,7 @@ class ActorInstance:
     def __init__(self, host: Any) -> None:
         self._host = host
 
-    @property
-    def proc(self) -> Any:
-        from monarch_core._actor._mesh import this_proc
-
-        return this_proc()
+    proc = property(_this_proc)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._host, name)
@@ -74,19 +73,14 @@ def _instance(host: Any) -> ActorInstance:
     return view
 
 
+@dataclasses.dataclass(eq=False, slots=True)
 class Context:
     """What ``context()`` returns: ``actor_instance`` (the running actor: its
     ``rank``, ``actor_id``, ``name``, ``proc``) and ``message_rank`` (the
     current message's ``Point`` within the cast that delivered it)."""
 
-    __slots__ = ("actor_instance", "message_rank")
-
-    def __init__(self, actor_instance: Any, message_rank: Point) -> None:
-        self.actor_instance = actor_instance
-        self.message_rank = message_rank
-
-    def __repr__(self) -> str:
-        return f"Context(actor_instance={self.actor_instance!r}, message_rank={self.message_rank!r})"
+    actor_instance: Any
+    message_rank: Point
 
 
 def context() -> Context:

@@ -6,8 +6,10 @@ from typing import Any, TypeVar
 
 from monarch_core._launch import _start
 from monarch_core._proc import _send, _serial
+from monarch_core._actor._actor import Actor
 from monarch_core._actor._actor_mesh import ActorMesh
-from monarch_core._proc._future import Cell, Future
+from monarch_core._actor._endpoint import _map_future
+from monarch_core._proc._future import Future
 from monarch_core._actor._mesh_base import _EMPTY_REGION, _ProcSlot
 from monarch_core._proc._port import OneReply
 from monarch_core._proc import _control as C
@@ -19,8 +21,6 @@ def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any
     """The singleton actor ``name`` for the whole program, spawned (on the
     root client's process) from ``Class(*args, **kwargs)`` the first time.
     Works from the client and from inside actors."""
-    from monarch_core._actor._actor import Actor
-
     if not isinstance(name, str) or not name:
         raise TypeError(f"get_or_spawn_controller(name, ...): name must be a non-empty str, got {name!r}")
     if not (isinstance(Class, type) and issubclass(Class, Actor)):
@@ -38,10 +38,7 @@ def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any
 
     def build(ref: Any) -> Any:
         key, proc_id, address = ref
-        c = Cell()
-        c.set_result(True)
-        return ActorMesh(Class, name, key, [_ProcSlot(proc_id, address)], _EMPTY_REGION, None, c, False)
-
-    from monarch_core._actor._endpoint import _map_future
+        ready = Future._resolved(True)._ensure()
+        return ActorMesh(Class, name, key, [_ProcSlot(proc_id, address)], _EMPTY_REGION, None, ready, False)
 
     return _map_future(Future._of(h.cell), build)

@@ -7,7 +7,7 @@ import inspect
 import random
 from typing import TYPE_CHECKING, Any, Callable, Generic, Literal, TypeVar, overload
 
-from monarch_core._proc import _state
+from monarch_core._actor import _engine
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._port import Port, StreamIterator
 
@@ -151,13 +151,7 @@ def endpoint(
     on both sides: no endpoint metrics (``monarch_core.telemetry``), no
     client or server span; ``MONARCH_TELEMETRY=0`` turns it off for all.
     """
-
-    def wrap(m: Callable[..., Any]) -> EndpointProperty[Any, Any]:
-        return EndpointProperty(m, propagate, explicit_response_port, instrument)
-
-    if method is not None:
-        return wrap(method)
-    return wrap
+    return _decorate(method, propagate, explicit_response_port, instrument, False)
 
 
 def concurrent_endpoint(
@@ -176,20 +170,24 @@ def concurrent_endpoint(
     for ``explicit_response_port`` endpoints.  Outstanding tasks are cancelled
     before ``__cleanup__`` runs.
     """
+    return _decorate(method, propagate, explicit_response_port, instrument, True)
+
+
+def _decorate(method: Callable[..., Any] | None, propagate: Propagator, explicit_response_port: bool,
+              instrument: bool, concurrent: bool) -> Any:
+    """``@endpoint``/``@concurrent_endpoint``, applied bare (``method`` given) or with options."""
 
     def wrap(m: Callable[..., Any]) -> EndpointProperty[Any, Any]:
-        if not inspect.iscoroutinefunction(m):
+        if concurrent and not inspect.iscoroutinefunction(m):
             from monarch_core.errors import EndpointDefinitionError
 
             raise EndpointDefinitionError(
                 f"@concurrent_endpoint needs an async method; {getattr(m, '__qualname__', m)!r} is "
                 "synchronous. Make it `async def`, or use @endpoint."
             )
-        return EndpointProperty(m, propagate, explicit_response_port, instrument, concurrent=True)
+        return EndpointProperty(m, propagate, explicit_response_port, instrument, concurrent)
 
-    if method is not None:
-        return wrap(method)
-    return wrap
+    return wrap if method is None else wrap(method)
 
 
 class Endpoint(Generic[P, R]):
@@ -300,18 +298,7 @@ class Endpoint(Generic[P, R]):
         """Call the endpoint on every actor inside an active mesh; its tensor
         results stay on the procs as distributed tensors (the tensor engine
         plugin; ``@endpoint(propagate=...)`` tells the client their shapes)."""
-        from monarch_core._actor import _engine
-
         return _engine.engine("Endpoint.rref()").rref(self, args, kwargs)
-
-    def _send(self, args: tuple, kwargs: dict, port: Port[Any] | None = None, selection: str = "all") -> None:
-        self._prop._check_args(args, kwargs)
-        if selection == "all":
-            self._mesh._cast(self, args, kwargs, port, None, "send")
-        elif selection == "choose":
-            self._mesh._cast(self, args, kwargs, port, random.randrange(self._mesh._region.nelements), "send")
-        else:
-            raise ValueError(f"send(selection={selection!r}): selection must be 'all' or 'choose'")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError(
@@ -384,7 +371,15 @@ def send(
     when a send window is full."""
     if not isinstance(endpoint, Endpoint):
         raise TypeError(f"send() needs an endpoint of an actor mesh (mesh.method), got {endpoint!r}")
-    endpoint._send(tuple(args), dict(kwargs), port, selection)
+    args, kwargs = tuple(args), dict(kwargs)
+    endpoint._prop._check_args(args, kwargs)
+    mesh = endpoint._mesh
+    if selection == "all":
+        mesh._cast(endpoint, args, kwargs, port, None, "send")
+    elif selection == "choose":
+        mesh._cast(endpoint, args, kwargs, port, random.randrange(mesh._region.nelements), "send")
+    else:
+        raise ValueError(f"send(selection={selection!r}): selection must be 'all' or 'choose'")
 
 
 def _map_future(fut: Future[Any], fn: Callable[[Any], Any]) -> Future[Any]:
@@ -421,13 +416,8 @@ class Accumulator(Generic[P, R, A]):
 
     def accumulate(self, *args: P.args, **kwargs: P.kwargs) -> Future[A]:
         """Call the endpoint everywhere; resolve to the folded value."""
-        identity, combine = self._identity, self._combine
-
         def fold(vm: Any) -> A:
-            acc = identity
-            for v in vm.values():
-                acc = combine(acc, v)
-            return acc
+            return functools.reduce(self._combine, vm.values(), self._identity)
 
         return _map_future(self._endpoint.call(*args, **kwargs), fold)
 

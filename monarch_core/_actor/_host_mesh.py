@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
 import math
 import sys
-import threading
 import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 from monarch_core import settings
 from monarch_core._launch import _start
 from monarch_core._proc import _send, _serial, _state
+from monarch_core._proc import _supervision as S
 from monarch_core._proc._future import Cell, Future
+from monarch_core._actor._actor_mesh import _all_done, _Mesh
 from monarch_core._actor._mesh_base import _owner_check
 from monarch_core._actor._proc_mesh import ProcMesh
 from monarch_core._proc import _control as C
@@ -29,7 +31,7 @@ from monarch_core._launch._bootstrap import (
 )
 from monarch_core._launch._spawn import Launch, host_proc_id
 from monarch_core._launch._spec import ProcSpec
-from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
+from monarch_core._mesh._shape import Extent, Point, Region
 from monarch_core._workspace import Workspace
 
 logger = logging.getLogger("monarch.mesh")
@@ -37,7 +39,7 @@ logger = logging.getLogger("monarch.mesh")
 _names = itertools.count()
 
 
-class HostMesh(MeshTrait):
+class HostMesh(_Mesh):
     """A mesh of hosts that can spawn proc meshes.
 
     As an async context manager it shuts the hosts down on exit."""
@@ -55,6 +57,7 @@ class HostMesh(MeshTrait):
     ) -> None:
         self._hosts = hosts
         self._region_ = region
+        self._init_cell = Future._resolved(True)._ensure()  # (hosts are ready once allocated)
         self._owner = owner
         self._allocation = allocation
         self._python = python_executable
@@ -64,13 +67,10 @@ class HostMesh(MeshTrait):
         if owner and shared is None:
             self._watch_hosts()
 
-    @property
-    def _region(self) -> Region:
-        return self._region_
-
-    def _with_region(self, region: Region) -> HostMesh:
-        return HostMesh(self._hosts, region, owner=False, allocation=self._allocation, python_executable=self._python,
-                        name=self._name, shared=self._shared)
+    def _with_region(self, region: Region, python_executable: str | None = None) -> HostMesh:
+        """A view of these hosts over ``region`` (starting procs with ``python_executable``, if given)."""
+        return HostMesh(self._hosts, region, owner=False, allocation=self._allocation,
+                        python_executable=python_executable or self._python, name=self._name, shared=self._shared)
 
     @property
     def region(self) -> Region:
@@ -85,15 +85,11 @@ class HostMesh(MeshTrait):
         client's terminal themselves); ``MONARCH_STREAM_LOGS`` sets it for both.
         When false, a remote proc writes to a per-host log file whose path the
         client logs (``monarch.logs``, INFO)."""
-        return _output_mode(any(self._hosts[r].address is not None for r in self._region_.root_ranks())) == "stream"
+        return _output_mode(any(h.address is not None for h in self.hosts)) == "stream"
 
     @property
     def is_fake_in_process(self) -> bool:
         return False
-
-    @property
-    def initialized(self) -> Future[bool]:
-        return Future._resolved(True)
 
     @property
     def hosts(self) -> list[HostHandle]:
@@ -105,8 +101,7 @@ class HostMesh(MeshTrait):
         rows = [f"{'rank':>4}  {'coords':<28} {'host':<20} {'address':<40} labels"]
         ext = self._region_.extent
         lost = self._shared["lost"]
-        for i, root in enumerate(self._region_.root_ranks()):
-            h = self._hosts[root]
+        for i, h in enumerate(self.hosts):
             labels = " ".join(f"{k}={v}" for k, v in h.labels.items())
             if h.name in lost:
                 labels = (labels + " " if labels else "") + f"LOST ({lost[h.name]})"
@@ -132,10 +127,8 @@ class HostMesh(MeshTrait):
             for name, address in remote:
                 rt.agent.watch_host(host_proc_id(address), address, functools.partial(self._host_silent, name))
 
-        try:
+        with contextlib.suppress(RuntimeError):  # the kernel is gone: nothing to watch with
             rt.kernel.call_soon(watch)
-        except RuntimeError:  # the kernel is gone: nothing to watch with
-            pass
 
     def _host_silent(self, host_name: str, reason: str) -> None:
         """The worker loop of ``host_name`` stopped answering heartbeats (loop
@@ -164,11 +157,9 @@ class HostMesh(MeshTrait):
         """A scheduler's notice (any thread): a ``MeshFailure`` with
         ``notice`` set for this host mesh's owner (its ``__supervise__``, or
         the client's ``unhandled_fault_hook``); nothing fails."""
-        from monarch_core._proc import _supervision as S
-
         coords = "{}"
-        for i, root in enumerate(self._region_.root_ranks()):
-            if self._hosts[root].name == host_name:
+        for i, h in enumerate(self.hosts):
+            if h.name == host_name:
                 coords = str(Point(i, self._region_.extent))
         failure = S.make_notice(self, self._name, host_name, coords, message)
         owner = self._shared.get("owner")
@@ -184,8 +175,7 @@ class HostMesh(MeshTrait):
         """A view of these hosts that starts procs with ``python_executable``."""
         if not isinstance(python_executable, str) or not python_executable:
             raise TypeError("with_python_executable() needs the path of a Python executable")
-        return HostMesh(self._hosts, self._region_, owner=False, allocation=self._allocation,
-                        python_executable=python_executable, name=self._name, shared=self._shared)
+        return self._with_region(self._region_, python_executable)
 
     def spawn_procs(
         self,
@@ -214,7 +204,7 @@ class HostMesh(MeshTrait):
             isinstance(bootstrap_command, BootstrapCommand) or callable(bootstrap_command)
         ):
             raise TypeError("bootstrap_command must be a BootstrapCommand or a callable Point -> BootstrapCommand")
-        nper = math.prod(per_host.values()) if per_host else 1
+        nper = math.prod(per_host.values())
         binds = validate_proc_bind(proc_bind, nper)
         try:
             boot_payload = _serial.dumps(bootstrap)
@@ -246,11 +236,10 @@ class HostMesh(MeshTrait):
         common = dict(name=name, labels=extent.labels, sizes=extent.sizes, status=launch.status,
                       parent=(rt.proc_id, rt.kernel.address), root=tuple(rt.root), transport=rt.transport,
                       log_level=level)
-        host_roots = self._region_.root_ranks()
+        hosts = self.hosts
         here_path = tuple(p for p in sys.path if p)
-        remote_path = _code_sync.remote_sys_path() if any(self._hosts[r].address is not None for r in host_roots) else ()
-        for hi, hroot in enumerate(host_roots):
-            host = self._hosts[hroot]
+        remote_path = _code_sync.remote_sys_path() if any(h.address is not None for h in hosts) else ()
+        for hi, host in enumerate(hosts):
             remote = host.address is not None
             # what sync_workspace gave this host: its directories first on sys.path, a shipped env's Python
             sys_path, env_python = _code_sync.spawn_overrides(self._shared, host.name, remote_path if remote else here_path)
@@ -304,16 +293,13 @@ class HostMesh(MeshTrait):
 
     def _forget_procs(self, pm: Any) -> None:
         """``pm`` (spawned here) is stopping: these hosts no longer keep it."""
-        try:
+        with contextlib.suppress(ValueError):
             self._shared["procs"].remove(pm)
-        except ValueError:
-            pass
 
     def _stop_procs(self, grace: float | None = None) -> Future[None]:
         procs = list(self._shared["procs"])
         self._shared["procs"].clear()
-        futs = [p._stop_owned("its host mesh was stopped", grace) for p in procs]
-        return _all_done(futs)
+        return Future._of(_all_done([p._stop_owned("its host mesh was stopped", grace)._ensure() for p in procs]))
 
     def shutdown(self) -> Future[None]:
         """Stop every proc and give the hosts back; the mesh is unusable after."""
@@ -389,6 +375,14 @@ class HostMesh(MeshTrait):
                                 attached=self._allocation is None, mesh=self._name, shared=self._shared)
         await Future._of(cell)
 
+    def _stop_owned(self, reason: str, grace: float | None = None) -> Future[None]:
+        """How the agent shuts a host mesh it owns down at exit (``register_owned``)."""
+        if self._shared["shutdown"]:
+            return Future._resolved(None)
+        if self._allocation is None:  # attached worker loops outlive their clients
+            return self._stop_procs(grace)
+        return self._end(detach=self._allocation.stopped)
+
     async def __aenter__(self) -> HostMesh:
         return self
 
@@ -427,27 +421,6 @@ def _rebuild_host_mesh(hosts: list, region: Region, python: str | None, name: st
     return HostMesh(hosts, region, owner=False, python_executable=python, name=name)
 
 
-def _all_done(futs: list[Future[Any]]) -> Future[None]:
-    out = Cell()
-    if not futs:
-        out.set_result(None)
-        return Future._of(out)
-    remaining = [len(futs)]
-    lock = threading.Lock()
-
-    def one() -> None:
-        with lock:
-            remaining[0] -= 1
-            last = remaining[0] == 0
-        if last:
-            out.set_result(None)
-
-    for f in futs:
-        if not f._ensure().add_callback(one):
-            one()
-    return Future._of(out)
-
-
 def _procs_of_host_lost(kernel: Kernel, shared: dict, hosts: list, host_name: str, reason: str) -> None:
     """Fail every proc of the host meshes sharing ``shared`` that runs on
     ``host_name``, and the session to its worker loop (kernel loop)."""
@@ -468,7 +441,6 @@ def _check_per_host(per_host: Any, host_labels: tuple) -> dict[str, int]:
         return {}
     if not isinstance(per_host, dict):
         raise TypeError(f"per_host must be a dict like {{'gpus': 4}}, got {type(per_host).__name__}")
-    out = {}
     for k, v in per_host.items():
         if not isinstance(k, str) or not k:
             raise TypeError(f"per_host keys must be dimension names (str), got {k!r}")
@@ -476,19 +448,5 @@ def _check_per_host(per_host: Any, host_labels: tuple) -> dict[str, int]:
             raise ValueError(f"per_host[{k!r}] must be an int >= 1, got {v!r}")
         if k in host_labels:
             raise ValueError(f"per_host dimension {k!r} clashes with a host mesh dimension {list(host_labels)}")
-        out[k] = v
-    return out
+    return dict(per_host)
 
-
-class _HostMeshOwnership:
-    """Lets the agent shut a configured host mesh down at exit."""
-
-    def __init__(self, hm: HostMesh) -> None:
-        self.hm = hm
-
-    def _stop_owned(self, reason: str, grace: float | None = None) -> Future[None]:
-        if self.hm._shared["shutdown"]:
-            return Future._resolved(None)
-        if self.hm._allocation is None:  # attached worker loops outlive their clients
-            return self.hm._stop_procs(grace)
-        return self.hm._end(detach=self.hm._allocation.stopped)

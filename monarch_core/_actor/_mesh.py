@@ -17,11 +17,12 @@ from monarch_core._actor import FORK_SERVER_WARM
 from monarch_core._actor._actor_mesh import ActorMesh
 from monarch_core._actor._attach import ATTACH_TIMEOUT, attach
 from monarch_core._actor._controller import get_or_spawn_controller
-from monarch_core._proc._future import Cell
-from monarch_core._actor._host_mesh import HostMesh, _HostMeshOwnership
+from monarch_core._proc._future import Future
+from monarch_core._actor._host_mesh import HostMesh
 from monarch_core._actor._mesh_base import _EMPTY_REGION, START_TIMEOUT, _ProcSlot
 from monarch_core._actor._proc_mesh import ProcMesh
 from monarch_core._mesh._shape import Extent
+from monarch_core.errors import ConfigError
 
 __all__ = [
     "ATTACH_TIMEOUT", "START_TIMEOUT", "ActorMesh", "HostMesh", "ProcMesh", "attach", "get_or_spawn_controller",
@@ -36,9 +37,8 @@ def this_proc() -> ProcMesh:
     rt = _start.runtime()
     pm = rt.caches.get("this_proc")
     if pm is None:
-        c = Cell()
-        c.set_result(True)
-        pm = ProcMesh(rt.proc_mesh_name, [_ProcSlot(rt.proc_id, rt.kernel.address)], _EMPTY_REGION, None, c, False)
+        slot = _ProcSlot(rt.proc_id, rt.kernel.address)
+        pm = ProcMesh(rt.proc_mesh_name, [slot], _EMPTY_REGION, None, Future._resolved(True)._ensure(), False)
         rt.caches["this_proc"] = pm
     return pm
 
@@ -84,10 +84,8 @@ def hosts_from_config(name: str, *, timeout: float | None = None) -> HostMesh:
         raise TypeError(f"hosts_from_config(name): name must be a non-empty str, got {name!r}")
     reg = registry()
     installed = sorted(reg.scheduler_specs())
-    if find_config_file() is None:
-        cfg = default_host_mesh(name, installed_schedulers=installed)
-    else:
-        cfg = lookup_host_mesh(name, installed_schedulers=installed)
+    lookup = default_host_mesh if find_config_file() is None else lookup_host_mesh
+    cfg = lookup(name, installed_schedulers=installed)
     scheduler = reg.scheduler(cfg.scheduler)
     params = _scheduler_params(scheduler, cfg)
     request = AllocationRequest(name=name, params=params, source=cfg.source)
@@ -111,7 +109,7 @@ def host_mesh_of(record: Any, name: str) -> HostMesh:
         hm._host_lost(host_name, reason)
     for host_name, message in record.listen_notices(hm._host_notice):  # reported while allocating
         hm._host_notice(host_name, message)
-    _start.runtime().agent.register_owned(_HostMeshOwnership(hm))
+    _start.runtime().agent.register_owned(hm)
     return hm
 
 
@@ -133,8 +131,6 @@ def _scheduler_params(scheduler: Any, cfg: Any) -> dict[str, Any]:
 
 
 def _check_params(scheduler: Any, request: Any) -> None:
-    from monarch_core.errors import ConfigError
-
     accepted = getattr(scheduler, "params", None)
     unknown = sorted(k for k in request.params if accepted is not None and k not in accepted)
     if unknown:

@@ -8,15 +8,16 @@ from typing import Any, TypeVar
 
 from monarch_core._launch import _start
 from monarch_core._proc import _send, _serial, _state
-from monarch_core._actor._actor_mesh import ActorMesh, _release
+from monarch_core._actor._actor import Actor
+from monarch_core._actor._actor_mesh import ActorMesh, _Mesh, _release
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._owned import Applied
 from monarch_core._actor import _engine
-from monarch_core._actor._mesh_base import _owner_check, _ProcSlot, _slot_from_ref
+from monarch_core._actor._mesh_base import START_TIMEOUT, _owner_check, _ProcSlot, _slot_from_ref
 from monarch_core._proc._port import GatherReplies
 from monarch_core._proc import _control as C
 from monarch_core._launch._spawn import stop_procs
-from monarch_core._mesh._shape import Extent, MeshTrait, Point, Region
+from monarch_core._mesh._shape import Point, Region
 
 logger = logging.getLogger("monarch.mesh")
 
@@ -25,7 +26,7 @@ T = TypeVar("T")
 HostMesh = Any
 
 
-class ProcMesh(MeshTrait):
+class ProcMesh(_Mesh):
     """A mesh of processes that can spawn actor meshes."""
 
     def __init__(
@@ -51,17 +52,8 @@ class ProcMesh(MeshTrait):
         if owner and host_mesh is not None:
             _start.runtime().observer.register_procs(name, slots, region.extent, getattr(host_mesh, "_name", ""))
 
-    @property
-    def _region(self) -> Region:
-        return self._region_
-
     def _with_region(self, region: Region) -> ProcMesh:
         return ProcMesh(self._name, self._slots, region, self._host_mesh, self._init_cell, False, self._actor_meshes)
-
-    @property
-    def initialized(self) -> Future[bool]:
-        """Resolves to True once every proc has started and run its bootstrap."""
-        return Future._of(self._init_cell)
 
     @property
     def host_mesh(self) -> HostMesh | None:
@@ -83,8 +75,6 @@ class ProcMesh(MeshTrait):
         Returns immediately; each actor's ``__init__`` runs before its first
         endpoint call.  ``ValueError`` if ``Class`` is not an ``Actor``
         subclass."""
-        from monarch_core._actor._actor import Actor
-
         if not isinstance(name, str) or not name:
             raise TypeError(f"spawn(name, Class, ...): name must be a non-empty str, got {name!r}")
         if not (isinstance(Class, type) and issubclass(Class, Actor)):
@@ -112,23 +102,19 @@ class ProcMesh(MeshTrait):
         owner_host = _state.current_actor.get()
         owner = (rt.proc_id, kernel.address, owner_host.key if owner_host is not None else "")
         members = [self._slots[root] for root in region.root_ranks()]
-        mesh: ActorMesh[Any] = ActorMesh(
-            Class, name, key, members, Extent(region.labels, region.sizes).region, self, gather.cell, True
-        )
+        mesh: ActorMesh[Any] = ActorMesh(Class, name, key, members, region.extent.region, self, gather.cell, True)
         from monarch_core._proc._agent import Supervised
 
         # Register before sending: a failing __init__ reports back at once.
         rt.agent.register_supervised(
             Supervised(key, name, Class.__qualname__, mesh, owner_host, mesh._health, members)
         )
-        procs = []
         trace, traced = rt.observer.spawn_trace(name)  # (the ``__init__`` s record under a traced spawn)
         for i, slot in enumerate(members):
             _send.control(kernel, slot.proc_id, slot.address if slot.ready.is_set() else None,
                           C.Spawn(key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner, trace),
                           payload, bufs, gather.port_id)
-            procs.append(slot.proc_id)
-        gather.procs = procs
+        gather.procs = [slot.proc_id for slot in members]
         if traced is not None and not gather.cell.add_callback(traced):
             traced()
         rt.agent.register_owned(mesh)
@@ -163,11 +149,11 @@ class ProcMesh(MeshTrait):
         for s in slots:  # shared with the actor meshes spawned here: their failures say why
             if s.stopped is None:
                 s.stopped = note
-        if not slots:
+        if slots:
+            rt.observer.lifecycle("proc_mesh.stopping", mesh=self._name, reason=reason)
+            stop_procs(rt.kernel, slots, reason, STOP_GRACE if grace is None else grace, cell, self._name)
+        else:
             cell.set_result(None)
-            return Future._of(cell)
-        rt.observer.lifecycle("proc_mesh.stopping", mesh=self._name, reason=reason)
-        stop_procs(rt.kernel, slots, reason, STOP_GRACE if grace is None else grace, cell, self._name)
         return Future._of(cell)
 
     def logging_option(
@@ -217,7 +203,6 @@ class ProcMesh(MeshTrait):
             raise TypeError(f"logging_option(level=...) must be a logging level such as logging.INFO, got {level!r}")
         if self._stopped is not None:
             raise RuntimeError(f"proc mesh {self._name!r} has been stopped; spawn procs again")
-        from monarch_core._actor._mesh_base import START_TIMEOUT
         slots = [self._slots[r] for r in self._region_.root_ranks()]
         _start.runtime().observer.log_option(self._name, slots, stream_to_client, level, aggregate_window_sec,
                                              START_TIMEOUT)
@@ -263,14 +248,12 @@ class ProcMesh(MeshTrait):
 
     def __reduce__(self) -> Any:
         refs = [self._slots[r].ref() for r in self._region_.root_ranks()]
-        return (_rebuild_proc_mesh, (self._name, refs, Extent(self._region_.labels, self._region_.sizes).region))
+        return (_rebuild_proc_mesh, (self._name, refs, self._region_.extent.region))
 
     def __repr__(self) -> str:
         return f"<ProcMesh {self._name!r} {self._region_.extent}>"
 
 
 def _rebuild_proc_mesh(name: str, refs: list, region: Region) -> ProcMesh:
-    c = Cell()
-    c.set_result(True)
-    return ProcMesh(name, [_slot_from_ref(r) for r in refs], region, None, c, False)
+    return ProcMesh(name, [_slot_from_ref(r) for r in refs], region, None, Future._resolved(True)._ensure(), False)
 

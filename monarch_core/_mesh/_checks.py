@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 
 def _as_int(value: object, what: str) -> int:
@@ -27,6 +27,14 @@ def _as_int(value: object, what: str) -> int:
         ) from None
 
 
+def _as_count(value: object, what: str, minimum: int) -> int:
+    """``value`` as an ``int`` (see :func:`_as_int`); ``ValueError`` below ``minimum``."""
+    n = _as_int(value, what)
+    if n < minimum:
+        raise ValueError(f"{what} must be >= {minimum}, got {n}")
+    return n
+
+
 def _check_label(label: object, what: str) -> str:
     """Validate that ``label`` is a non-empty ``str`` and return it."""
     if not isinstance(label, str):
@@ -38,13 +46,6 @@ def _check_label(label: object, what: str) -> str:
     return label
 
 
-def _product(values: Sequence[int]) -> int:
-    n = 1
-    for v in values:
-        n *= v
-    return n
-
-
 def _dense_strides(sizes: Sequence[int]) -> tuple[int, ...]:
     """Row-major strides for ``sizes`` (the last dimension has stride 1)."""
     strides = [1] * len(sizes)
@@ -53,6 +54,14 @@ def _dense_strides(sizes: Sequence[int]) -> tuple[int, ...]:
         strides[i] = acc
         acc *= sizes[i]
     return tuple(strides)
+
+
+def _unravel(rank: int, sizes: Sequence[int]) -> list[int]:
+    """The row-major coordinates of ``rank`` over ``sizes``."""
+    coords = [0] * len(sizes)
+    for i in range(len(sizes) - 1, -1, -1):
+        rank, coords[i] = divmod(rank, sizes[i])
+    return coords
 
 
 def _unknown_dim(owner: str, label: object, labels: Sequence[str]) -> NoReturn:
@@ -66,9 +75,26 @@ def _format_dict(labels: Sequence[str], values: Sequence[object]) -> str:
 
 
 class _Frozen:
-    """Base for immutable slotted value objects."""
+    """Base for immutable slotted value objects: equal (to objects of their
+    own type), hashed and pickled by ``_key()``, the arguments that rebuild them."""
 
     __slots__ = ()
+
+    def _key(self) -> tuple[Any, ...]:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, type(self)):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), self._key())
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"{type(self).__name__} is immutable")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from monarch_core._mesh._checks import _as_int, _format_dict, _Frozen
+from monarch_core._mesh._checks import _as_int, _format_dict, _Frozen, _unravel
 from monarch_core._mesh._region import Extent
 
 __all__ = ["Point"]
@@ -25,11 +25,7 @@ def _rank_from_coords(
     if len(coords) != len(labels) or any(label not in coords for label in labels):
         missing = [label for label in labels if label not in coords]
         extra = [k for k in coords if k not in extent]
-        parts = []
-        if missing:
-            parts.append(f"missing {missing}")
-        if extra:
-            parts.append(f"unknown {extra}")
+        parts = [f"{what} {names}" for what, names in (("missing", missing), ("unknown", extra)) if names]
         raise KeyError(
             f"{owner} needs exactly one coordinate per dimension {list(labels)}; "
             + " and ".join(parts)
@@ -116,13 +112,8 @@ class Point(_Frozen, Mapping[str, int]):
         """Coordinates, one per dimension, in label order."""
         c = self._coords
         if c is None:
-            sizes = self._extent.sizes
-            out = [0] * len(sizes)
-            r = self._rank
-            for i in range(len(sizes) - 1, -1, -1):
-                r, out[i] = divmod(r, sizes[i])
-            c = tuple(out)
-            object.__setattr__(self, "_coords", c)
+            c = tuple(_unravel(self._rank, self._extent.sizes))
+            _point_set_coords(self, c)
         return c
 
     def size(self, label: str) -> int:
@@ -130,13 +121,7 @@ class Point(_Frozen, Mapping[str, int]):
         return self._extent[label]
 
     def __getitem__(self, label: str) -> int:
-        i = self._extent._label_index().get(label) if isinstance(label, str) else None
-        if i is None:
-            raise KeyError(
-                f"Point has no dimension {label!r}; its dimensions are "
-                f"{list(self._extent.labels)}"
-            )
-        return self.coords[i]
+        return self.coords[self._extent._position(label, "Point")]
 
     def __contains__(self, label: object) -> bool:
         return label in self._extent
@@ -147,13 +132,8 @@ class Point(_Frozen, Mapping[str, int]):
     def __len__(self) -> int:
         return len(self._extent.labels)
 
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Point):
-            return NotImplemented
-        return self._rank == other._rank and self._extent == other._extent
-
-    def __hash__(self) -> int:
-        return hash((self._rank, self._extent))
+    def _key(self) -> tuple[Any, ...]:
+        return (self._rank, self._extent)
 
     def __repr__(self) -> str:
         return (
@@ -167,9 +147,6 @@ class Point(_Frozen, Mapping[str, int]):
         return _format_dict(
             e.labels, [f"{c}/{s}" for c, s in zip(self.coords, e.sizes)]
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Point, (self._rank, self._extent))
 
 
 # Direct slot setters: bypass the immutability guard on the hot path

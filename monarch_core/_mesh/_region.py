@@ -7,18 +7,12 @@ of root ranks.  The arithmetic of ``Region.slice``/``rename``/``split`` is
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from monarch_core._mesh import _select
-from monarch_core._mesh._checks import (
-    _as_int,
-    _check_label,
-    _dense_strides,
-    _format_dict,
-    _Frozen,
-    _product,
-)
+from monarch_core._mesh._checks import _as_count, _as_int, _check_label, _dense_strides, _format_dict, _Frozen, _unravel
 
 __all__ = ["Extent", "Region"]
 
@@ -38,13 +32,12 @@ class Extent(_Frozen):
         order.  A zero-dimensional extent has exactly one element.
     """
 
-    __slots__ = ("_labels", "_sizes", "_nelements", "_region", "_index")
+    __slots__ = ("_labels", "_sizes", "_nelements", "_region")
 
     _labels: tuple[str, ...]
     _sizes: tuple[int, ...]
     _nelements: int
     _region: Region | None
-    _index: dict[str, int] | None
 
     def __init__(self, labels: Sequence[str], sizes: Sequence[int]) -> None:
         if isinstance(labels, str):
@@ -68,22 +61,17 @@ class Extent(_Frozen):
                     f"once in {list(labels_t)}"
                 )
             seen.add(label)
-        checked = []
-        for label, size in zip(labels_t, sizes_t):
-            s = _as_int(size, f"Extent size of dimension {label!r}")
-            if s < 1:
-                raise ValueError(
-                    f"Extent size of dimension {label!r} must be >= 1, got {s}"
-                )
-            checked.append(s)
-        self._init(labels_t, tuple(checked))
+        checked = tuple(
+            _as_count(size, f"Extent size of dimension {label!r}", 1)
+            for label, size in zip(labels_t, sizes_t)
+        )
+        self._init(labels_t, checked)
 
     def _init(self, labels: tuple[str, ...], sizes: tuple[int, ...]) -> None:
         object.__setattr__(self, "_labels", labels)
         object.__setattr__(self, "_sizes", sizes)
-        object.__setattr__(self, "_nelements", _product(sizes))
+        object.__setattr__(self, "_nelements", math.prod(sizes))
         object.__setattr__(self, "_region", None)
-        object.__setattr__(self, "_index", None)
 
     @classmethod
     def _make(cls, labels: tuple[str, ...], sizes: tuple[int, ...]) -> Extent:
@@ -120,12 +108,11 @@ class Extent(_Frozen):
             object.__setattr__(self, "_region", r)
         return r
 
-    def _label_index(self) -> dict[str, int]:
-        idx = self._index
-        if idx is None:
-            idx = {label: i for i, label in enumerate(self._labels)}
-            object.__setattr__(self, "_index", idx)
-        return idx
+    def _position(self, label: object, owner: str) -> int:
+        """Index of dimension ``label``; ``KeyError`` naming ``owner`` and the dimensions."""
+        if label not in self:
+            raise KeyError(f"{owner} has no dimension {label!r}; its dimensions are {list(self._labels)}")
+        return self._labels.index(label)
 
     # -- mapping-like API ---------------------------------------------------
 
@@ -143,16 +130,10 @@ class Extent(_Frozen):
 
     def __getitem__(self, label: str) -> int:
         """Size of dimension ``label``; ``KeyError`` naming the known labels."""
-        i = self._label_index().get(label) if isinstance(label, str) else None
-        if i is None:
-            raise KeyError(
-                f"Extent has no dimension {label!r}; its dimensions are "
-                f"{list(self._labels)}"
-            )
-        return self._sizes[i]
+        return self._sizes[self._position(label, "Extent")]
 
     def __contains__(self, label: object) -> bool:
-        return isinstance(label, str) and label in self._label_index()
+        return isinstance(label, str) and label in self._labels
 
     def __len__(self) -> int:
         """Number of dimensions."""
@@ -164,24 +145,14 @@ class Extent(_Frozen):
 
     # -- value semantics ----------------------------------------------------
 
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, Extent):
-            return NotImplemented
-        return self._labels == other._labels and self._sizes == other._sizes
-
-    def __hash__(self) -> int:
-        return hash((self._labels, self._sizes))
+    def _key(self) -> tuple[Any, ...]:
+        return (self._labels, self._sizes)
 
     def __repr__(self) -> str:
         return f"Extent({self})"
 
     def __str__(self) -> str:
         return _format_dict(self._labels, self._sizes)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Extent, (self._labels, self._sizes))
 
 
 class Region(_Frozen):
@@ -214,7 +185,7 @@ class Region(_Frozen):
     _sizes: tuple[int, ...]
     _strides: tuple[int, ...]
     _offset: int
-    _extent: Extent | None
+    _extent: Extent
     _dense_stride: int | None
     _inverse: Any
 
@@ -233,18 +204,12 @@ class Region(_Frozen):
                 f"but {len(strides_t)} strides {list(strides_t)}; they must match "
                 "one to one"
             )
-        checked = []
-        for label, stride in zip(extent.labels, strides_t):
-            s = _as_int(stride, f"Region stride of dimension {label!r}")
-            if s < 0:
-                raise ValueError(
-                    f"Region stride of dimension {label!r} must be >= 0, got {s}"
-                )
-            checked.append(s)
-        off = _as_int(offset, "Region offset")
-        if off < 0:
-            raise ValueError(f"Region offset must be >= 0, got {off}")
-        self._init(extent.labels, extent.sizes, tuple(checked), off, extent)
+        checked = tuple(
+            _as_count(stride, f"Region stride of dimension {label!r}", 0)
+            for label, stride in zip(extent.labels, strides_t)
+        )
+        off = _as_count(offset, "Region offset", 0)
+        self._init(extent.labels, extent.sizes, checked, off, extent)
 
     def _init(
         self,
@@ -259,24 +224,14 @@ class Region(_Frozen):
         osa(self, "_sizes", sizes)
         osa(self, "_strides", strides)
         osa(self, "_offset", offset)
-        osa(self, "_extent", extent)
+        osa(self, "_extent", Extent._make(labels, sizes) if extent is None else extent)
         # Dense means the root ranks form the arithmetic progression
         # offset, offset + s, offset + 2s, ...; dimensions of size 1 don't
         # take part (their stride is irrelevant).
-        dense: int | None = None
-        expected: int | None = None
-        for size, stride in zip(reversed(sizes), reversed(strides)):
-            if size == 1:
-                continue
-            if expected is None:
-                dense = stride
-            elif stride != expected:
-                dense = None
-                break
-            expected = stride * size
-        else:
-            if dense is None:
-                dense = 1
+        dims = [(size, stride) for size, stride in zip(sizes, strides) if size > 1]
+        dense: int | None = dims[-1][1] if dims else 1
+        if any(outer[1] != inner[1] * inner[0] for outer, inner in zip(dims, dims[1:])):
+            dense = None
         osa(self, "_dense_stride", dense)
         osa(self, "_inverse", None)
 
@@ -319,11 +274,7 @@ class Region(_Frozen):
     @property
     def extent(self) -> Extent:
         """``Extent(labels, sizes)``."""
-        e = self._extent
-        if e is None:
-            e = Extent._make(self._labels, self._sizes)
-            object.__setattr__(self, "_extent", e)
-        return e
+        return self._extent
 
     @property
     def nelements(self) -> int:
@@ -344,13 +295,7 @@ class Region(_Frozen):
                 f"rank {r} is out of range for region {self.extent} with {n} "
                 f"elements (valid: 0..{n - 1})"
             )
-        root = self._offset
-        sizes = self._sizes
-        strides = self._strides
-        for i in range(len(sizes) - 1, -1, -1):
-            r, c = divmod(r, sizes[i])
-            root += c * strides[i]
-        return root
+        return self._offset + sum(c * s for c, s in zip(_unravel(r, self._sizes), self._strides))
 
     def root_ranks(self) -> list[int]:
         """Root indices of all elements, in row-major order."""
@@ -367,55 +312,43 @@ class Region(_Frozen):
         return roots
 
     def _build_inverse(self) -> Any:
-        # Either ("greedy", [(dim, stride, size), ...] sorted by stride
-        # descending) when the layout is a mixed radix (each stride exceeds
-        # the span of all smaller-stride dimensions), or ("table", dict).
-        dims = [
-            (i, st, sz)
-            for i, (sz, st) in enumerate(zip(self._sizes, self._strides))
-            if sz > 1
-        ]
-        dims.sort(key=lambda d: d[1])
+        # The greedy decoding, [(stride, size, rank stride), ...] by stride
+        # descending, when the layout is a mixed radix (each stride exceeds
+        # the span of all smaller-stride dimensions); else a root -> rank dict.
+        dims = sorted(
+            (stride, size, rank_stride)
+            for size, stride, rank_stride in zip(self._sizes, self._strides, _dense_strides(self._sizes))
+            if size > 1
+        )
+        inv: Any = dims[::-1]
         span = 0
-        nested = True
-        for _, st, sz in dims:
-            if st <= span:
-                nested = False
+        for stride, size, _ in dims:
+            if stride <= span:
+                inv = {}
+                for rank, root in enumerate(self.root_ranks()):
+                    inv.setdefault(root, rank)
                 break
-            span += st * (sz - 1)
-        if nested:
-            dims.reverse()
-            inv: Any = ("greedy", dims)
-        else:
-            table: dict[int, int] = {}
-            for idx, root in enumerate(self.root_ranks()):
-                table.setdefault(root, idx)
-            inv = ("table", table)
+            span += stride * (size - 1)
         object.__setattr__(self, "_inverse", inv)
         return inv
 
     def index_of_root(self, root: int) -> int | None:
         """Rank in this region of root index ``root``, or ``None`` if absent."""
         root = _as_int(root, "Region.index_of_root root")
-        inv = self._inverse or self._build_inverse()
-        if inv[0] == "table":
-            return inv[1].get(root)
+        inv = self._inverse if self._inverse is not None else self._build_inverse()
+        if isinstance(inv, dict):
+            return inv.get(root)
         r = root - self._offset
         if r < 0:
             return None
-        coords = [0] * len(self._sizes)
-        for i, stride, size in inv[1]:
+        rank = 0
+        for stride, size, rank_stride in inv:
             c = r // stride
             if c >= size:
                 return None
-            coords[i] = c
+            rank += c * rank_stride
             r -= c * stride
-        if r != 0:
-            return None
-        rank = 0
-        for c, size in zip(coords, self._sizes):
-            rank = rank * size + c
-        return rank
+        return rank if r == 0 else None
 
     def contains_root(self, root: int) -> bool:
         """Whether root index ``root`` is an element of this region."""
@@ -444,11 +377,7 @@ class Region(_Frozen):
     def _slice(self, kwargs: Mapping[str, object], owner: str) -> Region:
         if not kwargs:
             return self
-        labels, sizes, strides, offset = _select.sliced(
-            self._labels, self._sizes, self._strides, self._offset,
-            self.extent._label_index(), kwargs, owner,
-        )
-        return Region._make(labels, sizes, strides, offset)
+        return Region._make(*_select.sliced(self, kwargs, owner))
 
     def rename(self, **kwargs: str) -> Region:
         """Rename dimensions (``old='new'``); others are kept unchanged."""
@@ -457,9 +386,7 @@ class Region(_Frozen):
     def _rename(self, kwargs: Mapping[str, object], owner: str) -> Region:
         if not kwargs:
             return self
-        labels = _select.renamed(
-            self._labels, self.extent._label_index(), kwargs, owner
-        )
+        labels = _select.renamed(self, kwargs, owner)
         return Region._make(labels, self._sizes, self._strides, self._offset)
 
     def split(self, **kwargs: Sequence[str] | int) -> Region:
@@ -476,11 +403,7 @@ class Region(_Frozen):
     def _split(self, kwargs: Mapping[str, object], owner: str) -> Region:
         if not kwargs:
             return self
-        labels, sizes, strides = _select.split(
-            self._labels, self._sizes, self._strides,
-            self.extent._label_index(), kwargs, owner,
-        )
-        return Region._make(labels, sizes, strides, self._offset)
+        return Region._make(*_select.split(self, kwargs, owner), self._offset)
 
     def flatten(self, name: str) -> Region:
         """Flatten all dimensions into one dimension ``name``.
@@ -506,21 +429,8 @@ class Region(_Frozen):
     def _key(self) -> tuple[Any, ...]:
         return (self._labels, self._sizes, self._strides, self._offset)
 
-    def __eq__(self, other: object) -> bool:
-        if self is other:
-            return True
-        if not isinstance(other, Region):
-            return NotImplemented
-        return self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
     def __repr__(self) -> str:
         return (
             f"Region(labels={list(self._labels)}, sizes={list(self._sizes)}, "
             f"strides={list(self._strides)}, offset={self._offset})"
         )
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (Region, self._key())

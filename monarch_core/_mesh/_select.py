@@ -3,48 +3,34 @@
 from its old ones and the caller's keyword arguments, with the errors that
 name the mesh type (``owner``) the user called.
 
-Plain tuples in and out; ``_region`` wraps them into regions (this module
-does not import it).  ``idx`` is the region's ``{label: position}`` index.
+A region in, plain tuples out; ``_region`` wraps them into regions (this
+module does not import it).
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Mapping
+from typing import Any
 
-from monarch_core._mesh._checks import (
-    _as_int,
-    _check_label,
-    _dense_strides,
-    _product,
-    _unknown_dim,
-)
+from monarch_core._mesh._checks import _as_count, _as_int, _check_label, _dense_strides, _unknown_dim
 
 __all__ = ["renamed", "sliced", "split"]
 
 
 def sliced(
-    region_labels: tuple[str, ...],
-    region_sizes: tuple[int, ...],
-    region_strides: tuple[int, ...],
-    region_offset: int,
-    idx: Mapping[str, int],
-    kwargs: Mapping[str, object],
-    owner: str,
+    region: Any, kwargs: Mapping[str, object], owner: str
 ) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...], int]:
     """Labels, sizes, strides and offset of ``region.slice(**kwargs)``."""
     for label in kwargs:
-        if label not in idx:
-            _unknown_dim(owner, label, region_labels)
-    labels: list[str] = []
-    sizes: list[int] = []
-    strides: list[int] = []
-    offset = region_offset
-    for label, size, stride in zip(region_labels, region_sizes, region_strides):
+        if label not in region.extent:
+            _unknown_dim(owner, label, region.labels)
+    dims: list[tuple[str, int, int]] = []
+    offset = region.offset
+    for label, size, stride in zip(region.labels, region.sizes, region.strides):
         if label not in kwargs:
-            labels.append(label)
-            sizes.append(size)
-            strides.append(stride)
+            dims.append((label, size, stride))
             continue
         sel = kwargs[label]
         if isinstance(sel, slice):
@@ -72,9 +58,7 @@ def sliced(
                     f"elements of dimension {label!r} of size {size}; a mesh "
                     "dimension cannot be empty"
                 )
-            labels.append(label)
-            sizes.append(n)
-            strides.append(stride * step)
+            dims.append((label, n, stride * step))
             offset += start * stride
         elif isinstance(sel, bool) or not hasattr(type(sel), "__index__"):
             raise TypeError(
@@ -91,21 +75,16 @@ def sliced(
                     f"{label!r} of size {size} (valid: {-size}..{size - 1})"
                 )
             offset += j * stride
-    return tuple(labels), tuple(sizes), tuple(strides), offset
+    return (*_columns(dims), offset)
 
 
-def renamed(
-    region_labels: tuple[str, ...],
-    idx: Mapping[str, int],
-    kwargs: Mapping[str, object],
-    owner: str,
-) -> tuple[str, ...]:
+def renamed(region: Any, kwargs: Mapping[str, object], owner: str) -> tuple[str, ...]:
     """Labels of ``region.rename(**kwargs)`` (sizes and strides are kept)."""
     for old, new in kwargs.items():
-        if old not in idx:
-            _unknown_dim(owner, old, region_labels)
+        if old not in region.extent:
+            _unknown_dim(owner, old, region.labels)
         _check_label(new, f"{owner}.rename: new name for dimension {old!r}")
-    labels = tuple(kwargs.get(label, label) for label in region_labels)
+    labels = tuple(kwargs.get(label, label) for label in region.labels)
     if len(set(labels)) != len(labels):
         dups = sorted({lab for lab in labels if labels.count(lab) > 1})
         raise ValueError(
@@ -117,20 +96,15 @@ def renamed(
 
 
 def split(
-    region_labels: tuple[str, ...],
-    region_sizes: tuple[int, ...],
-    region_strides: tuple[int, ...],
-    idx: Mapping[str, int],
-    kwargs: Mapping[str, object],
-    owner: str,
+    region: Any, kwargs: Mapping[str, object], owner: str
 ) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
     """Labels, sizes and strides of ``region.split(**kwargs)`` (the offset is kept)."""
     splits: dict[str, tuple[str, ...]] = {}
     given: dict[str, object] = {}
     for key, value in kwargs.items():
         if isinstance(value, (tuple, list)):
-            if key not in idx:
-                _unknown_dim(owner, key, region_labels)
+            if key not in region.extent:
+                _unknown_dim(owner, key, region.labels)
             if not value:
                 raise ValueError(
                     f"{owner}.split: dimension {key!r} must be split into at "
@@ -159,26 +133,16 @@ def split(
                 f"{list(new_of)}; to split a dimension pass a tuple of new "
                 "names and sizes for them, e.g. split(host=('dp', 'pp'), pp=2)"
             )
-        s = _as_int(value, f"{owner}.split: size of new dimension {key!r}")
-        if s < 1:
-            raise ValueError(
-                f"{owner}.split: size of new dimension {key!r} must be >= 1, "
-                f"got {s}"
-            )
-        sizes_of[key] = s
+        sizes_of[key] = _as_count(value, f"{owner}.split: size of new dimension {key!r}", 1)
 
-    labels: list[str] = []
-    sizes: list[int] = []
-    strides: list[int] = []
-    for label, size, stride in zip(region_labels, region_sizes, region_strides):
+    dims: list[tuple[str, int, int]] = []
+    for label, size, stride in zip(region.labels, region.sizes, region.strides):
         if label not in splits:
-            labels.append(label)
-            sizes.append(size)
-            strides.append(stride)
+            dims.append((label, size, stride))
             continue
         news = splits[label]
         unsized = [n for n in news if n not in sizes_of]
-        known = _product([sizes_of[n] for n in news if n in sizes_of])
+        known = math.prod([sizes_of[n] for n in news if n in sizes_of])
         desc = f"{label}={news!r}"
         if len(unsized) > 1:
             raise ValueError(
@@ -186,32 +150,31 @@ def split(
                 f"dimensions, but none given for {unsized}; pass e.g. "
                 f"{unsized[-1]}=<size>"
             )
-        if unsized:
-            if size % known:
-                raise ValueError(
-                    f"{owner}.split: cannot split dimension {label!r} of size "
-                    f"{size} as {desc}: the given sizes multiply to {known}, "
-                    f"which does not divide {size}"
-                )
-            new_sizes = [
-                sizes_of[n] if n in sizes_of else size // known for n in news
-            ]
-        else:
-            if known != size:
-                raise ValueError(
-                    f"{owner}.split: cannot split dimension {label!r} of size "
-                    f"{size} as {desc}: the given sizes multiply to {known}, "
-                    f"not {size}"
-                )
-            new_sizes = [sizes_of[n] for n in news]
-        sub = [stride * s for s in _dense_strides(new_sizes)]
-        labels.extend(news)
-        sizes.extend(new_sizes)
-        strides.extend(sub)
+        if unsized and size % known:
+            raise ValueError(
+                f"{owner}.split: cannot split dimension {label!r} of size "
+                f"{size} as {desc}: the given sizes multiply to {known}, "
+                f"which does not divide {size}"
+            )
+        if not unsized and known != size:
+            raise ValueError(
+                f"{owner}.split: cannot split dimension {label!r} of size "
+                f"{size} as {desc}: the given sizes multiply to {known}, "
+                f"not {size}"
+            )
+        new_sizes = [sizes_of.get(n, size // known) for n in news]  # (at most one is derived)
+        dims.extend(zip(news, new_sizes, [stride * s for s in _dense_strides(new_sizes)]))
+    labels, sizes, strides = _columns(dims)
     if len(set(labels)) != len(labels):
         dups = sorted({lab for lab in labels if labels.count(lab) > 1})
         raise ValueError(
             f"{owner}.split: the result would have duplicate dimension names "
-            f"{dups} (result {labels}); dimension names must be unique"
+            f"{dups} (result {list(labels)}); dimension names must be unique"
         )
-    return tuple(labels), tuple(sizes), tuple(strides)
+    return labels, sizes, strides
+
+
+def _columns(dims: list[tuple[str, int, int]]) -> tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...]]:
+    """``[(label, size, stride), ...]`` as the tuples of the labels, the sizes and the strides."""
+    labels, sizes, strides = zip(*dims) if dims else ((), (), ())
+    return labels, sizes, strides

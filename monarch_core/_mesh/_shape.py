@@ -134,7 +134,6 @@ class MeshTrait(abc.ABC):
         if dim is None:
             return region.nelements
         extent = region.extent
-        idx = extent._label_index()
         if isinstance(dim, str):
             names: Sequence[str] = (dim,)
         else:
@@ -148,12 +147,7 @@ class MeshTrait(abc.ABC):
                 ) from None
         n = 1
         for name in names:
-            i = idx.get(name) if isinstance(name, str) else None
-            if i is None:
-                raise KeyError(
-                    f"{type(self).__name__} has no dimension {name!r}; its dimensions are {list(extent.labels)}"
-                )
-            n *= extent.sizes[i]
+            n *= extent.sizes[extent._position(name, type(self).__name__)]
         return n
 
     @property

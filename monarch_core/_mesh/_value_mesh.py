@@ -112,12 +112,9 @@ class ValueMesh(MeshTrait, Generic[R]):
         n = region.nelements
         offset = region.offset
         stride = region._dense_stride
-        if stride is not None:
-            if offset == 0 and stride == 1 and n == len(vals):
-                return list(vals)
-            if stride > 0:
-                out = vals[offset : offset + n * stride : stride]
-                return out if isinstance(out, list) else list(out)
+        if stride:  # dense with a step: one slice
+            out = vals[offset : offset + n * stride : stride]
+            return out if isinstance(out, list) else list(out)
         return [vals[r] for r in region.root_ranks()]
 
     def items(self) -> Generator[tuple[Point, R], None, None]:
