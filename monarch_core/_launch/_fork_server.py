@@ -9,7 +9,6 @@ before the first spawn so that its imports overlap with the caller's work.
 from __future__ import annotations
 
 import logging
-import marshal
 import os
 import signal
 import socket
@@ -182,6 +181,10 @@ class _Zygote:
     def discard(self) -> None:
         """Drop a zygote that was never attached (any thread)."""
         self.sock.close()
+        self._kill()
+
+    def _kill(self) -> None:
+        """Kill the zygote if it still runs, and reap it (blocking)."""
         if self.popen.poll() is None:
             self.popen.kill()
         self.popen.wait()
@@ -194,9 +197,9 @@ class _Zygote:
             with trio.move_on_after(READY_TIMEOUT):
                 await self.ready.wait()
             if not self.ready.is_set():
-                self._fail_start(f"it did not start within {READY_TIMEOUT:.0f}s")
-        if self.broken is not None:
-            raise ForkServerUnavailable(f"fork server (pid {self.pid}) {self.broken}")
+                self._set_broken(f"it did not start within {READY_TIMEOUT:.0f}s")
+                self._shut(kill=True)
+        self._check_usable()
         base = self.env
         env_set = {k: v for k, v in env.items() if base.get(k) != v}
         env_unset = [k for k in base if k not in env]
@@ -207,30 +210,30 @@ class _Zygote:
                 targets.append(fd)
             except OSError:
                 pass
-        return await self._request(("fork", None, env_set, env_unset, cwd, targets), targets)
+        return await self._request(("fork", env_set, env_unset, cwd, targets), targets)
 
     async def info(self) -> dict:
         """What the zygote has imported, its threads and children (for tests and debugging)."""
-        if not self.ready.is_set():
-            await self.ready.wait()
+        await self.ready.wait()
+        self._check_usable()
+        return await self._request(("info",), [])
+
+    def _check_usable(self) -> None:
         if self.broken is not None:
             raise ForkServerUnavailable(f"fork server (pid {self.pid}) {self.broken}")
-        return await self._request(("info", None), [])
 
     async def _request(self, msg: tuple, fds: list[int]) -> Any:
+        """Send ``msg`` (its op, then its arguments) under a new request id
+        and wait for the answer (a fork: its ``ForkedChild``)."""
         import trio
 
         req_id = next(self._ids)
-        data = marshal.dumps((msg[0], req_id, *msg[2:]))
         entry: list = [trio.Event(), None]  # resolved (and removed) by _handle / _gone
         self.pending[req_id] = entry
         try:
             while True:
                 try:
-                    if fds:
-                        socket.send_fds(self.sock, [data], fds)
-                    else:
-                        self.sock.send(data)
+                    _send(self.sock, (msg[0], req_id, *msg[1:]), fds)
                     break
                 except BlockingIOError:
                     await trio.lowlevel.wait_writable(self.sock)
@@ -270,8 +273,7 @@ class _Zygote:
             try:  # it exits when it sees the socket closed: reap it
                 self.popen.wait(timeout=1.0)
             except Exception:  # noqa: BLE001
-                self.popen.kill()
-                self.popen.wait()
+                self._kill()
             raise
         except Exception as e:
             why = f"was dropped after an error: {type(e).__name__}: {e}"
@@ -279,9 +281,7 @@ class _Zygote:
         try:
             await self._gone(why)
         except trio.Cancelled:
-            if self.popen.poll() is None:
-                self.popen.kill()
-                self.popen.wait()
+            self._kill()
             raise
 
     def _handle(self, msg: tuple, fds: list[int]) -> None:
@@ -317,15 +317,13 @@ class _Zygote:
             self.was_ready = True
             self.ready.set()
         elif op == "broken":
-            self.broken = f"cannot fork procs: {msg[1]}"
-            logger.warning("monarch fork server (pid %d) %s; starting procs with exec", self.pid, self.broken)
-            self.ready.set()
+            self._set_broken(msg[1])
 
-    def _fail_start(self, why: str) -> None:
+    def _set_broken(self, why: str) -> None:
+        """The zygote cannot fork procs (``why``): procs start with exec."""
         self.broken = f"cannot fork procs: {why}"
         logger.warning("monarch fork server (pid %d) %s; starting procs with exec", self.pid, self.broken)
         self.ready.set()
-        self._shut(kill=True)
 
     def retire(self) -> None:
         """Stop using this zygote; it exits once its procs are gone."""
@@ -354,9 +352,7 @@ class _Zygote:
         with trio.move_on_after(2.0):
             while self.popen.poll() is None:
                 await trio.sleep(0.01)
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait()
+        self._kill()
         rc = self.popen.returncode
         if rc < 0:
             try:

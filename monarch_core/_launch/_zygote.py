@@ -139,13 +139,9 @@ def _send(sock: socket.socket, msg: tuple, fds: list[int] | None = None) -> None
         sock.send(marshal.dumps(msg))
 
 
-class ProcExit(BaseException):
+class ProcExit(SystemExit):
     """A forked proc's ``SystemExit``, carried out of the fork server's loop
     (which would otherwise catch it) to the top of the interpreter."""
-
-    def __init__(self, code: Any) -> None:
-        super().__init__(code)
-        self.code = code
 
 
 #: The zygote's process name (``/proc/PID/comm``, what ``ps -o comm`` and
@@ -154,12 +150,9 @@ COMM = "monarch-zygote"
 
 
 def _set_comm(name: str) -> None:
-    try:
-        import ctypes
+    from monarch_core._launch._proc_main import PR_SET_NAME, _prctl
 
-        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    except Exception:  # noqa: BLE001, S110 - cosmetic
-        pass
+    _prctl(PR_SET_NAME, name.encode()[:15])
 
 
 def serve(fd: int, parent_pid: int) -> None:
@@ -192,8 +185,8 @@ def serve(fd: int, parent_pid: int) -> None:
             os._exit(1)
         _send(sock, ("ready", os.getpid()))
         _loop(sock, base_env, base_path)
-    except ProcExit as e:  # a forked proc ended: the interpreter finalizes it (atexit, module globals)
-        raise SystemExit(e.code) from None
+    except ProcExit:  # a forked proc ended: the interpreter finalizes it (atexit, module globals)
+        raise
     except (BrokenPipeError, ConnectionResetError):
         pass
     except BaseException:  # pragma: no cover - logged, then exit
