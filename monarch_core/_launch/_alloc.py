@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import signal
 import sys
 import threading
@@ -38,13 +39,10 @@ _live: dict[int, AllocationRecord] = {}
 _live_lock = threading.Lock()
 
 
-def _call(fn: Any, *args: Any) -> Any:
-    """Call ``fn``; an ``async def`` runs in a trio loop of its own (this thread)."""
-    if inspect.iscoroutinefunction(fn):
-        import trio
-
-        return trio.run(fn, *args)
-    out = fn(*args)
+def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn``; what it returns is awaited, if awaitable, in a trio loop
+    of its own (this thread): a scheduler's hooks may be ``async def``."""
+    out = fn(*args, **kwargs)
     if inspect.isawaitable(out):
         import trio
 
@@ -62,6 +60,11 @@ def _takes_launch(fn: Any) -> bool:
         return True
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+def _host_name(host: Any) -> str:
+    """A host as a scheduler names it (a name, or a ``HostHandle``)."""
+    return host if isinstance(host, str) else getattr(host, "name", str(host))
 
 
 class AllocationRecord:
@@ -94,8 +97,7 @@ class AllocationRecord:
 
     # -- lost hosts (any thread) ---------------------------------------
     def report_lost(self, host: str, reason: str) -> None:
-        if not isinstance(host, str):
-            host = getattr(host, "name", str(host))
+        host = _host_name(host)
         with self._lock:
             if self._released or self.closing or host in self.lost:
                 return
@@ -109,8 +111,8 @@ class AllocationRecord:
     def report_notice(self, host: str | None, message: str) -> None:
         """``WorkerLaunch.report_notice``: to the host mesh's owner (kept
         until the host mesh exists); dropped once released."""
-        if host is not None and not isinstance(host, str):
-            host = getattr(host, "name", str(host))
+        if host is not None:
+            host = _host_name(host)
         with self._lock:
             if self._released:
                 return
@@ -308,9 +310,7 @@ def _check(record: AllocationRecord, allocation: Any, rt: Any) -> None:
             f"{record.what} returned Allocation.extent={extent!r}; expected dimension names mapped to sizes >= 1, "
             "e.g. {'hosts': 4} or {'racks': 2, 'hosts': 2}"
         )
-    n = 1
-    for v in extent.values():
-        n *= v
+    n = math.prod(extent.values())
     if n != len(hosts):
         raise AllocationError(
             f"{record.what} returned {len(hosts)} hosts but Allocation.extent={dict(extent)} holds {n}"
