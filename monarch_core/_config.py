@@ -176,6 +176,14 @@ def _read_toml(path: pathlib.Path) -> dict[str, Any]:
         ) from e
 
 
+def _need_table(value: Any, path: pathlib.Path, what: str, fix: str = "") -> dict:
+    """``value`` when it is a table, else the ConfigError: in ``path``, ``what``
+    (``"[hosts] must be a table"``), got what it is, and ``fix``."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"In {path}: {what}, got {type(value).__name__}.{fix}")
+    return value
+
+
 def _has_tool_monarch(data: Mapping[str, Any]) -> bool:
     tool = data.get("tool")
     return isinstance(tool, dict) and "monarch" in tool
@@ -288,54 +296,28 @@ def load_config(path: pathlib.Path) -> dict[str, HostMeshConfig]:
     pyproject = _is_pyproject(path)
 
     if pyproject:
-        tool = data.get("tool", {})
-        if not isinstance(tool, dict):
-            raise ConfigError(
-                f"In {path}: 'tool' must be a table, got {type(tool).__name__}."
-            )
+        tool = _need_table(data.get("tool", {}), path, "'tool' must be a table")
         if "monarch" not in tool:
             return {}
-        root = tool["monarch"]
-        if not isinstance(root, dict):
-            raise ConfigError(
-                f"In {path}: [tool.monarch] must be a table, got "
-                f"{type(root).__name__}. Define host meshes like:\n"
-                f"{_example_snippet(path, 'my_mesh')}"
-            )
+        root = _need_table(tool["monarch"], path, "[tool.monarch] must be a table",
+                           f" Define host meshes like:\n{_example_snippet(path, 'my_mesh')}")
     else:
         root = data
-
-    defaults = root.get("defaults", {})
-    if not isinstance(defaults, dict):
-        raise ConfigError(
-            f"In {path}: {_locator(path, 'defaults')} must be a table of "
-            f"parameters merged under every host mesh entry, got "
-            f"{type(defaults).__name__}. For example:\n"
-            f"    [{_prefix(path)}defaults]\n"
-            f'    scheduler = "local"'
-        )
-
-    hosts = root.get("hosts", {})
-    if not isinstance(hosts, dict):
-        raise ConfigError(
-            f"In {path}: {_locator(path, 'hosts')} must be a table of host mesh "
-            f"entries, got {type(hosts).__name__}. Write one sub-table per mesh, "
-            f"for example:\n{_example_snippet(path, 'my_mesh')}"
-        )
+    defaults = _need_table(
+        root.get("defaults", {}), path,
+        f"{_locator(path, 'defaults')} must be a table of parameters merged under every host mesh entry",
+        f' For example:\n    [{_prefix(path)}defaults]\n    scheduler = "local"',
+    )
+    hosts = _need_table(
+        root.get("hosts", {}), path, f"{_locator(path, 'hosts')} must be a table of host mesh entries",
+        f" Write one sub-table per mesh, for example:\n{_example_snippet(path, 'my_mesh')}",
+    )
 
     result: dict[str, HostMeshConfig] = {}
-    for name, entry in hosts.items():
-        if not isinstance(name, str):  # pragma: no cover - TOML keys are always str
-            raise ConfigError(
-                f"In {path}: host mesh name {name!r} in {_locator(path, 'hosts')} "
-                f"must be a str, got {type(name).__name__}."
-            )
+    for name, entry in hosts.items():  # (TOML keys are str)
         loc = _locator(path, _hosts_table(name))
-        if not isinstance(entry, dict):
-            raise ConfigError(
-                f"In {path}: host mesh entry {name!r} ({loc}) must be a table, got "
-                f"{type(entry).__name__}. Write it as:\n{_example_snippet(path, name)}"
-            )
+        _need_table(entry, path, f"host mesh entry {name!r} ({loc}) must be a table",
+                    f" Write it as:\n{_example_snippet(path, name)}")
         merged: dict[str, Any] = copy.deepcopy(defaults)
         merged.update(copy.deepcopy(entry))
         if "scheduler" not in merged:
