@@ -74,12 +74,18 @@ class BootstrapCommand:
         env = dict(os.environ if base is None else base)
         if not self.inherit_env:
             env = {k: v for k, v in env.items() if k.startswith("MONARCH_")}
-        for k, v in self.env.items():
-            if v is None:
-                env.pop(k, None)
-            else:
-                env[k] = v
-        return env
+        return apply_overrides(env, self.env)
+
+
+def apply_overrides(env: dict[str, str], overrides: Mapping[str, Any]) -> dict[str, str]:
+    """``env`` with ``overrides`` applied in place: a value of ``None`` removes
+    the variable, any other is set as text."""
+    for k, v in overrides.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = str(v)
+    return env
 
 
 def default_bootstrap_cmd(python_executable: str | None = None) -> BootstrapCommand:

@@ -39,6 +39,7 @@ from monarch_core._launch._bootstrap import (
     PROC_MODULE,
     BootstrapCommand,
     apply_bind,
+    apply_overrides,
 )
 
 if TYPE_CHECKING:
@@ -64,11 +65,7 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
     if hook.get_hookimpls():
         coords = dict(zip(spec.labels, _coords(spec.rank, spec.sizes)))
         for overrides in hook(proc_name=spec.name, rank=spec.rank, coords=coords):
-            for k, v in (overrides or {}).items():
-                if v is None:
-                    env.pop(k, None)
-                else:
-                    env[k] = str(v)
+            apply_overrides(env, overrides or {})
     argv, cpus = apply_bind(cmd.argv(), spec.bind)
     # A worker loop is its procs' parent but not their spawner's address
     # book: they tell it where they listen (for its heartbeats).

@@ -58,7 +58,7 @@ _MAX_MSG = 1 << 20
 # ====================================================================== the zygote process
 
 
-def _preload(transport: str | None, sock: socket.socket | None = None, warm: Sequence[str] = ()) -> None:
+def _preload(transport: str | None, sock: socket.socket, warm: Sequence[str]) -> None:
     """Import what a proc imports before its first actor message: the proc
     runtime, and the modules of the layers above named in ``warm`` (the
     spawner's :data:`warm_modules`; this layer does not import them).  The
@@ -86,16 +86,15 @@ def _preload(transport: str | None, sock: socket.socket | None = None, warm: Seq
 
     for name in warm:
         importlib.import_module(name)
-    if sock is not None:
-        sock.setblocking(False)
-        try:
-            msg, _fds = _recv(sock)
-        except BlockingIOError:
-            msg = None
-        finally:
-            sock.setblocking(True)
-        if msg is not None and msg[0] == "plugins":
-            adopt_registry(msg[1])
+    sock.setblocking(False)
+    try:
+        msg, _fds = _recv(sock)
+    except BlockingIOError:
+        msg = None
+    finally:
+        sock.setblocking(True)
+    if msg is not None and msg[0] == "plugins":
+        adopt_registry(msg[1])
     reg = registry()
     if transport:
         try:
@@ -105,10 +104,7 @@ def _preload(transport: str | None, sock: socket.socket | None = None, warm: Seq
 
 
 def _unsafe_to_fork() -> str | None:
-    try:
-        threads = len(os.listdir("/proc/self/task"))
-    except OSError:  # pragma: no cover
-        threads = 1
+    threads = len(os.listdir("/proc/self/task"))  # (a zygote runs on Linux only: _fork_server.enabled)
     if threads != 1:
         return f"it has {threads} threads after its imports (something it imported started one); forking it is unsafe"
     torch = sys.modules.get("torch")
