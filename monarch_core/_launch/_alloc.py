@@ -172,6 +172,7 @@ def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None
     started on its own thread, so that the client's start (trio, its kernel,
     its listener) overlaps with the hosts' (connections, interpreters)."""
     from monarch_core._proc import _state, _transport
+    from monarch_core._plugins import registry
     from monarch_core.hookspecs import WorkerLaunch
 
     if callable(rt):  # a starter: the runtime itself when it runs already
@@ -183,15 +184,20 @@ def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None
         transport, python = _transport.current_choice().name, sys.executable
     limit = ALLOCATE_TIMEOUT if timeout is None else float(timeout)
     record = AllocationRecord(scheduler, request)
+    # what worker loops need to accept this client: the transport's
+    # child_env(portable=True) (for tls, its credentials as inline PEM), and
+    # its worker_credentials (per-worker credentials) if it has one
+    t = registry().transport(transport)
+    child_env = getattr(t, "child_env", None)
     launch = WorkerLaunch(
         transport=transport,
         scheme=_scheme_of(transport),
         python=python,
-        credentials=credentials_for(transport),
+        credentials=dict(child_env(portable=True)) if child_env is not None else {},
         timeout=limit,
         report_lost=record.report_lost,
         notice_sink=record.report_notice,
-        issue_credentials=_issuer(transport),
+        issue_credentials=getattr(t, "worker_credentials", None),
     )
     deadline = time.monotonic() + limit
     allocation, started = _run_allocate(scheduler, request, launch, record, limit, meanwhile=start)
@@ -433,22 +439,6 @@ def close_sessions(kernel: Any, proc_ids: set[str], why: str) -> None:
             pass
 
 
-def credentials_for(transport: str) -> dict[str, str]:
-    """What worker loops need to accept this client: the transport's
-    ``child_env(portable=True)`` (for ``tls``, its credentials as inline PEM)."""
-    from monarch_core._plugins import registry
-
-    child_env = getattr(registry().transport(transport), "child_env", None)
-    return dict(child_env(portable=True)) if child_env is not None else {}
-
-
-def _issuer(transport: str) -> Any:
-    """The transport's ``worker_credentials`` (per-worker credentials), if it has one."""
-    from monarch_core._plugins import registry
-
-    return getattr(registry().transport(transport), "worker_credentials", None)
-
-
 #: Transports whose addresses cannot leave this machine.
 _LOCAL_ONLY = ("ipc", "inproc")
 
@@ -493,15 +483,12 @@ def prepare_transport(scheduler: Any, request: Any) -> None:
 
 
 def _scheme_of(transport: str) -> str:
+    """The URL scheme of ``transport`` (its first; its name if it has none).
+    (``transport_specs`` does not raise: a plugin's failing hook is left out.)"""
     from monarch_core._plugins import registry
 
-    try:
-        spec = registry().transport_specs().get(transport)
-    except Exception:  # noqa: BLE001
-        spec = None
-    if spec is not None and getattr(spec, "schemes", None):
-        return spec.schemes[0]
-    return transport
+    spec = registry().transport_specs().get(transport)
+    return spec.schemes[0] if spec is not None and spec.schemes else transport
 
 
 def _on_proc_stopped(why: str) -> None:
