@@ -324,11 +324,7 @@ class Watcher:
         from monarch_core._proc import _reload
 
         synced = self.shared.get("synced") or {}
-        per_host = {}
-        for name in self.names:
-            host = synced.get(name)
-            if host is not None:
-                per_host[name] = remote_files(self.workspace, host, changed)
+        per_host = {name: remote_files(self.workspace, synced[name], changed) for name in self.names if name in synced}
         slots = [s for pm in list(self.shared.get("procs") or ()) for s in pm._slots
                  if getattr(s, "host_name", None) in per_host]
         if not slots:

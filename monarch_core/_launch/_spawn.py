@@ -208,9 +208,7 @@ class Launch(PortHandler):
             except Exception as e:
                 msg = f"could not start {spec.describe} with {spec.argv_for_errors()!r}: {type(e).__name__}: {e}"
                 logger.error("%s", msg)
-                slot.failed = msg
-                kernel.proc_failed(slot.proc_id, msg)
-                self.fail(SupervisionError(msg), slot.proc_id)
+                self._start_failed(slot, msg)
                 return
             self._send_init(slot, spec, bootstrap)
 
@@ -241,10 +239,13 @@ class Launch(PortHandler):
     def _fail_lost(self, entries: list, host_name: str, reason: str) -> None:
         """Procs asked for on a host already lost fail at once (kernel loop)."""
         for slot, _spec in entries:
-            msg = f"{slot.describe} could not start: its host {host_name} was lost ({reason})"
-            slot.failed = msg
-            self.kernel.proc_failed(slot.proc_id, msg)
-            self.fail(SupervisionError(msg), slot.proc_id)
+            self._start_failed(slot, f"{slot.describe} could not start: its host {host_name} was lost ({reason})")
+
+    def _start_failed(self, slot: ProcSlot, msg: str) -> None:
+        """``slot``'s proc could not start (``msg``): the kernel and the plan fail it."""
+        slot.failed = msg  # (read by the kernel's failure handling: the proc's report)
+        self.kernel.proc_failed(slot.proc_id, msg)
+        self.fail(SupervisionError(msg), slot.proc_id)
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         from monarch_core._proc import _serial
