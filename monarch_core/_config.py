@@ -184,11 +184,6 @@ def _need_table(value: Any, path: pathlib.Path, what: str, fix: str = "") -> dic
     return value
 
 
-def _has_tool_monarch(data: Mapping[str, Any]) -> bool:
-    tool = data.get("tool")
-    return isinstance(tool, dict) and "monarch" in tool
-
-
 # ---------------------------------------------------------------------------
 # Discovery
 # ---------------------------------------------------------------------------
@@ -257,8 +252,10 @@ def find_config_file(start: str | os.PathLike[str] | None = None) -> pathlib.Pat
         if candidate.is_file():
             return candidate
         pyproject = d / PYPROJECT_TOML
-        if pyproject.is_file() and _has_tool_monarch(_read_toml(pyproject)):
-            return pyproject
+        if pyproject.is_file():
+            tool = _read_toml(pyproject).get("tool")
+            if isinstance(tool, dict) and "monarch" in tool:
+                return pyproject
     return None
 
 

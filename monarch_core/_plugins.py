@@ -343,7 +343,6 @@ class PluginRegistry:
                 self.failed[ep.name] = why
                 self.failed_from[ep.name] = (dist_name, dist_version)
                 warn_once(msg)
-                continue
 
     def _spec_table(self, kind: str) -> dict[str, Any]:
         """The specs of ``kind`` (``"transport"``/``"scheduler"``) by every

@@ -126,13 +126,9 @@ def parse_cpu_list(spec: str) -> set[int]:
     cpus: set[int] = set()
     for part in spec.split(","):
         part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            a, b = part.split("-", 1)
-            cpus.update(range(int(a), int(b) + 1))
-        else:
-            cpus.add(int(part))
+        if part:
+            first, dash, last = part.partition("-")  # "N" or "N-M"
+            cpus.update(range(int(first), int(last if dash else first) + 1))
     return cpus
 
 

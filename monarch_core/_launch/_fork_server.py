@@ -133,7 +133,6 @@ class _Zygote:
         import itertools
         import subprocess
 
-        self.kernel: Kernel = None
         self.env = env
         self.fingerprint = startup_fingerprint(env)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -168,7 +167,6 @@ class _Zygote:
         """Serve ``kernel`` (loop thread): start reading the zygote's reports."""
         import trio
 
-        self.kernel = kernel
         self.ready = trio.Event()
         kernel.start_task(self._read)
         try:  # the plugins this process resolved: the zygote need not scan for them
@@ -292,12 +290,8 @@ class _Zygote:
             for extra in fds[1:]:
                 os.close(extra)
             self.children[pid] = child
-            p = self.pending.pop(req_id, None)
-            if p is None:  # its spawn was cancelled
+            if not self._answer(req_id, child):  # its spawn was cancelled
                 child.kill()
-            else:
-                p[1] = child
-                p[0].set()
             return
         for f in fds:
             os.close(f)
@@ -309,15 +303,21 @@ class _Zygote:
             if self.retiring and not self.children and not self.pending:
                 self._shut(kill=False)
         elif op in ("failed", "info"):
-            p = self.pending.pop(msg[1], None)
-            if p is not None:
-                p[1] = ForkServerUnavailable(msg[2]) if op == "failed" else msg[2]
-                p[0].set()
+            self._answer(msg[1], ForkServerUnavailable(msg[2]) if op == "failed" else msg[2])
         elif op == "ready":
             self.was_ready = True
             self.ready.set()
         elif op == "broken":
             self._set_broken(msg[1])
+
+    def _answer(self, req_id: int, value: Any) -> bool:
+        """Resolve the pending request ``req_id`` with ``value`` (an exception
+        is raised to its caller); False when nobody waits for it any more."""
+        p = self.pending.pop(req_id, None)
+        if p is not None:
+            p[1] = value
+            p[0].set()
+        return p is not None
 
     def _set_broken(self, why: str) -> None:
         """The zygote cannot fork procs (``why``): procs start with exec."""
@@ -364,11 +364,8 @@ class _Zygote:
         if self.broken is None:
             self.broken = f"is gone (it {status})"
         self.ready.set()
-        pending = list(self.pending.values())
-        self.pending.clear()
-        for p in pending:
-            p[1] = ForkServerUnavailable(f"fork server (pid {self.pid}) {status}")
-            p[0].set()
+        for req_id in list(self.pending):
+            self._answer(req_id, ForkServerUnavailable(f"fork server (pid {self.pid}) {status}"))
         orphans = [c for c in self.children.values() if c.returncode is None]
         self.children.clear()
         if orphans:
