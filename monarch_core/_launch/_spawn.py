@@ -63,7 +63,9 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
     env = cmd.build_env(transport_env(kernel.transport))
     hook = registry().pm.hook.monarch_proc_env
     if hook.get_hookimpls():
-        coords = dict(zip(spec.labels, _coords(spec.rank, spec.sizes)))
+        from monarch_core._mesh._shape import Extent, Point
+
+        coords = dict(Point(spec.rank, Extent(spec.labels, spec.sizes)))
         for overrides in hook(proc_name=spec.name, rank=spec.rank, coords=coords):
             apply_overrides(env, overrides or {})
     argv, cpus = apply_bind(cmd.argv(), spec.bind)
@@ -122,14 +124,6 @@ def _fork_server(kernel: Kernel, cmd: BootstrapCommand, argv: list[str], env: di
     ):
         return None
     return _fork_server.server_of(kernel).for_env(env)
-
-
-def _coords(rank: int, sizes: Any) -> list[int]:
-    out = []
-    for size in reversed(sizes):
-        out.append(rank % size)
-        rank //= size
-    return list(reversed(out))
 
 
 # ---------------------------------------------------------------- the spawning client's side
