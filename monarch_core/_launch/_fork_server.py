@@ -249,7 +249,6 @@ class _Zygote:
     async def _read(self) -> None:
         import trio
 
-        why = "closed its socket"
         try:
             while not self._closed:
                 await trio.lowlevel.wait_readable(self.sock)
@@ -261,11 +260,8 @@ class _Zygote:
                     if msg is None:
                         raise EOFError
                     self._handle(msg, fds)
-            why = "was closed"
-        except (EOFError, ConnectionError):
+        except (EOFError, ConnectionError, trio.ClosedResourceError):  # closed by it, or by us
             pass
-        except trio.ClosedResourceError:
-            why = "was closed"
         except trio.Cancelled:  # the kernel is stopping: so does the zygote
             self._shut(kill=False)
             try:  # it exits when it sees the socket closed: reap it
@@ -273,11 +269,10 @@ class _Zygote:
             except Exception:  # noqa: BLE001
                 self._kill()
             raise
-        except Exception as e:
-            why = f"was dropped after an error: {type(e).__name__}: {e}"
+        except Exception:
             logger.exception("reading from fork server pid %d", self.pid)
         try:
-            await self._gone(why)
+            await self._gone()
         except trio.Cancelled:
             self._kill()
             raise
@@ -343,7 +338,7 @@ class _Zygote:
         if kill and self.popen.poll() is None:
             self.popen.kill()
 
-    async def _gone(self, why: str) -> None:
+    async def _gone(self) -> None:
         """The socket is closed: the zygote is dead or exiting.  Reap it and
         fail what still depended on it."""
         import trio
