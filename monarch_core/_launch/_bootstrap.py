@@ -57,10 +57,7 @@ class BootstrapCommand:
 
     def with_env(self, env: Mapping[str, str | None] | None = None, /, **kwargs: str | None) -> "BootstrapCommand":
         """A copy with more environment overrides (``None`` removes a variable)."""
-        merged = dict(self.env)
-        merged.update(env or {})
-        merged.update(kwargs)
-        return dataclasses.replace(self, env=merged)
+        return dataclasses.replace(self, env={**self.env, **(env or {}), **kwargs})
 
     def with_args(self, *args: str) -> "BootstrapCommand":
         return dataclasses.replace(self, args=tuple(args))
@@ -137,12 +134,6 @@ def apply_bind(cmd_argv: list[str], bind: Mapping[str, str] | None) -> tuple[lis
     ``sched_setaffinity`` (done by the proc itself) separately."""
     if not bind:
         return cmd_argv, None
-    prefix = []
-    if "cpunodebind" in bind or "membind" in bind:
-        prefix = [shutil.which("numactl") or "numactl"]
-        if "cpunodebind" in bind:
-            prefix.append(f"--cpunodebind={bind['cpunodebind']}")
-        if "membind" in bind:
-            prefix.append(f"--membind={bind['membind']}")
-    cpus = bind.get("cpus") or bind.get("physcpubind")
-    return prefix + cmd_argv, cpus
+    numa = [f"--{k}={bind[k]}" for k in ("cpunodebind", "membind") if k in bind]
+    prefix = [shutil.which("numactl") or "numactl", *numa] if numa else []
+    return prefix + cmd_argv, bind.get("cpus") or bind.get("physcpubind")
