@@ -62,9 +62,9 @@ def _takes_launch(fn: Any) -> bool:
     return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
 
 
-def _host_name(host: Any) -> str:
-    """A host as a scheduler names it (a name, or a ``HostHandle``)."""
-    return host if isinstance(host, str) else getattr(host, "name", str(host))
+def _host_name(host: Any) -> Any:
+    """The name of a host a scheduler reports (a name, a ``HostHandle``, or ``None``: none)."""
+    return host if host is None or isinstance(host, str) else getattr(host, "name", str(host))
 
 
 class AllocationRecord:
@@ -111,8 +111,7 @@ class AllocationRecord:
     def report_notice(self, host: str | None, message: str) -> None:
         """``WorkerLaunch.report_notice``: to the host mesh's owner (kept
         until the host mesh exists); dropped once released."""
-        if host is not None:
-            host = _host_name(host)
+        host = _host_name(host)
         with self._lock:
             if self._released:
                 return

@@ -95,7 +95,7 @@ def _preload(transport: str | None, sock: socket.socket, warm: Sequence[str]) ->
         sock.setblocking(True)
     if msg is not None and msg[0] == "plugins":
         adopt_registry(msg[1])
-    reg = registry()
+    reg = registry()  # built here, before the first fork, whether or not a transport is named
     if transport:
         try:
             reg.transport(transport)
