@@ -116,13 +116,9 @@ def _toml_key(key: str) -> str:
     return json.dumps(key)  # JSON string escaping is valid TOML basic-string syntax
 
 
-def _is_pyproject(path: pathlib.Path) -> bool:
-    return path.name == PYPROJECT_TOML
-
-
 def _prefix(path: pathlib.Path) -> str:
     """The dotted table prefix under which Monarch config lives in ``path``."""
-    return "tool.monarch." if _is_pyproject(path) else ""
+    return "tool.monarch." if path.name == PYPROJECT_TOML else ""
 
 
 def _locator(path: pathlib.Path, table: str) -> str:
@@ -290,9 +286,7 @@ def load_config(path: pathlib.Path) -> dict[str, HostMeshConfig]:
     """
     path = pathlib.Path(path)
     data = _read_toml(path)
-    pyproject = _is_pyproject(path)
-
-    if pyproject:
+    if path.name == PYPROJECT_TOML:
         tool = _need_table(data.get("tool", {}), path, "'tool' must be a table")
         if "monarch" not in tool:
             return {}
@@ -439,21 +433,20 @@ def lookup_host_mesh(
         from monarch_core._plugins import KNOWN_SCHEDULER_PACKAGES, broken_note, install_hint
 
         package = KNOWN_SCHEDULER_PACKAGES.get(entry.scheduler)
+        close = difflib.get_close_matches(entry.scheduler, installed, n=1)
         if package is not None:
             msg += f"The {entry.scheduler!r} scheduler is provided by the plugin {package}: {install_hint(package)}"
+        elif close:
+            msg += (
+                f"Did you mean scheduler = {json.dumps(close[0])}? "
+                f"Fix the 'scheduler' key of {loc} in {path}."
+            )
         else:
-            close = difflib.get_close_matches(entry.scheduler, installed, n=1)
-            if close:
-                msg += (
-                    f"Did you mean scheduler = {json.dumps(close[0])}? "
-                    f"Fix the 'scheduler' key of {loc} in {path}."
-                )
-            else:
-                msg += (
-                    f"Install the package that provides the {entry.scheduler!r} "
-                    f"scheduler, or change the 'scheduler' key of {loc} in {path} "
-                    f"to one of the installed schedulers."
-                )
+            msg += (
+                f"Install the package that provides the {entry.scheduler!r} "
+                f"scheduler, or change the 'scheduler' key of {loc} in {path} "
+                f"to one of the installed schedulers."
+            )
         note = broken_note()  # a plugin that failed may be the one that provides it
         if note:
             msg += "\n" + note.strip()
