@@ -116,13 +116,9 @@ def _toml_key(key: str) -> str:
     return json.dumps(key)  # JSON string escaping is valid TOML basic-string syntax
 
 
-def _is_pyproject(path: pathlib.Path) -> bool:
-    return path.name == PYPROJECT_TOML
-
-
 def _prefix(path: pathlib.Path) -> str:
     """The dotted table prefix under which Monarch config lives in ``path``."""
-    return "tool.monarch." if _is_pyproject(path) else ""
+    return "tool.monarch." if path.name == PYPROJECT_TOML else ""
 
 
 def _locator(path: pathlib.Path, table: str) -> str:
@@ -176,9 +172,12 @@ def _read_toml(path: pathlib.Path) -> dict[str, Any]:
         ) from e
 
 
-def _has_tool_monarch(data: Mapping[str, Any]) -> bool:
-    tool = data.get("tool")
-    return isinstance(tool, dict) and "monarch" in tool
+def _need_table(value: Any, path: pathlib.Path, what: str, fix: str = "") -> dict:
+    """``value`` when it is a table, else the ConfigError: in ``path``, ``what``
+    (``"[hosts] must be a table"``), got what it is, and ``fix``."""
+    if not isinstance(value, dict):
+        raise ConfigError(f"In {path}: {what}, got {type(value).__name__}.{fix}")
+    return value
 
 
 # ---------------------------------------------------------------------------
@@ -249,8 +248,10 @@ def find_config_file(start: str | os.PathLike[str] | None = None) -> pathlib.Pat
         if candidate.is_file():
             return candidate
         pyproject = d / PYPROJECT_TOML
-        if pyproject.is_file() and _has_tool_monarch(_read_toml(pyproject)):
-            return pyproject
+        if pyproject.is_file():
+            tool = _read_toml(pyproject).get("tool")
+            if isinstance(tool, dict) and "monarch" in tool:
+                return pyproject
     return None
 
 
@@ -285,57 +286,29 @@ def load_config(path: pathlib.Path) -> dict[str, HostMeshConfig]:
     """
     path = pathlib.Path(path)
     data = _read_toml(path)
-    pyproject = _is_pyproject(path)
-
-    if pyproject:
-        tool = data.get("tool", {})
-        if not isinstance(tool, dict):
-            raise ConfigError(
-                f"In {path}: 'tool' must be a table, got {type(tool).__name__}."
-            )
+    if path.name == PYPROJECT_TOML:
+        tool = _need_table(data.get("tool", {}), path, "'tool' must be a table")
         if "monarch" not in tool:
             return {}
-        root = tool["monarch"]
-        if not isinstance(root, dict):
-            raise ConfigError(
-                f"In {path}: [tool.monarch] must be a table, got "
-                f"{type(root).__name__}. Define host meshes like:\n"
-                f"{_example_snippet(path, 'my_mesh')}"
-            )
+        root = _need_table(tool["monarch"], path, "[tool.monarch] must be a table",
+                           f" Define host meshes like:\n{_example_snippet(path, 'my_mesh')}")
     else:
         root = data
-
-    defaults = root.get("defaults", {})
-    if not isinstance(defaults, dict):
-        raise ConfigError(
-            f"In {path}: {_locator(path, 'defaults')} must be a table of "
-            f"parameters merged under every host mesh entry, got "
-            f"{type(defaults).__name__}. For example:\n"
-            f"    [{_prefix(path)}defaults]\n"
-            f'    scheduler = "local"'
-        )
-
-    hosts = root.get("hosts", {})
-    if not isinstance(hosts, dict):
-        raise ConfigError(
-            f"In {path}: {_locator(path, 'hosts')} must be a table of host mesh "
-            f"entries, got {type(hosts).__name__}. Write one sub-table per mesh, "
-            f"for example:\n{_example_snippet(path, 'my_mesh')}"
-        )
+    defaults = _need_table(
+        root.get("defaults", {}), path,
+        f"{_locator(path, 'defaults')} must be a table of parameters merged under every host mesh entry",
+        f' For example:\n    [{_prefix(path)}defaults]\n    scheduler = "local"',
+    )
+    hosts = _need_table(
+        root.get("hosts", {}), path, f"{_locator(path, 'hosts')} must be a table of host mesh entries",
+        f" Write one sub-table per mesh, for example:\n{_example_snippet(path, 'my_mesh')}",
+    )
 
     result: dict[str, HostMeshConfig] = {}
-    for name, entry in hosts.items():
-        if not isinstance(name, str):  # pragma: no cover - TOML keys are always str
-            raise ConfigError(
-                f"In {path}: host mesh name {name!r} in {_locator(path, 'hosts')} "
-                f"must be a str, got {type(name).__name__}."
-            )
+    for name, entry in hosts.items():  # (TOML keys are str)
         loc = _locator(path, _hosts_table(name))
-        if not isinstance(entry, dict):
-            raise ConfigError(
-                f"In {path}: host mesh entry {name!r} ({loc}) must be a table, got "
-                f"{type(entry).__name__}. Write it as:\n{_example_snippet(path, name)}"
-            )
+        _need_table(entry, path, f"host mesh entry {name!r} ({loc}) must be a table",
+                    f" Write it as:\n{_example_snippet(path, name)}")
         merged: dict[str, Any] = copy.deepcopy(defaults)
         merged.update(copy.deepcopy(entry))
         if "scheduler" not in merged:
@@ -460,21 +433,20 @@ def lookup_host_mesh(
         from monarch_core._plugins import KNOWN_SCHEDULER_PACKAGES, broken_note, install_hint
 
         package = KNOWN_SCHEDULER_PACKAGES.get(entry.scheduler)
+        close = difflib.get_close_matches(entry.scheduler, installed, n=1)
         if package is not None:
             msg += f"The {entry.scheduler!r} scheduler is provided by the plugin {package}: {install_hint(package)}"
+        elif close:
+            msg += (
+                f"Did you mean scheduler = {json.dumps(close[0])}? "
+                f"Fix the 'scheduler' key of {loc} in {path}."
+            )
         else:
-            close = difflib.get_close_matches(entry.scheduler, installed, n=1)
-            if close:
-                msg += (
-                    f"Did you mean scheduler = {json.dumps(close[0])}? "
-                    f"Fix the 'scheduler' key of {loc} in {path}."
-                )
-            else:
-                msg += (
-                    f"Install the package that provides the {entry.scheduler!r} "
-                    f"scheduler, or change the 'scheduler' key of {loc} in {path} "
-                    f"to one of the installed schedulers."
-                )
+            msg += (
+                f"Install the package that provides the {entry.scheduler!r} "
+                f"scheduler, or change the 'scheduler' key of {loc} in {path} "
+                f"to one of the installed schedulers."
+            )
         note = broken_note()  # a plugin that failed may be the one that provides it
         if note:
             msg += "\n" + note.strip()

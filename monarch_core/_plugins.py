@@ -45,6 +45,7 @@ import pluggy
 
 from monarch_core import settings
 from monarch_core import hookspecs
+from monarch_core._contract._common import _import_object
 from monarch_core.errors import ConfigError, MonarchError, PluginError, UnknownSchedulerError, UnknownTransportError
 
 if TYPE_CHECKING:
@@ -175,22 +176,23 @@ class PluginRegistry:
         self.failed_from: dict[str, tuple[str, str]] = {}
         self._providers: dict[str, PluginInfo] = {}  # transport/scheduler spec name -> its plugin
         self._lock = threading.RLock()
-        self._transport_specs: dict[str, hookspecs.TransportSpec] | None = None
-        self._scheduler_specs: dict[str, hookspecs.SchedulerSpec] | None = None
+        self._specs: dict[str, dict[str, Any]] = {}  # "transport"/"scheduler" -> name -> spec, built once
         self._transports: dict[str, hookspecs.Transport] = {}
         blocked = set(settings.get(DISABLE_ENV))
         self.blocked = blocked
         self._resolved: list[tuple[str, str, str, str]] = []  # (name, entry point value, dist, version)
         from monarch_core import _builtins
+        # (the core's version from monarch_core._version: reading the installed
+        # distribution's metadata cost ~25 ms on every start of a client, a fork
+        # server and an exec'd proc)
+        from monarch_core._version import __version__
 
-        if resolved is not None:
-            core_version, eps = resolved
-            self._register("builtin", _builtins, "monarch-core", core_version)
+        core_version, eps = resolved if resolved is not None else (__version__, None)
+        self._register("builtin", _builtins, "monarch-core", core_version)
+        if eps is not None:
             for name, value, dist_name, dist_version in eps:
-                self._add_loaded(name, value, dist_name, dist_version, _load_value(value))
-            return
-        self._register("builtin", _builtins, "monarch-core", _core_version())
-        if load_entry_points:
+                self._add_loaded(name, value, dist_name, dist_version, _import_object(value))
+        elif load_entry_points:
             self._load_entry_points()
 
     def resolved(self) -> tuple[str, list[tuple[str, str, str, str]]]:
@@ -341,29 +343,33 @@ class PluginRegistry:
                 self.failed[ep.name] = why
                 self.failed_from[ep.name] = (dist_name, dist_version)
                 warn_once(msg)
-                continue
+
+    def _spec_table(self, kind: str) -> dict[str, Any]:
+        """The specs of ``kind`` (``"transport"``/``"scheduler"``) by every
+        name they accept (a transport: its aliases and schemes too), built
+        once from the ``monarch_<kind>s`` hooks; the first registration wins."""
+        with self._lock:
+            table = self._specs.get(kind)
+            if table is None:
+                table = {}
+                for info in self.infos:
+                    for spec in self._describe(info, f"monarch_{kind}s"):
+                        getattr(info, f"{kind}s").append(spec.name)
+                        self._providers.setdefault(f"{kind}:{spec.name}", info)
+                        names = (spec.name, *spec.aliases, *spec.schemes) if kind == "transport" else (spec.name,)
+                        for key in names:
+                            if key in table and table[key] is not spec:
+                                logger.warning("%s name %r claimed by plugin %r is already provided; ignoring",
+                                               kind, key, info.name)
+                                continue
+                            table[key] = spec
+                self._specs[kind] = table
+            return table
 
     # -- transports ------------------------------------------------------
     def transport_specs(self) -> dict[str, hookspecs.TransportSpec]:
         """Every accepted name/alias/scheme → its spec (first registration wins)."""
-        with self._lock:
-            if self._transport_specs is None:
-                table: dict[str, hookspecs.TransportSpec] = {}
-                for info in self.infos:
-                    for spec in self._describe(info, "monarch_transports"):
-                        info.transports.append(spec.name)
-                        self._providers.setdefault(f"transport:{spec.name}", info)
-                        for key in (spec.name, *spec.aliases, *spec.schemes):
-                            if key in table and table[key] is not spec:
-                                logger.warning(
-                                    "transport name %r claimed by plugin %r is already provided; ignoring",
-                                    key,
-                                    info.name,
-                                )
-                                continue
-                            table[key] = spec
-                self._transport_specs = table
-            return self._transport_specs
+        return self._spec_table("transport")
 
     def transport(self, name: str) -> hookspecs.Transport:
         """The transport for a name, alias or URL scheme (instantiated once)."""
@@ -443,19 +449,7 @@ class PluginRegistry:
 
     # -- schedulers ------------------------------------------------------
     def scheduler_specs(self) -> dict[str, hookspecs.SchedulerSpec]:
-        with self._lock:
-            if self._scheduler_specs is None:
-                table: dict[str, hookspecs.SchedulerSpec] = {}
-                for info in self.infos:
-                    for spec in self._describe(info, "monarch_schedulers"):
-                        info.schedulers.append(spec.name)
-                        self._providers.setdefault(f"scheduler:{spec.name}", info)
-                        if spec.name in table:
-                            logger.warning("scheduler %r from plugin %r is already provided; ignoring", spec.name, info.name)
-                            continue
-                        table[spec.name] = spec
-                self._scheduler_specs = table
-            return self._scheduler_specs
+        return self._spec_table("scheduler")
 
     def scheduler(self, name: str) -> hookspecs.Scheduler:
         spec = self.scheduler_specs().get(name)
@@ -500,10 +494,7 @@ class GuardedSink:
             self.emit_batches = self._emit_batches
 
     def _emit_batches(self, batches: Any) -> None:
-        try:
-            self.wrapped.emit_batches(batches)
-        except Exception as e:  # noqa: BLE001 - one sink must not stop the others
-            self._failed("emit_batches", e)
+        self._call("emit_batches", batches)
 
     @property
     def kinds(self) -> Any:
@@ -512,20 +503,19 @@ class GuardedSink:
 
     def emit(self, events: Any) -> None:
         """Hand ``events`` to the sink; a failure is logged, never raised."""
-        try:
-            self.wrapped.emit(events)
-        except Exception as e:  # noqa: BLE001 - one sink must not stop the others
-            self._failed("emit", e)
+        self._call("emit", events)
 
     def close(self) -> None:
         """Close the sink (if it has ``close``); a failure is logged, never raised."""
-        close = getattr(self.wrapped, "close", None)
-        if close is None:
-            return
+        if getattr(self.wrapped, "close", None) is not None:
+            self._call("close", always=True)
+
+    def _call(self, op: str, *args: Any, always: bool = False) -> None:
+        """The wrapped sink's ``op(*args)``; a failure is logged (:meth:`_failed`)."""
         try:
-            close()
-        except Exception as e:  # noqa: BLE001
-            self._failed("close", e, always=True)
+            getattr(self.wrapped, op)(*args)
+        except Exception as e:  # noqa: BLE001 - one sink must not stop the others
+            self._failed(op, e, always=always)
 
     def _failed(self, op: str, e: Exception, *, always: bool = False) -> None:
         sink_logger.debug("telemetry sink %r of %s: %s() failed", self.wrapped, self.info.origin, op, exc_info=True)
@@ -573,17 +563,6 @@ def broken_note() -> str:
     return reg.broken_note() if reg is not None else ""
 
 
-def _load_value(value: str) -> Any:
-    """What the entry point ``value`` (``"pkg.mod"`` or ``"pkg.mod:obj.attr"``) names."""
-    import importlib
-
-    mod_name, _, attrs = value.partition(":")
-    obj = importlib.import_module(mod_name.strip())
-    for a in filter(None, attrs.strip().split(".")):
-        obj = getattr(obj, a)
-    return obj
-
-
 def _blocked_dists(reg: PluginRegistry) -> set[str]:
     from importlib import metadata
 
@@ -601,15 +580,6 @@ def _dist_version(name: str) -> str | None:
         return metadata.version(name)
     except metadata.PackageNotFoundError:
         return None
-
-
-def _core_version() -> str:
-    """The core's version: ``monarch_core.__version__`` (reading the
-    installed distribution's metadata cost ~25 ms on every start of a
-    client, a fork server and an exec'd proc)."""
-    from monarch_core._version import __version__
-
-    return __version__
 
 
 _registry: PluginRegistry | None = None

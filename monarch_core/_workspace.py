@@ -189,12 +189,8 @@ def active_environment() -> Environment:
 def _python_in(prefix: Path) -> str:
     """The interpreter's path relative to ``prefix`` (this one's, when it lives there)."""
     exe = Path(sys.executable)
-    try:
-        rel = exe.relative_to(prefix)
-    except ValueError:
-        rel = None
-    if rel is not None:
-        return rel.as_posix()
+    if exe.is_relative_to(prefix):
+        return exe.relative_to(prefix).as_posix()
     for name in ("bin/python3", "bin/python"):
         if (prefix / name).exists():
             return name

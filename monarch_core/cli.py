@@ -31,16 +31,10 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     reg = registry()
     infos = reg.describe()
     for info in infos:
-        provides = []
-        if info.transports:
-            provides.append("transports: " + ", ".join(info.transports))
-        if info.schedulers:
-            provides.append("schedulers: " + ", ".join(info.schedulers))
-        if info.rdma_backends:
-            provides.append("rdma backends: " + ", ".join(info.rdma_backends))
         other = [h for h in info.hooks if h not in ("monarch_transports", "monarch_schedulers", "monarch_rdma_backends", "monarch_settings")]
-        if other:
-            provides.append("hooks: " + ", ".join(other))
+        provides = [f"{what}: " + ", ".join(names) for what, names in (
+            ("transports", info.transports), ("schedulers", info.schedulers),
+            ("rdma backends", info.rdma_backends), ("hooks", other)) if names]
         if info.problems:
             provides.append("BROKEN: " + "; ".join(info.problems))
         print(f"{info.name} ({info.distribution}=={info.version})  " + ("; ".join(provides) or "(no hooks)"))
@@ -71,10 +65,7 @@ def _cmd_settings(args: argparse.Namespace) -> int:
     from monarch_core._plugins import registry
 
     registry()  # the installed plugins declare theirs
-    print("User settings:\n")
-    print(settings.markdown_table(True))
-    print("Internal tuning knobs (not a stable interface):\n")
-    print(settings.markdown_table(False))
+    settings.print_tables()
     return 0
 
 

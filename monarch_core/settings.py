@@ -105,54 +105,49 @@ class Setting:
         return "unset" if self.default is None else f"{self.default:g}" if isinstance(self.default, float) else str(self.default)
 
 
-def _s(*args: Any, **kw: Any) -> Setting:
-    return Setting(*args, **kw)
-
-
-
 SETTINGS: dict[str, Setting] = {
     s.name: s
     for s in [
         # ------------------------------------------------------------ user settings
-        _s("MONARCH_CONFIG", "path", None, "path of the `monarch.toml` / `pyproject.toml` that `hosts_from_config` reads (default: searched from the working directory up)"),
-        _s("MONARCH_DISABLED_PLUGINS", "names", (), "plugin (entry-point) names not to load", default_text="none"),
-        _s("MONARCH_LOG_LEVEL", "str", None, "log level of worker processes and worker loops (default: the client's `monarch` logger level; worker loops: WARNING)"),
-        _s("MONARCH_DELIVERY_TIMEOUT", "seconds", 30.0, "seconds a message may stay unacknowledged (reconnecting included) before it is returned as undeliverable", minimum=0.001),
-        _s("MONARCH_PROC_START_TIMEOUT", "seconds", 60.0, "seconds to wait for a new proc to report its address", minimum=0.001),
-        _s("MONARCH_STOP_GRACE", "seconds", 10.0, "seconds a stopping proc gets before SIGTERM, then SIGKILL; a stopping actor, before its stop completes without its thread (one stuck in `__init__` or an endpoint)", minimum=0),
-        _s("MONARCH_HEARTBEAT_INTERVAL", "seconds", 2.0, "seconds between heartbeats a parent (the client, or a worker loop for the procs it starts) sends its procs; 0 disables them", minimum=0),
-        _s("MONARCH_HEARTBEAT_TIMEOUT", "seconds", 30.0, "seconds of silence after which a proc is declared hung and killed", minimum=0.001),
-        _s("MONARCH_HOST_HEARTBEAT_TIMEOUT", "seconds", 30.0, "seconds a client waits for a worker loop to answer its heartbeats (sent every `MONARCH_HEARTBEAT_INTERVAL`) before it declares that host lost (frozen or cut off) and fails its procs", minimum=0.001),
-        _s("MONARCH_ATTACH_TIMEOUT", "seconds", 10.0, "seconds `attach_to_workers` waits for each worker loop to answer", minimum=0.001),
-        _s("MONARCH_ALLOCATE_TIMEOUT", "seconds", 300.0, "seconds a scheduler's allocation (and its workers' readiness) may take in `hosts_from_config`", minimum=0.001),
-        _s("MONARCH_AUTO_RELOAD_INTERVAL", "seconds", 1.0, "seconds between two looks at a workspace synced with `sync_workspace(auto_reload=True)` (file sizes and modification times)", minimum=0.01),
-        _s("MONARCH_RELEASE_TIMEOUT", "seconds", 30.0, "seconds a scheduler's `release()` may take at shutdown or exit", minimum=0.001),
-        _s("MONARCH_MAX_MESSAGE_BYTES", "int", 1 << 36, "largest message a kernel accepts, in bytes", minimum=1, default_text="64 GiB"),
-        _s("MONARCH_UNPROVEN_CONN_BYTES_MAX", "int", 1 << 30, "bytes one connection whose peer has not proven itself (no message delivered, not authenticated) may make a proc hold; beyond, it is dropped", minimum=0, default_text="1 GiB"),
-        _s("MONARCH_UNPROVEN_BYTES_MAX", "int", 2 << 30, "the same for all such connections of a process together", minimum=0, default_text="2 GiB"),
-        _s("MONARCH_HANDSHAKE_TIMEOUT", "seconds", 10.0, "seconds a new connection may take to send its handshake", minimum=0.001),
-        _s("MONARCH_CAST_TREE_MIN", "int", 128, "meshes of at least this many actors are reached through a cast tree (see docs/architecture.md)", minimum=2),
-        _s("MONARCH_CAST_FANOUT", "int", 16, "children per node of a cast tree: no process sends more than this many messages per cast", minimum=2),
-        _s("MONARCH_SEND_WINDOW_MB", "float", 64.0, "MiB a process holds for one destination proc, sent and not yet acknowledged, before a sender waits for room (flow control; 0: no limit)", minimum=0),
-        _s("MONARCH_SEND_WINDOW_MSGS", "int", 16384, "messages a process holds for one destination proc before a sender waits for room (0: no limit)", minimum=0),
-        _s("MONARCH_FORK_SERVER", "bool", True, "0 starts every proc with exec instead of forking it from the pre-imported fork server"),
-        _s("MONARCH_BUFFER_POOL_MB", "mib", 256, "MiB of large receive buffers kept for reuse once their consumers drop them; 0 disables", minimum=0),
-        _s("MONARCH_MALLOC_REUSE_MB", "mib", 256, "procs: allocations up to this many MiB reuse freed heap pages, with one malloc arena (0: glibc defaults); a client applies it only when the variable is set", minimum=0),
-        _s("MONARCH_TELEMETRY", "bool", True, "0 turns all instrumentation off: no endpoint metrics, spans or lifecycle events (see docs/observability.md)"),
-        _s("MONARCH_METRICS_KEEP_STOPPED", "int", 16, "stopped actor meshes whose endpoint metrics the client keeps as they were; an older one's are folded into one row per (side, actor class, endpoint) (see docs/observability.md)", minimum=0),
-        _s("MONARCH_TRACE", "bool", False, "1: every process records spans of all its work, not only of traced calls (the client's sinks get them)"),
-        _s("MONARCH_TRACE_FILE", "path", None, "the client writes a Chrome trace-event file (Perfetto UI, chrome://tracing) of the whole run here; implies tracing every call"),
-        _s("MONARCH_TELEMETRY_JSONL", "path", None, "the client appends every telemetry event (spans, metrics, lifecycle) to this JSON-lines file"),
-        _s("MONARCH_STREAM_LOGS", "bool", None, "1: every proc streams its stdout/stderr/logging to the client; 0: none does (remote procs write a per-host log file); unset: remote procs do, local ones write to the terminal", default_text="unset"),
-        _s("MONARCH_PROC_LOG_DIR", "path", None, "folder of the per-host log files of remote procs that do not stream (default: `<tmp>/monarch-<uid>-logs`); it must be a folder of this user with mode 0700 (created so), the files are 0600"),
+        Setting("MONARCH_CONFIG", "path", None, "path of the `monarch.toml` / `pyproject.toml` that `hosts_from_config` reads (default: searched from the working directory up)"),
+        Setting("MONARCH_DISABLED_PLUGINS", "names", (), "plugin (entry-point) names not to load", default_text="none"),
+        Setting("MONARCH_LOG_LEVEL", "str", None, "log level of worker processes and worker loops (default: the client's `monarch` logger level; worker loops: WARNING)"),
+        Setting("MONARCH_DELIVERY_TIMEOUT", "seconds", 30.0, "seconds a message may stay unacknowledged (reconnecting included) before it is returned as undeliverable", minimum=0.001),
+        Setting("MONARCH_PROC_START_TIMEOUT", "seconds", 60.0, "seconds to wait for a new proc to report its address", minimum=0.001),
+        Setting("MONARCH_STOP_GRACE", "seconds", 10.0, "seconds a stopping proc gets before SIGTERM, then SIGKILL; a stopping actor, before its stop completes without its thread (one stuck in `__init__` or an endpoint)", minimum=0),
+        Setting("MONARCH_HEARTBEAT_INTERVAL", "seconds", 2.0, "seconds between heartbeats a parent (the client, or a worker loop for the procs it starts) sends its procs; 0 disables them", minimum=0),
+        Setting("MONARCH_HEARTBEAT_TIMEOUT", "seconds", 30.0, "seconds of silence after which a proc is declared hung and killed", minimum=0.001),
+        Setting("MONARCH_HOST_HEARTBEAT_TIMEOUT", "seconds", 30.0, "seconds a client waits for a worker loop to answer its heartbeats (sent every `MONARCH_HEARTBEAT_INTERVAL`) before it declares that host lost (frozen or cut off) and fails its procs", minimum=0.001),
+        Setting("MONARCH_ATTACH_TIMEOUT", "seconds", 10.0, "seconds `attach_to_workers` waits for each worker loop to answer", minimum=0.001),
+        Setting("MONARCH_ALLOCATE_TIMEOUT", "seconds", 300.0, "seconds a scheduler's allocation (and its workers' readiness) may take in `hosts_from_config`", minimum=0.001),
+        Setting("MONARCH_AUTO_RELOAD_INTERVAL", "seconds", 1.0, "seconds between two looks at a workspace synced with `sync_workspace(auto_reload=True)` (file sizes and modification times)", minimum=0.01),
+        Setting("MONARCH_RELEASE_TIMEOUT", "seconds", 30.0, "seconds a scheduler's `release()` may take at shutdown or exit", minimum=0.001),
+        Setting("MONARCH_MAX_MESSAGE_BYTES", "int", 1 << 36, "largest message a kernel accepts, in bytes", minimum=1, default_text="64 GiB"),
+        Setting("MONARCH_UNPROVEN_CONN_BYTES_MAX", "int", 1 << 30, "bytes one connection whose peer has not proven itself (no message delivered, not authenticated) may make a proc hold; beyond, it is dropped", minimum=0, default_text="1 GiB"),
+        Setting("MONARCH_UNPROVEN_BYTES_MAX", "int", 2 << 30, "the same for all such connections of a process together", minimum=0, default_text="2 GiB"),
+        Setting("MONARCH_HANDSHAKE_TIMEOUT", "seconds", 10.0, "seconds a new connection may take to send its handshake", minimum=0.001),
+        Setting("MONARCH_CAST_TREE_MIN", "int", 128, "meshes of at least this many actors are reached through a cast tree (see docs/architecture.md)", minimum=2),
+        Setting("MONARCH_CAST_FANOUT", "int", 16, "children per node of a cast tree: no process sends more than this many messages per cast", minimum=2),
+        Setting("MONARCH_SEND_WINDOW_MB", "float", 64.0, "MiB a process holds for one destination proc, sent and not yet acknowledged, before a sender waits for room (flow control; 0: no limit)", minimum=0),
+        Setting("MONARCH_SEND_WINDOW_MSGS", "int", 16384, "messages a process holds for one destination proc before a sender waits for room (0: no limit)", minimum=0),
+        Setting("MONARCH_FORK_SERVER", "bool", True, "0 starts every proc with exec instead of forking it from the pre-imported fork server"),
+        Setting("MONARCH_BUFFER_POOL_MB", "mib", 256, "MiB of large receive buffers kept for reuse once their consumers drop them; 0 disables", minimum=0),
+        Setting("MONARCH_MALLOC_REUSE_MB", "mib", 256, "procs: allocations up to this many MiB reuse freed heap pages, with one malloc arena (0: glibc defaults); a client applies it only when the variable is set", minimum=0),
+        Setting("MONARCH_TELEMETRY", "bool", True, "0 turns all instrumentation off: no endpoint metrics, spans or lifecycle events (see docs/observability.md)"),
+        Setting("MONARCH_METRICS_KEEP_STOPPED", "int", 16, "stopped actor meshes whose endpoint metrics the client keeps as they were; an older one's are folded into one row per (side, actor class, endpoint) (see docs/observability.md)", minimum=0),
+        Setting("MONARCH_TRACE", "bool", False, "1: every process records spans of all its work, not only of traced calls (the client's sinks get them)"),
+        Setting("MONARCH_TRACE_FILE", "path", None, "the client writes a Chrome trace-event file (Perfetto UI, chrome://tracing) of the whole run here; implies tracing every call"),
+        Setting("MONARCH_TELEMETRY_JSONL", "path", None, "the client appends every telemetry event (spans, metrics, lifecycle) to this JSON-lines file"),
+        Setting("MONARCH_STREAM_LOGS", "bool", None, "1: every proc streams its stdout/stderr/logging to the client; 0: none does (remote procs write a per-host log file); unset: remote procs do, local ones write to the terminal", default_text="unset"),
+        Setting("MONARCH_PROC_LOG_DIR", "path", None, "folder of the per-host log files of remote procs that do not stream (default: `<tmp>/monarch-<uid>-logs`); it must be a folder of this user with mode 0700 (created so), the files are 0600"),
         # ------------------------------------------------------------ internal tuning knobs
-        _s("MONARCH_TELEMETRY_INTERVAL", "seconds", 1.0, "seconds between two telemetry batches a proc ships to the client (and the client hands its sinks)", public=False, minimum=0.01),
-        _s("MONARCH_DIRECT_GAP_US", "float", 100.0, "µs after a direct write during which a session's next messages go through the loop, batched", public=False, minimum=0),
-        _s("MONARCH_DROP_LOG_INTERVAL", "seconds", 10.0, "seconds between two WARNING lines about connections dropped from one peer host for one reason (the next line counts those left out); 0 logs every one", public=False, minimum=0),
-        _s("MONARCH_THREADED_INBOUND", "bool", True, "0 reads plain-socket sessions on the trio loop (the path TLS takes) instead of the poller thread: for diagnosing the poller and testing that path over plain sockets", public=False),
+        Setting("MONARCH_TELEMETRY_INTERVAL", "seconds", 1.0, "seconds between two telemetry batches a proc ships to the client (and the client hands its sinks)", public=False, minimum=0.01),
+        Setting("MONARCH_DIRECT_GAP_US", "float", 100.0, "µs after a direct write during which a session's next messages go through the loop, batched", public=False, minimum=0),
+        Setting("MONARCH_DROP_LOG_INTERVAL", "seconds", 10.0, "seconds between two WARNING lines about connections dropped from one peer host for one reason (the next line counts those left out); 0 logs every one", public=False, minimum=0),
+        Setting("MONARCH_THREADED_INBOUND", "bool", True, "0 reads plain-socket sessions on the trio loop (the path TLS takes) instead of the poller thread: for diagnosing the poller and testing that path over plain sockets", public=False),
         # ------------------------------------------------------------ set by monarch-core for its own children
-        _s("MONARCH_PROC_ID", "str", None, "set in every proc: its proc id (read it, do not set it)", public=False),
-        _s("MONARCH_PROC_BOOTSTRAP", "str", None, "set by the spawner for a new proc: its start-up message (internal)", public=False),
+        Setting("MONARCH_PROC_ID", "str", None, "set in every proc: its proc id (read it, do not set it)", public=False),
+        Setting("MONARCH_PROC_BOOTSTRAP", "str", None, "set by the spawner for a new proc: its start-up message (internal)", public=False),
     ]
 }
 
@@ -221,12 +216,17 @@ def markdown_table(public: bool) -> str:
     return "\n".join(rows) + "\n"
 
 
-def _main(argv: list[str]) -> int:
-    print("monarch-core's settings (with those of the installed plugins: `monarch settings`).\n")
+def print_tables() -> None:
+    """Both tables, headed (``monarch settings``, ``python -m monarch_core.settings``)."""
     print("User settings:\n")
     print(markdown_table(True))
     print("Internal tuning knobs (not a stable interface):\n")
     print(markdown_table(False))
+
+
+def _main(argv: list[str]) -> int:
+    print("monarch-core's settings (with those of the installed plugins: `monarch settings`).\n")
+    print_tables()
     return 0
 
 

@@ -93,16 +93,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _worker.run_worker_loop_forever(args.address, ca=args.ca, private_key=args.private_key, cert=args.cert,
                                         insecure_tcp=args.insecure_tcp, exit_with_parent=args.exit_with_parent)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001 - report monarch errors cleanly
+    except Exception as e:  # noqa: BLE001 - report bad arguments and monarch errors cleanly
         from monarch_core.errors import MonarchError
 
-        if isinstance(e, MonarchError):
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        raise
+        if not isinstance(e, (ValueError, OSError, MonarchError)):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -61,9 +61,7 @@ class InprocTransport(Transport):
         lst = _inproc_listeners.get(name)
         if lst is None:
             raise ConnectError(f"nothing listens on {address} in this process", refused=True)
-        a, b = _stdsocket.socketpair(_stdsocket.AF_UNIX, _stdsocket.SOCK_STREAM)
-        a.setblocking(False)
-        b.setblocking(False)
+        a, b = _stdsocket.socketpair(_stdsocket.AF_UNIX, _stdsocket.SOCK_STREAM)  # (trio makes them non-blocking)
 
         def hand_over() -> None:  # runs on the listener's trio loop
             try:

@@ -27,10 +27,12 @@ def _call_factory(factory: Callable[[], Any] | str) -> Any:
 
 
 def _import_object(spec: str) -> Any:
+    """What ``spec`` (``"pkg.mod"`` or ``"pkg.mod:obj.attr"``, a factory or an
+    entry point's value) names."""
     import importlib
 
     module_name, _, attr = spec.partition(":")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split(".") if attr else ():
+    obj: Any = importlib.import_module(module_name.strip())
+    for part in filter(None, attr.strip().split(".")):
         obj = getattr(obj, part)
     return obj

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import signal
 import sys
 import threading
@@ -38,13 +39,10 @@ _live: dict[int, AllocationRecord] = {}
 _live_lock = threading.Lock()
 
 
-def _call(fn: Any, *args: Any) -> Any:
-    """Call ``fn``; an ``async def`` runs in a trio loop of its own (this thread)."""
-    if inspect.iscoroutinefunction(fn):
-        import trio
-
-        return trio.run(fn, *args)
-    out = fn(*args)
+def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call ``fn``; what it returns is awaited, if awaitable, in a trio loop
+    of its own (this thread): a scheduler's hooks may be ``async def``."""
+    out = fn(*args, **kwargs)
     if inspect.isawaitable(out):
         import trio
 
@@ -62,6 +60,11 @@ def _takes_launch(fn: Any) -> bool:
         return True
     positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return len(positional) >= 2 or any(p.kind == p.VAR_POSITIONAL for p in params)
+
+
+def _host_name(host: Any) -> Any:
+    """The name of a host a scheduler reports (a name, a ``HostHandle``, or ``None``: none)."""
+    return host if host is None or isinstance(host, str) else getattr(host, "name", str(host))
 
 
 class AllocationRecord:
@@ -94,8 +97,7 @@ class AllocationRecord:
 
     # -- lost hosts (any thread) ---------------------------------------
     def report_lost(self, host: str, reason: str) -> None:
-        if not isinstance(host, str):
-            host = getattr(host, "name", str(host))
+        host = _host_name(host)
         with self._lock:
             if self._released or self.closing or host in self.lost:
                 return
@@ -109,8 +111,7 @@ class AllocationRecord:
     def report_notice(self, host: str | None, message: str) -> None:
         """``WorkerLaunch.report_notice``: to the host mesh's owner (kept
         until the host mesh exists); dropped once released."""
-        if host is not None and not isinstance(host, str):
-            host = getattr(host, "name", str(host))
+        host = _host_name(host)
         with self._lock:
             if self._released:
                 return
@@ -170,6 +171,7 @@ def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None
     started on its own thread, so that the client's start (trio, its kernel,
     its listener) overlaps with the hosts' (connections, interpreters)."""
     from monarch_core._proc import _state, _transport
+    from monarch_core._plugins import registry
     from monarch_core.hookspecs import WorkerLaunch
 
     if callable(rt):  # a starter: the runtime itself when it runs already
@@ -181,15 +183,20 @@ def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None
         transport, python = _transport.current_choice().name, sys.executable
     limit = ALLOCATE_TIMEOUT if timeout is None else float(timeout)
     record = AllocationRecord(scheduler, request)
+    # what worker loops need to accept this client: the transport's
+    # child_env(portable=True) (for tls, its credentials as inline PEM), and
+    # its worker_credentials (per-worker credentials) if it has one
+    t = registry().transport(transport)
+    child_env = getattr(t, "child_env", None)
     launch = WorkerLaunch(
         transport=transport,
         scheme=_scheme_of(transport),
         python=python,
-        credentials=credentials_for(transport),
+        credentials=dict(child_env(portable=True)) if child_env is not None else {},
         timeout=limit,
         report_lost=record.report_lost,
         notice_sink=record.report_notice,
-        issue_credentials=_issuer(transport),
+        issue_credentials=getattr(t, "worker_credentials", None),
     )
     deadline = time.monotonic() + limit
     allocation, started = _run_allocate(scheduler, request, launch, record, limit, meanwhile=start)
@@ -308,9 +315,7 @@ def _check(record: AllocationRecord, allocation: Any, rt: Any) -> None:
             f"{record.what} returned Allocation.extent={extent!r}; expected dimension names mapped to sizes >= 1, "
             "e.g. {'hosts': 4} or {'racks': 2, 'hosts': 2}"
         )
-    n = 1
-    for v in extent.values():
-        n *= v
+    n = math.prod(extent.values())
     if n != len(hosts):
         raise AllocationError(
             f"{record.what} returned {len(hosts)} hosts but Allocation.extent={dict(extent)} holds {n}"
@@ -433,22 +438,6 @@ def close_sessions(kernel: Any, proc_ids: set[str], why: str) -> None:
             pass
 
 
-def credentials_for(transport: str) -> dict[str, str]:
-    """What worker loops need to accept this client: the transport's
-    ``child_env(portable=True)`` (for ``tls``, its credentials as inline PEM)."""
-    from monarch_core._plugins import registry
-
-    child_env = getattr(registry().transport(transport), "child_env", None)
-    return dict(child_env(portable=True)) if child_env is not None else {}
-
-
-def _issuer(transport: str) -> Any:
-    """The transport's ``worker_credentials`` (per-worker credentials), if it has one."""
-    from monarch_core._plugins import registry
-
-    return getattr(registry().transport(transport), "worker_credentials", None)
-
-
 #: Transports whose addresses cannot leave this machine.
 _LOCAL_ONLY = ("ipc", "inproc")
 
@@ -493,15 +482,12 @@ def prepare_transport(scheduler: Any, request: Any) -> None:
 
 
 def _scheme_of(transport: str) -> str:
+    """The URL scheme of ``transport`` (its first; its name if it has none).
+    (``transport_specs`` does not raise: a plugin's failing hook is left out.)"""
     from monarch_core._plugins import registry
 
-    try:
-        spec = registry().transport_specs().get(transport)
-    except Exception:  # noqa: BLE001
-        spec = None
-    if spec is not None and getattr(spec, "schemes", None):
-        return spec.schemes[0]
-    return transport
+    spec = registry().transport_specs().get(transport)
+    return spec.schemes[0] if spec is not None and spec.schemes else transport
 
 
 def _on_proc_stopped(why: str) -> None:

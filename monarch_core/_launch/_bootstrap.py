@@ -57,10 +57,7 @@ class BootstrapCommand:
 
     def with_env(self, env: Mapping[str, str | None] | None = None, /, **kwargs: str | None) -> "BootstrapCommand":
         """A copy with more environment overrides (``None`` removes a variable)."""
-        merged = dict(self.env)
-        merged.update(env or {})
-        merged.update(kwargs)
-        return dataclasses.replace(self, env=merged)
+        return dataclasses.replace(self, env={**self.env, **(env or {}), **kwargs})
 
     def with_args(self, *args: str) -> "BootstrapCommand":
         return dataclasses.replace(self, args=tuple(args))
@@ -74,12 +71,18 @@ class BootstrapCommand:
         env = dict(os.environ if base is None else base)
         if not self.inherit_env:
             env = {k: v for k, v in env.items() if k.startswith("MONARCH_")}
-        for k, v in self.env.items():
-            if v is None:
-                env.pop(k, None)
-            else:
-                env[k] = v
-        return env
+        return apply_overrides(env, self.env)
+
+
+def apply_overrides(env: dict[str, str], overrides: Mapping[str, Any]) -> dict[str, str]:
+    """``env`` with ``overrides`` applied in place: a value of ``None`` removes
+    the variable, any other is set as text."""
+    for k, v in overrides.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = str(v)
+    return env
 
 
 def default_bootstrap_cmd(python_executable: str | None = None) -> BootstrapCommand:
@@ -120,13 +123,9 @@ def parse_cpu_list(spec: str) -> set[int]:
     cpus: set[int] = set()
     for part in spec.split(","):
         part = part.strip()
-        if not part:
-            continue
-        if "-" in part:
-            a, b = part.split("-", 1)
-            cpus.update(range(int(a), int(b) + 1))
-        else:
-            cpus.add(int(part))
+        if part:
+            first, dash, last = part.partition("-")  # "N" or "N-M"
+            cpus.update(range(int(first), int(last if dash else first) + 1))
     return cpus
 
 
@@ -135,12 +134,6 @@ def apply_bind(cmd_argv: list[str], bind: Mapping[str, str] | None) -> tuple[lis
     ``sched_setaffinity`` (done by the proc itself) separately."""
     if not bind:
         return cmd_argv, None
-    prefix = []
-    if "cpunodebind" in bind or "membind" in bind:
-        prefix = [shutil.which("numactl") or "numactl"]
-        if "cpunodebind" in bind:
-            prefix.append(f"--cpunodebind={bind['cpunodebind']}")
-        if "membind" in bind:
-            prefix.append(f"--membind={bind['membind']}")
-    cpus = bind.get("cpus") or bind.get("physcpubind")
-    return prefix + cmd_argv, cpus
+    numa = [f"--{k}={bind[k]}" for k in ("cpunodebind", "membind") if k in bind]
+    prefix = [shutil.which("numactl") or "numactl", *numa] if numa else []
+    return prefix + cmd_argv, bind.get("cpus") or bind.get("physcpubind")

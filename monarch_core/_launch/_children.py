@@ -51,7 +51,8 @@ class Child:
         return self._popen.poll()
 
     async def wait(self) -> int:
-        """Wait for the exit (any number of tasks may wait at once)."""
+        """Wait for the exit (any number of tasks may wait at once: one
+        watches the pidfd, the others wait for it)."""
         import trio  # (lazily: this module is imported by ``import monarch_core.actor``)
 
         if self._exited is None:
@@ -62,23 +63,16 @@ class Child:
                 return self._popen.returncode
         self._waiting = True
         try:
-            rc = await self._wait()
+            while self._popen.poll() is None:  # the pidfd is readable once the process exited
+                if self._pidfd is not None:
+                    await trio.lowlevel.wait_readable(self._pidfd)
+                else:  # pragma: no cover - kernels without pidfd
+                    await trio.sleep(0.05)
+            rc = self._popen.wait()
+            close_pidfd(self)
         finally:
             self._waiting = False
         self._exited.set()
-        return rc
-
-    async def _wait(self) -> int:
-        import trio
-
-        if self._pidfd is not None:
-            if self._popen.poll() is None:
-                await trio.lowlevel.wait_readable(self._pidfd)
-        else:  # pragma: no cover
-            while self._popen.poll() is None:
-                await trio.sleep(0.05)
-        rc = self._popen.wait()
-        close_pidfd(self)
         return rc
 
     def terminate(self) -> None:

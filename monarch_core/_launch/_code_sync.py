@@ -26,7 +26,6 @@ modules loaded from them (``monarch_core._proc._reload``).
 from __future__ import annotations
 
 import atexit
-import inspect
 import logging
 import os
 import posixpath
@@ -57,10 +56,6 @@ def check_arguments(workspace: Any, conda: Any, auto_reload: Any) -> None:
             raise TypeError(f"sync_workspace({name}=...) must be True or False, got {value!r}")
 
 
-def _missing(workspace: Workspace) -> list[str]:
-    return [str(p) for p in workspace.dirs if not p.is_dir()]
-
-
 def start(
     record: Any,
     hosts: Sequence[Any],
@@ -82,7 +77,7 @@ def start(
     reference received from another process); ``shared``: the host mesh's
     shared state (``"synced"``: host name -> ``SyncedHost``; ``"watcher"``)."""
     check_arguments(workspace, conda, auto_reload)
-    missing = _missing(workspace)
+    missing = [str(p) for p in workspace.dirs if not p.is_dir()]
     if missing:
         raise FileNotFoundError(
             f"sync_workspace: local workspace director{'ies' if len(missing) > 1 else 'y'} {missing} "
@@ -103,9 +98,8 @@ def start(
         # this machine: the procs see its files where they are
         here = local_synced(workspace)
         _remember(shared, {h.name: here for h in hosts})
-        _replace_watcher(shared, None)
-        if auto_reload:
-            _replace_watcher(shared, Watcher(None, [h.name for h in hosts], workspace, shared, mesh))
+        watcher = Watcher(None, [h.name for h in hosts], workspace, shared, mesh) if auto_reload else None
+        _replace_watcher(shared, watcher)
         cell.set_result(None)
         return cell
     alloc = record.allocation
@@ -147,16 +141,10 @@ def start(
 def sync_once(record: Any, names: list[str], workspace: Workspace, conda: bool, shared: dict, mesh: str) -> None:
     """One ``Allocation.sync_workspace`` call (blocking), its errors mapped
     into ours, its per-host result remembered."""
-    alloc = record.allocation
+    from monarch_core._launch._alloc import _call
+
     try:
-        out = alloc.sync_workspace(workspace, names, conda=conda, auto_reload=False)
-        if inspect.isawaitable(out):
-            import trio
-
-            async def wait() -> Any:
-                return await out
-
-            out = trio.run(wait)
+        out = _call(record.allocation.sync_workspace, workspace, names, conda=conda, auto_reload=False)
     except NotImplementedError as e:
         raise NotImplementedError(f"sync_workspace on host mesh {mesh!r}: {record.what}: {e or 'not supported'}") from None
     except (AllocationError, ConfigError) as e:
@@ -336,11 +324,7 @@ class Watcher:
         from monarch_core._proc import _reload
 
         synced = self.shared.get("synced") or {}
-        per_host = {}
-        for name in self.names:
-            host = synced.get(name)
-            if host is not None:
-                per_host[name] = remote_files(self.workspace, host, changed)
+        per_host = {name: remote_files(self.workspace, synced[name], changed) for name in self.names if name in synced}
         slots = [s for pm in list(self.shared.get("procs") or ()) for s in pm._slots
                  if getattr(s, "host_name", None) in per_host]
         if not slots:

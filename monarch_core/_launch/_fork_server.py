@@ -9,7 +9,6 @@ before the first spawn so that its imports overlap with the caller's work.
 from __future__ import annotations
 
 import logging
-import marshal
 import os
 import signal
 import socket
@@ -134,7 +133,6 @@ class _Zygote:
         import itertools
         import subprocess
 
-        self.kernel: Kernel = None
         self.env = env
         self.fingerprint = startup_fingerprint(env)
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -169,7 +167,6 @@ class _Zygote:
         """Serve ``kernel`` (loop thread): start reading the zygote's reports."""
         import trio
 
-        self.kernel = kernel
         self.ready = trio.Event()
         kernel.start_task(self._read)
         try:  # the plugins this process resolved: the zygote need not scan for them
@@ -182,6 +179,10 @@ class _Zygote:
     def discard(self) -> None:
         """Drop a zygote that was never attached (any thread)."""
         self.sock.close()
+        self._kill()
+
+    def _kill(self) -> None:
+        """Kill the zygote if it still runs, and reap it (blocking)."""
         if self.popen.poll() is None:
             self.popen.kill()
         self.popen.wait()
@@ -194,9 +195,9 @@ class _Zygote:
             with trio.move_on_after(READY_TIMEOUT):
                 await self.ready.wait()
             if not self.ready.is_set():
-                self._fail_start(f"it did not start within {READY_TIMEOUT:.0f}s")
-        if self.broken is not None:
-            raise ForkServerUnavailable(f"fork server (pid {self.pid}) {self.broken}")
+                self._set_broken(f"it did not start within {READY_TIMEOUT:.0f}s")
+                self._shut(kill=True)
+        self._check_usable()
         base = self.env
         env_set = {k: v for k, v in env.items() if base.get(k) != v}
         env_unset = [k for k in base if k not in env]
@@ -207,30 +208,30 @@ class _Zygote:
                 targets.append(fd)
             except OSError:
                 pass
-        return await self._request(("fork", None, env_set, env_unset, cwd, targets), targets)
+        return await self._request(("fork", env_set, env_unset, cwd, targets), targets)
 
     async def info(self) -> dict:
         """What the zygote has imported, its threads and children (for tests and debugging)."""
-        if not self.ready.is_set():
-            await self.ready.wait()
+        await self.ready.wait()
+        self._check_usable()
+        return await self._request(("info",), [])
+
+    def _check_usable(self) -> None:
         if self.broken is not None:
             raise ForkServerUnavailable(f"fork server (pid {self.pid}) {self.broken}")
-        return await self._request(("info", None), [])
 
     async def _request(self, msg: tuple, fds: list[int]) -> Any:
+        """Send ``msg`` (its op, then its arguments) under a new request id
+        and wait for the answer (a fork: its ``ForkedChild``)."""
         import trio
 
         req_id = next(self._ids)
-        data = marshal.dumps((msg[0], req_id, *msg[2:]))
         entry: list = [trio.Event(), None]  # resolved (and removed) by _handle / _gone
         self.pending[req_id] = entry
         try:
             while True:
                 try:
-                    if fds:
-                        socket.send_fds(self.sock, [data], fds)
-                    else:
-                        self.sock.send(data)
+                    _send(self.sock, (msg[0], req_id, *msg[1:]), fds)
                     break
                 except BlockingIOError:
                     await trio.lowlevel.wait_writable(self.sock)
@@ -248,7 +249,6 @@ class _Zygote:
     async def _read(self) -> None:
         import trio
 
-        why = "closed its socket"
         try:
             while not self._closed:
                 await trio.lowlevel.wait_readable(self.sock)
@@ -260,28 +260,21 @@ class _Zygote:
                     if msg is None:
                         raise EOFError
                     self._handle(msg, fds)
-            why = "was closed"
-        except (EOFError, ConnectionError):
+        except (EOFError, ConnectionError, trio.ClosedResourceError):  # closed by it, or by us
             pass
-        except trio.ClosedResourceError:
-            why = "was closed"
         except trio.Cancelled:  # the kernel is stopping: so does the zygote
             self._shut(kill=False)
             try:  # it exits when it sees the socket closed: reap it
                 self.popen.wait(timeout=1.0)
             except Exception:  # noqa: BLE001
-                self.popen.kill()
-                self.popen.wait()
+                self._kill()
             raise
-        except Exception as e:
-            why = f"was dropped after an error: {type(e).__name__}: {e}"
+        except Exception:
             logger.exception("reading from fork server pid %d", self.pid)
         try:
-            await self._gone(why)
+            await self._gone()
         except trio.Cancelled:
-            if self.popen.poll() is None:
-                self.popen.kill()
-                self.popen.wait()
+            self._kill()
             raise
 
     def _handle(self, msg: tuple, fds: list[int]) -> None:
@@ -292,12 +285,8 @@ class _Zygote:
             for extra in fds[1:]:
                 os.close(extra)
             self.children[pid] = child
-            p = self.pending.pop(req_id, None)
-            if p is None:  # its spawn was cancelled
+            if not self._answer(req_id, child):  # its spawn was cancelled
                 child.kill()
-            else:
-                p[1] = child
-                p[0].set()
             return
         for f in fds:
             os.close(f)
@@ -309,23 +298,27 @@ class _Zygote:
             if self.retiring and not self.children and not self.pending:
                 self._shut(kill=False)
         elif op in ("failed", "info"):
-            p = self.pending.pop(msg[1], None)
-            if p is not None:
-                p[1] = ForkServerUnavailable(msg[2]) if op == "failed" else msg[2]
-                p[0].set()
+            self._answer(msg[1], ForkServerUnavailable(msg[2]) if op == "failed" else msg[2])
         elif op == "ready":
             self.was_ready = True
             self.ready.set()
         elif op == "broken":
-            self.broken = f"cannot fork procs: {msg[1]}"
-            logger.warning("monarch fork server (pid %d) %s; starting procs with exec", self.pid, self.broken)
-            self.ready.set()
+            self._set_broken(msg[1])
 
-    def _fail_start(self, why: str) -> None:
+    def _answer(self, req_id: int, value: Any) -> bool:
+        """Resolve the pending request ``req_id`` with ``value`` (an exception
+        is raised to its caller); False when nobody waits for it any more."""
+        p = self.pending.pop(req_id, None)
+        if p is not None:
+            p[1] = value
+            p[0].set()
+        return p is not None
+
+    def _set_broken(self, why: str) -> None:
+        """The zygote cannot fork procs (``why``): procs start with exec."""
         self.broken = f"cannot fork procs: {why}"
         logger.warning("monarch fork server (pid %d) %s; starting procs with exec", self.pid, self.broken)
         self.ready.set()
-        self._shut(kill=True)
 
     def retire(self) -> None:
         """Stop using this zygote; it exits once its procs are gone."""
@@ -345,7 +338,7 @@ class _Zygote:
         if kill and self.popen.poll() is None:
             self.popen.kill()
 
-    async def _gone(self, why: str) -> None:
+    async def _gone(self) -> None:
         """The socket is closed: the zygote is dead or exiting.  Reap it and
         fail what still depended on it."""
         import trio
@@ -354,9 +347,7 @@ class _Zygote:
         with trio.move_on_after(2.0):
             while self.popen.poll() is None:
                 await trio.sleep(0.01)
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait()
+        self._kill()
         rc = self.popen.returncode
         if rc < 0:
             try:
@@ -368,11 +359,8 @@ class _Zygote:
         if self.broken is None:
             self.broken = f"is gone (it {status})"
         self.ready.set()
-        pending = list(self.pending.values())
-        self.pending.clear()
-        for p in pending:
-            p[1] = ForkServerUnavailable(f"fork server (pid {self.pid}) {status}")
-            p[0].set()
+        for req_id in list(self.pending):
+            self._answer(req_id, ForkServerUnavailable(f"fork server (pid {self.pid}) {status}"))
         orphans = [c for c in self.children.values() if c.returncode is None]
         self.children.clear()
         if orphans:

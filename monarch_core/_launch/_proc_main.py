@@ -28,13 +28,20 @@ from monarch_core._launch._spec import ProcSpec
 from monarch_core._proc._state import tune_malloc  # noqa: F401 - defined below the launch layer
 
 
-def _set_parent_death_signal() -> None:
-    PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+
+
+def _prctl(option: int, arg: Any) -> None:
+    """``prctl(option, arg)``; nothing where there is none (non-Linux)."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except Exception:  # pragma: no cover - non-Linux
+        ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
+    except Exception:  # noqa: BLE001, S110 # pragma: no cover - non-Linux
         pass
+
+
+def _set_parent_death_signal() -> None:
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def main() -> None:
@@ -162,19 +169,22 @@ async def _watch_parent_pid(parent_pid: int) -> None:
     while True:
         await trio.sleep(1.0)
         if os.getppid() != parent_pid:
-            logging.getLogger("monarch.proc").error("parent process %d is gone; exiting", parent_pid)
-            sys.stdout.flush()
-            os._exit(1)
+            _exit_now("parent process %d is gone; exiting", parent_pid)
 
 
 def _exit_if_parent(parent_id: str):  # type: ignore[no-untyped-def]
     def cb(proc_id: str, reason: str, stopped: bool) -> None:
         if proc_id == parent_id:
-            logging.getLogger("monarch.proc").error("owner %s is gone (%s); exiting", proc_id, reason)
-            sys.stdout.flush()
-            os._exit(1)
+            _exit_now("owner %s is gone (%s); exiting", proc_id, reason)
 
     return cb
+
+
+def _exit_now(msg: str, *args: Any) -> None:
+    """Log ``msg`` (ERROR) and end the proc at once: what started it is gone."""
+    logging.getLogger("monarch.proc").error(msg, *args)
+    sys.stdout.flush()
+    os._exit(1)
 
 def _breakpoint_without_debugger(*args: Any, **kwargs: Any) -> Any:
     """``breakpoint()`` in a proc with no debugger plugin installed: a proc

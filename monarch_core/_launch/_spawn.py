@@ -39,6 +39,7 @@ from monarch_core._launch._bootstrap import (
     PROC_MODULE,
     BootstrapCommand,
     apply_bind,
+    apply_overrides,
 )
 
 if TYPE_CHECKING:
@@ -62,13 +63,11 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
     env = cmd.build_env(transport_env(kernel.transport))
     hook = registry().pm.hook.monarch_proc_env
     if hook.get_hookimpls():
-        coords = dict(zip(spec.labels, _coords(spec.rank, spec.sizes)))
+        from monarch_core._mesh._shape import Extent, Point
+
+        coords = dict(Point(spec.rank, Extent(spec.labels, spec.sizes)))
         for overrides in hook(proc_name=spec.name, rank=spec.rank, coords=coords):
-            for k, v in (overrides or {}).items():
-                if v is None:
-                    env.pop(k, None)
-                else:
-                    env[k] = str(v)
+            apply_overrides(env, overrides or {})
     argv, cpus = apply_bind(cmd.argv(), spec.bind)
     # A worker loop is its procs' parent but not their spawner's address
     # book: they tell it where they listen (for its heartbeats).
@@ -125,14 +124,6 @@ def _fork_server(kernel: Kernel, cmd: BootstrapCommand, argv: list[str], env: di
     ):
         return None
     return _fork_server.server_of(kernel).for_env(env)
-
-
-def _coords(rank: int, sizes: Any) -> list[int]:
-    out = []
-    for size in reversed(sizes):
-        out.append(rank % size)
-        rank //= size
-    return list(reversed(out))
 
 
 # ---------------------------------------------------------------- the spawning client's side
@@ -211,9 +202,7 @@ class Launch(PortHandler):
             except Exception as e:
                 msg = f"could not start {spec.describe} with {spec.argv_for_errors()!r}: {type(e).__name__}: {e}"
                 logger.error("%s", msg)
-                slot.failed = msg
-                kernel.proc_failed(slot.proc_id, msg)
-                self.fail(SupervisionError(msg), slot.proc_id)
+                self._start_failed(slot, msg)
                 return
             self._send_init(slot, spec, bootstrap)
 
@@ -244,10 +233,13 @@ class Launch(PortHandler):
     def _fail_lost(self, entries: list, host_name: str, reason: str) -> None:
         """Procs asked for on a host already lost fail at once (kernel loop)."""
         for slot, _spec in entries:
-            msg = f"{slot.describe} could not start: its host {host_name} was lost ({reason})"
-            slot.failed = msg
-            self.kernel.proc_failed(slot.proc_id, msg)
-            self.fail(SupervisionError(msg), slot.proc_id)
+            self._start_failed(slot, f"{slot.describe} could not start: its host {host_name} was lost ({reason})")
+
+    def _start_failed(self, slot: ProcSlot, msg: str) -> None:
+        """``slot``'s proc could not start (``msg``): the kernel and the plan fail it."""
+        slot.failed = msg  # (read by the kernel's failure handling: the proc's report)
+        self.kernel.proc_failed(slot.proc_id, msg)
+        self.fail(SupervisionError(msg), slot.proc_id)
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         from monarch_core._proc import _serial

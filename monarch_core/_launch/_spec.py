@@ -97,9 +97,8 @@ def _conform(value: Any, hint: Any, where: str) -> Any:
     if dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ValueError(f"{BOOTSTRAP_ENV}: {where} must be an object, got {value!r}")
+        # (ProcSpec's and BootstrapCommand's modules leave annotations as objects: no evaluation)
         hints = {f.name: f.type for f in dataclasses.fields(hint)}
-        if any(isinstance(t, str) for t in hints.values()):  # ``from __future__ import annotations``
-            hints = typing.get_type_hints(hint)
         try:
             return hint(**{k: _conform(v, hints[k], f"{where}.{k}") if k in hints else v for k, v in value.items()})
         except TypeError as e:  # a missing or unknown field, or the dataclass's own check

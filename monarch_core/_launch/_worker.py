@@ -174,8 +174,7 @@ class WorkerLoopAgent(ProcAgent):
         if lost and self.exit_without_client and not self.client_heard:
             logger.warning("worker loop %s was started for its lost client's allocation; exiting (killing its "
                            "procs)", self.kernel.address)
-            self.kill_all_children()
-            self.kernel.stop_loop()
+            self.exit()
 
     def _host_proc_gone(self, proc_id: str, reason: str, stopped: bool) -> None:
         spawner = self.proc_spawner.pop(proc_id, None)
@@ -186,8 +185,7 @@ class WorkerLoopAgent(ProcAgent):
             if child is not None and child.returncode is None and not stopped:
                 # declared failed without having exited (cut off from us): a proc
                 # nobody can reach must not keep running
-                self.kernel.expect_exit(proc_id)
-                child.kill()
+                self._kill(proc_id, child)
                 reason = f"{reason}; its worker loop killed it"
             self.kernel.send(
                 spawner[0], spawner[1], W.K_CONTROL, 0, C.encode(C.ProcDied(proc_id, reason, stopped)), b"", []
@@ -199,8 +197,7 @@ class WorkerLoopAgent(ProcAgent):
             for p in procs:
                 child = self.kernel.child(p)
                 if child is not None:
-                    self.kernel.expect_exit(p)
-                    child.kill()
+                    self._kill(p, child)
 
     def _on_host_kill(self, m: C.HostKill, payload: Any, buffers: list, sender: str) -> None:
         sig_name = m.sig_name
@@ -211,14 +208,22 @@ class WorkerLoopAgent(ProcAgent):
 
     def _on_host_shutdown(self, m: C.HostShutdown, payload: Any, buffers: list, sender: str) -> None:
         logger.info("worker loop %s shut down by %s", self.kernel.address, sender)
+        self.exit()
+
+    def exit(self) -> None:
+        """End the worker loop, killing its procs."""
         self.kill_all_children()
         self.kernel.stop_loop()
 
     def kill_all_children(self) -> None:
         for p, entry in list(self.kernel.children().items()):
             if entry["proc"].returncode is None:
-                self.kernel.expect_exit(p)
-                entry["proc"].kill()
+                self._kill(p, entry["proc"])
+
+    def _kill(self, proc_id: str, child: Any) -> None:
+        """SIGKILL a proc this worker loop started (its exit is then expected, not a failure)."""
+        self.kernel.expect_exit(proc_id)
+        child.kill()
 
 
 _HOSTPORT = re.compile(r"^(?:\[(?P<v6>[^\]]*)\]|(?P<host>[^\[\]:/@]*)):\d+$")
@@ -350,20 +355,15 @@ def run_worker_loop_forever(
     kernel, agent = rt.kernel, rt.agent
     agent.exit_without_client = exit_with_parent
 
-    async def announce() -> None:
+    async def start() -> None:
         logger.info("monarch worker loop listening on %s (pid %d)", kernel.address, os.getpid())
         print(f"{READY_PREFIX}{kernel.address}", flush=True)
-
-    async def start() -> None:
-        await announce()
         _fork_server.prestart(kernel)
         if exit_with_parent:
             kernel.start_task(_exit_with_parent, os.getppid(), agent)
 
     trio.run(functools.partial(kernel.serve, after_start=start))
     agent.kill_all_children()
-
-
 
 
 async def _exit_with_parent(parent_pid: int, agent: WorkerLoopAgent) -> None:
@@ -373,6 +373,5 @@ async def _exit_with_parent(parent_pid: int, agent: WorkerLoopAgent) -> None:
         await trio.sleep(0.5)
         if os.getppid() != parent_pid:
             logger.warning("the process that started this worker loop (pid %d) is gone; exiting", parent_pid)
-            agent.kill_all_children()
-            agent.kernel.stop_loop()
+            agent.exit()
             return

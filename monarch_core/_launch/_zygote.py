@@ -58,7 +58,7 @@ _MAX_MSG = 1 << 20
 # ====================================================================== the zygote process
 
 
-def _preload(transport: str | None, sock: socket.socket | None = None, warm: Sequence[str] = ()) -> None:
+def _preload(transport: str | None, sock: socket.socket, warm: Sequence[str]) -> None:
     """Import what a proc imports before its first actor message: the proc
     runtime, and the modules of the layers above named in ``warm`` (the
     spawner's :data:`warm_modules`; this layer does not import them).  The
@@ -86,17 +86,16 @@ def _preload(transport: str | None, sock: socket.socket | None = None, warm: Seq
 
     for name in warm:
         importlib.import_module(name)
-    if sock is not None:
-        sock.setblocking(False)
-        try:
-            msg, _fds = _recv(sock)
-        except BlockingIOError:
-            msg = None
-        finally:
-            sock.setblocking(True)
-        if msg is not None and msg[0] == "plugins":
-            adopt_registry(msg[1])
-    reg = registry()
+    sock.setblocking(False)
+    try:
+        msg, _fds = _recv(sock)
+    except BlockingIOError:
+        msg = None
+    finally:
+        sock.setblocking(True)
+    if msg is not None and msg[0] == "plugins":
+        adopt_registry(msg[1])
+    reg = registry()  # built here, before the first fork, whether or not a transport is named
     if transport:
         try:
             reg.transport(transport)
@@ -105,10 +104,7 @@ def _preload(transport: str | None, sock: socket.socket | None = None, warm: Seq
 
 
 def _unsafe_to_fork() -> str | None:
-    try:
-        threads = len(os.listdir("/proc/self/task"))
-    except OSError:  # pragma: no cover
-        threads = 1
+    threads = len(os.listdir("/proc/self/task"))  # (a zygote runs on Linux only: _fork_server.enabled)
     if threads != 1:
         return f"it has {threads} threads after its imports (something it imported started one); forking it is unsafe"
     torch = sys.modules.get("torch")
@@ -139,13 +135,9 @@ def _send(sock: socket.socket, msg: tuple, fds: list[int] | None = None) -> None
         sock.send(marshal.dumps(msg))
 
 
-class ProcExit(BaseException):
+class ProcExit(SystemExit):
     """A forked proc's ``SystemExit``, carried out of the fork server's loop
     (which would otherwise catch it) to the top of the interpreter."""
-
-    def __init__(self, code: Any) -> None:
-        super().__init__(code)
-        self.code = code
 
 
 #: The zygote's process name (``/proc/PID/comm``, what ``ps -o comm`` and
@@ -154,12 +146,9 @@ COMM = "monarch-zygote"
 
 
 def _set_comm(name: str) -> None:
-    try:
-        import ctypes
+    from monarch_core._launch._proc_main import PR_SET_NAME, _prctl
 
-        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-    except Exception:  # noqa: BLE001, S110 - cosmetic
-        pass
+    _prctl(PR_SET_NAME, name.encode()[:15])
 
 
 def serve(fd: int, parent_pid: int) -> None:
@@ -192,8 +181,8 @@ def serve(fd: int, parent_pid: int) -> None:
             os._exit(1)
         _send(sock, ("ready", os.getpid()))
         _loop(sock, base_env, base_path)
-    except ProcExit as e:  # a forked proc ended: the interpreter finalizes it (atexit, module globals)
-        raise SystemExit(e.code) from None
+    except ProcExit:  # a forked proc ended: the interpreter finalizes it (atexit, module globals)
+        raise
     except (BrokenPipeError, ConnectionResetError):
         pass
     except BaseException:  # pragma: no cover - logged, then exit
