@@ -15,7 +15,9 @@ Every test is in exactly one tier, selected with ``-m``:
   ``testbed`` (the rest: h1..h4, sshd).  No test of one group touches the
   other's hosts (``tests/_helpers/testbed.py``).
 * ``procs``: everything else — real procs on this machine.  Marked here,
-  automatically.
+  automatically.  A module whose tests share a module- or class-scoped
+  fixture (procs started once for the module) is one xdist group of its own,
+  so that the fixture is set up once, not once per worker.
 
 ``scripts/test.sh`` runs the whole suite in parallel with ``--dist loadgroup``.
 """
@@ -49,6 +51,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group("testbed-slurm" if SLURM_FIXTURES.intersection(names) else "testbed"))
         else:
             item.add_marker(pytest.mark.procs)
+            if _shares_a_fixture(item):
+                item.add_marker(pytest.mark.xdist_group(f"module-{item.nodeid.split('::', 1)[0]}"))
+
+
+def _shares_a_fixture(item: pytest.Item) -> bool:
+    """Whether ``item`` uses a fixture set up once per module or class (procs a
+    module's tests share, typically).  Such a module's tests run on one xdist
+    worker, so that the fixture is set up once rather than once per worker
+    that happens to get one of its tests (each set-up starts procs: seconds)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(defs and defs[-1].scope in ("module", "class", "package")
+               for defs in info.name2fixturedefs.values())
 
 
 def pytest_configure(config: pytest.Config) -> None:
