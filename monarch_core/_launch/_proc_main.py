@@ -186,6 +186,7 @@ def _exit_now(msg: str, *args: Any) -> None:
     sys.stdout.flush()
     os._exit(1)
 
+
 def _breakpoint_without_debugger(*args: Any, **kwargs: Any) -> Any:
     """``breakpoint()`` in a proc with no debugger plugin installed: a proc
     has no terminal, so pdb would read end-of-file and fail the endpoint.

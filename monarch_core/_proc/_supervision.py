@@ -56,10 +56,11 @@ def make_report(
     category: str,
     chain: list[dict] | None = None,
 ) -> dict:
-    """One failure event: a dict of these arguments, in this order.  ``chain``
-    holds the events that caused it, the first failure of the cascade first;
-    ``host`` is the machine the proc ran on."""
-    return {**locals(), "chain": list(chain or [])}
+    """One failure event.  ``chain`` holds the events that caused it, the
+    first failure of the cascade first; ``host`` is the machine the proc ran on."""
+    return {"mesh_key": mesh_key, "mesh_name": mesh_name, "class_name": class_name, "rank": rank, "coords": coords,
+            "actor": actor, "proc": proc, "host": host, "cause": cause, "category": category,
+            "chain": list(chain or [])}
 
 
 def proc_failure_cause(reason: str, *, cause: str | None = None, seen_dead: bool = False,

@@ -94,10 +94,12 @@ out["fine_after"] = fine.pid.call_one().get(timeout=30) == pid
 # ---- the proc's own stop ends it, stuck threads and all
 pm.stop().get(timeout=60)
 out["proc_stop_done"] = True
-out["escalations"] = escalations
+out["escalations"] = list(escalations)  # (of this stop: pm2 below may escalate, see its comment)
 out["faults"] = [str(f) for f in faults]
 
-# ---- a proc whose actor is stuck when the proc itself is stopped
+# ---- a proc whose actor is stuck when the proc itself is stopped: the proc gives its actors
+# grace - 0.5 s, abandons the stuck one and exits; on a loaded machine its exit can overrun the
+# remaining 0.5 s and the client then escalates (SIGTERM) -- either way the proc is gone (checked below)
 pm2 = this_host().spawn_procs(per_host={"gpus": 1})
 s2 = pm2.spawn("stuck_at_proc_stop", Stuck, False)
 pid2 = s2.pid.call_one().get(timeout=60)
