@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_core import settings
 from monarch_core._proc import _lifecycle, _serial, _state
-from monarch_core._proc._future import Cell
 from monarch_core._proc._port import send_to_port, wrap_exception
 from monarch_core._proc._watch import ProcWatch, Supervised
 from monarch_core._proc import _control as C
@@ -81,9 +80,23 @@ class ProcAgent(ProcWatch):
 
     # ---------------------------------------------------------------- dispatch (loop thread)
     def control_handlers(self) -> dict[type, Callable[[Any, Any, list, str], None]]:
-        """The control messages this agent answers: message type -> handler,
-        its method ``_on_<op>`` (``_on_spawn`` for ``spawn``...)."""
-        return {cls: getattr(self, f"_on_{op}") for cls, op in C.OP.items() if hasattr(self, f"_on_{op}")}
+        """The control messages this agent answers: message type -> handler."""
+        return {
+            C.Spawn: self._on_spawn,
+            C.StopActor: self._on_stop_actor,
+            C.Init: self._on_init,
+            C.StopProc: self._on_stop_proc,
+            C.Controller: self._on_controller,
+            C.Supervise: self._on_supervise,
+            C.RegisterOwner: self._on_register_owner,
+            C.ProcStopping: self._on_proc_stopping,
+            C.ProcDied: self._on_proc_died,
+            C.Ping: self._on_ping,
+            C.Telemetry: self._on_telemetry,
+            C.TelemetryFlush: self._on_telemetry_flush,
+            C.LogOption: self._on_log_option,
+            C.Reload: self._on_reload,
+        }
 
     def handle_control(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         op = h[0]
@@ -325,13 +338,17 @@ class ProcAgent(ProcWatch):
         reply port if it has one, else its undeliverable-return port.  A
         malformed reply address (from a broken or hostile peer) is dropped."""
         try:
-            if h[2]:
-                send_to_port(tuple(h[2]), h[3], W.S_ERROR, exc)
-            elif len(h) > 7 and h[7]:
-                err = exc if isinstance(exc, UndeliverableMessageError) else UndeliverableMessageError(str(exc))
-                send_to_port(tuple(h[7]), h[3], W.S_ERROR, err)
+            self._reply_error_to(h, exc)
         except (ValueError, TypeError, IndexError) as e:
             logger.warning("cannot answer message %r: malformed reply address (%s)", h[:2], e)
+
+    def _reply_error_to(self, h: tuple, exc: BaseException) -> None:
+        reply = h[2]
+        if reply:
+            send_to_port(tuple(reply), h[3], W.S_ERROR, exc)
+        elif len(h) > 7 and h[7]:
+            err = exc if isinstance(exc, UndeliverableMessageError) else UndeliverableMessageError(str(exc))
+            send_to_port(tuple(h[7]), h[3], W.S_ERROR, err)
 
     def reply_gone(self, h: tuple, host: ActorHost) -> None:
         gone = self.gone.get(host.key)
@@ -412,9 +429,13 @@ class ProcAgent(ProcWatch):
                 host.owned.clear()
             _stop_meshes(owned, timeout)
             cells = []
+            from monarch_core._proc._future import Cell
+
             for host in hosts:
-                c = _Signal()
-                host.request_stop(reason, (self.kernel.proc_id, self.kernel.address, self.kernel.add_port(c)))
+                c = Cell()
+                host_reply = _LocalSignal(c)
+                pid = self.kernel.add_port(host_reply)
+                host.request_stop(reason, (self.kernel.proc_id, self.kernel.address, pid))
                 cells.append(c)
             deadline = time.monotonic() + timeout
             for c in cells:
@@ -423,15 +444,15 @@ class ProcAgent(ProcWatch):
             _lifecycle.emit("proc_stopped", why=reason)
 
 
-class _Signal(Cell):
-    """A cell that is a port too: resolved (with ``None``) by whatever arrives there, or by its failure."""
+class _LocalSignal:
+    def __init__(self, cell: Any) -> None:
+        self.cell = cell
 
-    __slots__ = ()
+    def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
+        self.cell.set_result(None)
 
-    def deliver(self, *_: Any) -> None:
-        self.set_result(None)
-
-    fail = deliver
+    def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        self.cell.set_result(None)
 
 
 def _stop_meshes(meshes: list, timeout: float) -> None:

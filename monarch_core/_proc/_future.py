@@ -8,7 +8,6 @@ first observer, so the kernel thread never runs user unpickling code.
 from __future__ import annotations
 
 import contextlib
-import functools
 import inspect
 import sys
 import threading
@@ -231,9 +230,7 @@ class Future(Generic[R]):
     time the future is observed.
     """
 
-    #: ``_start``: what makes the cell, called once when the future is first
-    #: observed (``None`` once it was, or when the cell was given)
-    __slots__ = ("_cell", "_start", "_start_lock")
+    __slots__ = ("_cell", "_coro", "_start_lock")
 
     def __init__(self, *, coro: Coroutine[Any, Any, R]) -> None:
         if not inspect.iscoroutine(coro):
@@ -242,14 +239,14 @@ class Future(Generic[R]):
                 "Call the async function: Future(coro=my_async_fn(args)), not Future(coro=my_async_fn)."
             )
         self._cell: Cell | None = None
-        self._start: Callable[[], Cell] | None = functools.partial(_run_on_helper, coro)
+        self._coro: Coroutine[Any, Any, R] | None = coro
         self._start_lock = threading.Lock()
 
     @classmethod
     def _of(cls, cell: Cell) -> Future[R]:
         f = cls.__new__(cls)
         f._cell = cell
-        f._start = None
+        f._coro = None
         f._start_lock = None  # type: ignore[assignment]
         return f
 
@@ -272,7 +269,7 @@ class Future(Generic[R]):
         ``await``, ``as_asyncio``); never, if it is dropped unobserved."""
         f = cls.__new__(cls)
         f._cell = None
-        f._start = start
+        f._coro = _Deferred(start)  # type: ignore[assignment]
         f._start_lock = threading.Lock()
         return f
 
@@ -282,8 +279,14 @@ class Future(Generic[R]):
             return cell
         with self._start_lock:
             if self._cell is None:
-                start, self._start = self._start, None
-                self._cell = start()  # type: ignore[misc]
+                src = self._coro
+                self._coro = None
+                if type(src) is _Deferred:
+                    cell = src.start()
+                else:
+                    cell = Cell()
+                    _helper_loop().submit(src, cell)  # type: ignore[arg-type]
+                self._cell = cell
         return self._cell  # type: ignore[return-value]
 
     # -- synchronous -----------------------------------------------------------
@@ -413,26 +416,45 @@ async def _wait_trio(cell: Cell) -> None:
         await trio.lowlevel.wait_task_rescheduled(abort)
 
 
-#: The background asyncio loop that runs ``Future(coro=...)`` coroutines (made at first use).
-_helper: list[asyncio.AbstractEventLoop] = []
+class _Deferred:
+    """What a :meth:`Future._on_observe` future runs when first observed."""
+
+    __slots__ = ("start",)
+
+    def __init__(self, start: Callable[[], Cell]) -> None:
+        self.start = start
+
+
+class _HelperLoop:
+    """A background asyncio loop that runs ``Future(coro=...)`` coroutines."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.loop = asyncio.new_event_loop()
+        t = threading.Thread(target=self.loop.run_forever, name="monarch-futures", daemon=True)
+        t.start()
+
+    def submit(self, coro: Coroutine[Any, Any, Any], cell: Cell) -> None:
+        async def runner() -> None:
+            try:
+                cell.set_result(await coro)
+            except BaseException as e:  # noqa: BLE001
+                cell.set_exception(e)
+
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(runner(), self.loop)
+
+
+_helper: _HelperLoop | None = None
 _helper_lock = threading.Lock()
 
 
-def _run_on_helper(coro: Coroutine[Any, Any, Any]) -> Cell:
-    """Run ``coro`` on the background loop; the cell it resolves."""
-    import asyncio
-
-    with _helper_lock:
-        if not _helper:
-            _helper.append(asyncio.new_event_loop())
-            threading.Thread(target=_helper[0].run_forever, name="monarch-futures", daemon=True).start()
-    cell = Cell()
-
-    async def runner() -> None:
-        try:
-            cell.set_result(await coro)
-        except BaseException as e:  # noqa: BLE001
-            cell.set_exception(e)
-
-    asyncio.run_coroutine_threadsafe(runner(), _helper[0])
-    return cell
+def _helper_loop() -> _HelperLoop:
+    global _helper
+    if _helper is None:
+        with _helper_lock:
+            if _helper is None:
+                _helper = _HelperLoop()
+    return _helper

@@ -143,12 +143,14 @@ class _ProcStream(io.TextIOBase):
         if not isinstance(s, str):
             raise TypeError(f"write() argument must be str, not {type(s).__name__}")
         with self._lock:
-            *whole, self._partial = (self._partial + s).split("\n")
-            if len(self._partial) >= MAX_LINE:  # too long to wait for its end: it goes as it is
-                whole.append(self._partial)
-                self._partial = ""
-        if whole:
-            self._capture.lines(self._fd, actor_name(), whole)
+            text = self._partial + s
+            if "\n" not in text:
+                self._partial = text if len(text) < MAX_LINE else ""
+                if len(text) >= MAX_LINE:
+                    self._capture.lines(self._fd, actor_name(), [text])
+                return len(s)
+            *whole, self._partial = text.split("\n")
+        self._capture.lines(self._fd, actor_name(), whole)
         return len(s)
 
     def flush(self) -> None:
@@ -172,6 +174,7 @@ class Capture:
         self._queue: collections.deque[tuple] = collections.deque()
         self._saved: dict[int, int] = {}  # fd -> a duplicate of what it was before we touched it
         self._streams: dict[int, _ProcStream] = {}
+        self._originals: dict[int, Any] = {}
         self._pipes: dict[int, int] = {}  # read end -> the fd it serves
         self._partial: dict[int, bytes] = {}
         self._file_fd: Optional[int] = None
@@ -221,6 +224,7 @@ class Capture:
                 orig.flush()
             except Exception:  # noqa: BLE001 - a closed stream: nothing to flush
                 pass
+            self._originals[fd] = orig
             s = self._streams[fd] = _ProcStream(self, fd, orig)
             setattr(sys, name, s)
             _repoint_handlers(orig, s)
@@ -228,11 +232,12 @@ class Capture:
     def _restore_streams(self) -> None:
         for fd, name in ((1, "stdout"), (2, "stderr")):
             s = self._streams.pop(fd, None)
-            if s is not None:
+            orig = self._originals.pop(fd, None)
+            if s is not None and orig is not None:
                 s.flush()
                 if getattr(sys, name) is s:
-                    setattr(sys, name, s._original)
-                _repoint_handlers(s, s._original)
+                    setattr(sys, name, orig)
+                _repoint_handlers(s, orig)
 
     def _to_file(self, path: str) -> None:
         fd = open_private_log(path)
@@ -312,8 +317,10 @@ class Capture:
         while True:
             try:
                 chunk = os.read(r, 65536)
-            except OSError:  # nothing more now (BlockingIOError), or the pipe is gone
-                break
+            except BlockingIOError:
+                chunk = None
+            except OSError:
+                chunk = b""
             if not chunk:
                 break
             data = self._partial[r] + chunk
@@ -324,6 +331,8 @@ class Capture:
             self._partial[r] = rest
             for line in whole:
                 self._queue.append((fd, None, line.decode("utf-8", "replace")))
+            if chunk is None:
+                break
         if final and self._partial.get(r):
             self._queue.append((fd, None, self._partial[r].decode("utf-8", "replace")))
             self._partial[r] = b""
@@ -358,7 +367,12 @@ class Capture:
         q = self._queue
         if not q:
             return
-        batch = [q.popleft() for _ in range(len(q))]  # (only this, under ``lock``, takes from it)
+        batch = []
+        while q:
+            try:
+                batch.append(q.popleft())
+            except IndexError:
+                break
         send = self.send
         if send is None:
             return
@@ -442,13 +456,21 @@ class Printer:
             entry = self._open.get(group)
             if entry is None:
                 entry = self._open[group] = (time.monotonic() + window, {})
-                if self._thread is None or not self._thread.is_alive():
-                    self._thread = threading.Thread(target=self._run, name="monarch-log-aggregator", daemon=True)
-                    self._thread.start()
+                self._ensure_thread()
                 self._cond.notify()
             lines = entry[1]
             for fd, who, text in out:
-                lines.setdefault((fd, text), [0, f"{who or label} {host}"])[0] += 1
+                k = (fd, text)
+                v = lines.get(k)
+                if v is None:
+                    lines[k] = [1, f"{who or label} {host}"]
+                else:
+                    v[0] += 1
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="monarch-log-aggregator", daemon=True)
+            self._thread.start()
 
     def _run(self) -> None:
         with self.lock:

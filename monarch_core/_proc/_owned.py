@@ -62,7 +62,7 @@ class OwnedFuture(Future[Any]):
 
     def __init__(self, body: Coroutine[Any, Any, Any]) -> None:  # noqa: D107 - the base's __init__ is not used
         self._cell = Cell()
-        self._start = None
+        self._coro = None
         self._start_lock = None  # type: ignore[assignment]
         self._body: Coroutine[Any, Any, Any] | None = body
         self._owner_lock = threading.Lock()
@@ -72,19 +72,22 @@ class OwnedFuture(Future[Any]):
             body, self._body = self._body, None
             return body
 
-    def get(self, timeout: float | None = None) -> Any:  # (``result`` is ``get``)
-        self._run_here(timeout)
+    def get(self, timeout: float | None = None) -> Any:
+        body = self._claim()
+        if body is not None:
+            self._run_here(body, timeout)
         return super().get(timeout)
 
+    def result(self, timeout: float | None = None) -> Any:
+        return self.get(timeout)
+
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._run_here(timeout)
+        body = self._claim()
+        if body is not None:
+            self._run_here(body, timeout)
         return super().exception(timeout)
 
-    def _run_here(self, timeout: float | None) -> None:
-        """The body, run here if nobody claimed it yet."""
-        body = self._claim()
-        if body is None:
-            return
+    def _run_here(self, body: Coroutine[Any, Any, Any], timeout: float | None) -> None:
         import asyncio  # (lazily: importing the API loads no asyncio)
 
         try:

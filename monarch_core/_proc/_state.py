@@ -11,6 +11,8 @@ from __future__ import annotations
 import collections
 import contextvars
 import logging
+import os
+import sys
 import threading
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
@@ -22,6 +24,8 @@ from monarch_core._proc._observer import Observer
 
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
+
+logger = logging.getLogger("monarch.actor")
 
 ProcRef = tuple  # (proc_id, address)
 

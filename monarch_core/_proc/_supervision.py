@@ -51,16 +51,26 @@ def make_report(
     coords: str,
     actor: str,
     proc: str,
-    host: str | None = None,
     cause: str,
     category: str,
     chain: list[dict] | None = None,
+    host: str | None = None,
 ) -> dict:
     """One failure event.  ``chain`` holds the events that caused it, the
     first failure of the cascade first; ``host`` is the machine the proc ran on."""
-    return {"mesh_key": mesh_key, "mesh_name": mesh_name, "class_name": class_name, "rank": rank, "coords": coords,
-            "actor": actor, "proc": proc, "host": host, "cause": cause, "category": category,
-            "chain": list(chain or [])}
+    return {
+        "mesh_key": mesh_key,
+        "mesh_name": mesh_name,
+        "class_name": class_name,
+        "rank": rank,
+        "coords": coords,
+        "actor": actor,
+        "proc": proc,
+        "host": host,
+        "cause": cause,
+        "category": category,
+        "chain": list(chain or []),
+    }
 
 
 def proc_failure_cause(reason: str, *, cause: str | None = None, seen_dead: bool = False,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 import threading
-from dataclasses import dataclass, field
 
 from monarch_core.errors import UnknownTransportError
 
@@ -38,15 +37,20 @@ URL_FORMS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
 class TransportChoice:
     """A resolved choice: transport name + this process's bind spec (or None
-    for the transport's default); two are equal when those are, whatever
-    ``label`` (how the user wrote it: its ``repr``) says."""
+    for the transport's default)."""
 
-    name: str
-    bind_spec: str | None
-    label: str = field(compare=False)
+    __slots__ = ("name", "bind_spec", "label")
+
+    def __init__(self, name: str, bind_spec: str | None, label: str) -> None:
+        self.name, self.bind_spec, self.label = name, bind_spec, label
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TransportChoice) and (self.name, self.bind_spec) == (other.name, other.bind_spec)
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.bind_spec))
 
     def __repr__(self) -> str:
         return self.label

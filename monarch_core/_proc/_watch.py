@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_core import settings
@@ -43,17 +42,19 @@ HOST_HEARTBEAT_TIMEOUT: float = settings.get("MONARCH_HOST_HEARTBEAT_TIMEOUT")
 PAUSE_FACTOR: float = 1.0
 
 
-@dataclass(eq=False, slots=True)
 class Supervised:
     """What an owner knows about an actor mesh it owns."""
 
-    key: str
-    name: str
-    class_name: str
-    mesh: Any
-    owner_host: Any
-    health: dict  # actor rank -> failure report (shared with the mesh and its slices)
-    members: list  # _ProcSlot per actor rank
+    __slots__ = ("key", "name", "class_name", "mesh", "owner_host", "health", "members")
+
+    def __init__(self, key: str, name: str, class_name: str, mesh: Any, owner_host: Any, health: dict, members: list) -> None:
+        self.key = key
+        self.name = name
+        self.class_name = class_name
+        self.mesh = mesh
+        self.owner_host = owner_host
+        self.health = health  # actor rank -> failure report (shared with the mesh and its slices)
+        self.members = members  # _ProcSlot per actor rank
 
 
 class ProcWatch:
@@ -64,9 +65,24 @@ class ProcWatch:
     def actor_failed(self, host: ActorHost, cause: str, category: str, chain: list[dict]) -> dict:
         """An actor of this proc died (any thread): report it to its owner;
         the report (what its later refusals quote)."""
+        from monarch_core._proc import _supervision as S
+        from monarch_core._proc._port import this_proc_and_host
+
         self.gone.setdefault(host.key, (host.describe(), f"failed: {cause.strip().splitlines()[-1] if cause.strip() else cause}"))
         self.runtime.observer.actor_failed(host, cause, category)
-        report = host.report(self.runtime.name, cause, category, chain)
+        report = S.make_report(
+            mesh_key=host.key,
+            mesh_name=host.name,
+            class_name=host.class_name,
+            rank=host.rank.rank,
+            coords=str(host.rank),
+            actor=host.display_name,
+            proc=self.runtime.name if self.runtime is not None else self.kernel.proc_id,
+            cause=cause,
+            category=category,
+            chain=chain,
+            host=this_proc_and_host()[1],
+        )
         owner = host.owner
         if owner is None or owner[0] == self.kernel.proc_id:
             self.handle_report(report)
@@ -232,7 +248,7 @@ class ProcWatch:
         if HEARTBEAT_INTERVAL <= 0 or proc_id in self._hosts:
             return
         w = _WatchedHost(proc_id, address, on_silent)
-        w.port_id = self.kernel.add_port(w)
+        w.port_id = self.kernel.add_port(_HostPong(w))
         w.header = C.encode(C.Ping((self.kernel.proc_id, self.kernel.address, w.port_id)))
         self._hosts[proc_id] = w
         self._ensure_heartbeat()
@@ -313,8 +329,7 @@ class ProcWatch:
 
 
 class _WatchedHost:
-    """A worker loop heartbeated by :meth:`ProcWatch.watch_host`, and the
-    port it answers those heartbeats on."""
+    """A worker loop heartbeated by :meth:`ProcWatch.watch_host`."""
 
     __slots__ = ("proc_id", "address", "on_silent", "last", "port_id", "header")
 
@@ -326,8 +341,15 @@ class _WatchedHost:
         self.port_id = 0
         self.header = b""
 
+
+class _HostPong:
+    """The port a watched worker loop answers our heartbeats on."""
+
+    def __init__(self, w: _WatchedHost) -> None:
+        self.w = w
+
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
-        self.last = time.monotonic()
+        self.w.last = time.monotonic()
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
         return None
