@@ -16,7 +16,8 @@ recorded trace (``record_trace``, ``MONARCH_TRACE_FILE``) or JSON-lines telemetr
 Plugins add commands through the ``monarch.cli`` entry point group; a known
 plugin command that is not installed (``monarch debug`` without the debugger,
 ``monarch torchrun`` without monarch-spmd) says which plugin to install and
-exits 2.
+exits 2; so does the command of a plugin that ``MONARCH_DISABLED_PLUGINS`` turns
+off, naming it.
 """
 
 from __future__ import annotations
@@ -69,16 +70,29 @@ def _cmd_settings(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plugin_commands(sub: argparse._SubParsersAction) -> None:
+def _plugin_commands(sub: argparse._SubParsersAction) -> dict[str, str]:
     """Subcommands of installed plugins: entry points of group ``monarch.cli``, each a
-    ``register(subparsers)`` that adds its parser (``monarch dashboard``)."""
+    ``register(subparsers)`` that adds its parser (``monarch dashboard``).  A command
+    whose distribution's plugin is turned off (``MONARCH_DISABLED_PLUGINS``) is not
+    added: the commands left out, each with that plugin's name."""
     from importlib.metadata import entry_points
 
+    from monarch_core import settings
+    from monarch_core._plugins import DISABLE_ENV, ENTRY_POINT_GROUP
+
+    blocked = set(settings.get(DISABLE_ENV))
+    off: dict[str, str] = {}
     for ep in sorted(entry_points(group="monarch.cli"), key=lambda e: e.name):
+        dist = getattr(ep, "dist", None)
+        plugins = {e.name for e in dist.entry_points if e.group == ENTRY_POINT_GROUP} if dist is not None else set()
+        if plugins & blocked:
+            off[ep.name] = min(plugins & blocked)
+            continue
         try:
             ep.load()(sub)
         except Exception as e:  # noqa: BLE001 - a broken plugin must not take the CLI down
             print(f"monarch: the {ep.name!r} command of a plugin failed to load: {e}", file=sys.stderr)
+    return off
 
 
 #: Commands that the project's plugins add: command -> (plugin, install line).
@@ -89,9 +103,14 @@ PLUGIN_COMMANDS = {
 }
 
 
-def _missing_plugin_command(argv: list[str], sub: argparse._SubParsersAction) -> str | None:
-    """What to say when ``argv`` names a plugin's command that is not installed."""
+def _missing_plugin_command(argv: list[str], sub: argparse._SubParsersAction,
+                            off: dict[str, str] | None = None) -> str | None:
+    """What to say when ``argv`` names a plugin's command that is not installed, or
+    whose plugin ``off`` says is turned off."""
     command = next((a for a in argv if not a.startswith("-")), None)
+    if command is not None and off and command in off:
+        return (f"monarch: the {command!r} command comes with the plugin {off[command]!r}, which "
+                f"MONARCH_DISABLED_PLUGINS turns off here; take {off[command]!r} out of it to use the command")
     if command is None or command in sub.choices or command not in PLUGIN_COMMANDS:
         return None
     dist, install = PLUGIN_COMMANDS[command]
@@ -113,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--side", choices=("client", "server"), help="only this side of the calls")
     p.add_argument("--per-rank", action="store_true", help="one row per rank")
     p.set_defaults(func=_cmd_summary)
-    _plugin_commands(sub)
+    off = _plugin_commands(sub)
     argv = sys.argv[1:] if argv is None else argv
-    missing = _missing_plugin_command(argv, sub)
+    missing = _missing_plugin_command(argv, sub, off)
     if missing:
         print(missing, file=sys.stderr)
         return 2

@@ -162,6 +162,17 @@ def test_monarch_torchrun_without_the_plugin_exits_2_naming_the_install_line(mon
         "install it in a monarch-core checkout with `pip install ./plugins/spmd`")
 
 
+def test_a_disabled_plugins_command_is_not_offered_and_says_what_turns_it_off(monkeypatch, capsys) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("MONARCH_DISABLED_PLUGINS", "spmd")
+    sub = argparse.ArgumentParser().add_subparsers()
+    assert cli._plugin_commands(sub) == {"torchrun": "spmd"}
+    assert "torchrun" not in sub.choices and "dashboard" in sub.choices  # the other plugins' commands stay
+    assert cli.main(["torchrun", "--nproc-per-node", "2", "train.py"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "monarch: the 'torchrun' command comes with the plugin 'spmd', which MONARCH_DISABLED_PLUGINS turns "
+        "off here; take 'spmd' out of it to use the command")
+
+
 def test_with_the_plugin_monarch_torchrun_is_its_command() -> None:
     sub = argparse.ArgumentParser().add_subparsers()
     cli._plugin_commands(sub)
