@@ -108,7 +108,7 @@ def _missing_plugin_command(argv: list[str], sub: argparse._SubParsersAction,
     """What to say when ``argv`` names a plugin's command that is not installed, or
     whose plugin ``off`` says is turned off."""
     command = next((a for a in argv if not a.startswith("-")), None)
-    if command is not None and off and command in off:
+    if off and command in off:
         return (f"monarch: the {command!r} command comes with the plugin {off[command]!r}, which "
                 f"MONARCH_DISABLED_PLUGINS turns off here; take {off[command]!r} out of it to use the command")
     if command is None or command in sub.choices or command not in PLUGIN_COMMANDS:
