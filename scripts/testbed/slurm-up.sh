@@ -35,7 +35,7 @@ FIRST=${RT_SLURM_FIRST:-1}
 SD="$RT_RUN/slurm"
 CONF="$SD/slurm.conf"
 HOST=$(hostname -s)
-SIG="$MODE $NODES $CPUS $MEM cgroup=$CGROUP first=$FIRST"
+SIG="$MODE $NODES $CPUS $MEM cgroup=$CGROUP first=$FIRST slurmd-timeout=10"
 export SLURM_CONF="$CONF"
 
 command -v slurmctld >/dev/null || "$(dirname "$0")/slurm-install.sh"
@@ -138,7 +138,7 @@ MailProg=/bin/true
 ReturnToService=2
 SlurmdParameters=config_overrides
 SlurmctldTimeout=30
-SlurmdTimeout=30
+SlurmdTimeout=10
 InactiveLimit=0
 MinJobAge=300
 KillWait=5
