@@ -41,6 +41,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import _table as T
+import floors as F
 
 DEFAULT_MONARCH_PY = "/tmp/anchors/monarch/bin/python"
 DEFAULT_RAY_PY = "/tmp/anchors/ray/bin/python"
@@ -143,32 +144,29 @@ ROWS = [
 
 
 #: Rows held against this machine's own floor, measured by this script in the
-#: same session rather than against Monarch: (row label, floor name, bound on
-#: row ÷ floor).
-FLOORS = [("64 MiB torch tensor send, MiB/s", "memcpy of 64 MiB, MiB/s", 0.5)]
+#: same session rather than against Monarch: (row label, floor key of
+#: ``floors.measure()``, its title, bound on row ÷ floor).
+FLOORS = [("64 MiB torch tensor send, MiB/s", "memcpy_64mib_mib_s", "memcpy of 64 MiB, MiB/s", 0.5)]
 
-
-def memcpy_mib_s(size: int = 64 << 20, reps: int = 9) -> float:
-    """A plain ``memcpy`` of ``size`` bytes between two buffers this process
-    has touched already (one ``memoryview`` slice assignment): the median
-    MiB/s of ``reps`` copies."""
-    src = bytearray(os.urandom(1 << 20)) * (size >> 20)
-    dst = bytearray(size)
-    dst[:] = src  # touch every page first
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        memoryview(dst)[:] = memoryview(src)
-        out.append(size / (1 << 20) / (time.perf_counter() - t0))
-    return T.median(out) or 0.0
+#: Monarch-relative targets next to the bare-Python floor of the same path
+#: (``bench/floors.py``): (row label, floor key, floor title).  A target whose
+#: absolute value (its bound times Monarch's median) is beyond the floor
+#: cannot be met by any Python implementation of that path on this machine.
+TARGET_FLOORS = [
+    ("call_one p50, µs", "pingpong_p50_us", "request/reply p50, µs"),
+    ("pipelined call_one, calls/s", "pipelined_calls_s", "pipelined request/reply, calls/s"),
+    ("call() on 16 actors p50, ms", "fanout16_p50_ms", "one request to each of 16 processes p50, ms"),
+    ("cold spawn 4 procs + first reply, s", "cold4_s", "exec 4 interpreters that answer, s"),
+    ("64 MiB bytes send, MiB/s", "memcpy_64mib_mib_s", "memcpy of 64 MiB, MiB/s"),
+]
 
 
 def floor_table(impls: dict[str, Impl | None], floors: dict[str, list[float]]) -> tuple[str, dict[str, Any]]:
     """The FLOORS rows: monarch-core's median against the floor's median."""
     med = medians(impls.get("monarch_core"))
     rows, data = [], {}
-    for label, name, bound in FLOORS:
-        c, f = med.get(label), T.median(floors.get(name, []))
+    for label, key, name, bound in FLOORS:
+        c, f = med.get(label), T.median(floors.get(key, []))
         q = ratio(c, f)
         rows.append([label, T.fmt(c, "{:,.0f}"), name, T.fmt(f, "{:,.0f}"), T.fmt(q, "{:.2f}×"),
                      f"≥ {bound:g}× (higher is better)", T.DASH if q is None else ("yes" if q >= bound else "**no**")])
@@ -177,6 +175,45 @@ def floor_table(impls: dict[str, Impl | None], floors: dict[str, list[float]]) -
     headers = ["metric", "monarch-core", "floor (this machine, same session)", "floor", "core ÷ floor", "target",
                "met?"]
     return T.markdown(headers, rows, [False, True, False, True, True, False, False]), data
+
+
+def target_floor_table(impls: dict[str, Impl | None],
+                       floors: dict[str, list[float]]) -> tuple[str, dict[str, Any]]:
+    """Each Monarch-relative target as an absolute figure (its bound times
+    Monarch's median), beside the bare-Python floor of the same path and
+    monarch-core's figure.  Costs are relative to the floor (time ÷ floor's
+    time; for rates, floor's rate ÷ rate): ``allowed`` is what the target
+    leaves the framework, ``core`` what monarch-core costs now.  An allowed
+    cost below 1× means the target is beyond the floor: out of reach here."""
+    core, mon = medians(impls.get("monarch_core")), medians(impls.get("monarch"))
+    by_label = {row.label: row for row in ROWS}
+    rows, data = [], {}
+    for label, key, name in TARGET_FLOORS:
+        row = by_label[label]
+        if row.target is None:
+            continue
+        f, c, m = T.median(floors.get(key, [])), core.get(label), mon.get(label)
+        op, bound = row.target
+        higher = op == ">="
+        goal = None if m is None else bound * m
+        allowed = ratio(f, goal) if higher else ratio(goal, f)
+        cost = ratio(f, c) if higher else ratio(c, f)
+        if allowed is None:
+            verdict = T.DASH
+        elif allowed < 1:
+            verdict = "**beyond the floor**: out of reach here"
+        else:
+            verdict = "within reach" + ("" if cost is None or cost <= allowed else
+                                        f": the framework costs {cost / allowed:.1f}× what the target leaves it")
+        spec = "{:.3f}" if row.spec == "{:.2f}" else row.spec
+        rows.append([label, f"{'≥' if higher else '≤'} {T.fmt(goal, spec)}", name, T.fmt(f, spec), T.fmt(c, spec),
+                     T.fmt(allowed, "{:.2f}×"), T.fmt(cost, "{:.2f}×"), verdict])
+        data[label] = {"target_value": goal, "floor": name, "floor_value": f, "monarch_core": c,
+                       "allowed_cost_over_floor": allowed, "core_cost_over_floor": cost,
+                       "target_beyond_floor": None if allowed is None else allowed < 1}
+    headers = ["metric", "target (bound × Monarch)", "bare-Python floor (bench/floors.py)", "floor",
+               "monarch-core", "cost the target allows (× floor)", "monarch-core's cost (× floor)", "verdict"]
+    return T.markdown(headers, rows, [False, True, False, True, True, True, True, False]), data
 
 
 def ratio(core: float | None, monarch: float | None) -> float | None:
@@ -491,12 +528,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run {i}/{args.runs}: " + ", ".join(impl.title for impl in order), flush=True)
         for impl in order:
             run_child(impl, i, out_dir, args.quick, args.timeout, args.verbose)
-        floors.setdefault(FLOORS[0][1], []).append(memcpy_mib_s(reps=3 if args.quick else 9))
+        for key, value in F.measure(args.quick).items():
+            floors.setdefault(key, []).append(value)
     load_end = os.getloadavg()
 
     table, data = main_table(impls)
     ftable, fdata = floor_table(impls, floors)
     data["floors"] = fdata
+    ttable, tdata = target_floor_table(impls, floors)
+    data["targets_against_floors"] = tdata
     quick_note = " — **--quick: smoke-test counts, not comparable to the targets**" if args.quick else ""
     header = [
         f"# monarch-core vs Monarch vs Ray ({stamp})",
@@ -514,6 +554,13 @@ def main(argv: list[str] | None = None) -> int:
         header += [f"- {impl.title} FAILED {f}" for f in impl.failures]
     parts = ["\n".join(header), table,
              "### Against this machine's floor\n\n" + ftable,
+             ("### The targets against the bare-Python floors\n\n"
+              "What a Python program that does only the transport of the call costs here (`bench/floors.py`: "
+              "a Unix socket, pickle, a process blocked in epoll; no actors, futures or sessions). Costs are "
+              "relative to the floor (a time ÷ the floor's; a rate: the floor's ÷ it). A target that allows "
+              "less than 1× is beyond the floor: no Python implementation of that path meets it on this "
+              "machine.\n\n"
+              + ttable),
              "### Per run (so the noise is visible)\n\n" + per_run_table(impls, args.runs)]
 
     scaling_ok = True

@@ -4,7 +4,9 @@ hosts h1..h3 with real sshd; see tests/_helpers/testbed.py):
 * bring-up of 3 hosts x 4 procs through ``hosts_from_config`` (SSH connect,
   worker start, readiness; then spawn, first reply from all 12), in a fresh
   client each time, against the floor: plain ``ssh hI python -c 'import
-  monarch_core.actor'`` to the same hosts, concurrently;
+  monarch_core.actor'`` to the same hosts, concurrently; and the CPU time every
+  process on this machine used for each (the hosts share its kernel and its
+  cores: the CPU divided by the cores bounds the wall time from below);
 * SIGKILL of a client holding 3 hosts x 4 procs: time until every remote
   worker and proc is gone;
 * ``call_one`` round trip from the client to an actor on h1 across the
@@ -38,7 +40,12 @@ CODE = os.pathsep.join([str(REPO), str(REPO / "plugins" / "transport_tcp")])
 HOSTS = ["h1", "h2", "h3"]
 
 BRINGUP = r'''
-import json, time
+import json, os, time
+def busy():  # CPU seconds every process on this machine used so far (the hosts share its kernel)
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+c0 = busy()
 t0 = time.monotonic()
 from monarch_core.actor import Actor, endpoint, hosts_from_config
 class A(Actor):
@@ -50,8 +57,9 @@ t_up = time.monotonic() - t0
 procs = hm.spawn_procs(per_host={"gpus": 4})
 replies = procs.spawn("a", A).ping.call().get(timeout=120).values()
 t_all = time.monotonic() - t0
+cpu = busy() - c0
 assert len(replies) == 12
-print(json.dumps({"up": t_up, "first_reply_all": t_all}))
+print(json.dumps({"up": t_up, "first_reply_all": t_all, "cpu": cpu}))
 hm.shutdown().get(timeout=60)
 '''
 
@@ -146,8 +154,17 @@ def _run(code: str, *args: str, env: dict[str, str], timeout: float = 300) -> di
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
-def floor_once() -> float:
-    """Plain OpenSSH to every host at once, each importing monarch_core.actor."""
+def busy_cpu() -> float:
+    """CPU seconds every process on this machine used so far (``/proc/stat``;
+    the namespace hosts share its kernel)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def floor_once() -> tuple[float, float]:
+    """Plain OpenSSH to every host at once, each importing monarch_core.actor:
+    (seconds, CPU seconds of the whole machine)."""
     cmd = f"PYTHONPATH={CODE} {sys.executable} -c 'import monarch_core.actor'"
     errs: list[str] = []
 
@@ -157,6 +174,7 @@ def floor_once() -> float:
         if r.returncode != 0:
             errs.append(f"{h}: {r.stderr}")
 
+    c0 = busy_cpu()
     t0 = time.monotonic()
     threads = [threading.Thread(target=one, args=(h,)) for h in HOSTS]
     for t in threads:
@@ -165,7 +183,7 @@ def floor_once() -> float:
         t.join()
     if errs:
         raise SystemExit("ssh floor failed: " + "; ".join(errs))
-    return time.monotonic() - t0
+    return time.monotonic() - t0, busy_cpu() - c0
 
 
 def main() -> None:
@@ -182,12 +200,15 @@ def main() -> None:
                        f'[hosts.bench1]\nhosts = ["h1"]\n{common}\n'
                        f'[hosts.bench1tcp]\nhosts = ["h1"]\ninsecure_tcp = true\n{common}')
         env = _env(cfg)
-        floor, up, first = [], [], []
+        floor, floor_cpu, up, first, cpu = [], [], [], [], []
         for _ in range(args.repeats):  # interleaved, so a noisy phase hits both
-            floor.append(floor_once())
+            f, fc = floor_once()
+            floor.append(f)
+            floor_cpu.append(fc)
             r = _run(BRINGUP, env=env)
             up.append(r["up"])
             first.append(r["first_reply_all"])
+            cpu.append(r["cpu"])
         gone = [sigkill_once(env) for _ in range(args.repeats)]
         tls = _run(CALLS, str(args.calls), "tls", env=env)
         tcp = _run(CALLS, str(args.calls), "tcp", env=env)
@@ -196,6 +217,9 @@ def main() -> None:
         "floor_ssh_import_3_hosts_s": statistics.median(floor),
         "bringup_3_hosts_s": statistics.median(up),
         "bringup_3x4_first_reply_s": statistics.median(first),
+        "floor_cpu_s": statistics.median(floor_cpu),
+        "bringup_cpu_s": statistics.median(cpu),
+        "cores": os.cpu_count(),
         "sigkill_to_all_gone_s": statistics.median(gone),
         "sigkill_to_all_gone_max_s": max(gone),
         "call_one_tls_netns_p50_us": tls["p50_us"],
@@ -211,6 +235,9 @@ def main() -> None:
     print(f"floor: ssh + import monarch_core.actor, 3 hosts at once  {out['floor_ssh_import_3_hosts_s']:.3f} s")
     print(f"hosts_from_config, 3 hosts (connect, worker, ready)     {out['bringup_3_hosts_s']:.3f} s")
     print(f"... + 3x4 procs, first reply from all 12                {out['bringup_3x4_first_reply_s']:.3f} s")
+    print(f"CPU of every process on this machine: floor {out['floor_cpu_s']:.2f} s, bring-up to the first reply "
+          f"{out['bringup_cpu_s']:.2f} s (on {out['cores']} cores: at least "
+          f"{out['bringup_cpu_s'] / (out['cores'] or 1):.2f} s of wall time)")
     print(f"client SIGKILLed: all 15 remote processes gone after    {out['sigkill_to_all_gone_s'] * 1000:.0f} ms "
           f"(max {out['sigkill_to_all_gone_max_s'] * 1000:.0f} ms)")
     print(f"call_one p50 (p99): tls across the namespace link       {tls['p50_us']:.0f} us ({tls['p99_us']:.0f} us)")

@@ -1,0 +1,283 @@
+"""Bare-Python floors of the single-host rows, measured on this machine.
+
+What a Python program that does *only* the transport of a call costs here:
+no actors, no futures, no sessions, no supervision, no telemetry.  Each
+floor uses the mechanisms every Python actor framework on one host needs
+at the least, and monarch-core uses: a Unix stream socket between two
+processes, ``pickle`` for the message and its reply, and a process that
+blocks in ``epoll`` until a message comes.  A target whose absolute value
+(the target ratio times Monarch's figure of the same run) is below its
+floor cannot be met by monarch-core, or by any Python implementation of
+that path, on this machine: the framework's own work comes on top.
+
+* ``pingpong``: sequential request/reply between two processes (the
+  ``call_one`` p50/p99 rows);
+* ``pipelined``: requests written in batches of 64 by one thread while
+  another reads the replies (the pipelined ``call_one`` row);
+* ``fanout_16``: one request to each of 16 processes, then all 16 replies
+  (the ``call()`` on 16 actors row);
+* ``cold_4``: start 4 Python processes (``subprocess`` exec, as Monarch
+  starts its procs) and wait until each has connected and answered; the
+  interpreter's own start is included, this process's imports are not (the
+  cold spawn row);
+* ``memcpy_64mib``: a plain ``memcpy`` of 64 MiB (the 64 MiB rows: the
+  receiver's fresh ``bytes`` needs at least that one copy).
+
+    python bench/floors.py [--quick] [--json out.json]
+
+Standard library only; ``bench/run.py`` runs it once per run and prints the
+targets against these floors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import select
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+_LEN = struct.Struct("<I")
+_REQUEST = ("call", 0, "noop", (), {})
+
+
+def _frame(obj: object) -> bytes:
+    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    return _LEN.pack(len(body)) + body
+
+
+def _echo_server(sock: socket.socket) -> None:
+    """A child's loop: block in epoll, answer every framed request with a
+    framed reply; exit at end of stream."""
+    ep = select.epoll()
+    ep.register(sock.fileno(), select.EPOLLIN)
+    buf = b""
+    while True:
+        ep.poll()
+        data = sock.recv(1 << 20)
+        if not data:
+            os._exit(0)
+        buf += data
+        out = []
+        while len(buf) >= 4:
+            (n,) = _LEN.unpack_from(buf)
+            if len(buf) < 4 + n:
+                break
+            msg = pickle.loads(buf[4:4 + n])
+            buf = buf[4 + n:]
+            out.append(_frame(("reply", msg[1], None)))
+        if out:
+            sock.sendall(b"".join(out))
+
+
+def _fork_echo() -> tuple[socket.socket, int]:
+    parent, child = socket.socketpair()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        parent.close()
+        try:
+            _echo_server(child)
+        finally:
+            os._exit(0)
+    child.close()
+    return parent, pid
+
+
+def _reap(socks: list[socket.socket], pids: list[int]) -> None:
+    for s in socks:
+        s.close()
+    for pid in pids:
+        os.waitpid(pid, 0)
+
+
+def _read_replies(sock: socket.socket, ep: select.epoll, buf: bytes, want: int) -> tuple[bytes, int]:
+    got = 0
+    while got < want:
+        ep.poll()
+        buf += sock.recv(1 << 20)
+        while len(buf) >= 4:
+            (n,) = _LEN.unpack_from(buf)
+            if len(buf) < 4 + n:
+                break
+            pickle.loads(buf[4:4 + n])
+            buf = buf[4 + n:]
+            got += 1
+    return buf, got
+
+
+def pingpong(calls: int, reps: int) -> dict[str, float]:
+    """Sequential round trips: p50 and p99 in µs (median over ``reps``)."""
+    sock, pid = _fork_echo()
+    ep = select.epoll()
+    ep.register(sock.fileno(), select.EPOLLIN)
+    p50s, p99s = [], []
+    try:
+        buf = b""
+        for _ in range(200):  # warm up
+            sock.sendall(_frame(_REQUEST))
+            buf, _ = _read_replies(sock, ep, buf, 1)
+        for _ in range(reps):
+            times = []
+            for _ in range(calls):
+                t0 = time.perf_counter()
+                sock.sendall(_frame(_REQUEST))
+                buf, _ = _read_replies(sock, ep, buf, 1)
+                times.append(time.perf_counter() - t0)
+            times.sort()
+            p50s.append(times[len(times) // 2] * 1e6)
+            p99s.append(times[min(len(times) - 1, int(len(times) * 0.99))] * 1e6)
+    finally:
+        _reap([sock], [pid])
+    return {"p50_us": statistics.median(p50s), "p99_us": statistics.median(p99s)}
+
+
+def pipelined(calls: int, reps: int) -> dict[str, float]:
+    """``calls`` requests written in batches of 64 by a sender thread while
+    this thread reads the replies: calls/s (median over ``reps``)."""
+    sock, pid = _fork_echo()
+    ep = select.epoll()
+    ep.register(sock.fileno(), select.EPOLLIN)
+    rates = []
+
+    def send(n: int) -> None:
+        batch = []
+        for i in range(n):
+            batch.append(_frame(("call", i, "noop", (), {})))
+            if len(batch) == 64:
+                sock.sendall(b"".join(batch))
+                batch = []
+        if batch:
+            sock.sendall(b"".join(batch))
+
+    try:
+        for n in [min(calls, 2000)] + [calls] * reps:  # the first is a warm-up
+            t0 = time.perf_counter()
+            sender = threading.Thread(target=send, args=(n,))
+            sender.start()
+            _read_replies(sock, ep, b"", n)
+            sender.join()
+            rates.append(n / (time.perf_counter() - t0))
+    finally:
+        _reap([sock], [pid])
+    return {"calls_per_s": statistics.median(rates[1:])}
+
+
+def fanout(size: int, iters: int) -> dict[str, float]:
+    """One request to each of ``size`` processes, then every reply: p50 and
+    p99 in ms."""
+    pairs = [_fork_echo() for _ in range(size)]
+    socks = [s for s, _ in pairs]
+    ep = select.epoll()
+    by_fd = {}
+    for s in socks:
+        ep.register(s.fileno(), select.EPOLLIN)
+        by_fd[s.fileno()] = s
+    times = []
+    frame = _frame(_REQUEST)
+    try:
+        for i in range(iters + 20):
+            t0 = time.perf_counter()
+            for s in socks:
+                s.sendall(frame)
+            left = size
+            while left:
+                for fd, _ev in ep.poll():
+                    data = by_fd[fd].recv(1 << 16)
+                    pickle.loads(data[4:])  # one small reply per request: one frame
+                    left -= 1
+            if i >= 20:
+                times.append(time.perf_counter() - t0)
+    finally:
+        _reap(socks, [p for _, p in pairs])
+    times.sort()
+    return {"p50_ms": times[len(times) // 2] * 1e3, "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))] * 1e3}
+
+
+_CHILD = ("import os, socket, sys\n"
+          "s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+          "s.connect(sys.argv[1])\n"
+          "s.sendall(str(os.getpid()).encode())\n"
+          "s.recv(1)\n")
+
+
+def cold(procs: int, reps: int) -> dict[str, float]:
+    """Start ``procs`` Python processes (exec) that connect back over a Unix
+    socket and answer: seconds until every one has (median over ``reps``)."""
+    out = []
+    with tempfile.TemporaryDirectory(prefix="floor-") as d:
+        path = os.path.join(d, "s")
+        for _ in range(reps + 1):  # the first warms the page cache
+            lsn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            lsn.bind(path)
+            lsn.listen(procs)
+            t0 = time.perf_counter()
+            children = [subprocess.Popen([sys.executable, "-c", _CHILD, path]) for _ in range(procs)]
+            conns = []
+            for _ in range(procs):
+                c, _addr = lsn.accept()
+                c.recv(16)
+                conns.append(c)
+            out.append(time.perf_counter() - t0)
+            for c in conns:
+                c.close()
+            for p in children:
+                p.wait()
+            lsn.close()
+            os.unlink(path)
+    return {"s": statistics.median(out[1:])}
+
+
+def memcpy_64mib(reps: int, size: int = 64 << 20) -> dict[str, float]:
+    """A plain ``memcpy`` of 64 MiB between two buffers this process has
+    touched already: MiB/s (median over ``reps``).  Sending 64 MiB into a
+    fresh ``bytes`` in another process needs at least this one copy."""
+    src = bytearray(os.urandom(1 << 20)) * (size >> 20)
+    dst = bytearray(size)
+    dst[:] = src  # touch every page first
+    copies = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        memoryview(dst)[:] = memoryview(src)
+        copies.append(size / (1 << 20) / (time.perf_counter() - t0))
+    return {"mib_s": statistics.median(copies)}
+
+
+def measure(quick: bool = False) -> dict[str, float]:
+    """Every floor once; a flat dict of figures."""
+    q = quick
+    pp = pingpong(200 if q else 1000, 2 if q else 3)
+    fo = fanout(16, 50 if q else 300)
+    return {
+        "pingpong_p50_us": pp["p50_us"],
+        "pingpong_p99_us": pp["p99_us"],
+        "pipelined_calls_s": pipelined(5000 if q else 20000, 2 if q else 5)["calls_per_s"],
+        "fanout16_p50_ms": fo["p50_ms"],
+        "cold4_s": cold(4, 3 if q else 7)["s"],
+        "memcpy_64mib_mib_s": memcpy_64mib(3 if q else 9)["mib_s"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small counts (a smoke test)")
+    ap.add_argument("--json", help="write the figures here too")
+    args = ap.parse_args(argv)
+    out = measure(args.quick)
+    for k, v in out.items():
+        print(f"{k:24s} {v:14,.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
