@@ -39,10 +39,13 @@ def test_a_quick_run_measures_every_floor(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=220, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     figures = json.loads(out.read_text())
-    assert set(figures) == KEYS
+    assert KEYS <= set(figures)
+    placements = {k for k in figures if k.startswith("pingpong_") and k not in KEYS}
+    assert {"pingpong_free_p50_us", "pingpong_same_cpu_p50_us"} <= placements, placements
+    assert figures["pingpong_p50_us"] == min(figures[k] for k in placements if k.endswith("_p50_us"))
     assert all(isinstance(v, float) and v > 0 for v in figures.values()), figures
     assert figures["pingpong_p99_us"] >= figures["pingpong_p50_us"]
-    for key in KEYS:  # the printed table names every figure
+    for key in figures:  # the printed table names every figure
         assert key in res.stdout
 
 
