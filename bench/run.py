@@ -590,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
                    "rows": data,
                    "per_run": {impl.key: {row.label: [row.value(impl.runs.get(i)) for i in range(1, args.runs + 1)]
                                           for row in ROWS} for impl in active},
-                   "failures": {impl.key: impl.failures for impl in active}}, f, indent=2)
+                   "failures": {impl.key: impl.failures for impl in active},
+                   "floors_per_run": floors}, f, indent=2)
         f.write("\n")
     print()
     print(summary)
