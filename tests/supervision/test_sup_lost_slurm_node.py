@@ -1,5 +1,5 @@
 """A Slurm node whose slurmd is SIGKILLed: once the client declares the
-host lost (slurmctld's node failure, after ``SlurmdTimeout``, 30 s in the
+host lost (slurmctld's node failure, after ``SlurmdTimeout``, 10 s in the
 testbed), the worker loop there hears no more heartbeats and ends itself,
 its procs and so the step's tasks on that node (``_node``), while slurmd is
 still dead -- nothing is left running until the client shuts down.

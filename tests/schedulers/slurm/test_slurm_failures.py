@@ -6,8 +6,8 @@ and a killed slurmd on the last node, h7 (only its procs fail).
 The time-limit test takes about a minute and a half: Slurm's smallest time
 limit is one minute (``--time=1``), its background loop checks limits every
 ~15-30 s, and the warning (``--signal=USR2@50``) comes ~10 s after the start.
-The slurmd test takes ~40 s: slurmctld declares a silent node down after
-``SlurmdTimeout`` (30 s in the testbed).  Daemons are killed on h7 only and
+The slurmd test takes ~30 s: slurmctld declares a silent node down after
+``SlurmdTimeout`` (10 s in the testbed).  Daemons are killed on h7 only and
 restarted in ``finally``.
 """
 
