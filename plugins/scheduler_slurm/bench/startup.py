@@ -15,7 +15,9 @@
   - **warm**: the same in the job's own client process, whose runtime is
     already up (the figure earlier versions of this script gave);
 
-  and prints each against the floor, with the goal (<= 1.5x the floor);
+  and prints each against the floor, with the goal (<= 1.5x the floor), and
+  the CPU every process on the machine used for each (the testbed's nodes
+  share its kernel and cores: CPU / cores bounds the wall time from below);
 * **outside**: ``--runs`` clients on this host, each timing ``hosts_from_config(...)``
   (an entry with ``nodes``, so a batch job is submitted) to the first reply, split
   into submit -> the job runs (Slurm's scheduling: ``batch_sched_delay`` and its
@@ -54,25 +56,37 @@ class Ping(Actor):
     def ping(self):
         return os.getpid()
 
+def busy():  # CPU seconds every process on this machine used so far (the nodes share its kernel)
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
 def bring_up():
+    c0 = busy()
     t0 = time.monotonic()
     hm = hosts_from_config("bench")
     t1 = time.monotonic()
     pm = hm.spawn_procs(per_host={"gpus": 4})
     n = len(pm.spawn("ping", Ping).ping.call().get(timeout=120).values())
     t2 = time.monotonic()
+    cpu = busy() - c0
     hm.shutdown().get(timeout=60)
-    return {"hosts_ready_s": t1 - t0, "first_reply_s": t2 - t0, "actors": n}
+    return {"hosts_ready_s": t1 - t0, "first_reply_s": t2 - t0, "actors": n, "cpu_s": cpu}
 
 if sys.argv[1] == "once":  # a fresh client: the cold figure
     print("ONCE " + json.dumps(bring_up()), flush=True)
     sys.exit(0)
 
+floor_cpu = []
+
 def floor():
+    c0 = busy()
     f0 = time.monotonic()
     subprocess.run(["srun", "--overlap", f"-N{os.environ['SLURM_JOB_NUM_NODES']}", sys.executable, "-c",
                     "import monarch_core.actor"], check=True, timeout=120)
-    return time.monotonic() - f0
+    f1 = time.monotonic()
+    floor_cpu.append(busy() - c0)
+    return f1 - f0
 
 def cold():
     out = subprocess.run([sys.executable, sys.argv[0], "once"], capture_output=True, text=True, timeout=300)
@@ -88,7 +102,7 @@ for i in range(int(sys.argv[1])):
     r = {}
     for what in order:
         r[what] = floor() if what == "floor" else cold() if what == "cold" else bring_up()
-    runs.append({"floor_s": r["floor"], "cold": r["cold"], "warm": r["warm"]})
+    runs.append({"floor_s": r["floor"], "floor_cpu_s": floor_cpu[-1], "cold": r["cold"], "warm": r["warm"]})
 print("RESULT " + json.dumps({"runs": runs, "warmup": warmup, "client_import_s": import_s}), flush=True)
 '''
 
@@ -159,7 +173,10 @@ def inside(d: str, runs: int, nodes: int, pyc_cache: bool) -> dict:
         res = _result(f.read())
     med = statistics.median
     res["median_floor_s"] = floor = med(r["floor_s"] for r in res["runs"])
+    res["median_floor_cpu_s"] = med(r["floor_cpu_s"] for r in res["runs"])
+    res["cores"] = os.cpu_count()
     for kind in ("cold", "warm"):
+        res[f"median_{kind}_cpu_s"] = med(r[kind]["cpu_s"] for r in res["runs"])
         res[f"median_{kind}_first_reply_s"] = first = med(r[kind]["first_reply_s"] for r in res["runs"])
         res[f"median_{kind}_hosts_ready_s"] = med(r[kind]["hosts_ready_s"] for r in res["runs"])
         res[f"{kind}_vs_floor"] = first / floor
@@ -179,6 +196,11 @@ def summary(res: dict, nodes: int) -> list[str]:
                      f"floor {floor:.2f} s; {ratio:.2f}x the floor ({'met' if ratio <= GOAL else 'not met'})")
     lines.append(f"  floor: srun -N{nodes} python -c 'import monarch_core.actor' "
                  + ", ".join(f"{r['floor_s']:.2f}" for r in res["runs"]) + " s")
+    cores = res["cores"] or 1
+    lines.append(f"  CPU of every process on this machine: floor {res['median_floor_cpu_s']:.2f} s, cold "
+                 f"{res['median_cold_cpu_s']:.2f} s, warm {res['median_warm_cpu_s']:.2f} s (on {cores} cores: at "
+                 f"least {res['median_cold_cpu_s'] / cores:.2f} and {res['median_warm_cpu_s'] / cores:.2f} s of wall "
+                 "time)")
     return lines
 
 
