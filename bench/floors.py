@@ -50,6 +50,23 @@ import time
 
 _LEN = struct.Struct("<I")
 _REQUEST = ("call", 0, "noop", (), {})
+#: Seconds any one wait may take before the measurement gives up (a child
+#: that died, a machine far too loaded): nothing here waits forever.
+WAIT_S = 30.0
+
+
+def _wait(ep: select.epoll) -> list[tuple[int, int]]:
+    events = ep.poll(WAIT_S)
+    if not events:
+        raise TimeoutError(f"no reply within {WAIT_S:.0f} s (a floor's child process died or hangs)")
+    return events
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    data = sock.recv(n)
+    if not data:
+        raise ConnectionError("a floor's child process closed its socket (it died)")
+    return data
 
 
 def _frame(obj: object) -> bytes:
@@ -107,8 +124,8 @@ def _reap(socks: list[socket.socket], pids: list[int]) -> None:
 def _read_replies(sock: socket.socket, ep: select.epoll, buf: bytes, want: int) -> tuple[bytes, int]:
     got = 0
     while got < want:
-        ep.poll()
-        buf += sock.recv(1 << 20)
+        _wait(ep)
+        buf += _recv(sock, 1 << 20)
         while len(buf) >= 4:
             (n,) = _LEN.unpack_from(buf)
             if len(buf) < 4 + n:
@@ -224,8 +241,8 @@ def fanout(size: int, iters: int) -> dict[str, float]:
                 s.sendall(frame)
             left = size
             while left:
-                for fd, _ev in ep.poll():
-                    data = by_fd[fd].recv(1 << 16)
+                for fd, _ev in _wait(ep):
+                    data = _recv(by_fd[fd], 1 << 16)
                     pickle.loads(data[4:])  # one small reply per request: one frame
                     left -= 1
             if i >= 20:
@@ -251,22 +268,30 @@ def cold(procs: int, reps: int) -> dict[str, float]:
         path = os.path.join(d, "s")
         for _ in range(reps + 1):  # the first warms the page cache
             lsn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            lsn.settimeout(WAIT_S)  # accept and recv below: a child that fails to start is an error, not a hang
             lsn.bind(path)
             lsn.listen(procs)
             t0 = time.perf_counter()
             children = [subprocess.Popen([sys.executable, "-c", _CHILD, path]) for _ in range(procs)]
             conns = []
-            for _ in range(procs):
-                c, _addr = lsn.accept()
-                c.recv(16)
-                conns.append(c)
-            out.append(time.perf_counter() - t0)
-            for c in conns:
-                c.close()
-            for p in children:
-                p.wait()
-            lsn.close()
-            os.unlink(path)
+            try:
+                for _ in range(procs):
+                    c, _addr = lsn.accept()
+                    conns.append(c)
+                    c.settimeout(WAIT_S)
+                    _recv(c, 16)
+                out.append(time.perf_counter() - t0)
+            finally:
+                for c in conns:
+                    c.close()  # each child then ends
+                for p in children:
+                    try:
+                        p.wait(timeout=WAIT_S)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        p.wait()
+                lsn.close()
+                os.unlink(path)
     return {"s": statistics.median(out[1:])}
 
 

@@ -107,3 +107,20 @@ def test_every_floor_row_names_a_row_with_a_monarch_target_and_a_floor_the_scrip
     for label, key, _title, _bound in run.FLOORS:
         assert label in labels and key in KEYS
     assert callable(floors.measure)
+
+
+@pytest.mark.unit
+def test_a_floor_whose_peer_is_gone_raises_instead_of_waiting() -> None:
+    import select
+    import socket
+
+    mine, theirs = socket.socketpair()
+    ep = select.epoll()
+    ep.register(mine.fileno(), select.EPOLLIN)
+    theirs.close()  # the child "died"
+    try:
+        with pytest.raises(ConnectionError, match="closed its socket"):
+            floors._read_replies(mine, ep, b"", 1)
+    finally:
+        mine.close()
+        ep.close()
