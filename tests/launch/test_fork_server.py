@@ -359,8 +359,12 @@ def test_this_host_starts_the_zygote_before_any_spawn_and_exit_stops_it(tmp_path
 
 
 THREADED = """
-import json, os
+import json, logging, os
 from monarch_core.actor import Actor, endpoint, this_host
+
+# the fork server's whole path (started, adopted, broken, exec instead) in stderr, for a failure's message
+logging.basicConfig(level=logging.WARNING, format="%(relativeCreated)6.0f %(name)s %(levelname)s %(message)s")
+logging.getLogger("monarch.proc").setLevel(logging.DEBUG)
 
 class P(Actor):
     @endpoint
@@ -389,6 +393,6 @@ def test_a_zygote_with_threads_refuses_to_fork_and_procs_are_execd(tmp_path) -> 
                        cwd=str(tmp_path), check=False)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = dict(ln.split(" ", 1) for ln in r.stdout.splitlines() if " " in ln)
-    assert json.loads(lines["PPIDS"]) == [int(lines["CLIENT"])] * 2
-    assert "cannot fork procs: it has 2 threads after its imports" in r.stderr
-    assert "starting procs with exec" in r.stderr
+    assert json.loads(lines["PPIDS"]) == [int(lines["CLIENT"])] * 2, r.stderr[-3000:]
+    assert "cannot fork procs: it has 2 threads after its imports" in r.stderr, r.stderr[-3000:]
+    assert "starting procs with exec" in r.stderr, r.stderr[-3000:]
