@@ -1,8 +1,8 @@
 """The checkpoint pattern of ``docs/slurm.md`` ("Preemption and time
-limits"), run as written: its ``job.sh`` (``--time=1 --signal=USR2@50``) and
+limits"), run as written: its ``job.sh`` (``--time=1 --signal=USR2@20``) and
 ``train.py`` with the page's ``monarch.toml``, in a real batch job.  The
-notice arrives ~10-25 s after the start; the job checkpoints and ends itself
-well before Slurm's limit."""
+notice arrives 10-40 s after the start; the job checkpoints and ends itself
+before Slurm's limit."""
 
 from __future__ import annotations
 

@@ -4,8 +4,11 @@ time limit (after the warning signal's notice), a requeue (the job is kept),
 and a killed slurmd on the last node, h7 (only its procs fail).
 
 The time-limit test takes about a minute and a half: Slurm's smallest time
-limit is one minute (``--time=1``), its background loop checks limits every
-~15-30 s, and the warning (``--signal=USR2@50``) comes ~10 s after the start.
+limit is one minute (``--time=1``), and its background loop checks limits every
+30 s.  The warning (``--signal=USR2@20``) comes at the first check with at most
+20 + 30 s left, 10-40 s after the start, when the worker step runs.  ``@50``
+would be due at the first check after the start, which can come before the
+step exists; the signal then reaches no step.
 The slurmd test takes ~30 s: slurmctld declares a silent node down after
 ``SlurmdTimeout`` (10 s in the testbed).  Daemons are killed on h7 only and
 restarted in ``finally``.
@@ -115,7 +118,7 @@ nodes = 2
 [hosts.timelimit]
 nodes = 2
 time = 1
-signal = "USR2@50"
+signal = "USR2@20"
 
 [hosts.requeue]
 nodes = 2
@@ -183,7 +186,7 @@ def test_the_time_limit_warns_first_then_fails_every_host_saying_so(project: Pat
     notices = [e for e in events if e["notice"]]
     assert len(notices) == 1, events
     assert f"Slurm job {job} will be preempted or end soon" in notices[0]["report"], notices
-    assert "SIGUSR2" in notices[0]["report"] and "--signal=USR2@50" in notices[0]["report"], notices
+    assert "SIGUSR2" in notices[0]["report"] and "--signal=USR2@20" in notices[0]["report"], notices
     assert sorted(times["after_notice"]) == [H.N1, H.N2]  # the notice failed nothing
     assert times["notice_to_end"] > 5
     fails = _failures(events)
