@@ -32,6 +32,27 @@ ALL_KEYS = SUBMIT_KEYS | COMMON_KEYS
 DEFAULT_SIGNAL = "USR2@60"
 
 _TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
+#: slurmctld's period of time-limit checks (``PERIODIC_TIMEOUT``, compiled in)
+_LIMIT_CHECK_S = 30
+#: what a job needs, from its start, before its worker step can take a signal
+_STEP_START_S = 10
+
+
+def slurm_time_seconds(text: str) -> int | None:
+    """A Slurm ``--time`` (``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``,
+    ``D-H:M:S``) in seconds; None for ``UNLIMITED``/``INFINITE`` or anything else."""
+    t = str(text).strip()
+    m = re.match(r"^(?:(\d+)-)?(\d+)(?::(\d{1,2}))?(?::(\d{1,2}))?$", t)
+    if m is None:
+        return None
+    days, a, b, c = m.groups()
+    if days is not None:  # D-H[:M[:S]]
+        return ((int(days) * 24 + int(a)) * 60 + int(b or 0)) * 60 + int(c or 0)
+    if c is not None:  # H:M:S
+        return (int(a) * 60 + int(b)) * 60 + int(c)
+    if b is not None:  # M:S
+        return int(a) * 60 + int(b)
+    return int(a) * 60  # M
 _DEFAULT_STATE_DIR = os.path.join("~", ".monarch", "slurm")
 #: Where ``sync_workspace`` copies on a node whose filesystem is not the client's ({job}, {node}, {user} filled in).
 DEFAULT_SYNC_DIR = "/tmp/monarch-{user}/job{job}/{node}"
@@ -72,6 +93,26 @@ class SlurmParams:
 
     def state_path(self) -> str:
         return os.path.abspath(os.path.expanduser(self.state_dir))
+
+    def late_warning(self) -> str | None:
+        """Why this entry's warning signal may never reach the workers, or None.
+
+        slurmctld checks limits every 30 s and sends the signal at the first
+        check where the job has at most ``SECONDS + 30`` seconds left.  A time
+        limit not well above that makes the signal due at the first check after
+        the job starts, which can come before the worker step runs: the signal
+        then reaches no step, and no notice comes."""
+        if self.signal is None or self.time is None:
+            return None
+        limit = slurm_time_seconds(self.time)
+        if limit is None or limit >= self.signal[1] + _LIMIT_CHECK_S + _STEP_START_S:
+            return None
+        sig, secs = self.signal
+        good = max(1, limit - _LIMIT_CHECK_S - _STEP_START_S)
+        return (f"the warning signal {sig}@{secs} is due at the job's first time-limit check: Slurm sends it once at "
+                f"most {secs} + {_LIMIT_CHECK_S} s are left, and the limit (time = {self.time!r}, {limit} s) leaves "
+                f"that from the start, maybe before the worker step runs (the signal then reaches nothing and no "
+                f"notice comes); use signal = \"{sig}@{good}\" or less, or a longer time")
 
     def sbatch_options(self) -> list[str]:
         """The sbatch options of a job for this entry (submission from outside)."""

@@ -196,3 +196,26 @@ def test_the_route_inside_a_job_asks_sinfo_once_for_every_node_the_workers_need(
     assert api.asked == [["n1", "n2"]]
     assert sched._node_addresses(["n3"], timeout=1) == {"n3": "127.0.0.1"}  # one it was not told about: asked
     assert api.asked == [["n1", "n2"], ["n3"]]
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("1", 60), (5, 300), ("2:30", 150), ("01:00:00", 3600), ("1-0", 86400), ("1-2:30", 95400),
+    ("0-00:01:30", 90), ("UNLIMITED", None), ("soon", None),
+])
+def test_slurm_times_in_seconds(text: object, seconds: int | None) -> None:
+    from monarch_scheduler_slurm._params import slurm_time_seconds
+
+    assert slurm_time_seconds(text) == seconds  # type: ignore[arg-type]
+
+
+def test_a_warning_signal_due_at_the_jobs_start_is_named_with_the_fix() -> None:
+    late = parse_params({"time": 1, "signal": "USR2@50"}, SRC).late_warning()
+    assert late is not None
+    assert "USR2@50 is due at the job's first time-limit check" in late and 'signal = "USR2@20"' in late, late
+    # the default signal on a 90 s job: due from the start too
+    assert parse_params({"time": "1:30"}, SRC).late_warning() is not None
+    # enough room, no signal, or no time limit: nothing to say
+    assert parse_params({"time": 1, "signal": "USR2@20"}, SRC).late_warning() is None
+    assert parse_params({"time": "01:00:00"}, SRC).late_warning() is None
+    assert parse_params({"time": 1, "signal": False}, SRC).late_warning() is None
+    assert parse_params({"signal": "USR2@50"}, SRC).late_warning() is None
