@@ -28,8 +28,9 @@ that path, on this machine: the framework's own work comes on top.
 
     python bench/floors.py [--quick] [--json out.json]
 
-Standard library only; ``bench/run.py`` runs it once per run and prints the
-targets against these floors.
+Standard library only (and ``bench/_table.py``: percentiles as the anchors
+define them); ``bench/run.py`` runs it once per run and prints the targets
+against these floors.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _table as T  # noqa: E402 - bench's shared statistics (the anchors' percentile)
 
 _LEN = struct.Struct("<I")
 _REQUEST = ("call", 0, "noop", (), {})
@@ -74,6 +78,19 @@ def _frame(obj: object) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
+def _unframe(buf: bytes) -> tuple[list, bytes]:
+    """The complete framed messages at the start of ``buf``, unpickled, and
+    what is left of it (a partial frame)."""
+    msgs = []
+    while len(buf) >= 4:
+        (n,) = _LEN.unpack_from(buf)
+        if len(buf) < 4 + n:
+            break
+        msgs.append(pickle.loads(buf[4:4 + n]))
+        buf = buf[4 + n:]
+    return msgs, buf
+
+
 def _echo_server(sock: socket.socket) -> None:
     """A child's loop: block in epoll, answer every framed request with a
     framed reply; exit at end of stream."""
@@ -85,17 +102,9 @@ def _echo_server(sock: socket.socket) -> None:
         data = sock.recv(1 << 20)
         if not data:
             os._exit(0)
-        buf += data
-        out = []
-        while len(buf) >= 4:
-            (n,) = _LEN.unpack_from(buf)
-            if len(buf) < 4 + n:
-                break
-            msg = pickle.loads(buf[4:4 + n])
-            buf = buf[4 + n:]
-            out.append(_frame(("reply", msg[1], None)))
-        if out:
-            sock.sendall(b"".join(out))
+        msgs, buf = _unframe(buf + data)
+        if msgs:
+            sock.sendall(b"".join(_frame(("reply", m[1], None)) for m in msgs))
 
 
 def _fork_echo(cpu: int | None = None) -> tuple[socket.socket, int]:
@@ -125,14 +134,8 @@ def _read_replies(sock: socket.socket, ep: select.epoll, buf: bytes, want: int) 
     got = 0
     while got < want:
         _wait(ep)
-        buf += _recv(sock, 1 << 20)
-        while len(buf) >= 4:
-            (n,) = _LEN.unpack_from(buf)
-            if len(buf) < 4 + n:
-                break
-            pickle.loads(buf[4:4 + n])
-            buf = buf[4 + n:]
-            got += 1
+        msgs, buf = _unframe(buf + _recv(sock, 1 << 20))
+        got += len(msgs)
     return buf, got
 
 
@@ -154,10 +157,8 @@ def pingpong(calls: int, reps: int) -> dict[str, float]:
     mine = os.sched_getaffinity(0)
     try:
         for name, cpus in _placements().items():
-            if cpus is not None:
-                os.sched_setaffinity(0, {cpus[0]})
+            os.sched_setaffinity(0, mine if cpus is None else {cpus[0]})
             r = _pingpong(calls, reps, None if cpus is None else cpus[1])
-            os.sched_setaffinity(0, mine)
             out[f"{name}_p50_us"], out[f"{name}_p99_us"] = r["p50_us"], r["p99_us"]
     finally:
         os.sched_setaffinity(0, mine)
@@ -183,9 +184,8 @@ def _pingpong(calls: int, reps: int, cpu: int | None) -> dict[str, float]:
                 sock.sendall(_frame(_REQUEST))
                 buf, _ = _read_replies(sock, ep, buf, 1)
                 times.append(time.perf_counter() - t0)
-            times.sort()
-            p50s.append(times[len(times) // 2] * 1e6)
-            p99s.append(times[min(len(times) - 1, int(len(times) * 0.99))] * 1e6)
+            p50s.append(T.percentile(times, 50) * 1e6)
+            p99s.append(T.percentile(times, 99) * 1e6)
     finally:
         _reap([sock], [pid])
     return {"p50_us": statistics.median(p50s), "p99_us": statistics.median(p99s)}
@@ -249,8 +249,7 @@ def fanout(size: int, iters: int) -> dict[str, float]:
                 times.append(time.perf_counter() - t0)
     finally:
         _reap(socks, [p for _, p in pairs])
-    times.sort()
-    return {"p50_ms": times[len(times) // 2] * 1e3, "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))] * 1e3}
+    return {"p50_ms": T.percentile(times, 50) * 1e3, "p99_ms": T.percentile(times, 99) * 1e3}
 
 
 _CHILD = ("import os, socket, sys\n"

@@ -31,7 +31,6 @@ ALL_KEYS = SUBMIT_KEYS | COMMON_KEYS
 #: (Not USR1: NCCL's watchdog uses it.)
 DEFAULT_SIGNAL = "USR2@60"
 
-_TIME = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$")
 #: slurmctld's period of time-limit checks (``PERIODIC_TIMEOUT``, compiled in)
 _LIMIT_CHECK_S = 30
 #: what a job needs, from its start, before its worker step can take a signal
@@ -104,10 +103,10 @@ class SlurmParams:
         then reaches no step, and no notice comes."""
         if self.signal is None or self.time is None:
             return None
-        limit = slurm_time_seconds(self.time)
-        if limit is None or limit >= self.signal[1] + _LIMIT_CHECK_S + _STEP_START_S:
-            return None
         sig, secs = self.signal
+        limit = slurm_time_seconds(self.time)
+        if limit is None or limit >= secs + _LIMIT_CHECK_S + _STEP_START_S:
+            return None
         good = max(1, limit - _LIMIT_CHECK_S - _STEP_START_S)
         return (f"the warning signal {sig}@{secs} is due at the job's first time-limit check: Slurm sends it once at "
                 f"most {secs} + {_LIMIT_CHECK_S} s are left, and the limit (time = {self.time!r}, {limit} s) leaves "
@@ -210,7 +209,7 @@ def parse_params(params: Mapping[str, Any], source: str) -> SlurmParams:
     time = p.get("time")
     if time is not None:
         if isinstance(time, bool) or not isinstance(time, (str, int)) or (isinstance(time, int) and time < 1) \
-                or (isinstance(time, str) and not _TIME.match(time.strip())):
+                or (isinstance(time, str) and slurm_time_seconds(time) is None):
             raise _bad(source, "time", "minutes (an integer) or a Slurm time such as \"HH:MM:SS\" or \"D-HH:MM\"",
                        time, 'time = "01:00:00"')
         time = str(time).strip()
