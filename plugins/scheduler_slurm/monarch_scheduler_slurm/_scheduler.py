@@ -295,7 +295,7 @@ class SlurmScheduler(Scheduler):
     def _submit(self, p: SlurmParams, launch: WorkerLaunch, deadline: float) -> str:
         late = p.late_warning()
         if late is not None:
-            logger.warning("slurm job %r: %s", p.job_name, late)
+            logger.warning("%s: %s", p.source, late)
         state = _state_dir(p)
         args = [*p.sbatch_options(), "--output=/dev/null", f"--chdir={state}"]
         try:

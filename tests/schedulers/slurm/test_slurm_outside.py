@@ -174,7 +174,7 @@ from monarch_core.actor import hosts_from_config
 from monarch_core.errors import AllocationError
 
 out = {}
-for name in ("badpart", "waits", "nopython", "nomonarch", "toomany"):
+for name in ("badpart", "latewarn", "waits", "nopython", "nomonarch", "toomany"):
     try:
         hosts_from_config(name).shutdown().get(timeout=60)
         out[name] = "allocated"
@@ -203,6 +203,10 @@ def failures(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict:
         [hosts.badpart]
         partition = "no-such-partition"
 
+        [hosts.latewarn]
+        partition = "no-such-partition"
+        time = 1   # the default signal, USR2@60, is then due at the job's first limit check
+
         [hosts.waits]
         sbatch_args = ["--begin=now+3600"]
         queue_timeout = 3
@@ -220,13 +224,21 @@ def failures(cluster: Any, tmp_path_factory: pytest.TempPathFactory) -> dict:
         queue_timeout = 60   # a bound only: Slurm's reason says at once that it never runs
     ''')
     res = H.client(d)
-    return {**_result(res), "nomonarch-python": str(nomonarch)}
+    return {**_result(res), "nomonarch-python": str(nomonarch), "stderr": res.stderr}
 
 
 def test_a_job_slurm_refuses_fails_with_slurms_own_message(failures: dict) -> None:
     msg = failures["badpart"]
     assert "[hosts.badpart]" in msg and "Slurm refused the job" in msg, msg
     assert "Invalid partition name specified" in msg, msg
+
+
+def test_an_entry_whose_time_leaves_no_room_for_its_warning_signal_is_warned_at_submission(failures: dict) -> None:
+    err = failures["stderr"]
+    assert re.search(r"\[hosts\.latewarn\]: the warning signal USR2@60 is due at the job's first time-limit check.*"
+                     r'use signal = "USR2@20" or less, or a longer time', err), err[-4000:]
+    assert "[hosts.badpart]: the warning signal" not in err, err[-4000:]  # five minutes leave room
+    assert "Slurm refused the job" in failures["latewarn"]  # then submitted as asked
 
 
 def test_a_job_that_waits_longer_than_queue_timeout_is_cancelled_and_the_error_says_so(failures: dict) -> None:
