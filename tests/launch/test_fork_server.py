@@ -251,23 +251,73 @@ def test_exit_code_of_a_forked_proc_is_reported(meshes: list, faults) -> None:  
     assert f"(pid {info['pid']}) exited with code 7" in str(exc)
 
 
-def test_killing_the_zygote_fails_its_procs_and_the_next_spawn_gets_a_new_one(meshes: list, faults) -> None:  # type: ignore[no-untyped-def]
-    _pm, probe = _spawn(meshes, 2)
-    infos = _infos(probe)
-    zpid = infos[0]["ppid"]
-    assert zpid != os.getpid()
-    os.kill(zpid, signal.SIGKILL)
-    # its procs die of their parent-death signal a moment later
-    reason = f"was killed by SIGKILL (the fork server that started it (pid {zpid}) was killed by SIGKILL"
-    faults.wait_text(reason)
-    exc = probe.ok.call().exception(timeout=T)
-    assert type(exc) is SupervisionError, exc
-    assert reason in str(exc)
-    assert wait_pids_gone([i["pid"] for i in infos] + [zpid], 10.0) == []
-    _pm2, probe2 = _spawn(meshes, 2)
-    infos2 = _infos(probe2)
-    assert {i["ppid"] for i in infos2} - {zpid, os.getpid()} == {infos2[0]["ppid"]}
-    assert probe2.ok.call().get(timeout=T).values() == ["ok", "ok"]
+KILL_ZYGOTE = """
+import json, os, sys, time
+import monarch_core.actor as monarch
+from monarch_core.actor import Actor, endpoint, this_host
+
+faults = []
+monarch.unhandled_fault_hook = lambda failure: faults.append(failure.report())  # handled: recorded
+
+
+class P(Actor):
+    @endpoint
+    def info(self):
+        return {"pid": os.getpid(), "ppid": os.getppid()}
+
+    @endpoint
+    def ok(self):
+        return "ok"
+
+
+def spawn():
+    return this_host().spawn_procs(per_host={"gpus": 2}).spawn("p", P)
+
+
+probe = spawn()
+print("INFOS " + json.dumps(probe.info.call().get(timeout=30).values()), flush=True)
+reason = sys.stdin.readline().strip()  # the test has killed the zygote: what the failures must say
+deadline = time.monotonic() + 30
+while not any(reason in f for f in faults) and time.monotonic() < deadline:
+    time.sleep(0.02)  # polling the recorded faults with a deadline
+exc = probe.ok.call().exception(timeout=30)
+probe2 = spawn()
+print("RESULT " + json.dumps({"faults": faults, "exc_type": type(exc).__name__, "exc": str(exc),
+                              "infos2": probe2.info.call().get(timeout=30).values(),
+                              "ok2": probe2.ok.call().get(timeout=30).values()}), flush=True)
+"""
+
+
+def test_killing_the_zygote_fails_its_procs_and_the_next_spawn_gets_a_new_one(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """In a client of its own: the zygote killed here must not be the one this
+    test process shares with the other tests of its xdist worker (their
+    module- and session-scoped procs were forked from it)."""
+    script = tmp_path / "kill_zygote.py"
+    script.write_text(textwrap.dedent(KILL_ZYGOTE))
+    env = {k: v for k, v in os.environ.items() if k != _fork_server.OPT_OUT_ENV}
+    p = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = p.stdout.readline()  # type: ignore[union-attr]
+        assert line.startswith("INFOS "), line + p.stderr.read()[-3000:]  # type: ignore[union-attr]
+        infos = json.loads(line[len("INFOS "):])
+        zpid = infos[0]["ppid"]
+        assert zpid != p.pid and {i["ppid"] for i in infos} == {zpid}
+        os.kill(zpid, signal.SIGKILL)
+        # its procs die of their parent-death signal a moment later
+        reason = f"was killed by SIGKILL (the fork server that started it (pid {zpid}) was killed by SIGKILL"
+        out, err = p.communicate(reason + "\n", timeout=120)
+        assert p.returncode == 0, err[-3000:]
+        res = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
+        assert any(reason in f for f in res["faults"]), res["faults"]
+        assert res["exc_type"] == "SupervisionError", res
+        assert reason in res["exc"], res["exc"]
+        assert wait_pids_gone([i["pid"] for i in infos] + [zpid], 10.0) == []
+        infos2 = res["infos2"]
+        assert {i["ppid"] for i in infos2} - {zpid, p.pid} == {infos2[0]["ppid"]}
+        assert res["ok2"] == ["ok", "ok"]
+    finally:
+        _kill_all(p, [])  # its zygote, if alive, dies with it (parent-death signal); the killed one is gone
 
 
 def test_stopped_forked_procs_are_gone_and_reaped(meshes: list) -> None:
