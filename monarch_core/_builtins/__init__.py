@@ -16,11 +16,10 @@
 
 from __future__ import annotations
 
-from monarch_core._builtins._inproc import InprocTransport
 from monarch_core._builtins._local import LocalScheduler
 from monarch_core.hookspecs import SchedulerSpec, TransportSpec, hookimpl
 
-__all__ = ["InprocTransport", "LocalScheduler", "monarch_schedulers", "monarch_transports"]
+__all__ = ["LocalScheduler", "monarch_schedulers", "monarch_transports"]
 
 
 @hookimpl
@@ -29,7 +28,9 @@ def monarch_transports() -> list[TransportSpec]:
         TransportSpec(
             name="inproc",
             schemes=("inproc",),
-            factory=InprocTransport,
+            # (imported when first used, like ipc: building the registry
+            # then imports no trio, and a client can reach its hosts while trio loads)
+            factory="monarch_core._builtins._inproc:InprocTransport",
             description="connections inside one process (tests, conformance kit)",
         ),
         TransportSpec(

@@ -205,6 +205,18 @@ class Transport(abc.ABC):
             "use a transport that authenticates, such as tls://"
         )
 
+    def prepare(self) -> None:
+        """Build now what every connection of this process will need, e.g.
+        TLS contexts from the credentials in effect (optional; default:
+        nothing).
+
+        A fork server calls it once, after its imports and before it forks
+        any proc, so that the procs inherit the result instead of each
+        building it again.  It must not raise for missing or unusable
+        credentials, and must not make credentials of its own: a proc that
+        uses the transport reports those problems itself.
+        """
+
     def child_env(self, *, portable: bool = False) -> Mapping[str, str]:
         """Environment variables a process started by this one needs to use
         this transport as this process does, e.g. its credentials (optional;

@@ -66,7 +66,7 @@ def _preload(transport: str | None, sock: socket.socket, warm: Sequence[str]) ->
     its own registry exists) when that has arrived by then, which spares
     every forked proc the scan of the installed distributions."""
     import asyncio  # noqa: F401 - actors run asyncio loops
-    import concurrent.futures  # noqa: F401
+    import concurrent.futures.thread  # noqa: F401 - (the package imports it lazily)
     import random  # noqa: F401
 
     import cloudpickle  # noqa: F401
@@ -98,7 +98,7 @@ def _preload(transport: str | None, sock: socket.socket, warm: Sequence[str]) ->
     reg = registry()  # built here, before the first fork, whether or not a transport is named
     if transport:
         try:
-            reg.transport(transport)
+            reg.transport(transport).prepare()  # e.g. TLS contexts, built once for every proc
         except Exception:  # noqa: BLE001, S110 - the proc reports it itself
             pass
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 import trio
 
-from monarch_core._builtins import InprocTransport
+from monarch_core._builtins._inproc import InprocTransport
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._runtime import Kernel
 from monarch_core._launch._children import start_child

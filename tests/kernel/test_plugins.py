@@ -21,7 +21,8 @@ from importlib import metadata
 
 import pytest
 
-from monarch_core._builtins import InprocTransport, LocalScheduler
+from monarch_core._builtins._inproc import InprocTransport
+from monarch_core._builtins._local import LocalScheduler
 from monarch_core._plugins import PluginRegistry, install_hint
 from monarch_core.actor import Actor, endpoint
 from monarch_core.errors import PluginError, UnknownSchedulerError, UnknownTransportError

@@ -26,6 +26,7 @@ check (the CA check stays).
 
 from __future__ import annotations
 
+import encodings.idna  # noqa: F401 - ssl encodes server_hostname with it: imported here, forked procs share it
 import errno
 import ipaddress
 import logging
@@ -594,6 +595,19 @@ class TlsTransport(_TcpBase):
         given = check_credentials(self.scheme, ca=ca, cert=cert, key=key)
         with self._credentials.lock:
             self._credentials.given.update(given)
+
+    def prepare(self) -> None:
+        """Load the configured credentials into TLS contexts now (a fork
+        server's procs inherit them: ~3 ms of ``load_cert_chain`` and context
+        set-up each); nothing when none are configured (session credentials
+        are made by the client, not here) or they do not load (the proc
+        reports that when it listens)."""
+        if not self._credentials.configured():
+            return
+        try:
+            self._credentials.contexts()
+        except TransportError:
+            pass
 
     def child_env(self, *, portable: bool = False) -> dict[str, str]:
         """``MONARCH_TLS_CA``/``_CERT``/``_KEY`` in effect (``portable``: as

@@ -9,7 +9,7 @@ import tempfile
 import pytest
 import trio
 
-from monarch_core._builtins import InprocTransport
+from monarch_core._builtins._inproc import InprocTransport
 from monarch_core.testing import check_transport
 from monarch_core._builtins._ipc import IpcTransport
 from monarch_transport_tcp._tcp import TcpTransport
