@@ -23,6 +23,11 @@ that path, on this machine: the framework's own work comes on top.
   starts its procs) and wait until each has connected and answered; the
   interpreter's own start is included, this process's imports are not (the
   cold spawn row);
+* ``cold_4_trio``: exec one interpreter that imports ``trio`` and forks 4
+  children that connect and answer: the least a proc runtime on a trio
+  kernel (monarch-core's) pays before a cold spawn's first reply, however
+  its procs are started (a fork server that imports trio once, as here, is
+  the cheapest way); left out when ``trio`` is not installed;
 * ``memcpy_64mib``: a plain ``memcpy`` of 64 MiB (the 64 MiB rows: the
   receiver's fresh ``bytes`` needs at least that one copy).
 
@@ -259,9 +264,24 @@ _CHILD = ("import os, socket, sys\n"
           "s.recv(1)\n")
 
 
-def cold(procs: int, reps: int) -> dict[str, float]:
+_FORKER = ("import os, socket, sys\n"
+           "import trio  # noqa: F401 - what a proc on a trio kernel imports before it answers\n"
+           "n = int(sys.argv[2])\n"
+           "for _ in range(n):\n"
+           "    if os.fork() == 0:\n"
+           "        try:\n"
+           "            exec(CHILD)\n"
+           "        finally:\n"
+           "            os._exit(0)\n"
+           "for _ in range(n):\n"
+           "    os.wait()\n")
+
+
+def cold(procs: int, reps: int, trio: bool = False) -> dict[str, float]:
     """Start ``procs`` Python processes (exec) that connect back over a Unix
-    socket and answer: seconds until every one has (median over ``reps``)."""
+    socket and answer: seconds until every one has (median over ``reps``).
+    ``trio``: exec one interpreter that imports trio and forks the ``procs``
+    that answer instead."""
     out = []
     with tempfile.TemporaryDirectory(prefix="floor-") as d:
         path = os.path.join(d, "s")
@@ -271,7 +291,11 @@ def cold(procs: int, reps: int) -> dict[str, float]:
             lsn.bind(path)
             lsn.listen(procs)
             t0 = time.perf_counter()
-            children = [subprocess.Popen([sys.executable, "-c", _CHILD, path]) for _ in range(procs)]
+            if trio:
+                children = [subprocess.Popen([sys.executable, "-c", f"CHILD = {_CHILD!r}\n" + _FORKER, path,
+                                              str(procs)])]
+            else:
+                children = [subprocess.Popen([sys.executable, "-c", _CHILD, path]) for _ in range(procs)]
             conns = []
             try:
                 for _ in range(procs):
@@ -292,6 +316,13 @@ def cold(procs: int, reps: int) -> dict[str, float]:
                 lsn.close()
                 os.unlink(path)
     return {"s": statistics.median(out[1:])}
+
+
+def _has_trio() -> bool:
+    """Whether the interpreter the floors start can import trio (without importing it here)."""
+    import importlib.util
+
+    return importlib.util.find_spec("trio") is not None
 
 
 def memcpy_64mib(reps: int, size: int = 64 << 20) -> dict[str, float]:
@@ -321,6 +352,7 @@ def measure(quick: bool = False) -> dict[str, float]:
         "pipelined_calls_s": pipelined(5000 if q else 20000, 2 if q else 5)["calls_per_s"],
         "fanout16_p50_ms": fo["p50_ms"],
         "cold4_s": cold(4, 3 if q else 7)["s"],
+        **({"cold4_trio_s": cold(4, 3 if q else 7, trio=True)["s"]} if _has_trio() else {}),
         "memcpy_64mib_mib_s": memcpy_64mib(3 if q else 9)["mib_s"],
     }
 

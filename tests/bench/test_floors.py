@@ -29,7 +29,7 @@ floors = _load("floors")
 run = _load("run")  # (it puts bench/ on sys.path for its own imports)
 
 KEYS = {"pingpong_p50_us", "pingpong_p99_us", "pipelined_calls_s", "fanout16_p50_ms", "cold4_s",
-        "memcpy_64mib_mib_s"}
+        "cold4_trio_s", "memcpy_64mib_mib_s"}  # (trio: a dependency of monarch-core, so installed here)
 
 
 @pytest.mark.timeout(240)
@@ -96,6 +96,22 @@ def test_targets_the_floor_allows_are_within_reach_and_missing_figures_decide_no
     assert data["64 MiB bytes send, MiB/s"]["target_beyond_floor"] is False
     assert data["cold spawn 4 procs + first reply, s"]["target_beyond_floor"] is None
     assert data["call() on 16 actors p50, ms"]["target_beyond_floor"] is None
+
+
+@pytest.mark.unit
+def test_a_row_with_two_floors_gets_a_verdict_for_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    label = "cold spawn 4 procs + first reply, s"
+    data = _table(
+        monkeypatch,
+        core={label: 0.18},
+        monarch={label: 0.30},
+        # target 0.3 x 0.30 = 0.09 s: above exec'ing 4 interpreters, below one that imports trio and forks 4
+        floor={"cold4_s": 0.03, "cold4_trio_s": 0.096},
+    )
+    bare, trio = data[label], data[f"{label} [cold4_trio_s]"]
+    assert bare["target_value"] == trio["target_value"] == pytest.approx(0.09)
+    assert bare["target_beyond_floor"] is False and bare["allowed_cost_over_floor"] == pytest.approx(3.0)
+    assert trio["target_beyond_floor"] is True and trio["core_cost_over_floor"] == pytest.approx(0.18 / 0.096)
 
 
 @pytest.mark.unit
