@@ -25,9 +25,18 @@ Every test is in exactly one tier, selected with ``-m``:
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 
 import pytest
+
+# A suite started in the background of a non-interactive shell (``pytest ... &``,
+# ``nohup``, some CI runners) inherits SIGINT *ignored*, and so would every
+# interpreter a test starts: the tests of Ctrl-C, and of a fault that interrupts
+# a client's main thread, would then fail for the launcher's reason. Each pytest
+# process (xdist workers too) puts the default back before any test runs.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 #: fixtures that bring up or use the multi-host testbed (tests/_helpers/testbed.py, the scheduler suites)
 TESTBED_FIXTURES = frozenset({"netns", "links_up", "sshd", "slurm", "cluster"})
