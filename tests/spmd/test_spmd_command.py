@@ -7,6 +7,7 @@ their environment (the command's procs inherit it)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import signal
 import subprocess
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -65,6 +67,21 @@ def command(*argv: str, tag: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+@contextlib.contextmanager
+def cleaned_up(p: subprocess.Popen, tag: str) -> Iterator[subprocess.Popen]:
+    """Whatever the test's outcome (a wait that timed out, a line that never
+    came), neither the command nor a process of its tag outlives the test."""
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+        for pid in tagged(tag):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def finish(p: subprocess.Popen, tag: str) -> tuple[int, str]:
     try:
         out, _ = p.communicate(timeout=COMMAND_TIMEOUT)
@@ -108,11 +125,12 @@ def test_a_raising_rank_is_the_first_failure_not_the_peers_whose_collective_brok
 def test_a_sigkilled_rank_makes_the_command_exit_137_within_bounded_time() -> None:
     tag = uuid.uuid4().hex
     p = command("--nproc-per-node", "3", "train_ddp.py", "--hang-rank", "1", "--steps", "100000", tag=tag)
-    reader = LineReader(p.stdout, "torchrun")
-    _, m = reader.wait_for(lambda s: re.search(r"rank 1 pid (\d+) waits to be killed", s), COMMAND_TIMEOUT)
-    os.kill(int(m.group(1)), signal.SIGKILL)
-    rc = p.wait(timeout=COMMAND_TIMEOUT)
-    reader.join(30)
+    with cleaned_up(p, tag):
+        reader = LineReader(p.stdout, "torchrun")
+        _, m = reader.wait_for(lambda s: re.search(r"rank 1 pid (\d+) waits to be killed", s), COMMAND_TIMEOUT)
+        os.kill(int(m.group(1)), signal.SIGKILL)
+        rc = p.wait(timeout=COMMAND_TIMEOUT)
+        reader.join(30)
     out = reader.text()
     assert_nothing_left(tag)
     assert rc == 128 + signal.SIGKILL, out[-4000:]
@@ -122,11 +140,12 @@ def test_a_sigkilled_rank_makes_the_command_exit_137_within_bounded_time() -> No
 def test_ctrl_c_stops_every_rank_and_exits_130() -> None:
     tag = uuid.uuid4().hex
     p = command("--nproc-per-node", "2", "train_ddp.py", "--hang-rank", "0", tag=tag)
-    reader = LineReader(p.stdout, "torchrun")
-    reader.wait_for(lambda s: "waits to be killed" in s, COMMAND_TIMEOUT)
-    p.send_signal(signal.SIGINT)
-    rc = p.wait(timeout=COMMAND_TIMEOUT)
-    reader.join(30)
+    with cleaned_up(p, tag):
+        reader = LineReader(p.stdout, "torchrun")
+        reader.wait_for(lambda s: "waits to be killed" in s, COMMAND_TIMEOUT)
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=COMMAND_TIMEOUT)
+        reader.join(30)
     assert_nothing_left(tag)
     assert rc == 130, reader.text()[-4000:]
     assert "interrupted; every rank was stopped" in reader.text()
