@@ -208,9 +208,12 @@ def is_set(name: str, environ: Mapping[str, str] | None = None) -> bool:
 
 def markdown_table(public: bool) -> str:
     """The settings table of README.md / docs/configuration.md: the core's
-    and those of the plugins declared so far (``monarch settings`` loads them)."""
+    and those of the plugins declared so far (``monarch settings`` loads them),
+    the plugins' by distribution name whatever order they were declared in (a
+    process that imported a plugin's module before loading the others declares
+    its settings first)."""
     rows = ["| variable | default | meaning | read by |", "|---|---|---|---|"]
-    for s in all_settings():
+    for s in sorted(all_settings(), key=lambda s: (s.owner != "monarch-core", s.owner)):
         if s.public == public and s.name not in ("MONARCH_PROC_ID", "MONARCH_PROC_BOOTSTRAP"):
             rows.append(f"| `{s.name}` | {s.shown_default} | {s.meaning} | {s.owner} |")
     return "\n".join(rows) + "\n"

@@ -46,6 +46,18 @@ def test_readme_tables_are_generated_from_the_declarations() -> None:
     assert _block(text, "internal") == settings.markdown_table(False)
 
 
+def test_the_tables_do_not_depend_on_the_order_plugins_declared_their_settings(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # (a process that imported a plugin's module before the registry loaded the others, as a
+    # test collection does, declared that plugin's settings first)
+    before = settings.markdown_table(True), settings.markdown_table(False)
+    owners = list(dict.fromkeys(s.owner for s in settings._declared.values()))
+    assert len(owners) >= 2, owners
+    reordered = {n: s for owner in reversed(owners) for n, s in settings._declared.items() if s.owner == owner}
+    assert list(reordered) != list(settings._declared)
+    monkeypatch.setattr(settings, "_declared", reordered)
+    assert (settings.markdown_table(True), settings.markdown_table(False)) == before
+
+
 def test_every_variable_the_code_names_is_declared() -> None:
     declared = {s.name for s in settings.all_settings()}
     named = set()
