@@ -37,16 +37,19 @@ import ssl
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Any
-
-import trio
+from typing import TYPE_CHECKING, Any
 
 from monarch_core import settings
 from monarch_transport_tcp import _settings
 from monarch_core.errors import AuthenticationError, ConnectError, ConnectionClosed, TransportError
 from monarch_core.hookspecs import SESSION_CREDENTIALS, TRUST_ALL, Listener, Stream, Transport
-from monarch_core.streams import SocketStream
-from monarch_transport_tcp._record import TlsSocket
+
+if TYPE_CHECKING:
+    from monarch_transport_tcp._record import TlsSocket
+
+# trio, the socket streams and the TLS record layer are imported by the methods
+# that listen, connect and accept: a client that only enables the transport (a
+# scheduler's hosts_from_config, before it dials its hosts) does not wait for them.
 
 logger = logging.getLogger("monarch.transport.tcp")
 
@@ -160,6 +163,8 @@ class _TcpBase(Transport):
         return f"{self.scheme}://{h}:0@{self.scheme}://{wildcard}:0"
 
     async def listen(self, bind_spec: str) -> Listener:
+        import trio
+
         spec = parse(bind_spec, self.scheme)
         adv = spec.adv_host
         if adv is None:
@@ -197,6 +202,8 @@ class _TcpBase(Transport):
         return _TcpListener(sock, address, self)
 
     async def _connect_tcp(self, address: str) -> Any:
+        import trio
+
         spec = parse(address, self.scheme)
         host, port = spec.adv_host or spec.bind_host, spec.adv_port or spec.bind_port
         if host in ("", "*") or port == 0:
@@ -236,6 +243,8 @@ class _TcpBase(Transport):
         )
 
     async def connect(self, address: str) -> Stream:
+        from monarch_core.streams import SocketStream
+
         sock = await self._connect_tcp(address)
         return SocketStream(sock, peer=address)
 
@@ -457,6 +466,8 @@ class _TlsStream(Stream):
     async def _refuse_plaintext(self) -> None:
         """Raise AuthenticationError, after answering with a TLS alert, when
         the client's first bytes are not a TLS handshake record."""
+        import trio
+
         raw, self._raw = self._raw, None
         try:
             head = await raw.recv(8, _stdsocket.MSG_PEEK)
@@ -478,6 +489,8 @@ class _TlsStream(Stream):
         )
 
     async def _server_handshake(self) -> None:
+        import trio
+
         if self._raw is not None:
             await self._refuse_plaintext()
         try:
@@ -499,6 +512,8 @@ class _TlsStream(Stream):
     async def _flush_alert(self) -> None:
         """After a failed handshake, send the TLS alert the SSL object queued, so
         the peer learns why."""
+        import trio
+
         try:
             pending = self._tls.pending_alert()
             if pending:
@@ -546,6 +561,8 @@ class _TlsStream(Stream):
         return self._tls if self._handshaken else None
 
     async def aclose(self) -> None:
+        import trio
+
         if self._handshaken:
             self._tls.close_notify()
         self._trio_sock.close()
@@ -636,6 +653,9 @@ class TlsTransport(_TcpBase):
         return await super().listen(bind_spec)
 
     async def _wrap_accepted(self, stream: Stream) -> Stream:
+        from monarch_core.streams import SocketStream
+        from monarch_transport_tcp._record import TlsSocket
+
         server_ctx, _ = self._credentials.contexts()
         assert isinstance(stream, SocketStream)
         # The handshake happens on the first read, in the connection's own task:
@@ -644,6 +664,9 @@ class TlsTransport(_TcpBase):
         return _TlsStream(tls, stream._sock, peer=stream.peer, raw=stream._sock)
 
     async def connect(self, address: str) -> Stream:
+        import trio
+        from monarch_transport_tcp._record import TlsSocket
+
         _, client_ctx = self._credentials.contexts()
         spec = parse(address, self.scheme)
         host = spec.adv_host or spec.bind_host
