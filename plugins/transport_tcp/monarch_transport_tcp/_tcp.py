@@ -145,6 +145,14 @@ class _TcpBase(Transport):
     def default_bind_spec(self) -> str:
         return f"{self.scheme}://*:0"
 
+    def prepare(self) -> None:
+        """Import what listening, dialing and accepting need (trio, the socket
+        streams, the TLS record layer): in a fork server, once for its procs."""
+        import trio  # noqa: F401
+
+        from monarch_core import streams  # noqa: F401
+        from monarch_transport_tcp import _record  # noqa: F401
+
     def normalize(self, url: str) -> str:
         parse(url, self.scheme)
         return url
@@ -614,11 +622,13 @@ class TlsTransport(_TcpBase):
             self._credentials.given.update(given)
 
     def prepare(self) -> None:
-        """Load the configured credentials into TLS contexts now (a fork
-        server's procs inherit them: ~3 ms of ``load_cert_chain`` and context
-        set-up each); nothing when none are configured (session credentials
-        are made by the client, not here) or they do not load (the proc
-        reports that when it listens)."""
+        """The base's imports, and the configured credentials loaded into TLS
+        contexts now (a fork server's procs inherit them: ~3 ms of
+        ``load_cert_chain`` and context set-up each); no contexts when no
+        credentials are configured (session credentials are made by the
+        client, not here) or they do not load (the proc reports that when it
+        listens)."""
+        super().prepare()
         if not self._credentials.configured():
             return
         try:

@@ -7,6 +7,8 @@ raise nothing there -- the process that listens or dials reports them."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -64,3 +66,23 @@ def test_prepare_raises_nothing_for_credentials_that_do_not_load_and_the_listene
     t.prepare()
     with pytest.raises(TransportError, match="cannot load TLS credentials"):
         t._credentials.contexts()
+
+
+LAZY = """
+import sys
+from monarch_transport_tcp._tcp import TlsTransport, TcpTransport
+t = TlsTransport()
+t.normalize("tls://127.0.0.1:0")
+t.child_env()  # what a client does before its scheduler dials its hosts
+assert "trio" not in sys.modules, "trio imported before the transport listens or dials"
+TcpTransport().prepare()
+for name in ("trio", "monarch_core.streams", "monarch_transport_tcp._record"):
+    assert name in sys.modules, name
+print("ok")
+"""
+
+
+def test_trio_waits_for_the_first_listen_or_dial_and_prepare_imports_what_they_need() -> None:
+    # (a client's SSH connections start before trio loads; a fork server's procs import nothing after their fork)
+    r = subprocess.run([sys.executable, "-c", LAZY], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
