@@ -55,18 +55,24 @@ class _SlowRecorder(Recorder):
 
 
 class _Sockets:
-    """Records the raw sockets of the sessions between two kernels, by end."""
+    """Records the raw sockets of the sessions between the test's kernels
+    (:attr:`kernels`), by end.  The hook is process-wide: this process's other
+    kernels -- the xdist worker's client, whose session-scoped procs other
+    tests share -- must not have their sockets recorded, and broken."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.outbound: list[socket.socket] = []
         self.inbound: list[socket.socket] = []
+        self.kernels: list[Kernel] = []
         self.lock = threading.Lock()
         real = _runtime._raw_socket
 
         def recording(stream):  # type: ignore[no-untyped-def]
             sock = real(stream)
-            caller = sys._getframe(1).f_code.co_name
-            if sock is not None:
+            frame = sys._getframe(1)
+            caller, owner = frame.f_code.co_name, frame.f_locals.get("self")
+            kernel = owner.kernel if caller == "_session" else owner  # an _Outbound's, or a Kernel
+            if sock is not None and any(kernel is k for k in self.kernels):
                 with self.lock:
                     (self.outbound if caller == "_session" else self.inbound).append(sock)
             return sock
@@ -143,6 +149,7 @@ def test_messages_arrive_exactly_once_in_order_while_connections_break(
     bind = "tcp://127.0.0.1:0" if transport == "tcp" else None
     a = Kernel(proc_id=f"a-{uuid.uuid4().hex[:8]}", name="a", transport=t, bind_spec=bind)
     b = Kernel(proc_id=f"b-{uuid.uuid4().hex[:8]}", name="b", transport=t, bind_spec=bind)
+    socks.kernels += [a, b]
     a.start_thread(name="test-kernel-a")
     b.start_thread(name="test-kernel-b")
     stop = threading.Event()
