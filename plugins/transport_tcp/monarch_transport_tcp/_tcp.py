@@ -26,7 +26,6 @@ check (the CA check stays).
 
 from __future__ import annotations
 
-import encodings.idna  # noqa: F401 - ssl encodes server_hostname with it: imported here, forked procs share it
 import errno
 import ipaddress
 import logging
@@ -147,7 +146,9 @@ class _TcpBase(Transport):
 
     def prepare(self) -> None:
         """Import what listening, dialing and accepting need (trio, the socket
-        streams, the TLS record layer): in a fork server, once for its procs."""
+        streams, the TLS record layer, and the idna codec ``ssl`` encodes a
+        ``server_hostname`` with): in a fork server, once for its procs."""
+        import encodings.idna  # noqa: F401
         import trio  # noqa: F401
 
         from monarch_core import streams  # noqa: F401

@@ -76,7 +76,7 @@ t.normalize("tls://127.0.0.1:0")
 t.child_env()  # what a client does before its scheduler dials its hosts
 assert "trio" not in sys.modules, "trio imported before the transport listens or dials"
 TcpTransport().prepare()
-for name in ("trio", "monarch_core.streams", "monarch_transport_tcp._record"):
+for name in ("trio", "monarch_core.streams", "monarch_transport_tcp._record", "encodings.idna"):
     assert name in sys.modules, name
 print("ok")
 """
