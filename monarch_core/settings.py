@@ -213,7 +213,9 @@ def markdown_table(public: bool) -> str:
     process that imported a plugin's module before loading the others declares
     its settings first)."""
     rows = ["| variable | default | meaning | read by |", "|---|---|---|---|"]
-    for s in sorted(all_settings(), key=lambda s: (s.owner != "monarch-core", s.owner)):
+    core = len(SETTINGS)  # all_settings(): the core's first, then the plugins' in declaration order
+    listed = all_settings()
+    for s in listed[:core] + sorted(listed[core:], key=lambda s: s.owner):
         if s.public == public and s.name not in ("MONARCH_PROC_ID", "MONARCH_PROC_BOOTSTRAP"):
             rows.append(f"| `{s.name}` | {s.shown_default} | {s.meaning} | {s.owner} |")
     return "\n".join(rows) + "\n"
