@@ -21,6 +21,8 @@ from monarch_core._launch._children import close_pidfd
 from monarch_core._launch._zygote import _recv, _send
 
 if TYPE_CHECKING:
+    import trio
+
     from monarch_core._kernel._runtime import Kernel
 
 logger = logging.getLogger("monarch.proc")
@@ -160,6 +162,7 @@ class _Zygote:
         self.pending: dict[int, list] = {}
         self._ids = itertools.count(1)
         self._closed = False
+        self._send_lock: trio.Lock | None = None  # a trio.Lock, made on the loop thread at the first request
         _send(mine, ("config", [p for p in sys.path if p], transport, list(warm_modules)))
         logger.debug("started fork server pid %d", self.pid)
 
@@ -229,14 +232,21 @@ class _Zygote:
         entry: list = [trio.Event(), None]  # resolved (and removed) by _handle / _gone
         self.pending[req_id] = entry
         try:
-            while True:
-                try:
-                    _send(self.sock, (msg[0], req_id, *msg[1:]), fds)
-                    break
-                except BlockingIOError:
-                    await trio.lowlevel.wait_writable(self.sock)
-                except OSError as e:
-                    raise ForkServerUnavailable(f"cannot send to fork server (pid {self.pid}): {e}") from None
+            # one writer at a time: with the socket's buffer full, every other
+            # request would wait on the same fd, which trio refuses
+            # (BusyResourceError) -- hundreds of procs spawned at once do that
+            if self._send_lock is None:
+                self._send_lock = trio.Lock()
+            async with self._send_lock:
+                while True:
+                    self._check_usable()
+                    try:
+                        _send(self.sock, (msg[0], req_id, *msg[1:]), fds)
+                        break
+                    except BlockingIOError:
+                        await trio.lowlevel.wait_writable(self.sock)
+                    except OSError as e:
+                        raise ForkServerUnavailable(f"cannot send to fork server (pid {self.pid}): {e}") from None
             await entry[0].wait()
             result = entry[1]
         finally:

@@ -100,6 +100,34 @@ def _zygote_info() -> dict:
     return kernel.run(ask)
 
 
+def test_many_concurrent_requests_to_one_zygote_are_all_answered() -> None:
+    """Hundreds of procs spawned at once send their fork requests together:
+    once the socket's buffer is full, each would wait for it to drain on the
+    same fd, which trio refuses (``BusyResourceError``, 96 procs on one host
+    failed that way).  Requests now queue for the socket one at a time."""
+    import trio
+
+    kernel = _start.runtime().kernel
+
+    async def ask_many(n: int) -> list:
+        z = _fork_server.server_of(kernel).start()
+        assert z is not None, _fork_server.server_of(kernel).disabled
+        await z.ready.wait()
+        answers: list = []
+
+        async def one() -> None:
+            answers.append(await z.info())
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as n_:
+                for _ in range(n):
+                    n_.start_soon(one)
+        return answers
+
+    answers = kernel.run(lambda: ask_many(2000))
+    assert len(answers) == 2000 and all(isinstance(a, dict) for a in answers)
+
+
 def _cmdline(pid: int) -> list[str]:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return [a.decode() for a in f.read().split(b"\0") if a]
