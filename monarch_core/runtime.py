@@ -18,7 +18,8 @@ and nothing else:
 * **who** -- :func:`start` (this process's runtime, starting a client's on
   first use), :func:`started`, :func:`local_ref` (``(proc_id, address)``),
   :func:`process_name`, :func:`current_actor` (``(key, display name)`` of the
-  running actor, or ``None``);
+  running actor, or ``None``), :func:`proc_devices` (the device
+  ``spawn_procs`` gave this proc: :class:`ProcDevices`);
 * **failures and lifecycle** -- :func:`proc_death` (why a proc is known dead),
   :func:`on_proc_failed`, :func:`subscribe` (the lifecycle events:
   ``actor_stopped(actor_key, actor_name, why)``, ``proc_stopping(why)``,
@@ -40,15 +41,17 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from monarch_core._actor import _mesh  # noqa: F401 - a client runtime started from here has the mesh API's hooks
-from monarch_core._launch import _start
+from monarch_core._launch import _devices, _start
+from monarch_core._launch._devices import ProcDevices
 from monarch_core._proc import _lifecycle, _send, _state
 from monarch_core._proc._address import AddrType, free_port, master_address, transport_host
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._port import PortHandler
 
 __all__ = [
-    "AddrType", "Cell", "Future", "PortHandler", "close_port", "current_actor", "free_port", "future_of",
-    "host_address", "local_ref", "master_address", "on_proc_failed", "open_port", "proc_death", "process_name",
+    "AddrType", "Cell", "Future", "PortHandler", "ProcDevices", "close_port", "current_actor", "free_port",
+    "future_of", "host_address", "local_ref", "master_address", "on_proc_failed", "open_port", "proc_death",
+    "proc_devices", "process_name",
     "rdma_backend_specs", "resolved", "send_to_port", "start", "started", "subscribe", "transport_host",
 ]
 
@@ -93,6 +96,19 @@ def current_actor() -> tuple[str, str] | None:
     outside any actor.  The key is what ``actor_stopped`` events carry."""
     host = _state.current_actor.get()
     return None if host is None else (host.key, str(host.display_name))
+
+
+def proc_devices() -> ProcDevices | None:
+    """The device ``spawn_procs`` gave this proc (docs/configuration.md,
+    "Devices of procs"): ``dim`` and ``index`` (its device index on its host,
+    along that per-host dimension; ``dim`` ``None``: its position among its
+    host's procs), ``visible`` (the ``CUDA_VISIBLE_DEVICES`` it got; ``""``:
+    none, past its host's devices) and ``host_visible`` (its host's own
+    ``CUDA_VISIBLE_DEVICES``; ``None``: unset, all devices).  ``None`` in a
+    client, in a proc of a spawn without per-host dimensions or with
+    ``MONARCH_PROC_DEVICES=0``, and in one whose ``BootstrapCommand`` or a
+    ``monarch_proc_env`` hook set ``CUDA_VISIBLE_DEVICES`` itself."""
+    return _devices.current()
 
 
 def open_port(handler: PortHandler) -> int:

@@ -139,6 +139,8 @@ SETTINGS: dict[str, Setting] = {
         Setting("MONARCH_TRACE_FILE", "path", None, "the client writes a Chrome trace-event file (Perfetto UI, chrome://tracing) of the whole run here; implies tracing every call"),
         Setting("MONARCH_TELEMETRY_JSONL", "path", None, "the client appends every telemetry event (spans, metrics, lifecycle) to this JSON-lines file"),
         Setting("MONARCH_STREAM_LOGS", "bool", None, "1: every proc streams its stdout/stderr/logging to the client; 0: none does (remote procs write a per-host log file); unset: remote procs do, local ones write to the terminal", default_text="unset"),
+        Setting("MONARCH_PROC_DEVICES", "bool", True, "1: each proc `spawn_procs` starts sees one device of its host, `CUDA_VISIBLE_DEVICES` being the host's entry at the proc's index along `MONARCH_DEVICE_DIMS` (see docs/configuration.md); 0: procs see all of their host's devices"),
+        Setting("MONARCH_DEVICE_DIMS", "names", ("gpus", "gpu"), "the `per_host` dimensions, first present first, whose coordinate is a proc's device index; a spawn with none of them uses the proc's position among its host's procs", default_text="gpus,gpu"),
         Setting("MONARCH_PROC_LOG_DIR", "path", None, "folder of the per-host log files of remote procs that do not stream (default: `<tmp>/monarch-<uid>-logs`); it must be a folder of this user with mode 0700 (created so), the files are 0600"),
         # ------------------------------------------------------------ internal tuning knobs
         Setting("MONARCH_TELEMETRY_INTERVAL", "seconds", 1.0, "seconds between two telemetry batches a proc ships to the client (and the client hands its sinks)", public=False, minimum=0.01),

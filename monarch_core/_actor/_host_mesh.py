@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from monarch_core.hookspecs import Allocation, HostHandle
 
 from monarch_core import settings
-from monarch_core._launch import _start
+from monarch_core._launch import _devices, _start
 from monarch_core._proc import _send, _serial, _state
 from monarch_core._proc import _supervision as S
 from monarch_core._proc._future import Cell, Future
@@ -190,6 +190,9 @@ class HostMesh(_Mesh):
         Returns immediately; the procs start in the background
         (``ProcMesh.initialized`` resolves when all have run ``bootstrap``).
         The proc mesh's dimensions are this host mesh's, then ``per_host``'s.
+        Each proc sees one device of its host: ``CUDA_VISIBLE_DEVICES`` is
+        its host's entry at its coordinate along ``gpus`` (settings
+        ``MONARCH_PROC_DEVICES``, ``MONARCH_DEVICE_DIMS``; docs/configuration.md).
         """
         if self._shared["shutdown"]:
             raise RuntimeError(f"host mesh {self._name!r} has been shut down; allocate hosts again")
@@ -237,6 +240,7 @@ class HostMesh(_Mesh):
                       parent=(rt.proc_id, rt.kernel.address), root=tuple(rt.root), transport=rt.transport,
                       log_level=level)
         hosts = self.hosts
+        per_host = dict(zip(extent.labels[len(self._region_.labels):], extent.sizes[len(self._region_.labels):]))
         here_path = tuple(p for p in sys.path if p)
         remote_path = _code_sync.remote_sys_path() if any(h.address is not None for h in hosts) else ()
         for hi, host in enumerate(hosts):
@@ -251,7 +255,8 @@ class HostMesh(_Mesh):
                 specs.append(ProcSpec(
                     proc_id=f"{name}-{point.rank}-{uuid.uuid4().hex[:8]}", rank=point.rank, describe=describe,
                     command=cmd, default_program=default, bind=binds[j] if binds else None, host_name=host.name,
-                    output=_output_mode(remote), sys_path=sys_path, **common,
+                    output=_output_mode(remote), sys_path=sys_path, devices=_devices.plan(per_host, j),
+                    **common,
                 ))
             launch.add_host(host, specs)
 

@@ -62,6 +62,9 @@ def main() -> None:
     if os.getppid() != spec.parent_pid:
         os._exit(1)  # the parent died before we set the death signal
     os.environ["MONARCH_PROC_ID"] = spec.proc_id
+    from monarch_core._launch import _devices
+
+    _devices.set_current(spec.devices)  # (monarch_core.runtime.proc_devices())
     for p in reversed(spec.sys_path):
         if p not in sys.path:
             sys.path.insert(0, p)

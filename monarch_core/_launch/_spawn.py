@@ -3,7 +3,9 @@
 :func:`start_proc` turns a :class:`~._spec.ProcSpec` into an OS process on
 the host that runs it (this process is its parent): the environment is that
 host's, plus its transport's ``child_env()`` (credentials), plus the
-command's overrides, plus ``monarch_proc_env`` hook results.
+command's overrides, plus the proc's ``CUDA_VISIBLE_DEVICES`` (``_devices``:
+this host's entry at its device index, unless the command or a hook sets
+it), plus ``monarch_proc_env`` hook results.
 A proc that runs the default command is forked from the spawning process's
 fork server (see ``_fork_server``, ``_zygote``); any other is exec'd (``_children``).
 
@@ -30,6 +32,7 @@ from monarch_core._proc import _control as C
 from monarch_core._proc import _send
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
+from monarch_core._launch import _devices
 from monarch_core._launch._children import start_child
 from monarch_core._launch._spec import ProcSpec
 from monarch_core.errors import SupervisionError
@@ -62,18 +65,23 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
     cmd = dataclasses.replace(spec.command, program=program)
     env = cmd.build_env(transport_env(kernel.transport))
     hook = registry().pm.hook.monarch_proc_env
+    hooked: list = []
     if hook.get_hookimpls():
         from monarch_core._mesh._shape import Extent, Point
 
         coords = dict(Point(spec.rank, Extent(spec.labels, spec.sizes)))
-        for overrides in hook(proc_name=spec.name, rank=spec.rank, coords=coords):
-            apply_overrides(env, overrides or {})
+        hooked = [overrides or {} for overrides in hook(proc_name=spec.name, rank=spec.rank, coords=coords)]
+    # its device: this host's CUDA_VISIBLE_DEVICES entry at its index, unless the command or a hook sets one
+    devices = _devices.assign(spec.devices, os.environ, mesh=spec.name, host=spec.host_name, describe=spec.describe)
+    devices = _devices.apply(env, [cmd.env, *hooked], devices)
+    for overrides in hooked:
+        apply_overrides(env, overrides)
     argv, cpus = apply_bind(cmd.argv(), spec.bind)
     # A worker loop is its procs' parent but not their spawner's address
     # book: they tell it where they listen (for its heartbeats).
     worker_loop = (kernel.proc_id, kernel.address, os.getpid()) if kernel.agent.is_host else None
     spec = dataclasses.replace(spec, command=cmd, bind_spec=bind_spec, parent_pid=os.getpid(), cpus=cpus,
-                               worker_loop=worker_loop)
+                               worker_loop=worker_loop, devices=devices)
     zygote = _fork_server(kernel, cmd, argv, env)
     if zygote is not None:
         from monarch_core._launch._fork_server import ForkServerUnavailable

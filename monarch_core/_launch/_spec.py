@@ -24,6 +24,7 @@ import typing
 from typing import Any, Literal, Union
 
 from monarch_core._launch._bootstrap import BOOTSTRAP_ENV, BootstrapCommand
+from monarch_core._launch._devices import ProcDevices
 
 __all__ = ["ProcSpec"]
 
@@ -62,6 +63,9 @@ class ProcSpec:
     #: ``"stream"`` (to the client), ``"file"`` (a per-host log file).
     output: Literal["direct", "stream", "file"] = "direct"
     sys_path: tuple[str, ...] = dataclasses.field(default_factory=lambda: tuple(p for p in sys.path if p))
+    #: Its device index (``_devices.plan``; ``None``: none); the starting host fills in the
+    #: ``CUDA_VISIBLE_DEVICES`` it gets (``_devices.assign``), ``None`` again when the command or a hook sets it.
+    devices: ProcDevices | None = None
     # -- filled in by the host that starts it (``start_proc``) --
     #: Where the proc's kernel listens (``None``: its transport's default).
     bind_spec: str | None = None
