@@ -7,13 +7,26 @@ mesh's size, a proc of global rank ``r`` gets ``RANK = ROLE_RANK = r``,
 ``LOCAL_RANK = r % L`` (its coordinate in the last dimension),
 ``LOCAL_WORLD_SIZE = L``, ``WORLD_SIZE = ROLE_WORLD_SIZE = W``,
 ``GROUP_RANK = r // L`` (the host's index) and ``GROUP_WORLD_SIZE = W // L``.
+
+Devices are torchrun's too: ``spawn_procs`` gives each proc one device
+(``CUDA_VISIBLE_DEVICES``, docs/configuration.md); :func:`apply` gives a
+rank its host's list back, so that the rank's device is ``cuda:LOCAL_RANK``,
+as under torchrun.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Mapping
+
+from monarch_core.runtime import ProcDevices
+
+logger = logging.getLogger("monarch.spmd")
+
+#: the variable ``spawn_procs`` narrows to one device per proc, and torchrun leaves as the host has it
+CUDA_ENV = "CUDA_VISIBLE_DEVICES"
 
 #: the variables torchrun sets for every worker that :func:`torchrun_env` sets too
 TORCHRUN_KEYS = (
@@ -93,12 +106,57 @@ def torchrun_env(layout: Layout, master_addr: str, master_port: int, *, role: st
     }
 
 
-def apply(env: dict[str, str], environ: dict[str, str] | Mapping[str, str] | None = None) -> None:
+def apply(env: dict[str, str], environ: dict[str, str] | Mapping[str, str] | None = None, *,
+          devices: ProcDevices | None = None) -> None:
     """Set ``env`` in ``os.environ`` (or ``environ``), and, as torchrun does
-    when a host runs more than one proc, ``OMP_NUM_THREADS=1`` unless it is set."""
+    when a host runs more than one proc, ``OMP_NUM_THREADS=1`` unless it is set.
+
+    Devices, as torchrun shows them: a proc that ``spawn_procs`` gave one
+    device (``devices``; by default, when ``environ`` is this process's, the
+    proc's own, ``monarch_core.runtime.proc_devices()``) gets its host's
+    ``CUDA_VISIBLE_DEVICES`` back (unset when the host had none), so that a
+    script's ``torch.cuda.set_device(LOCAL_RANK)`` and ``cuda:LOCAL_RANK``
+    name the host's device ``LOCAL_RANK`` -- the proc's own when the device
+    dimension is the mesh's last (``per_host={"gpus": N}``).  A proc that
+    initialized CUDA before this keeps the one device it saw (CUDA reads the
+    variable once): a WARNING on ``monarch.spmd`` says so."""
     import os
 
-    target = os.environ if environ is None else environ
+    own = environ is None
+    target = os.environ if own else environ
+    if own and devices is None:
+        from monarch_core.runtime import proc_devices
+
+        devices = proc_devices()
     target.update(env)  # type: ignore[union-attr]
     if int(env["LOCAL_WORLD_SIZE"]) > 1 and "OMP_NUM_THREADS" not in target:
         target["OMP_NUM_THREADS"] = "1"  # type: ignore[index]
+    if devices is not None:
+        _host_devices(target, devices, own, env.get("LOCAL_RANK"))  # type: ignore[arg-type]
+
+
+def _host_devices(target: dict[str, str], devices: ProcDevices, own: bool, local_rank: str | None) -> None:
+    """``CUDA_VISIBLE_DEVICES`` in ``target`` back to the host's (see :func:`apply`)."""
+    before = target.get(CUDA_ENV)
+    if devices.host_visible is None:
+        target.pop(CUDA_ENV, None)
+    else:
+        target[CUDA_ENV] = devices.host_visible
+    if own and before != target.get(CUDA_ENV) and _cuda_initialized():
+        logger.warning(
+            "this proc initialized CUDA seeing only its own device (%s=%r) before torchrun's environment was "
+            "set, so it keeps seeing that one device: cuda:0 is its device and cuda:LOCAL_RANK (LOCAL_RANK=%s) "
+            "may not exist. Set up the environment (setup_torch_elastic_env, SPMDActor.main) before any CUDA "
+            "use in its procs, or spawn them with MONARCH_PROC_DEVICES=0",
+            CUDA_ENV, before, local_rank)
+
+
+def _cuda_initialized() -> bool:
+    """Whether this process initialized CUDA through torch (never imports torch)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001 - a torch without CUDA support
+        return False
