@@ -17,6 +17,8 @@ through :func:`~._spawn.stop_procs`.
 * ``_spec``      -- :class:`ProcSpec`, the typed description of one proc to start,
   and its one encoding for the proc (``to_env``/``from_env``);
 * ``_bootstrap`` -- ``BootstrapCommand`` (the OS command), ``proc_bind`` checks;
+* ``_devices``   -- per-proc devices: the index the client plans, the
+  ``CUDA_VISIBLE_DEVICES`` the starting host maps it to;
 * ``_spawn``     -- start a spec on this host (fork or exec); the client side of
   a spawn (``Launch``: local, or through a worker loop; hello/ready); stopping
   procs (ask, SIGTERM, SIGKILL);

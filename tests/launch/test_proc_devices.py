@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import pathlib
+import re
 
 import pytest
 
@@ -173,6 +175,19 @@ def test_tensor_engine_workers_see_their_procs_device(host_env: pytest.MonkeyPat
         seen = monarch.remote(_visible_device, propagate=lambda x: x)(torch.zeros(()))
         got = {(dp, g): int(monarch.inspect(seen, dp=dp, gpus=g)) for dp in range(2) for g in range(2)}
     assert got == {(0, 0): 0, (0, 1): 1, (1, 0): 0, (1, 1): 1}
+
+
+# ---------------------------------------------------------------- the docs
+
+
+def test_the_example_of_the_configuration_docs_prints_what_it_says(client_script) -> None:  # type: ignore[no-untyped-def]
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    section = text.split("## Devices of procs", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    done = client_script(block, env={CUDA: None, "MONARCH_PROC_DEVICES": None, "MONARCH_DEVICE_DIMS": None},
+                         timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "['0', '1', '2', '3']", done.stdout
 
 
 # ---------------------------------------------------------------- the plan and the mapping, without procs
