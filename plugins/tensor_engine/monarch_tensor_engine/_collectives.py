@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import datetime
 import logging
+import json
 import math
+import threading
 from typing import Any
 
 import torch
@@ -121,7 +123,7 @@ def reduce(t: Tensor, dims: Any, reduction: str, scatter: bool, mesh: Any, out: 
     else:
         result = ctl.new_handle(ctl.make_fake(shape, fake.dtype, fake.device))
     _ensure_store(ctl)
-    dead = tuple(ctl.dead)  # a group with a dead member would wait for it: those members poison their result
+    dead = tuple(ctl.dead.items())  # a group with a dead member would wait for it: its members poison their result
     ctl.send(("reduce", t._id, result._id, names, reduction, bool(scatter), tuple(fake.shape), fake.dtype,
               ctl.view(), dead))
     return result
@@ -165,10 +167,48 @@ def coordinates(flat_rank: int, labels: tuple[str, ...], sizes: tuple[int, ...])
     return {label: out[label] for label in labels}
 
 
-def _group(worker: Any, names: tuple[str, ...], device: torch.device, view: tuple) -> tuple[Any, int, int]:
-    """(process group, rank in it, size) of this proc for a reduction over
-    ``names`` of ``view`` (labels, sizes) on the stream running now (each
-    stream has its own groups)."""
+class Group:
+    """One process group of this proc, as :func:`_group` caches it.
+
+    ``pg``: the torch process group; ``rank``/``size``: this proc's rank in
+    it and its size; ``store``: the group's prefix of the mesh's store (where
+    a poisoned member publishes its error, see :func:`run_reduce`);
+    ``members``: the mesh's flat ranks of its members, in the group's rank
+    order (to name them, and to find a dead one); ``seq``: how many
+    collectives ran on it here (the same count on every member, since every
+    member runs the same commands in the same order)."""
+
+    __slots__ = ("pg", "rank", "size", "store", "members", "seq")
+
+    def __init__(self, pg: Any, rank: int, size: int, store: Any, members: tuple[int, ...]) -> None:
+        self.pg, self.rank, self.size, self.store, self.members = pg, rank, size, store, members
+        self.seq = 0
+
+    def __iter__(self) -> Any:
+        """``pg, rank, size = group`` (and ``group[0]``: the process group), as the other modules take it."""
+        return iter((self.pg, self.rank, self.size))
+
+    def __getitem__(self, i: int) -> Any:
+        return (self.pg, self.rank, self.size)[i]
+
+
+def members_of(flat_rank: int, names: tuple[str, ...], view: tuple) -> tuple[int, ...]:
+    """The flat ranks of the group of ``flat_rank`` for a reduction over
+    ``names`` of ``view``, in the group's rank order (row-major over ``names``)."""
+    labels, sizes = view
+    mine = coordinates(flat_rank, labels, sizes)
+    n = math.prod(sizes)
+    members = [r for r in range(n)
+               if all(c == mine[d] for d, c in coordinates(r, labels, sizes).items() if d not in names)]
+    return tuple(members)  # row-major in the view, hence in the order of the reduced dims too
+
+
+def _group(worker: Any, names: tuple[str, ...], device: torch.device, view: tuple) -> Group:
+    """The :class:`Group` of this proc for a reduction over ``names`` of
+    ``view`` (labels, sizes) on the stream running now (each stream has its
+    own groups), made at its first use.  Raises :class:`MemberDied` when one
+    of its members is dead (the client marked it in the store) before the
+    group has formed, or dies while it forms."""
     from monarch_tensor_engine._worker import stream_key
 
     groups = worker.groups
@@ -188,36 +228,140 @@ def _group(worker: Any, names: tuple[str, ...], device: torch.device, view: tupl
     for d in names:
         rank = rank * dim_sizes[d] + where[d]
     size = math.prod(dim_sizes[d] for d in names)
+    members = members_of(worker.mesh_rank, names, view)
     shape = ",".join(f"{d}:{n}" for d, n in zip(labels, sizes))
     prefix = f"monarch-group/{stream}/{backend}/{shape}/{','.join(names)}/{','.join(f'{d}={c}' for d, c in others)}"
     store = torch.distributed.PrefixStore(prefix, worker.store)
     if backend == "nccl":
-        arrive(store, size, worker.store)
-        pg = torch.distributed.ProcessGroupNCCL(store, rank, size)
+        arrive(store, size, worker.store, members, view)
+        pg = form(lambda: torch.distributed.ProcessGroupNCCL(store, rank, size), worker.store, members, view)
     else:
-        pg = gloo_group(store, rank, size, worker.store)
-    groups[key] = got = (pg, rank, size)
+        pg = gloo_group(store, rank, size, worker.store, members, view)
+    groups[key] = got = Group(pg, rank, size, store, members)
     return got
 
 
-#: the key of a mesh's store that the client sets when one of the mesh's procs dies
+#: the key of a mesh's store that the client sets when one of the mesh's procs dies (any of them)
 DEAD_KEY = "monarch-dead"
+#: seconds between two looks at the store for a dead member, while a collective (or a group) waits
+POLL_S = 0.25
 
 
-def arrive(store: Any, size: int, base: Any) -> None:
+def dead_key(flat_rank: int) -> str:
+    """The key of a mesh's store that says why the proc at ``flat_rank`` died (set before :data:`DEAD_KEY`)."""
+    return f"{DEAD_KEY}/{flat_rank}"
+
+
+class MemberDied(RuntimeError):
+    """A member of a group is dead: ``dead`` maps its flat rank to why."""
+
+    def __init__(self, message: str, dead: dict[int, str]) -> None:
+        super().__init__(message)
+        self.dead = dead
+
+
+def dead_members(base: Any, members: tuple[int, ...] | None) -> dict[int, str]:
+    """The members (flat ranks; None: the whole mesh) that the client marked
+    dead in ``base``, the mesh's store: one round trip while no proc of the
+    mesh died.  Raises what the store raises (its proc may be the dead one)."""
+    if not base.check([DEAD_KEY]):
+        return {}
+    if members is None:
+        return {-1: base.get(DEAD_KEY).decode()}
+    out: dict[int, str] = {}
+    for r in members:
+        k = dead_key(r)
+        if base.check([k]):
+            out[r] = base.get(k).decode()
+    return out
+
+
+def describe_dead(dead: dict[int, str], view: tuple | None) -> str:
+    """``rank 1 {'dp': 0, 'tp': 1} (why)`` for each dead member."""
+    def one(r: int, why: str) -> str:
+        if r < 0:
+            return why
+        return f"rank {r}" + (f" {coordinates(r, *view)}" if view is not None else "") + f" ({why})"
+
+    return "; ".join(one(r, why) for r, why in sorted(dead.items()))
+
+
+def _check_alive(base: Any, members: tuple[int, ...] | None, view: tuple | None, what: str) -> bool:
+    """Raise :class:`MemberDied` if a member is marked dead.  Returns False
+    when the store cannot be reached any more (its proc, the mesh's first,
+    died): then a member that is that proc is dead, and the others cannot
+    learn of deaths from the store any more."""
+    try:
+        dead = dead_members(base, members)
+    except Exception as e:  # noqa: BLE001 - the store's proc (flat rank 0) is gone
+        if members is None or 0 in members:
+            raise MemberDied(f"{what}: the mesh's store, on rank 0, cannot be reached ({type(e).__name__}: {e}): "
+                             f"rank 0 of the group died", {0: f"its store is gone: {e}"}) from e
+        return False
+    if dead:
+        raise MemberDied(f"{what}: a member of this group died: {describe_dead(dead, view)}", dead)
+    return True
+
+
+def watch(done: threading.Event, base: Any, members: tuple[int, ...] | None, view: tuple | None,
+          what: str, timeout: float = TIMEOUT_S) -> None:
+    """Wait until ``done`` is set, looking at the mesh's store every
+    :data:`POLL_S` for a dead member: raise :class:`MemberDied` at once when
+    one is marked dead (the wait would otherwise last until gloo's timeout),
+    ``TimeoutError`` after ``timeout``.  Costs nothing while ``done`` comes
+    within :data:`POLL_S`."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    looking = True
+    while not done.wait(POLL_S):
+        if looking:
+            looking = _check_alive(base, members, view, what)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not done within {timeout:.0f} s")
+
+
+def form(make: Any, base: Any, members: tuple[int, ...] | None, view: tuple | None) -> Any:
+    """``make()`` (a process group's constructor, which waits for every
+    member to connect) on a thread of its own, watched (:func:`watch`): a
+    member that dies while the group forms fails the others at once (the
+    thread is left to end at its own timeout)."""
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def run() -> None:
+        try:
+            box["pg"] = make()
+        except BaseException as e:  # noqa: BLE001 - handed to the waiting thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, daemon=True, name="monarch-group-form").start()
+    watch(done, base, members, view, "forming a process group", TIMEOUT_S + 30)
+    if "error" in box:
+        raise box["error"]
+    return box["pg"]
+
+
+def arrive(store: Any, size: int, base: Any, members: tuple[int, ...] | None = None,
+           view: tuple | None = None) -> None:
     """Wait until the ``size`` members of a new group (``store`` is its
-    prefix of ``base``, the mesh's store) have arrived, or raise when the
-    client has marked a proc of the mesh dead (:data:`DEAD_KEY` in ``base``)
-    or after :data:`TIMEOUT_S`: a group whose member died never forms, and
-    its members must not wait for it."""
+    prefix of ``base``, the mesh's store) have arrived.  Raise
+    :class:`MemberDied` when the client has marked one of ``members`` (flat
+    ranks; None: any proc of the mesh) dead (:func:`dead_key`), and
+    ``TimeoutError`` after :data:`TIMEOUT_S`: a group whose member died never
+    forms, and its members must not wait for it; a death elsewhere in the
+    mesh does not concern it."""
     import time
 
     n = store.add("arrived", 1)
     deadline = time.monotonic() + TIMEOUT_S
     pause = 0.001
+    looking = True
     while n < size:
-        if base.check([DEAD_KEY]):
-            raise RuntimeError(f"a member of this group will not come: {base.get(DEAD_KEY).decode()}")
+        if looking:
+            looking = _check_alive(base, members, view, "forming a process group")
         if time.monotonic() > deadline:
             raise TimeoutError(f"only {n} of the {size} members of this group arrived within {TIMEOUT_S} s")
         time.sleep(pause)
@@ -226,26 +370,32 @@ def arrive(store: Any, size: int, base: Any) -> None:
 
 
 def mark_dead(ctl: Any, why: str) -> None:
-    """The client's side: tell the mesh's procs (through its store) that one of them died."""
+    """The client's side: tell the mesh's procs (through its store) which of
+    them died: :func:`dead_key` of each dead rank (``ctl.dead``), then
+    :data:`DEAD_KEY`."""
     if ctl.store is None:
         return
     try:
-        store_client(*ctl.store).set(DEAD_KEY, why)
+        client = store_client(*ctl.store)
+        for r, reason in list(ctl.dead.items()):
+            client.set(dead_key(r), reason)
+        client.set(DEAD_KEY, why)
     except Exception as e:  # noqa: BLE001 - the store's proc may be the dead one: its members fail on their own
         logger.info("tensor engine: could not mark the death in the store of %r: %s", ctl.mesh_name, e)
 
 
-def gloo_group(store: Any, rank: int, size: int, base: Any) -> Any:
+def gloo_group(store: Any, rank: int, size: int, base: Any, members: tuple[int, ...] | None = None,
+               view: tuple | None = None) -> Any:
     """A gloo process group on ``store``, bound to the address the other procs
     reach this one at (not whatever the host name resolves to), once its
-    members have all arrived (:func:`arrive`)."""
+    members have all arrived (:func:`arrive`), formed under :func:`form`."""
     from monarch_core.runtime import host_address
 
-    arrive(store, size, base)
+    arrive(store, size, base, members, view)
     opts = torch.distributed.ProcessGroupGloo._Options()
     opts._timeout = datetime.timedelta(seconds=TIMEOUT_S)
     opts._devices = [torch.distributed.ProcessGroupGloo.create_device(hostname=host_address())]
-    return torch.distributed.ProcessGroupGloo(store, rank, size, opts)
+    return form(lambda: torch.distributed.ProcessGroupGloo(store, rank, size, opts), base, members, view)
 
 
 def store_client(addr: str, port: int) -> Any:
@@ -257,54 +407,164 @@ _OPS = {"sum": "SUM", "avg": "SUM", "product": "PRODUCT", "min": "MIN", "max": "
         "bor": "BOR", "bxor": "BXOR"}
 
 
+def _done_event(work: Any) -> threading.Event:
+    """An event set when ``work`` (an async collective) completes, well or not."""
+    ev = threading.Event()
+    work.get_future().add_done_callback(lambda _f: ev.set())
+    return ev
+
+
+def _publish(g: Group, seq: int, error: Any) -> None:
+    """A poisoned member's error, for the other members to name the cause (:func:`_causes`)."""
+    try:
+        g.store.set(f"poison/{seq}/{g.rank}", json.dumps({"op": getattr(error, "op", ""),
+                                                          "coords": getattr(error, "coords", {}),
+                                                          "error": str(error)}))
+    except Exception as e:  # noqa: BLE001 - the others then name the member without its error
+        logger.warning("tensor engine: could not publish a poisoned input's error: %s", e)
+
+
+def _causes(g: Group, seq: int, ranks: list[int], view: tuple) -> list[dict]:
+    """The errors the poisoned members ``ranks`` (ranks in ``g``) published (:func:`_publish`)."""
+    out = []
+    for r in ranks:
+        coords = coordinates(g.members[r], *view)
+        key = f"poison/{seq}/{r}"
+        try:
+            g.store.wait([key], datetime.timedelta(seconds=30))
+            got = json.loads(g.store.get(key).decode())
+        except Exception as e:  # noqa: BLE001 - named without its error
+            got = {"op": "", "coords": coords, "error": f"(its error could not be read: {type(e).__name__}: {e})"}
+        got["member"] = coords
+        out.append(got)
+    return out
+
+
+def _poisoned_by(what: str, where: dict, causes: list[dict]) -> Any:
+    """The error every healthy member's result carries when ``causes`` (the
+    poisoned members' published errors) fed the collective: it names each
+    poisoned member and its failed op, and carries the first one's ``op``
+    and ``coords`` (where the failure is), like the poisoned member's own."""
+    from monarch_tensor_engine._worker import TensorOpError
+
+    first = causes[0]
+    lines = "\n".join(f"  the member at {c['member']}: {c['op'] or 'its input'} failed there: {c['error']}"
+                      for c in causes)
+    return TensorOpError(f"{what} on the proc at {where} is poisoned, like the result of every member of its group: "
+                         f"the input of {len(causes)} member(s) was poisoned, so no member's result is valid:\n"
+                         f"{lines}", first["op"] or "reduce", first["coords"] or first["member"])
+
+
+def _died(what: str, dead: dict[int, str], view: tuple) -> Any:
+    """The error every living member's result carries when a member of its group died."""
+    from monarch_tensor_engine._worker import TensorOpError
+
+    first = min(dead)
+    coords = coordinates(first, *view) if first >= 0 else {}
+    return TensorOpError(f"{what}: a member of its group died, so no member's result is valid: "
+                         f"{describe_dead(dead, view)}; work that needs it cannot run: start a new mesh for it",
+                         "reduce", coords)
+
+
+#: seconds a failed collective waits for the client to mark a member dead (a dead peer's closed
+#: connection fails gloo at once, before the client has noticed the death)
+GRACE_S = 10.0
+
+
+def _death_behind(base: Any, members: tuple[int, ...]) -> dict[int, str]:
+    """After a collective failed: the dead members that caused it, as the
+    client marks them in the store within :data:`GRACE_S` (none: the error
+    had another cause, or the store is gone too)."""
+    import time
+
+    deadline = time.monotonic() + GRACE_S
+    while True:
+        try:
+            dead = dead_members(base, members)
+        except Exception:  # noqa: BLE001 - the store's proc is gone: report the error as it is
+            return {}
+        if dead or time.monotonic() > deadline:
+            return dead
+        time.sleep(0.1)
+
+
 def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], reduction: str, scatter: bool,
                shape: tuple[int, ...], dtype: torch.dtype, view: tuple, dead: tuple = ()) -> None:
+    """One member's part of a ``reduce`` command (see the module docstring).
+
+    Every member of the group ends with the same outcome: the result, or a
+    poisoned result.  The members exchange a poisoned flag each (a tiny
+    all-reduce of an int tensor of the group's size, run beside the data's
+    collective): when one member's input is poisoned (or missing), it keeps
+    its own error, publishes it in the group's store under the collective's
+    sequence number, and every other member's result is poisoned with an
+    error that names it (:func:`_poisoned_by`).  A member the client knows
+    is dead (``dead``: (flat rank, why) pairs, or flat ranks) poisons every
+    living member's result at once, without a collective; one that dies
+    while the group forms or while the collective runs does so within
+    :data:`POLL_S` of the client's noticing (:func:`watch`)."""
     from monarch_tensor_engine._worker import Poison, TensorOpError
 
+    what = f"reduce({names}, {reduction!r}, scatter={scatter})"
     if dead:
-        labels, _sizes = view
-        mine = coordinates(worker.mesh_rank, *view)
-        kept = [d for d in labels if d not in names]
-        for r in dead:
-            theirs = coordinates(r, *view)
-            if all(theirs[d] == mine[d] for d in kept):
-                worker.env[out_id] = Poison(TensorOpError(
-                    f"reduce({names}, {reduction!r}) on the proc at {worker.where}: rank {theirs} of its group died",
-                    "reduce", worker.where))
-                return
+        known = dict(d if isinstance(d, tuple) else (d, "it died") for d in dead)
+        mine = members_of(worker.mesh_rank, names, view)
+        gone = {r: why for r, why in known.items() if r in mine}
+        if gone:
+            worker.env[out_id] = Poison(_died(what, gone, view))
+            return
 
     dist = torch.distributed
     src = worker.env.get(in_id)
-    poison = src if isinstance(src, Poison) else None
-    if poison is not None or src is None:
-        x = torch.zeros(shape, dtype=dtype)  # take part all the same: the others must not wait
-    else:
-        x = src
+    poison = src.error if isinstance(src, Poison) else None
+    if src is None:
+        poison = TensorOpError(f"the input of {what} does not exist on the proc at {worker.where}"
+                               f"{' (' + worker.lost + ')' if worker.lost else ''}", "reduce", worker.where)
+    x = src if poison is None else torch.zeros(shape, dtype=dtype)  # take part all the same: none may wait
+    g: Group | None = None
     try:
-        pg, rank, size = _group(worker, names, x.device, view)
+        g = _group(worker, names, x.device, view)
+        size, rank, seq = g.size, g.rank, g.seq
+        g.seq += 1
+        flags = torch.zeros(size, dtype=torch.int32)
+        if poison is not None:
+            flags[rank] = 1
+            _publish(g, seq, poison)
+        flag_work = g.pg.allreduce([flags])  # beside the data's: the two overlap
         data = x.contiguous() if not x.is_contiguous() else x
         if reduction == "stack":
             if scatter:
                 result = torch.empty_like(data)
-                pg.alltoall_base(result, data, [], []).wait()
+                work = g.pg.alltoall_base(result, data, [], [])
             else:  # gathered straight into the rows of the result (no stack copy)
                 result = torch.empty((size, *data.shape), dtype=data.dtype, device=data.device)
-                pg.allgather([list(result.unbind(0))], [data]).wait()
+                work = g.pg.allgather([list(result.unbind(0))], [data])
         else:
             buf = data if (in_id == out_id and data is x) else data.clone()
             opts = dist.AllreduceOptions()
             opts.reduceOp = getattr(dist.ReduceOp, _OPS[reduction])
-            pg.allreduce([buf], opts).wait()
+            work = g.pg.allreduce([buf], opts)
+        for w in (flag_work, work):
+            watch(_done_event(w), worker.store, g.members, view, what)
+            w.wait()
+        if reduction != "stack":
             if reduction == "avg":
                 buf.div_(size)
             result = buf.chunk(size)[rank].clone() if scatter else buf
+    except MemberDied as e:
+        worker.env[out_id] = Poison(_died(what, e.dead, view))
+        return
     except Exception as e:  # noqa: BLE001 - contained: the result is poisoned
-        worker.env[out_id] = Poison(TensorOpError(
-            f"reduce({names}, {reduction!r}, scatter={scatter}) failed on the proc at {worker.where}: "
-            f"{type(e).__name__}: {e}", "reduce", worker.where))
+        dead_now = _death_behind(worker.store, g.members) if g is not None else {}
+        worker.env[out_id] = Poison(_died(what, dead_now, view) if dead_now else TensorOpError(
+            f"{what} failed on the proc at {worker.where}: {type(e).__name__}: {e}", "reduce", worker.where))
         return
     if poison is not None:
-        worker.env[out_id] = poison
+        worker.env[out_id] = Poison(poison)
+        return
+    bad = flags.nonzero().flatten().tolist()
+    if bad:
+        worker.env[out_id] = Poison(_poisoned_by(what, worker.where, _causes(g, seq, bad, view)))
         return
     dest = worker.env.get(out_id)
     if out_id == in_id:

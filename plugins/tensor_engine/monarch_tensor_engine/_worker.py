@@ -12,9 +12,16 @@ Contract:
   error, without running.  Later, unrelated operations run as usual.
 * ``fetch(id)`` returns a copy of the tensor, or raises its error.
 * Collectives (``reduce``) run in every member of the group in the same
-  order, because every member receives the same commands in the same order;
-  a member whose input is poisoned still takes part (with zeros) and
-  poisons its result, so the others never wait for it.
+  order, because every member receives the same commands in the same order.
+  Their outcome is the same on every member: a member whose input is
+  poisoned still takes part (with zeros, so that the others never wait for
+  it) and keeps its error, and every other member's result is poisoned too,
+  with an error that names that member and its failed op (never a partial
+  result).  A group with a dead member poisons every living member's result
+  at once, whether the client knew of the death when it sent the command or
+  learns of it while the group forms or the collective runs
+  (``_collectives.run_reduce``); a death elsewhere in the mesh does not
+  concern the group.
 * Streams: ``("stream", key)`` switches the stream the following commands
   belong to.  The ``main`` stream's commands run in ``run`` itself; every
   other stream's run in order on a thread of its own, so that streams
