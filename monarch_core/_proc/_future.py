@@ -16,6 +16,7 @@ from collections.abc import Callable, Coroutine, Generator, Iterator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from monarch_core._kernel._poller import Poller as _Poller
+from monarch_core._proc import _construction
 
 if TYPE_CHECKING:
     import asyncio
@@ -109,6 +110,7 @@ class Cell:
         so the reply it waits for wakes it directly."""
         if self._done:
             return True
+        _construction.yield_turn()  # an actor's __init__ that waits lets the next one be constructed
         p = _Poller.current
         if p is not None:
             led = p.lead(self, timeout)

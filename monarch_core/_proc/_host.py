@@ -26,7 +26,7 @@ import time
 from _thread import get_ident as _get_ident
 from typing import TYPE_CHECKING, Any
 
-from monarch_core._proc import _lifecycle, _serial, _state, _tree
+from monarch_core._proc import _construction, _lifecycle, _serial, _state, _tree
 from monarch_core._proc._port import (
     _DroppingPort,
     Port,
@@ -418,17 +418,23 @@ class ActorHost:
         try:
             if agent.init_error is not None:
                 raise agent.init_error
-            cls, args, kwargs = _serial.loads(payload, buffers)
+            # One construction at a time per proc (``_construction``): the class's
+            # unpickling and ``__init__`` import modules, which is not safe from
+            # several threads at once.
+            _construction.take(self.display_name)
+            cls, args, kwargs = _serial.loads_importing(payload, buffers)
             self.class_name = cls.__qualname__
             instance = cls.__new__(cls)
             self.instance = instance
             self._busy = "__init__"
+            _construction.enter_init()
             sp = self.observer.init_span(self._init_trace)
             if sp is None:
                 _loopless(instance.__init__)(*args, **kwargs)
             else:
                 self.observer.run_init(self, sp, _loopless(instance.__init__), args, kwargs)
         except BaseException as e:  # any failure of __init__: the actor is stopped, the owner told
+            _construction.give()
             self._busy = None
             if self._abandoned:  # its stop gave up waiting for __init__ long ago
                 return
@@ -443,6 +449,7 @@ class ActorHost:
             return
         finally:
             _state.current_message_rank.reset(token)
+        _construction.give()
         self._busy = None
         if init_reply is not None and not self._abandoned:
             send_to_port(init_reply, self.rank.rank, W.S_VALUE, True)

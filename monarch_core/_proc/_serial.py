@@ -19,6 +19,8 @@ from typing import Any
 
 import cloudpickle
 
+from monarch_core._proc import _construction
+
 OOB_MIN = 16 * 1024
 #: ``bytes`` at least this large travel out of band (plain payloads only).
 BYTES_OOB_MIN = 256 * 1024
@@ -209,9 +211,39 @@ def nbytes(payload: Any, buffers: list) -> int:
 
 
 def loads(payload: Any, buffers: list) -> Any:
-    """Inverse of :func:`dumps`."""
+    """Inverse of :func:`dumps` (the per-message path: no lock, no import guard;
+    an actor's construction unpickles its class with :func:`loads_importing`)."""
     if payload[:1] == _BYTES_MARK:
         f = io.BytesIO(payload)
         f.read(1)
         return _BytesUnpickler(f, buffers).load()
     return pickle.loads(payload, buffers=buffers)
+
+
+class _ImportingUnpickler(pickle.Unpickler):
+    """Imports each module a payload refers to with
+    :func:`monarch_core._proc._construction.import_module` (packages first,
+    waiting for one another thread is importing) before looking names up in
+    it, and likewise the modules cloudpickle's ``subimport`` brings in (the
+    modules a class or function pickled by value refers to)."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == _SUBIMPORT[0] and name == _SUBIMPORT[1]:
+            return _construction.import_module
+        m = sys.modules.get(module)
+        if m is None or _construction._initializing(m):
+            _construction.import_module(module)
+        return super().find_class(module, name)
+
+
+_SUBIMPORT = (cloudpickle.cloudpickle.subimport.__module__, cloudpickle.cloudpickle.subimport.__qualname__)
+
+
+def loads_importing(payload: Any, buffers: list) -> Any:
+    """:func:`loads` for a payload that may import modules the first time (an
+    actor's class and constructor arguments): its imports go through
+    :func:`monarch_core._proc._construction.import_module`.  The caller holds
+    the proc's construction turn, so no other construction imports meanwhile."""
+    if payload[:1] == _BYTES_MARK:
+        return loads(payload, buffers)
+    return _ImportingUnpickler(io.BytesIO(payload), buffers=buffers).load()
