@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import gc
 import logging
 import os
 import signal
@@ -120,6 +121,10 @@ def main() -> None:
 
     global _STARTED_WITH
     _STARTED_WITH = frozenset(sys.modules)
+    # what the runtime (and a fork server) made lives as long as the proc: out of
+    # the collector's sight, so neither a full collection nor the one at its
+    # end (finish) walks it -- nor copies the pages a fork server shares
+    gc.freeze()
     try:
         trio.run(functools.partial(kernel.serve, after_start=hello))
     except KeyboardInterrupt:
@@ -169,7 +174,6 @@ def finish(code: int) -> None:
 
 def _finalize(threading: Any) -> None:
     import atexit
-    import gc
 
     shutdown = getattr(threading, "_shutdown", None)  # what the interpreter calls first: joins non-daemon threads
     if shutdown is not None:
