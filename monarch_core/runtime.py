@@ -24,6 +24,8 @@ and nothing else:
   :func:`on_proc_failed`, :func:`subscribe` (the lifecycle events:
   ``actor_stopped(actor_key, actor_name, why)``, ``proc_stopping(why)``,
   ``proc_stopped(why)``, ``endpoint_raised(...)``);
+* **payloads** -- :func:`dumps` (an object pickled as actor messages are,
+  in one ``bytes``: for a payload pickled once and sent to many procs);
 * **futures** -- :class:`Cell` (a thread-safe one-shot result),
   :func:`future_of` and :func:`resolved` (the public ``Future`` over one);
 * **rendezvous addresses** -- :func:`host_address` (the address other procs
@@ -49,7 +51,7 @@ from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._port import PortHandler
 
 __all__ = [
-    "AddrType", "Cell", "Future", "PortHandler", "ProcDevices", "close_port", "current_actor", "free_port",
+    "AddrType", "Cell", "Future", "PortHandler", "ProcDevices", "close_port", "current_actor", "dumps", "free_port",
     "future_of", "host_address", "local_ref", "master_address", "on_proc_failed", "open_port", "proc_death",
     "proc_devices", "process_name",
     "rdma_backend_specs", "resolved", "send_to_port", "start", "started", "subscribe", "transport_host",
@@ -151,6 +153,20 @@ def on_proc_failed(fn: Callable[[str, str, bool], None]) -> None:
 def subscribe(event: str, fn: Callable[..., Any]) -> None:
     """Call ``fn`` at each lifecycle ``event`` of this process (idempotent per function)."""
     _lifecycle.subscribe(event, fn)
+
+
+def dumps(obj: Any) -> bytes:
+    """``obj`` pickled as actor messages pickle their arguments (cloudpickle,
+    protocol 5; a function defined in ``__main__`` or a notebook keeps its
+    file name, for tracebacks and pdb), in one ``bytes`` with no
+    out-of-band buffers; ``pickle.loads`` reads it back in any proc."""
+    import io
+
+    from monarch_core._proc import _serial
+
+    f = io.BytesIO()
+    _serial._Pickler(f, protocol=5).dump(obj)
+    return f.getvalue()
 
 
 def future_of(cell: Cell) -> Future[Any]:

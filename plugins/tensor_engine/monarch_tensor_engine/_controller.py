@@ -14,7 +14,9 @@ Contract:
   that only read metadata (``t.shape``, ``t.dim()``) are answered locally.
 * Commands are sent in batches, in order, to every proc (one direct message
   per proc, so that later fetches on the same sessions come after them; the
-  batch is pickled once, with cloudpickle, for all of them):
+  batch is pickled once for all of them, as actor messages are pickled
+  (``runtime.dumps``: a function of ``__main__`` keeps its file name, for the
+  procs' tracebacks)):
   when :data:`BATCH` are pending, when the tensors freed since the last
   batch add up to :data:`FREE_BYTES`, when a value is fetched, when the
   mesh's block ends, and at :func:`flush`.  The client never waits for the procs
@@ -29,21 +31,44 @@ from __future__ import annotations
 
 import itertools
 import logging
+import sys
 import threading
 import weakref
 from typing import Any, Callable
 
-import cloudpickle
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from monarch_core import runtime
 from monarch_core.errors import SupervisionError
-from monarch_tensor_engine import _streams
-from monarch_tensor_engine._tensor import Ref, Tensor
+from monarch_tensor_engine import _settings, _streams
+from monarch_tensor_engine._cache import Cache
+from monarch_tensor_engine._tensor import Ref, Tensor, meta_key
 
 logger = logging.getLogger("monarch.tensor")
+
+
+class _QuietFakeFailures(logging.Filter):
+    """Drops torch's ERROR record of a meta kernel that raised (``failed
+    while attempting to run meta for ...``, with a 20-line traceback) when
+    the engine ran it on its fakes: the caller gets that exception itself,
+    once (a shape mismatch raised in the client).  Others' fake runs keep
+    the record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("failed while attempting to run meta"):
+            return True
+        f = sys._getframe(1)
+        while f is not None:
+            if f.f_globals.get("__name__", "").startswith("monarch_tensor_engine."):
+                return False
+            f = f.f_back
+        return True
+
+
+logging.getLogger("torch._subclasses.fake_tensor").addFilter(_QuietFakeFailures())
 
 #: commands sent in one message per proc, at most
 BATCH = 256
@@ -93,7 +118,21 @@ def is_mutating(func: Any) -> bool:
 
 
 class MeshMismatch(RuntimeError):
-    pass
+    """A tensor of one mesh used inside another (the message names both, and which procs each holds)."""
+
+
+def _ranks_text(mesh: Any) -> str:
+    """``"ranks 1, 3"``: the ranks of ``mesh``'s procs in the mesh it was
+    sliced from (its region's root ranks; a long run as ``"ranks 0-63"``)."""
+    region = getattr(mesh, "_region", None)
+    try:
+        ranks = list(region.root_ranks()) if region is not None else list(range(len(mesh.proc_ids)))
+    except Exception:  # noqa: BLE001 - a mesh-like object without a region: its own numbering
+        ranks = list(range(len(mesh.proc_ids)))
+    if len(ranks) > 2 and ranks == list(range(ranks[0], ranks[0] + len(ranks))):
+        return f"ranks {ranks[0]}-{ranks[-1]}"
+    shown = ", ".join(map(str, ranks[:8]))
+    return f"rank{'s' if len(ranks) != 1 else ''} {shown}{', ...' if len(ranks) > 8 else ''}"
 
 
 class Controller:
@@ -105,6 +144,8 @@ class Controller:
         from monarch_tensor_engine import _worker
 
         self.proc_ids = list(mesh.proc_ids)
+        #: how errors tell this mesh from another part of the same mesh (``where``)
+        self.ranks_text = _ranks_text(mesh)
         self.set_view(mesh)
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.ids = itertools.count(1)
@@ -114,9 +155,7 @@ class Controller:
         self.dropped_bytes = 0
         #: flat ranks whose proc died -> why (commands are no longer sent there)
         self.dead: dict[int, str] = {}
-        from monarch_core import runtime
-
-        runtime.on_proc_failed(self._proc_failed)
+        _listen()
         #: the stream the last command sent belongs to (the procs keep it until told otherwise)
         self.wire_stream: Any = _streams.MAIN
         self.by_fake: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
@@ -124,10 +163,12 @@ class Controller:
         #: each proc's worker, in the procs' order (the same in every view)
         self.ranks = [self.workers.slice(**c) for c in self.coords]
         self.store: tuple[str, int] | None = None
+        size = _settings.get("MONARCH_TENSOR_OP_CACHE_SIZE")
         #: (function, inputs' metadata and scalars) -> (result's metadata, function ref, name): see ``cached``
-        self.op_cache: dict[tuple, tuple] = {}
+        self.op_cache = Cache(size)
         #: what ``_propagate`` learned: (function, signature) -> description of its results
-        self.propagations: dict[Any, Any] = {}
+        self.propagations = Cache(size)
+        #: set when every proc of the mesh is gone (``_proc_failed``): its state is released, and sends refused
         self.closed = False
 
     def set_view(self, mesh: Any) -> Any:
@@ -175,7 +216,10 @@ class Controller:
 
     # ---------------------------------------------------------------- commands
     def send(self, cmd: tuple, stream: Any = None) -> None:
-        """Queue ``cmd`` for every proc, on ``stream`` (default: the active one)."""
+        """Queue ``cmd`` for every proc, on ``stream`` (default: the active one);
+        raises once every proc of the mesh is gone (it was stopped)."""
+        if self.closed:
+            raise self.gone()
         with self.lock:
             self._on_stream(stream or _streams.get_active_stream())
             self.pending.append(cmd)
@@ -205,7 +249,7 @@ class Controller:
             if not self.pending:
                 return
             batch, self.pending = self.pending, []
-            data = cloudpickle.dumps(batch)  # once, not once per proc
+            data = runtime.dumps(batch)  # once, not once per proc
             for i, r in enumerate(self.ranks):
                 if i in self.dead:
                     continue
@@ -217,13 +261,19 @@ class Controller:
                                    i, self.mesh_name, self.dead[i])
 
     def _proc_failed(self, proc_id: str, why: str, stopped: bool) -> None:
-        """A proc failed or stopped (the kernel's thread: hand the work over)."""
-        if proc_id not in self.proc_ids or getattr(self, "closed", False):
+        """A proc failed or stopped (the kernel's thread: hand the work over).
+        When every proc is gone, the controller releases its state
+        (:meth:`release_state`) and leaves the registry: a stopped mesh keeps
+        nothing alive in the client but what its leftover handles hold."""
+        if proc_id not in self.proc_ids or self.closed:
             return
         rank = self.proc_ids.index(proc_id)
         if rank in self.dead:
             return
         self.dead[rank] = why.splitlines()[-1] if why else "it stopped"
+        if len(self.dead) == len(self.proc_ids):
+            self.release_state()
+            return
         if not stopped:
             from monarch_tensor_engine import _collectives
 
@@ -241,6 +291,8 @@ class Controller:
         """A Future of the value of ``t`` on the proc at ``coords``."""
         rank = self.rank_of(coords)
         _streams.check_use(t, False, "fetch_shard")
+        if self.closed:
+            raise self.gone()
         with self.lock:
             self.flush()
             return Fetched(self.ranks[rank].fetch.call_one(t._id, t._stream.key))
@@ -294,6 +346,25 @@ class Controller:
         with self.lock:
             self.flush()
             self.closed = True
+
+    def release_state(self) -> None:
+        """Every proc is gone: drop this controller from the registry and let
+        go of what it holds for the procs (the caches, the pending commands,
+        the workers' handles).  Lock-free (the kernel's thread calls it while
+        the client's may hold the lock): each attribute is replaced whole.
+        The fake mode and the mesh stay, for the leftover handles' metadata."""
+        self.closed = True
+        _forget(self)
+        self.op_cache, self.propagations = Cache(0), Cache(0)
+        self.pending, self.dropped, self.dropped_bytes = [], [], 0
+        self.ranks = []
+        self.workers = None
+
+    def gone(self) -> RuntimeError:
+        """The error of using this controller after its mesh stopped."""
+        why = next(iter(self.dead.values()), "it stopped")
+        return RuntimeError(f"mesh {self.mesh_name!r} {self.sizes} was stopped ({why}): its tensors are gone; "
+                            f"spawn procs again (and activate the new mesh) for more work")
 
     # ---------------------------------------------------------------- dispatch
     def cached(self, func: Callable[..., Any], args: tuple) -> Any:
@@ -353,6 +424,8 @@ class Controller:
             except Exception as e:
                 if foreign:  # fakes of two meshes do not mix: the mesh is the error to report
                     raise self.mismatch(func, foreign[0]) from e
+                if isinstance(e, (DataDependentOutputException, DynamicOutputShapeException)):
+                    raise _data_dependent(func, flat, self.mesh_name) from None
                 raise
         if isinstance(out, torch.Tensor):
             out_flat, out_spec = [out], None
@@ -416,10 +489,15 @@ class Controller:
                 fakes.append(x)
         return handles, fakes
 
+    def where(self) -> str:
+        """This mesh as errors name it: its name, its sizes and which procs
+        of the named mesh it holds (two slices of one mesh differ there)."""
+        return f"mesh {self.mesh_name!r} {self.sizes} ({self.ranks_text} of {self.mesh_name!r})"
+
     def mismatch(self, func: Any, x: Tensor) -> MeshMismatch:
         return MeshMismatch(
-            f"{op_name(func)}: a tensor of mesh {x._ctl.mesh_name!r} {x._ctl.sizes} used inside mesh "
-            f"{self.mesh_name!r} {self.sizes}: move it first (t.to_mesh(mesh)) or activate its mesh")
+            f"{op_name(func)}: a tensor of {x._ctl.where()} used inside {self.where()}: move it first "
+            f"(t.to_mesh(mesh)) or activate its mesh")
 
     def dispatch_described(self, func: Callable[..., Any], args: tuple, kwargs: dict,
                            described: Any = None) -> tuple[Any, Any]:
@@ -482,22 +560,42 @@ class Controller:
 MISS = object()
 #: argument types an operation's cache key holds as they are (with their type: 1, 1.0 and True differ)
 _KEYABLE = (int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
+#: operations whose results' metadata depend on a number argument's type only, never on its value (element-wise
+#: arithmetic and comparisons, clamps, fills): their cache key holds an int, float or complex as its type, so a
+#: value that changes at every step (a learning-rate schedule, a step counter) reuses one entry.  Not ``pow`` nor
+#: shape arguments (``reshape``, ``view``, ``expand``, ``narrow``...), whose values the fakes check or use.
+_VALUE_FREE = {f for n in ("add", "sub", "mul", "div", "true_divide", "subtract", "multiply", "divide", "rsub",
+                           "__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__truediv__",
+                           "__rtruediv__", "__div__", "__rdiv__", "eq", "ne", "lt", "le", "gt", "ge", "__eq__",
+                           "__ne__", "__lt__", "__le__", "__gt__", "__ge__", "clamp", "clamp_min", "clamp_max", "clip",
+                           "where", "masked_fill", "lerp")
+               for f in (getattr(torch, n, None), getattr(torch.Tensor, n, None)) if f is not None}
+#: ints held by type only lie in this range (the fakes refuse a larger one: it must reach them)
+_I64 = 1 << 63
 
 
 def _op_key(ctl: Controller, func: Any, args: tuple) -> tuple | None:
     """The cache key of ``func(*args)``, or None when it may not be cached:
     an argument that is not a distributed tensor of this mesh on the active
-    stream, unguarded and not requiring grad, nor a plain scalar."""
+    stream, unguarded and not requiring grad, nor a plain scalar.  A tensor
+    is keyed by its metadata (``Tensor._key``, which in-place operations
+    keep current); a scalar by its type and value, or by its type alone for
+    the operations of :data:`_VALUE_FREE`."""
     key: list[Any] = [func]
     stream = _streams.get_active_stream()
+    free = func in _VALUE_FREE
     for x in args:
-        if type(x) is Tensor:
+        t = type(x)
+        if t is Tensor:
             k = x._key
             if x._ctl is not ctl or x._guard is not None or x._stream is not stream or k[4]:
                 return None
             key.append(k)
-        elif type(x) in _KEYABLE:
-            key.append((type(x), x))
+        elif t in _KEYABLE:
+            if free and (t is float or t is complex or (t is int and -_I64 <= x < _I64)):
+                key.append(t)  # the type alone (a value is a (type, value) pair)
+            else:
+                key.append((t, x))
         else:
             return None
     return tuple(key)
@@ -554,13 +652,37 @@ class Fetched:
 
 
 def _sync(h: Tensor, fake: torch.Tensor) -> None:
-    with torch._C.DisableTorchFunctionSubclass():
-        if tuple(h.shape) != tuple(fake.shape):
-            raise RuntimeError("an in-place operation that changes a distributed tensor's shape is not supported; "
-                               "use the out-of-place form (t = t.view(...))")
-        if h.requires_grad != fake.requires_grad:
-            torch.Tensor.requires_grad_(h, fake.requires_grad)
-            h._key = (*h._key[:4], bool(fake.requires_grad))
+    """``h`` was changed in place (its fake was, and the procs' tensors will
+    be): it takes the fake's metadata.  An in-place view (``unsqueeze_``,
+    ``squeeze_``, ``t_``, ``transpose_``, ``as_strided_``), a ``resize_``, a
+    resizing ``out=`` change the shape and strides; ``requires_grad_`` the
+    flag.  ``h._key`` (what the op cache keys on, and what ``materialize``
+    makes a fake from) follows; every metadata query of a handle is answered
+    from its fake, through torch function."""
+    key = meta_key(fake)
+    if key != h._key:
+        if key[4] != h._key[4]:
+            with torch._C.DisableTorchFunctionSubclass():
+                torch.Tensor.requires_grad_(h, key[4])
+        h._key = key
+
+
+def _data_dependent(func: Any, flat: list, mesh_name: str) -> RuntimeError:
+    """The error of an operation whose result's shape (or an index) depends
+    on a distributed tensor's values, which the client does not have."""
+    name = op_name(func)
+    index = next((x for x in flat[1:] if isinstance(x, Tensor) and x._key[0] == () and x._key[2] is not torch.bool
+                  and not x._key[2].is_floating_point and not x._key[2].is_complex), None)
+    if name in ("__getitem__", "__setitem__") and index is not None:
+        return RuntimeError(
+            f"{name}: indexing by a distributed 0-d tensor (x[i]) reads its value, which lives on the procs of mesh "
+            f"{mesh_name!r}: index with a 1-element tensor instead, x[i.reshape(1)] (the result keeps that dimension: "
+            f"x[i.reshape(1)][0], or torch.index_select(x, 0, i.reshape(1)).squeeze(0)); x[i.reshape(1)] = v assigns")
+    return RuntimeError(
+        f"{name}: its result's shape depends on the values of a distributed tensor, which live on the procs of mesh "
+        f"{mesh_name!r} (the client knows only shapes): use an operation of fixed shape (torch.where(mask, x, 0) "
+        f"for x[mask]), run it in remote(fn, propagate='inspect'), or fetch the values first "
+        f"(monarch_core.inspect(t))")
 
 
 class _Mode(TorchFunctionMode):
@@ -588,6 +710,33 @@ def _stack() -> list:
 #: them) is the same mesh
 _controllers: dict[tuple, Controller] = {}
 _lock = threading.Lock()
+
+
+def _forget(ctl: Controller) -> None:
+    """Take ``ctl`` out of the registry (its procs are gone; any thread)."""
+    key = tuple(ctl.proc_ids)
+    if _controllers.get(key) is ctl:
+        _controllers.pop(key, None)
+
+
+#: the runtime (``runtime.local_ref()``) whose proc failures :func:`_on_proc_failed` hears
+_listening: tuple | None = None
+
+
+def _listen() -> None:
+    """Hear this runtime's proc failures (once per runtime, under ``_lock``):
+    one listener for every controller, so that no listener keeps one alive."""
+    global _listening
+    ref = runtime.local_ref()
+    if _listening != ref:
+        runtime.on_proc_failed(_on_proc_failed)
+        _listening = ref
+
+
+def _on_proc_failed(proc_id: str, why: str, stopped: bool) -> None:
+    """A proc failed or stopped (the kernel's thread): tell the controllers of meshes that hold it."""
+    for ctl in list(_controllers.values()):
+        ctl._proc_failed(proc_id, why, stopped)
 
 
 def controller(mesh: Any) -> Controller:

@@ -15,3 +15,10 @@ def monarch_tensor_engine() -> object:
     from monarch_tensor_engine import api
 
     return api
+
+
+@hookimpl
+def monarch_settings() -> list:
+    from monarch_tensor_engine import _settings
+
+    return _settings.SETTINGS
