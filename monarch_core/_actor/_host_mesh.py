@@ -446,6 +446,10 @@ def _check_per_host(per_host: Any, host_labels: tuple) -> dict[str, int]:
         return {}
     if not isinstance(per_host, dict):
         raise TypeError(f"per_host must be a dict like {{'gpus': 4}}, got {type(per_host).__name__}")
+    if not per_host:
+        raise ValueError(
+            "per_host={} names no dimension of procs per host: give one, like per_host={'gpus': 4}, or leave "
+            "per_host out for one proc per host")
     for k, v in per_host.items():
         if not isinstance(k, str) or not k:
             raise TypeError(f"per_host keys must be dimension names (str), got {k!r}")

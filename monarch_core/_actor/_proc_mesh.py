@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import uuid
 from typing import Any, TypeVar
@@ -74,7 +75,10 @@ class ProcMesh(_Mesh):
 
         Returns immediately; each actor's ``__init__`` runs before its first
         endpoint call.  ``ValueError`` if ``Class`` is not an ``Actor``
-        subclass."""
+        subclass, or if an actor mesh of this proc mesh (or of a slice of it)
+        already has that ``name`` and has not been stopped; ``TypeError``,
+        before anything is sent, if ``args``/``kwargs`` do not fit the
+        signature of ``Class.__init__`` (as torchmonarch does)."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"spawn(name, Class, ...): name must be a non-empty str, got {name!r}")
         if not (isinstance(Class, type) and issubclass(Class, Actor)):
@@ -88,6 +92,15 @@ class ProcMesh(_Mesh):
                 f"proc mesh {self._name!r} has been stopped{f' ({why})' if why else ''}; cannot spawn "
                 f"{name!r} on it: spawn procs again"
             )
+        _bind_constructor(name, Class, args, kwargs)
+        for other in self._actor_meshes.values():
+            if other._name == name:
+                raise ValueError(
+                    f"spawn({name!r}, {Class.__qualname__}): proc mesh {self._name!r} already has an actor mesh "
+                    f"named {name!r} (class {other._class.__qualname__}); their metrics and logs would be "
+                    f"mixed up. Give this one another name (for example {name + '_2'!r}), or stop the other first "
+                    f"({name}.stop())"
+                )
         try:
             payload, bufs = _serial.dumps((Class, args, kwargs))
         except Exception as e:
@@ -230,6 +243,12 @@ class ProcMesh(_Mesh):
         """``{dim: rank_tensor(dim)}`` for every dimension of this mesh."""
         return _engine.engine("ProcMesh.rank_tensors()").rank_tensors(self)
 
+    def process_group(self, dims: Any, backend: str | None = None) -> Any:
+        """A ``torch.distributed`` process group over the dimensions ``dims`` of
+        this mesh, for remote functions running on its procs (the tensor
+        engine's ``RemoteProcessGroup``; docs/tensors.md)."""
+        return _engine.engine("ProcMesh.process_group()").process_group(self, dims, backend)
+
     def to_table(self) -> str:
         """A text table: rank, coordinates, proc id, pid, address, host name."""
         rows = [f"{'rank':>4}  {'coords':<28} {'proc':<40} {'pid':>8}  {'address':<40} host"]
@@ -257,3 +276,32 @@ class ProcMesh(_Mesh):
 def _rebuild_proc_mesh(name: str, refs: list, region: Region) -> ProcMesh:
     return ProcMesh(name, [_slot_from_ref(r) for r in refs], region, None, Future._resolved(True)._ensure(), False)
 
+
+
+def _bind_constructor(name: str, Class: type, args: tuple, kwargs: dict) -> None:
+    """``TypeError`` naming the class and the argument if ``Class(*args,
+    **kwargs)`` would not bind to ``Class.__init__`` 's signature (checked
+    here, before anything is sent: the actors would all fail in ``__init__``)."""
+    if Class.__init__ is object.__init__:  # no ``__init__`` of its own: it takes no arguments
+        if args or kwargs:
+            raise TypeError(
+                f"spawn({name!r}, {Class.__qualname__}, ...): {Class.__qualname__} defines no __init__, so it takes "
+                f"no constructor arguments; got {len(args)} positional and {sorted(kwargs)} keyword")
+        return
+    try:
+        sig = inspect.signature(Class.__init__)
+    except (TypeError, ValueError):  # no signature to check (a builtin): the actors find out
+        return
+    try:
+        sig.bind(None, *args, **kwargs)  # ``None`` for ``self``
+    except TypeError as e:
+        raise TypeError(
+            f"spawn({name!r}, {Class.__qualname__}, ...): the arguments do not fit "
+            f"{Class.__qualname__}.__init__{_shown(sig)}: {e}"
+        ) from None
+
+
+def _shown(sig: inspect.Signature) -> str:
+    """The signature without ``self``, as the user wrote it."""
+    params = list(sig.parameters.values())[1:]
+    return str(sig.replace(parameters=params))

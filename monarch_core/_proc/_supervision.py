@@ -16,7 +16,9 @@ owner's proc, where
 
 At the root (the client) an unhandled failure goes to
 ``monarch_core.actor.unhandled_fault_hook``; its default logs the report and
-ends the client with exit code 1 (``KeyboardInterrupt`` in the main thread).
+ends the client with exit code 1 (``KeyboardInterrupt`` in the main thread),
+except for an ``__init__`` that raised: the client's calls to that mesh (and
+its ``initialized``) raise it, and the default hook leaves it to them.
 Each failed rank is reported at most once.
 
 *Notices* take the same way without anything having failed: a scheduler's
@@ -178,7 +180,9 @@ def unhandled_fault_hook(failure: MeshFailure) -> None:
     normal return drops the fault; raising anything (including ``SystemExit``)
     leaves it unhandled.  The default logs the report and leaves it unhandled,
     which ends the client with exit code 1 by delivering ``KeyboardInterrupt``
-    to the main thread."""
+    to the main thread -- except for an actor whose ``__init__`` raised, a
+    failure the calls to its mesh (and its ``initialized``) raise as
+    ``ActorError``: the default hook is not called for it."""
     raise SystemExit(1)
 
 
@@ -214,6 +218,15 @@ def _run_hook(failure: MeshFailure) -> None:
 
     obs = _state.observer()
     first = failure.events[0]
+    if hook is unhandled_fault_hook and first.get("init") and len(failure.events) == 1:
+        # An ``__init__`` that raised: the ``initialized`` future and every call of its mesh raise
+        # the ``ActorError`` (actor, rank, remote traceback), which is where the user hears of it --
+        # once, and without the client being interrupted (it may catch it and go on).  A hook the
+        # user assigned sees it as any other failure.
+        obs.supervision_handled(failure.mesh_name, "unhandled_fault_hook", True)
+        logger.info("__init__ of %s raised; the calls to its mesh %r raise it (not ending the client)",
+                    first.get("actor"), failure.mesh_name)
+        return
     try:
         hook(failure)
     except BaseException as e:  # noqa: BLE001 - any exception means "unhandled"

@@ -83,6 +83,8 @@ class ProcWatch:
             chain=chain,
             host=this_proc_and_host()[1],
         )
+        if host.init_error is not None:
+            report["init"] = True  # its __init__ raised (``_supervision._run_hook``)
         owner = host.owner
         if owner is None or owner[0] == self.kernel.proc_id:
             self.handle_report(report)
@@ -112,6 +114,10 @@ class ProcWatch:
 
         rec = self.supervised.get(report["mesh_key"])
         if rec is None:
+            if report.get("init"):  # its callers were told (a mesh stopped since: the client ending, say)
+                logger.info("failure in __init__ of actor %s, whose mesh this process does not own (any more)",
+                            report["actor"])
+                return
             logger.warning(
                 "failure of actor %s, whose mesh this process does not own (any more):\n%s",
                 report["actor"],
