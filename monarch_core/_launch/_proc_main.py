@@ -143,11 +143,12 @@ def finish(code: int) -> None:
     threads, run the ``atexit`` handlers (logging's flush, users' trackers),
     then drop the globals of the modules the proc imported *from outside the
     Python installation* after it started -- the user's own modules, whose
-    ``__del__`` and ``weakref.finalize`` callbacks run -- collect what that
-    freed, flush the standard streams and exit (``os._exit``).
+    ``__del__`` and ``weakref.finalize`` callbacks run -- flush the standard
+    streams and exit (``os._exit``).
 
     What is skipped is the rest of ``Py_Finalize``: freeing every object of
-    every installed and inherited module, one by one.  In a proc forked from
+    every installed and inherited module, one by one, and a last collection
+    of cyclic garbage (a second per proc holding thousands of stopped actors).  In a proc forked from
     the fork server that is most of its stop (about 0.2 s of CPU, much of it
     copying pages it shares with the fork server), so N procs stopping cost
     N times that on a host's cores; ``multiprocessing``'s children skip it
@@ -175,6 +176,7 @@ def finish(code: int) -> None:
 def _finalize(threading: Any) -> None:
     import atexit
 
+    gc.disable()  # what is left goes with the process: no collection walks it now
     shutdown = getattr(threading, "_shutdown", None)  # what the interpreter calls first: joins non-daemon threads
     if shutdown is not None:
         shutdown()
@@ -188,7 +190,6 @@ def _finalize(threading: Any) -> None:
             continue
         for k in [k for k in d if not (k.startswith("__") and k.endswith("__"))]:
             d[k] = None
-    gc.collect()
 
 
 #: the modules of this process when its proc started serving (the runtime's own, and what the fork server held)
