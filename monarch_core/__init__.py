@@ -31,6 +31,10 @@ def __getattr__(name: str) -> Any:  # lazy: importing monarch_core stays cheap
         from monarch_core._workspace import Workspace
 
         return Workspace
+    if name == "random":  # the reference's monarch.random (the procs' generators), from the engine plugin
+        import importlib
+
+        return importlib.import_module("monarch_core.random")
     from monarch_core._compat import TENSOR_ENGINE_NAMES
 
     if name in TENSOR_ENGINE_NAMES:  # the reference's distributed-tensor names, from the engine plugin

@@ -16,8 +16,9 @@ __all__ = ["BaseExceptionGroup", "SPMD_NAMES", "TENSOR_ENGINE_NAMES", "leaf_exce
 #: ``monarch_core`` resolved through the tensor engine plugin
 #: (``import monarch_core as monarch; monarch.fetch_shard(...)``).
 TENSOR_ENGINE_NAMES = (
-    "Stream", "Tensor", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh", "get_active_stream",
-    "grad_generator", "inspect", "no_mesh", "reduce", "reduce_", "remote", "show", "slice_mesh", "to_mesh",
+    "RemoteProcessGroup", "Stream", "Tensor", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh",
+    "get_active_stream", "grad_generator", "inspect", "no_mesh", "reduce", "reduce_", "remote", "show", "slice_mesh",
+    "to_mesh",
 )
 
 #: The names of ``monarch_core.spmd`` (the reference's ``monarch.spmd``) that

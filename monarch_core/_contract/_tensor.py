@@ -22,6 +22,9 @@ def monarch_tensor_engine() -> Any:
       operations run on every proc of the mesh (``ProcMesh.activate()``);
     * ``rank_tensor(proc_mesh, dim)`` and ``rank_tensors(proc_mesh)``
       (``ProcMesh.rank_tensor``/``rank_tensors``);
+    * ``process_group(proc_mesh, dims, backend)`` (``ProcMesh.process_group``);
+    * ``random``: the module of the reference's ``monarch.random``
+      (``monarch_core.random`` forwards to it);
     * ``rref(endpoint, args, kwargs)`` (``Endpoint.rref``);
     * every name of :data:`TENSOR_ENGINE_NAMES`, which ``monarch_core``
       re-exports lazily.

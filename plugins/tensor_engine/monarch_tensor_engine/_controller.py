@@ -44,6 +44,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from monarch_core import runtime
 from monarch_core.errors import SupervisionError
 from monarch_tensor_engine import _settings, _streams
+from monarch_tensor_engine import _globals, _known
 from monarch_tensor_engine._cache import Cache
 from monarch_tensor_engine._tensor import Ref, Tensor, meta_key
 
@@ -138,6 +139,9 @@ def _ranks_text(mesh: Any) -> str:
 class Controller:
     """The client's state for one proc mesh (see the module docstring)."""
 
+    #: the default dtype last sent to the procs (None: not yet); see ``_globals.sync``
+    default_dtype: Any = None
+
     def __init__(self, mesh: Any) -> None:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -222,6 +226,8 @@ class Controller:
             raise self.gone()
         with self.lock:
             self._on_stream(stream or _streams.get_active_stream())
+            if cmd[0] != "op" and _known.any_live():  # a command that may write or alias a known value
+                _known.taint(self, cmd)
             self.pending.append(cmd)
             if len(self.pending) >= BATCH or self.dropped_bytes >= FREE_BYTES:
                 self.flush()
@@ -376,6 +382,8 @@ class Controller:
         key = _op_key(self, func, args)
         if key is None:
             return MISS, None
+        if _known.any_live() and _known.among(args):
+            return MISS, key  # known inputs: the slow path computes the result's value too
         hit = self.op_cache.get(key)
         if hit is None:
             return MISS, key
@@ -387,6 +395,8 @@ class Controller:
 
     def dispatch(self, func: Callable[..., Any], args: tuple, kwargs: dict, *, fake_func: Any = None,
                  always: bool = False) -> Any:
+        if torch.get_default_dtype() is not self.default_dtype or torch._C._is_any_autocast_enabled():
+            _globals.sync(self)  # the procs follow the client's default dtype; autocast is refused
         op_key = None
         if not kwargs and fake_func is None:
             got, op_key = self.cached(func, args)
@@ -403,6 +413,9 @@ class Controller:
             with torch._C.DisableTorchFunction():
                 return func(*args, **kwargs)
         if name in _VALUE_READS:
+            got = _known.read(func, flat, spec)  # a value the client knows (an optimizer's step count)
+            if got is not _known.UNKNOWN:
+                return got
             raise RuntimeError(
                 f"{op_name(func)}() reads a value, and the values of a distributed tensor live on the procs of mesh "
                 f"{self.mesh_name!r}: fetch one with monarch_core.inspect(t, **coords) (or fetch_shard(t).get())")
@@ -461,6 +474,7 @@ class Controller:
               and not out.requires_grad and not any(out is f for f in fakes)):
             # a fresh tensor of metadata that the inputs' determine: cache it
             self.op_cache[op_key] = (results[0]._key, func_ref(func), op_name(func))
+        _known.track(self, func, flat, spec, kwargs, handles, results, mutating, always, op_key)
         args_t = _unflatten([Ref(x._id) if isinstance(x, Tensor) else x for x in flat], spec)
         self.send(("op", func_ref(func), args_t[0], args_t[1], out_ids, torch.is_grad_enabled(), op_name(func)))
         return results[0] if out_spec is None else tree_unflatten(results, out_spec)
@@ -510,6 +524,8 @@ class Controller:
         ``TensorOpError``."""
         from monarch_tensor_engine._worker import Meta
 
+        if torch.get_default_dtype() is not self.default_dtype or torch._C._is_any_autocast_enabled():
+            _globals.sync(self)  # the procs follow the client's default dtype; autocast is refused
         flat, spec = _flatten(args, kwargs)
         handles, _ = self._inputs(func, flat)
         self.check_streams(func, handles, kwargs, None)

@@ -45,6 +45,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from monarch_core.actor import Actor, current_rank, endpoint
+from monarch_tensor_engine._process_group import ProcessGroupRef
 from monarch_tensor_engine._tensor import Ref
 
 logger = logging.getLogger("monarch.tensor")
@@ -326,7 +327,11 @@ class Worker(Actor):
 
     # ---------------------------------------------------------------- helpers
     def _value(self, x: Any) -> Any:
-        return self.env[x.id] if isinstance(x, Ref) else x
+        if isinstance(x, Ref):
+            return self.env[x.id]
+        if type(x) is ProcessGroupRef:  # mesh.process_group(dims), passed to a remote function
+            return x.resolve(self)
+        return x
 
     def _poisoned(self, tree: Any) -> Poison | None:
         for x in tree_flatten(tree)[0]:

@@ -1,7 +1,10 @@
 """What this plugin provides as the tensor engine (the ``monarch_tensor_engine``
 hook returns this module): ``ProcMesh.activate``/``rank_tensor``/
 ``rank_tensors`` and the reference's top-level names, which ``monarch_core``
-re-exports (``import monarch_core as monarch; monarch.inspect(t)``)."""
+re-exports (``import monarch_core as monarch; monarch.inspect(t)``).
+Loading it wraps torch's global-state functions that must reach the procs
+(``torch.manual_seed``, ...; see ``_globals``); ``api.random`` is the
+reference's ``monarch.random`` (:mod:`monarch_tensor_engine.random`)."""
 
 from __future__ import annotations
 
@@ -9,22 +12,44 @@ from typing import Any, Callable
 
 import torch
 
-from monarch_tensor_engine import _controller
+from monarch_tensor_engine import _controller, _globals
 from monarch_tensor_engine._streams import Borrow, Stream, get_active_stream
 from monarch_tensor_engine._collectives import reduce as _reduce
+from monarch_tensor_engine._process_group import RemoteProcessGroup
 from monarch_tensor_engine._tensor import Tensor
 from monarch_tensor_engine._worker import TensorOpError
 
 __all__ = [
-    "Borrow", "Stream", "Tensor", "TensorOpError", "activate", "get_active_stream", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh",
+    "Borrow", "RemoteProcessGroup", "Stream", "Tensor", "TensorOpError", "activate", "get_active_stream", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh",
     "grad_generator", "inspect",
-    "no_mesh", "rank_tensor", "rank_tensors", "reduce", "reduce_", "remote", "rref", "show", "slice_mesh", "to_mesh",
+    "no_mesh", "process_group", "random", "rank_tensor", "rank_tensors", "reduce", "reduce_", "remote", "rref", "show", "slice_mesh", "to_mesh",
 ]
 
 
+_globals.install()
+
+
+def __getattr__(name: str) -> Any:
+    if name == "random":  # imported on first use: it defines remote functions with this module's remote()
+        import importlib
+
+        return importlib.import_module("monarch_tensor_engine.random")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def activate(proc_mesh: Any) -> _controller.Active:
-    """``ProcMesh.activate()``: a context manager inside which torch runs on every proc of ``proc_mesh``."""
+    """``ProcMesh.activate()``: a context manager inside which torch runs on every proc of ``proc_mesh``.
+    Refused while the client's default device is not the CPU (``_globals.check_activate``)."""
+    _globals.check_activate()
     return _controller.Active(proc_mesh)
+
+
+def process_group(proc_mesh: Any, dims: Any, backend: str | None = None) -> RemoteProcessGroup:
+    """``ProcMesh.process_group(dims)``: a ``torch.distributed`` process group over
+    ``dims`` for remote functions on the procs (see ``_process_group``)."""
+    from monarch_tensor_engine import _process_group
+
+    return _process_group.process_group(proc_mesh, dims, backend)
 
 
 def get_active_mesh() -> Any:
