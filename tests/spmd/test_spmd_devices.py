@@ -28,8 +28,8 @@ class Env(Actor):
         return os.environ.get(CUDA), os.environ.get("LOCAL_RANK")
 
 
-def _ranks_see(pm) -> list:  # type: ignore[no-untyped-def]
-    return pm.spawn("env", Env).get.call().get(timeout=90).values()
+def _ranks_see(pm, name: str) -> list:  # type: ignore[no-untyped-def]
+    return pm.spawn(name, Env).get.call().get(timeout=90).values()
 
 
 @pytest.mark.parametrize("host_list", ["4,6", None], ids=["host-list", "no-host-list"])
@@ -45,11 +45,11 @@ def test_ranks_get_their_hosts_devices_back_and_local_rank_names_theirs(
     pm = this_host().spawn_procs(per_host={"gpus": 2})
     try:
         own = ["4", "6"] if host_list else ["0", "1"]
-        assert _ranks_see(pm) == [(own[0], None), (own[1], None)]  # one device each, before torchrun's env
+        assert _ranks_see(pm, "before") == [(own[0], None), (own[1], None)]  # one device each, before torchrun's env
         am = setup_torch_elastic_env(pm)
-        assert _ranks_see(pm) == [(host_list, "0"), (host_list, "1")]  # torchrun's view: the host's, unchanged
+        assert _ranks_see(pm, "after") == [(host_list, "0"), (host_list, "1")]  # torchrun's view: the host's, unchanged
         am.setup_env.call("127.0.0.1", 29500).get(timeout=60)  # again: the same
-        assert _ranks_see(pm) == [(host_list, "0"), (host_list, "1")]
+        assert _ranks_see(pm, "again") == [(host_list, "0"), (host_list, "1")]
     finally:
         pm.stop().get(timeout=60)
 
