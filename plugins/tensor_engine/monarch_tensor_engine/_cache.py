@@ -12,7 +12,7 @@ only to fill an entry twice.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Hashable
+from typing import Any, Hashable, Iterator
 
 
 class Cache:
@@ -46,6 +46,10 @@ class Cache:
 
     def __len__(self) -> int:
         return len(self._d)
+
+    def __iter__(self) -> Iterator[Hashable]:
+        """The keys, least recently used first (a snapshot)."""
+        return iter(list(self._d))
 
     def clear(self) -> None:
         self._d.clear()

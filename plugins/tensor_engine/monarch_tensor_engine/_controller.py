@@ -163,7 +163,8 @@ class Controller:
         #: the stream the last command sent belongs to (the procs keep it until told otherwise)
         self.wire_stream: Any = _streams.MAIN
         self.by_fake: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
-        self.workers = mesh.spawn("_tensor_workers", _worker.Worker)
+        # a name of its own: views of overlapping procs (a mesh and its slices) each spawn their workers there
+        self.workers = mesh.spawn(f"_tensor_workers_{next(_worker_meshes)}", _worker.Worker)
         #: each proc's worker, in the procs' order (the same in every view)
         self.ranks = [self.workers.slice(**c) for c in self.coords]
         self.store: tuple[str, int] | None = None
@@ -574,6 +575,8 @@ class Controller:
 
 #: what ``Controller.cached`` returns when the fast path does not apply
 MISS = object()
+#: numbers the controllers' worker meshes (a proc mesh refuses two live actor meshes of one name)
+_worker_meshes = itertools.count(1)
 #: argument types an operation's cache key holds as they are (with their type: 1, 1.0 and True differ)
 _KEYABLE = (int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
 #: operations whose results' metadata depend on a number argument's type only, never on its value (element-wise

@@ -57,7 +57,10 @@ class Tensor(torch.Tensor):
     _stream: Any
     #: None, or what checks its uses while it is lent or borrowed (``_streams.Lent``/``Borrow``)
     _guard: Any
-    #: (shape, strides, dtype, device, requires_grad): what a cached operation's key holds
+    #: (shape, strides, dtype, device, requires_grad): what a cached operation's key holds; an in-place
+    #: operation that changes the metadata (``unsqueeze_``, ``t_``, ``resize_``...) updates it with the fake
+    #: (``_controller._sync``).  Every metadata query goes through torch function to the fake: the wrapper's
+    #: own sizes are those it was made with
     _key: tuple
     #: its fake tensor, or None until something needs it (a result of a cached operation)
     _fk: Any
