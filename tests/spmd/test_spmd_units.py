@@ -17,7 +17,7 @@ from monarch_core.runtime import AddrType, master_address, transport_host
 from monarch_core.spmd import setup_torch_elastic_env
 from monarch_spmd import _command, api
 from monarch_spmd._env import Layout, apply, torchrun_env
-from monarch_spmd._script import ScriptError, _exit_code, check_argv
+from monarch_spmd._script import ScriptError, ScriptOptions, check_argv, command, exit_status, parse_std, std_for
 
 pytestmark = pytest.mark.unit
 
@@ -96,7 +96,31 @@ def test_argv_and_exit_statuses_follow_python() -> None:
         check_argv(["-m"])
     with pytest.raises(TypeError, match="list of str"):
         check_argv("train.py")  # type: ignore[arg-type]
-    assert [_exit_code(c) for c in (None, 0, 3, True, "boom", 256 + 7)] == [0, 0, 3, 1, 1, 7]
+    assert [exit_status(c) for c in (0, 3, -9, -15)] == [0, 3, 137, 143]  # 128 + N for a signal, as a shell
+
+
+def test_each_rank_runs_torchruns_command_line_for_a_script_a_module_run_path_and_no_python() -> None:
+    py = "/venv/bin/python"
+    assert command(["t.py", "--lr", "1"], ScriptOptions(), py) == [py, "-u", "t.py", "--lr", "1"]
+    assert command(["-m", "pkg.train", "x"], ScriptOptions(), py) == [py, "-u", "-m", "pkg.train", "x"]
+    run_path = command(["/abs/t.py", "x"], ScriptOptions(run_path=True), py)
+    assert run_path[:3] == [py, "-u", "-c"] and "runpy.run_path" in run_path[3] and run_path[4:] == ["/abs/t.py", "x"]
+    assert command(["t.py"], ScriptOptions(run_path=True, no_python=True), py)[:3] == [py, "-u", "-c"]  # as torchrun
+    assert command(["nvidia-smi", "-L"], ScriptOptions(no_python=True), py) == ["nvidia-smi", "-L"]
+    with pytest.raises(ValueError, match="module.*python -m"):
+        command(["-m", "pkg"], ScriptOptions(no_python=True), py)
+
+
+def test_redirects_and_tee_take_torchruns_values_per_local_rank() -> None:
+    assert parse_std("3", "--tee") == 3 and parse_std("0:1,1:2", "--tee") == {0: 1, 1: 2}
+    assert [std_for({0: 1, 1: 2}, r) for r in range(3)] == [1, 2, 0] and std_for(2, 5) == 2
+    for bad in ("4", "a", "0:1,", "1:7"):
+        with pytest.raises(ValueError, match="0 \\(none\\), 1 \\(stdout\\), 2 \\(stderr\\) or 3"):
+            parse_std(bad, "--redirects")
+    with pytest.raises(ValueError, match="redirects needs log_dir"):
+        ScriptOptions(redirects=1)
+    with pytest.raises(ValueError, match="tee must be 0-3"):
+        ScriptOptions(log_dir="/tmp/x", tee={0: 5})
 
 
 def test_a_script_error_survives_pickling_with_its_fields() -> None:
@@ -128,7 +152,15 @@ def _parse(*argv: str) -> argparse.Namespace:
     (["--master-addr", "h", "t.py"], "both --master-addr and --master-port"),
     (["--node-rank", "1", "t.py"], "run it once"),
     (["--rdzv-backend", "c10d", "t.py"], "rendezvous is static"),
-    (["--no-python", "t.py"], "--no-python is not supported"),
+    (["--no-python", "-m", "pkg"], "-m runs a module with python -m"),
+    (["--run-path", "-m", "pkg"], "-m runs a module with python -m"),
+    (["--no-python", "/nonexistent/tool"], "--no-python: the command '/nonexistent/tool' is not found"),
+    (["--redirects", "5", "t.py"], "--redirects '5': give 0 (none)"),
+    (["-t", "0:9", "t.py"], "--tee '0:9': give 0 (none)"),
+    (["--local-ranks-filter", "a,b", "t.py"], "--local-ranks-filter 'a,b': give local ranks"),
+    (["--local-addr", "h", "--master-addr", "h", "--master-port", "1", "t.py"], "give one of them"),
+    (["--monitor-interval", "0", "t.py"], "--monitor-interval must be more than 0"),
+    (["--log-dir", __file__, "t.py"], "is a file; give a folder"),
     (["/nonexistent/train.py"], "does not exist"),
 ])
 def test_the_command_refuses_bad_input_with_status_2_and_says_why(argv, message, capsys) -> None:  # type: ignore[no-untyped-def]

@@ -5,17 +5,22 @@ from __future__ import annotations
 
 import logging
 import socket
+import time
 from typing import Any, Sequence
 
+from monarch_core import runtime
 from monarch_core.actor import Actor, Port, ProcMesh, current_rank, current_size, endpoint
 from monarch_core.runtime import AddrType, free_port, host_address
-from monarch_spmd import _env
-from monarch_spmd._script import check_argv, release, run_main
+from monarch_spmd import _env, _store
+from monarch_spmd._script import ScriptOptions, check_argv, run_main
 
 logger = logging.getLogger("monarch.spmd")
 
 #: the name the reference spawns its actor under
 ACTOR_NAME = "_SPMDActor"
+#: how long a rank whose collective broke (because another rank failed) waits before it reports: the
+#: caller hears first of the rank that failed on its own
+SECONDARY_DELAY_S = 1.0
 
 
 class SPMDActor(Actor):
@@ -27,12 +32,15 @@ class SPMDActor(Actor):
     reference's): ``get_host_port(use_ipaddr)`` -> ``(address, port)``, an
     address the other ranks can reach this proc at and a port free on its
     host; ``setup_env(master_addr, master_port)``; ``main(master_addr,
-    master_port, argv)`` -> ``True``, which sets the environment and runs
-    ``argv`` (``["train.py", ...]`` or ``["-m", "module", ...]``) as
-    ``python`` would, raising :class:`ScriptError` (rank, exit status) when
-    it raises or exits non-zero.  ``setup_env`` and ``main`` also take the
-    keywords ``role``, ``run_id``, ``restart_count`` and ``max_restarts``
-    (torchrun's ``ROLE_NAME`` and ``TORCHELASTIC_*``)."""
+    master_port, argv)`` -> ``True``, which runs ``argv``
+    (``["train.py", ...]`` or ``["-m", "module", ...]``) as ``python argv``
+    would, in a fresh child process of the proc with torchrun's environment
+    (``monarch_spmd._script.run_main``), raising :class:`ScriptError` (rank,
+    exit status) when it exits non-zero.  ``setup_env`` and ``main`` also
+    take the keywords ``role``, ``run_id``, ``restart_count`` and
+    ``max_restarts`` (torchrun's ``ROLE_NAME`` and ``TORCHELASTIC_*``);
+    ``main`` also ``options`` (:class:`ScriptOptions`: ``--run-path``,
+    ``--no-python``, log files)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -44,6 +52,7 @@ class SPMDActor(Actor):
         self.local_world_size = self.nproc_per_node = self.layout.local_world_size
         self.group_rank = self.layout.group_rank
         self.group_world_size = self.layout.group_world_size
+        self._store: Any = None  # rank 0: the rendezvous store of the last main (monarch_spmd._store)
 
     def _setup_env(self, master_addr: str, master_port: int, role: str, run_id: str, restart_count: int,
                    max_restarts: int) -> None:
@@ -66,23 +75,40 @@ class SPMDActor(Actor):
     @endpoint(explicit_response_port=True)
     def main(self, port: Port, master_addr: str, master_port: int, script_args: Sequence[str], *,
              role: str = _env.DEFAULT_ROLE, run_id: str = "none", restart_count: int = 0,
-             max_restarts: int = 0) -> None:
-        """Set the environment, then run ``script_args`` here as ``__main__``;
-        ``True`` once it returns.  A failure is answered before the script's
-        process groups are torn down, so the caller hears of this rank before
-        its peers' collectives break."""
+             max_restarts: int = 0, options: ScriptOptions | None = None) -> None:
+        """Run ``script_args`` in a child process with torchrun's
+        environment; ``True`` once it exited 0.  Rank 0 first hosts a fresh
+        rendezvous store at ``master_port`` for the run, as torchrun's agent
+        does (``monarch_spmd._store``; it lives until the next ``main`` or
+        until this actor stops, so it outlives every rank's script).  A rank
+        whose failure came out of a collective reports it
+        :data:`SECONDARY_DELAY_S` later, so the caller hears first of the
+        rank that failed on its own.  The child is SIGTERMed (then
+        SIGKILLed) when this proc or actor stops."""
         try:
             argv = check_argv(script_args)
-            self._setup_env(master_addr, master_port, role, run_id, restart_count, max_restarts)
-            failure = run_main(argv, rank=self.rank, host=socket.gethostname())
+            if options is not None and not isinstance(options, ScriptOptions):
+                raise TypeError(f"options must be a monarch_spmd ScriptOptions, got {type(options).__name__}")
+            env = _env.torchrun_env(self.layout, master_addr, master_port, role=role, run_id=run_id,
+                                    restart_count=restart_count, max_restarts=max_restarts)
+            if _store.available():
+                env["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # rank 0's proc hosts it, as torchrun's agent
+                if self.rank == 0:
+                    self._store = None  # the last run's server (and its keys) goes first
+                    self._store = _store.host(master_addr, master_port)
+            me = runtime.current_actor()
+            failure = run_main(argv, rank=self.rank, local_rank=self.local_rank, host=socket.gethostname(),
+                               env=env, options=options, restart_count=restart_count,
+                               key=me[0] if me is not None else "")
         except Exception as e:
             port.exception(e)
             return
         if failure is None:
             port.send(True)
             return
+        if failure.collective:
+            time.sleep(SECONDARY_DELAY_S)
         port.exception(failure)
-        release(failure)
 
 
 def check_master(master_addr: str | None, master_port: int | None) -> None:

@@ -1,23 +1,35 @@
 """``monarch torchrun``: torchrun's command line over a host mesh.
 
 ``monarch torchrun [--nnodes N] [--nproc-per-node N] [--role NAME]
-[--hosts NAME] [--master-addr A --master-port P] [--max-restarts K]
-[--rdzv-id ID] [--use-ipaddr ipv4|ipv6|default] [-m] SCRIPT|MODULE ARGS...``
+[--hosts NAME] [--master-addr A --master-port P | --local-addr A]
+[--max-restarts K] [--rdzv-id ID] [--use-ipaddr ipv4|ipv6|default]
+[--log-dir DIR] [-r|--redirects S] [-t|--tee S] [--local-ranks-filter R,..]
+[--monitor-interval SEC] [--start-method M] [-m | --run-path | --no-python]
+SCRIPT|MODULE ARGS...``
 
 The options mean what torchrun's mean (``--nproc_per_node`` spellings too).
 Hosts come from ``hosts_from_config(NAME)`` (inside an ``sbatch`` script
 with no configuration: the job's nodes); without ``--hosts``, this machine.
-Every rank's output is printed with its rank and host; the command exits 0
-when every rank succeeds, otherwise with the first failing rank's status
-(``128 + N`` for a signal), after stopping every rank; Ctrl-C stops every
-rank and exits 130.  Usage errors exit 2, a failed bring-up 1.
+Every rank runs its script as a fresh ``python -u SCRIPT ARGS`` process, and
+its output is printed with its rank and host (``--redirects``/``--tee``:
+into ``DIR/RUN_ID/attempt_K/RANK/std{out,err}.log`` instead or too).  The
+command exits 0 when every rank succeeds, otherwise with the first failing
+rank's status (``128 + N`` for a signal N), after stopping every rank
+(SIGTERM to each rank's process, SIGKILL later); Ctrl-C stops every rank
+the same way and exits 130, SIGTERM to the command exits 143.  Usage errors
+exit 2, a failed bring-up 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import signal
 import sys
+import tempfile
+import threading
+import uuid
 from typing import Any
 
 HELP = "run a torch.distributed training script on every proc of a host mesh, as torchrun does"
@@ -48,8 +60,30 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=argparse.SUPPRESS)
     p.add_argument("--rdzv-backend", "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv",
                    default=None, help=argparse.SUPPRESS)
+    p.add_argument("--local-addr", "--local_addr", dest="local_addr", default=None, metavar="A",
+                   help="the address of rank 0's host, which hosts the rendezvous (MASTER_ADDR; the port is "
+                        "chosen free there); instead of --master-addr/--master-port")
+    p.add_argument("--log-dir", "--log_dir", dest="log_dir", default=None, metavar="DIR",
+                   help="folder of the ranks' log files: DIR/RUN_ID/attempt_K/RANK/stdout.log and stderr.log "
+                        "(with --redirects or --tee; default with them: a new torchelastic_* temporary folder)")
+    p.add_argument("-r", "--redirects", default="0", metavar="S",
+                   help="streams that go to the log files only: 0 none, 1 stdout, 2 stderr, 3 both, for every "
+                        "local rank, or per local rank as 0:3,1:2 (default 0)")
+    p.add_argument("-t", "--tee", default="0", metavar="S",
+                   help="streams that go to the log files and to the console (the format of --redirects)")
+    p.add_argument("--local-ranks-filter", "--local_ranks_filter", dest="local_ranks_filter", default="",
+                   metavar="R,..", help="only these local ranks' output reaches the console (files get all)")
+    p.add_argument("--monitor-interval", "--monitor_interval", dest="monitor_interval", type=float, default=0.1,
+                   metavar="SEC", help="accepted for torchrun compatibility: each rank's end is reported the "
+                                       "moment it happens, nothing is polled")
+    p.add_argument("--start-method", "--start_method", dest="start_method", default="spawn",
+                   choices=("spawn", "fork", "forkserver"),
+                   help="accepted for torchrun compatibility: every rank is a fresh python process (as spawn)")
     p.add_argument("-m", "--module", action="store_true", help="run a module (python -m) instead of a script")
-    p.add_argument("--no-python", "--no_python", dest="no_python", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--run-path", "--run_path", dest="run_path", action="store_true",
+                   help="run the script with runpy.run_path in a fresh interpreter (torchrun's --run-path)")
+    p.add_argument("--no-python", "--no_python", dest="no_python", action="store_true",
+                   help="run SCRIPT ARGS as a command, not a Python script")
     p.add_argument("script", help="the training script (or module with -m)")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     p.set_defaults(func=run)
@@ -91,10 +125,48 @@ def _nproc(value: str) -> int:
     raise ValueError(f"--nproc-per-node must be a positive number, auto, cpu or gpu, got {value!r}")
 
 
+class Terminated(BaseException):
+    """The command got SIGTERM (a Slurm preemption, ``scancel``, ``kill``):
+    raised on its main thread like ``KeyboardInterrupt``, so that every rank
+    is stopped (each rank's process gets SIGTERM in turn) before it exits
+    ``128 + SIGTERM``."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def _ranks_filter(value: str) -> frozenset[int] | None:
+    if not value.strip():
+        return None
+    try:
+        ranks = frozenset(int(r) for r in value.split(","))
+    except ValueError:
+        raise ValueError(f"--local-ranks-filter {value!r}: give local ranks separated by commas, e.g. 0,1") from None
+    if any(r < 0 for r in ranks):
+        raise ValueError(f"--local-ranks-filter {value!r}: local ranks are >= 0")
+    return ranks
+
+
+def _options(args: argparse.Namespace, run_id: str) -> tuple[Any, str | None]:
+    """(``ScriptOptions``, the job's log folder or None) for ``args``; ``ValueError`` on bad values."""
+    from monarch_spmd._script import ScriptOptions, parse_std
+
+    redirects, tee = parse_std(args.redirects, "--redirects"), parse_std(args.tee, "--tee")
+    selected = any(redirects.values()) if isinstance(redirects, dict) else bool(redirects)
+    selected = selected or (any(tee.values()) if isinstance(tee, dict) else bool(tee))
+    log_dir = None
+    if selected:  # as torchrun: a folder of the run under --log-dir, or under a new temporary one
+        base = args.log_dir or tempfile.mkdtemp(prefix="torchelastic_")
+        log_dir = os.path.join(os.path.abspath(base), run_id)
+    return ScriptOptions(run_path=args.run_path, no_python=args.no_python, log_dir=log_dir, redirects=redirects,
+                         tee=tee, local_ranks_filter=_ranks_filter(args.local_ranks_filter)), log_dir
+
+
 def run(args: argparse.Namespace) -> int:
     """The command (see the module docstring); returns the exit status."""
-    if args.no_python:
-        return _usage("--no-python is not supported: ranks run Python scripts or modules inside their procs")
+    if args.module and (args.no_python or args.run_path):
+        return _usage("-m runs a module with python -m; --no-python and --run-path take a script (drop one)")
     if args.node_rank not in (None, 0):
         return _usage("--node-rank: monarch torchrun starts every node itself; run it once (not once per node) "
                       "and drop --node-rank")
@@ -103,15 +175,30 @@ def run(args: argparse.Namespace) -> int:
                       "--master-addr/--master-port to choose it")
     if (args.master_addr is None) != (args.master_port is None):
         return _usage("give both --master-addr and --master-port, or neither")
+    if args.local_addr is not None and args.master_addr is not None:
+        return _usage("--local-addr is the address of rank 0's host, which hosts the rendezvous; --master-addr "
+                      "names the rendezvous itself: give one of them")
+    if not args.monitor_interval > 0:
+        return _usage(f"--monitor-interval must be more than 0 seconds, got {args.monitor_interval}")
+    if args.start_method != "spawn":
+        print(f"monarch torchrun: --start-method {args.start_method}: every rank runs as a fresh python process "
+              f"started by its proc, as with spawn; fork and forkserver do not apply here", file=sys.stderr)
+    if args.log_dir is not None and os.path.isfile(args.log_dir):
+        return _usage(f"--log-dir {args.log_dir} is a file; give a folder (it is created if missing)")
     try:
         nnodes, nproc = _nnodes(args.nnodes), _nproc(args.nproc_per_node)
+        run_id = args.run_id or uuid.uuid4().hex
+        options, log_dir = _options(args, run_id)
     except ValueError as e:
         return _usage(str(e))
     if args.hosts is None and (nnodes or 1) > 1:
         return _usage(f"--nnodes {nnodes} needs --hosts NAME: the hosts_from_config entry to run on (inside an "
                       f"sbatch script any name gives the job's nodes)")
     argv = (["-m", args.script] if args.module else [args.script]) + list(args.args)
-    if not args.module and args.hosts is None and not os.path.isfile(args.script):
+    if args.hosts is None and args.no_python and not args.run_path and shutil.which(args.script) is None:
+        return _usage(f"--no-python: the command {args.script!r} is not found (PATH, working directory "
+                      f"{os.getcwd()})")
+    if args.hosts is None and not args.module and not args.no_python and not os.path.isfile(args.script):
         return _usage(f"the script {args.script!r} does not exist (working directory {os.getcwd()})")
     from monarch_core.actor import hosts_from_config, this_host
     from monarch_core.errors import MonarchError
@@ -120,8 +207,12 @@ def run(args: argparse.Namespace) -> int:
 
     use_ipaddr = None if args.use_ipaddr is None else {"ipv4": AddrType.IPv4, "ipv6": AddrType.IPv6,
                                                         "default": AddrType.Default}[args.use_ipaddr]
+    if log_dir is not None:
+        print(f"monarch torchrun: the ranks' log files go to {log_dir}/attempt_K/RANK/", file=sys.stderr)
     hosts: Any = None
     owned: Any = None  # the host mesh this command allocated (shut down at the end)
+    main_thread = threading.current_thread() is threading.main_thread()  # (signal handlers live there)
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     try:
         hosts = this_host() if args.hosts is None else hosts_from_config(args.hosts)
         if args.hosts is not None:
@@ -131,9 +222,9 @@ def run(args: argparse.Namespace) -> int:
                 raise MonarchError(f"--nnodes {nnodes}: the host mesh {args.hosts!r} has only {have} host(s)")
             if nnodes is not None and have > nnodes:
                 hosts = hosts.slice(**{list(hosts.extent.labels)[0]: slice(0, nnodes)})
-        launch(hosts, argv, nproc_per_node=nproc, role=args.role, run_id=args.run_id,
+        launch(hosts, argv, nproc_per_node=nproc, role=args.role, run_id=run_id,
                max_restarts=args.max_restarts, master_addr=args.master_addr, master_port=args.master_port,
-               use_ipaddr=use_ipaddr, name=args.role)
+               use_ipaddr=use_ipaddr, name=args.role, local_addr=args.local_addr, options=options)
         return 0
     except JobFailed as e:
         print(f"monarch torchrun: {e}\n{e.first.error}", file=sys.stderr)
@@ -141,13 +232,21 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("monarch torchrun: interrupted; every rank was stopped", file=sys.stderr)
         return 130
+    except Terminated:
+        print("monarch torchrun: terminated (SIGTERM); every rank was stopped", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except (MonarchError, ValueError, TypeError, TimeoutError) as e:
         print(f"monarch torchrun: {e}", file=sys.stderr)
         return 1
     finally:
-        if owned is not None:
-            try:
-                owned.shutdown().get(timeout=120)
-            except Exception as e:  # noqa: BLE001 - report, the exit status stands
-                print(f"monarch torchrun: shutting the hosts down failed: {e}", file=sys.stderr)
-
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the shutdown short
+        try:
+            if owned is not None:
+                try:
+                    owned.shutdown().get(timeout=120)
+                except Exception as e:  # noqa: BLE001 - report, the exit status stands
+                    print(f"monarch torchrun: shutting the hosts down failed: {e}", file=sys.stderr)
+        finally:
+            if main_thread:
+                signal.signal(signal.SIGTERM, previous)

@@ -2,16 +2,19 @@
 ``monarch torchrun``.
 
 Contract: spawn ``nproc_per_node`` procs on every host, give them torchrun's
-environment, run ``argv`` on every rank (``SPMDActor.main``) and wait.  When
-every rank returns, stop the procs and return.  When a rank fails (its
-script raises or exits non-zero, its proc dies, its host is lost), wait a
-moment for the others to report (:data:`SETTLE_S`), then stop every proc of
-the attempt (bounded by the stop grace and its SIGKILL escalation) and either
+environment, run ``argv`` on every rank (``SPMDActor.main``: a fresh
+``python`` process per rank) and wait.  When every rank returns, stop the
+procs and return.  When a rank fails (its script raises or exits non-zero,
+its proc dies, its host is lost), wait a moment for the others to report
+(:data:`SETTLE_S`), then stop every proc of the attempt (each rank's
+process still running gets SIGTERM, then SIGKILL; bounded by the stop grace
+and its SIGKILL escalation) and either
 start again (``max_restarts``, with ``TORCHELASTIC_RESTART_COUNT`` counting
 up) or raise :class:`JobFailed` naming the first failure.  The first failure
 is the first rank that failed on its own: a rank whose collective broke
 because a peer failed comes after every rank that did not.  Ctrl-C
-(``KeyboardInterrupt``) stops every proc before it propagates.
+(``KeyboardInterrupt``, or any exception) stops every proc, so every rank's
+process gets SIGTERM, before it propagates.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from monarch_core.errors import ActorError, SupervisionError, UndeliverableMessa
 from monarch_core.runtime import AddrType
 from monarch_spmd._actor import ACTOR_NAME, SPMDActor, check_master
 from monarch_spmd._env import DEFAULT_ROLE
-from monarch_spmd._script import ScriptError, check_argv
+from monarch_spmd._script import ScriptError, ScriptOptions, check_argv
 
 logger = logging.getLogger("monarch.spmd")
 
@@ -59,7 +62,7 @@ class RankFailure:
     def describe(self) -> str:
         first = str(self.error).splitlines()[0] if str(self.error) else type(self.error).__name__
         if isinstance(self.error, ActorError) and isinstance(self.error.exception, ScriptError):
-            first = str(self.error.exception)
+            first = str(self.error.exception).splitlines()[0]
         return f"rank {self.rank} {self.coords}: exit status {self.exit_code}: {first}"
 
 
@@ -113,7 +116,7 @@ class _Attempt:
         self.ranks = _coords(procs.extent)
         self.failures: list[RankFailure] = []
 
-    def run(self, master: tuple[str, int], argv: list[str], kwargs: dict[str, Any]) -> list[RankFailure]:
+    def run(self, master: tuple[str, Any], argv: list[str], kwargs: dict[str, Any]) -> list[RankFailure]:
         futures = {r: self.actors.slice(**c).main.call_one(master[0], master[1], argv, **kwargs)
                    for r, c in enumerate(self.ranks)}
         first_at: float | None = None
@@ -136,12 +139,23 @@ class _Attempt:
 def launch(host_mesh: Any, argv: Sequence[str], *, nproc_per_node: int = 1, role: str = DEFAULT_ROLE,
            run_id: str | None = None, max_restarts: int = 0, master_addr: str | None = None,
            master_port: int | None = None, use_ipaddr: AddrType | None = None, name: str = "spmd",
-           stream_output: bool = True) -> int:
+           stream_output: bool = True, local_addr: str | None = None, options: ScriptOptions | None = None) -> int:
     """Run ``argv`` as a torchrun job on ``host_mesh`` (see the module
     docstring); returns how many attempts it took.  ``stream_output``: every
-    rank's output reaches this process prefixed with its rank and host."""
+    rank's output reaches this process prefixed with its rank and host.
+    ``local_addr`` (torchrun's ``--local-addr``): the address of rank 0's
+    host the others reach the rendezvous at (``MASTER_ADDR``), the port
+    still one free there; not with ``master_addr``.  ``options``: how each
+    rank runs its script and where its output goes
+    (:class:`~monarch_spmd._script.ScriptOptions`; its ``log_dir`` is the
+    job's: attempt ``k`` of rank ``r`` writes ``log_dir/attempt_k/r/``)."""
     argv = check_argv(argv)
     check_master(master_addr, master_port)
+    if local_addr is not None and master_addr is not None:
+        raise ValueError(f"give local_addr ({local_addr!r}: the address of rank 0's host, which hosts the "
+                         f"rendezvous) or master_addr ({master_addr!r}), not both")
+    if options is not None and not isinstance(options, ScriptOptions):
+        raise TypeError(f"options must be a ScriptOptions, got {type(options).__name__}")
     if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
         raise ValueError(f"nproc_per_node must be a positive int, got {nproc_per_node!r}")
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
@@ -168,11 +182,13 @@ def launch(host_mesh: Any, argv: Sequence[str], *, nproc_per_node: int = 1, role
                 if master_addr is None:
                     first = dict.fromkeys(procs.extent.labels, 0)
                     master = actors.slice(**first).get_host_port.call_one(use_ipaddr).get(timeout=STEP_TIMEOUT_S)
+                    if local_addr is not None:
+                        master = (local_addr, master[1])
                 logger.info("%s: attempt %d of %d on %d rank(s), rendezvous at %s:%s", name, attempt + 1,
                             max_restarts + 1, len(_coords(procs.extent)), master[0], master[1])
                 run = _Attempt(procs, actors)
                 failures = run.run(master, argv, {"role": role, "run_id": run_id, "restart_count": attempt,
-                                                  "max_restarts": max_restarts})
+                                                  "max_restarts": max_restarts, "options": options})
             finally:
                 procs.stop("the job's attempt ended").get(timeout=STEP_TIMEOUT_S)
             if not failures:

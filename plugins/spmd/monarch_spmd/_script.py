@@ -1,39 +1,60 @@
-"""Run a training script or module inside a proc as ``python argv...`` would.
+"""Run a training script or module for one rank as ``python argv...`` would:
+in a fresh child process of the proc (:mod:`._child`), as torchrun runs its
+workers.
 
 Contract of :func:`run_main`:
 
-* ``argv = ["train.py", "--lr", "0.1"]`` runs the file as ``__main__`` with
-  ``sys.argv == argv`` and the script's directory first on ``sys.path``;
-  ``argv = ["-m", "pkg.train", ...]`` runs the module as ``python -m`` does
-  (``sys.argv[0]`` is the module's file, the working directory first on
-  ``sys.path``).
-* It returns when the script returns, or calls ``sys.exit(0)``/``sys.exit()``.
-  A script that raises, or exits with another status, gives a
-  :class:`ScriptError` (its ``exit_code`` is what ``python`` would have
-  exited with: 1 for an exception or ``sys.exit("message")``), chained to
-  the original exception.
-* ``sys.argv``, ``sys.path`` and ``sys.modules['__main__']`` are restored
-  afterwards, and the ``torch.distributed`` process groups the script left
-  initialized are ended (:func:`release`), as the end of the process would
-  under torchrun: a failing rank so releases its peers' collectives (they
-  fail instead of waiting for it) and the next ``main`` can initialize again.
+* ``argv = ["train.py", "--lr", "0.1"]`` runs ``python -u train.py --lr
+  0.1``; ``argv = ["-m", "pkg.train", ...]`` runs ``python -u -m pkg.train
+  ...`` (torchrun's command lines; ``PYTHON_EXEC`` overrides the
+  interpreter, as under torchrun).  :class:`ScriptOptions` ``run_path``
+  runs the script through ``runpy.run_path`` in a fresh interpreter
+  (torchrun's ``--run-path``), ``no_python`` runs ``argv`` itself as the
+  command (``--no-python``).  The process runs in the proc's working
+  directory with the proc's environment plus torchrun's variables (the
+  proc's own ``MONARCH_PROC_*`` left out), on its main thread, for its own
+  lifetime: ``signal.signal`` works, ``atexit`` handlers run at its end,
+  nothing it imported outlives it.
+* Its output goes where :class:`ScriptOptions` says (the console: the
+  proc's output, prefixed with the rank when the mesh streams; log files).
+* It returns ``None`` when the process exits 0, else a :class:`ScriptError`
+  whose ``exit_code`` is the process's status (``128 + N`` for a signal N),
+  whose message names the rank, the host, the status and the exception its
+  traceback ends with, followed by the last lines of its stderr.
+* It raises before starting when ``argv`` is malformed or the script does
+  not exist.
 """
 
 from __future__ import annotations
 
 import os
-import runpy
+import re
+import shutil
+import signal
 import sys
 import time
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence, Union
+
+from monarch_spmd._child import RankProcess, register, unregister
+from monarch_spmd._env import apply
+
+#: a stream selection (torchrun's ``Std``): 0 none, 1 stdout, 2 stderr, 3 both; or one per local rank
+StdSpec = Union[int, Mapping[int, int]]
+
+#: the variables of the proc itself that its rank processes do not inherit
+PROC_ONLY = ("MONARCH_PROC_BOOTSTRAP", "MONARCH_PROC_ID")
+
+#: ``python -c``: what torchrun's ``--run-path`` runs in a worker (``run_script_path``)
+RUN_PATH = "import runpy, sys\nsys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
 
 
 class ScriptError(RuntimeError):
-    """A rank's script failed: ``rank``, ``exit_code`` (as ``python`` would
-    exit), ``argv``, ``host``, ``failed_at`` (the rank's ``time.time()``)
-    and ``collective`` (True when the failure came out of a
-    ``torch.distributed`` operation, usually because another rank failed
-    first)."""
+    """A rank's script failed: ``rank``, ``exit_code`` (its process's exit
+    status; ``128 + N`` for a signal N), ``argv``, ``host``, ``failed_at``
+    (the rank's ``time.time()``) and ``collective`` (True when the failure
+    came out of a ``torch.distributed`` operation, usually because another
+    rank failed first)."""
 
     def __init__(self, message: str, *, rank: int, exit_code: int, argv: Sequence[str] = (), host: str = "",
                  failed_at: float = 0.0, collective: bool = False) -> None:
@@ -52,93 +73,66 @@ def _rebuild(message: str, rank: int, exit_code: int, argv: list[str], host: str
                        collective=collective)
 
 
-def _exit_code(code: object) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, bool):
-        return int(code)
-    if isinstance(code, int):
-        return code & 0xFF if code >= 0 else code
-    return 1  # sys.exit("message"): python prints it and exits 1
+@dataclass(frozen=True)
+class ScriptOptions:
+    """How a rank's script runs and where its output goes (torchrun's
+    options of the same names):
+
+    * ``run_path``: run the script with ``runpy.run_path`` (``--run-path``);
+      ``no_python``: run ``argv`` as a command, not a Python script
+      (``--no-python``; ``run_path`` takes precedence, as in torchrun).
+    * ``log_dir``: the job's log folder; the rank of global rank ``r``
+      writes ``<log_dir>/attempt_<restart>/<r>/stdout.log`` and
+      ``stderr.log`` for the streams ``redirects`` or ``tee`` select.
+    * ``redirects``: streams that go to their file only; ``tee``: streams
+      that go to their file and to the console (:data:`StdSpec`).
+    * ``local_ranks_filter``: the local ranks whose output reaches the
+      console (``None``: all); files are written regardless.
+    """
+
+    run_path: bool = False
+    no_python: bool = False
+    log_dir: str | None = None
+    redirects: StdSpec = 0
+    tee: StdSpec = 0
+    local_ranks_filter: frozenset[int] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("redirects", "tee"):
+            std = getattr(self, name)
+            values = list(std.values()) if isinstance(std, Mapping) else [std]
+            if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 3 for v in values):
+                raise ValueError(f"{name} must be 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or a mapping of local "
+                                 f"rank to 0-3, got {std!r}")
+            if any(values) and self.log_dir is None:
+                raise ValueError(f"{name} needs log_dir: the folder its files go to")
 
 
-def _from_collective(exc: BaseException) -> bool:
-    """True when ``exc`` (or what it was raised from) is a torch.distributed
-    error: what the other ranks see after a peer failed or died."""
-    dist = _torch_distributed()
-    kinds = tuple(k for k in (getattr(dist, "DistError", None),) if isinstance(k, type))
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if kinds and isinstance(e, kinds):
-            return True
-        text = str(e)
-        if any(s in text for s in ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-                                   "remote process exited")):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
+def std_for(spec: StdSpec, local_rank: int) -> int:
+    """The streams ``spec`` selects for ``local_rank`` (0-3)."""
+    return int(spec.get(local_rank, 0)) if isinstance(spec, Mapping) else int(spec)
 
 
-def _torch_distributed() -> Any:
-    """``torch.distributed`` if the script imported torch (never imports it)."""
-    return getattr(sys.modules.get("torch"), "distributed", None)
+_STD_VALUE = re.compile(r"^[0-3]$")
+_STD_MAP = re.compile(r"^(\d+:[0-3],)*\d+:[0-3]$")
 
 
-def _release_process_group(failed: bool) -> None:
-    """End what the script left of ``torch.distributed``, as the end of its
-    process would: after a failure abort every process group first (that
-    closes its connections, so the peers' pending collectives fail now
-    instead of at their timeout), then destroy them."""
-    dist = _torch_distributed()
-    if dist is None or not dist.is_available() or not dist.is_initialized():
-        return
-    if failed:
-        try:
-            dist.distributed_c10d._abort_process_group()  # every group, the default one too
-        except Exception:
-            try:
-                dist.group.WORLD.abort()
-            except Exception:  # nothing left to abort: a peer's failure broke it already
-                pass
-    try:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:
-        pass
+def parse_std(value: str, option: str) -> StdSpec:
+    """torchrun's ``--redirects``/``--tee`` value: ``3`` (every local rank)
+    or ``0:1,1:2`` (per local rank; missing ranks 0); ``ValueError`` saying
+    the format otherwise."""
+    value = value.strip()
+    if _STD_VALUE.match(value):
+        return int(value)
+    if _STD_MAP.match(value):
+        return {int(k): int(v) for k, v in (m.split(":") for m in value.split(","))}
+    raise ValueError(f"{option} {value!r}: give 0 (none), 1 (stdout), 2 (stderr) or 3 (both) for every local rank, "
+                     f"or LOCAL_RANK:VALUE pairs such as 0:3,1:2")
 
 
-def _end_script_state(error: BaseException, main_module: Any) -> None:
-    """Drop what the failed script still holds, as its process's exit would:
-    its module namespace (reachable from the traceback) is cleared and the
-    traceback's frames let go of their locals, so that the objects holding
-    connections (a ``DistributedDataParallel`` keeps its process group, and a
-    process group keeps its sockets) are freed now.  Closing those sockets is
-    what makes the other ranks' pending collectives fail at once.  The
-    traceback stays printable."""
-    import gc
-    import traceback
-
-    keep = getattr(main_module, "__dict__", None)
-    namespaces = []
-    tb = error.__traceback__
-    while tb is not None:
-        g = tb.tb_frame.f_globals
-        if tb.tb_frame.f_code.co_name == "<module>" and g.get("__name__") == "__main__" and g is not keep:
-            if all(g is not n for n in namespaces):
-                namespaces.append(g)
-        tb = tb.tb_next
-    e: BaseException | None = error
-    seen: set[int] = set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        traceback.clear_frames(e.__traceback__)
-        e = e.__cause__ or e.__context__
-    for g in namespaces:
-        g.clear()
-    del namespaces, g
-    gc.collect()
+def exit_status(returncode: int) -> int:
+    """A process's ``returncode`` as a shell reports it: ``128 + N`` for a signal N."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 def check_argv(argv: Sequence[str]) -> list[str]:
@@ -156,15 +150,55 @@ def check_argv(argv: Sequence[str]) -> list[str]:
     return argv
 
 
-def run_main(argv: Sequence[str], *, rank: int, host: str) -> ScriptError | None:
-    """Run ``argv`` here (see the module docstring): ``None`` when it
-    succeeded (its state already released), else the :class:`ScriptError`
-    to report, whose state :func:`release` ends.  Raises before running
-    when ``argv`` is malformed or the script does not exist."""
+def command(argv: Sequence[str], options: ScriptOptions, python: str) -> list[str]:
+    """The command line that runs ``argv`` (see the module docstring)."""
+    if argv[0] == "-m":
+        if options.run_path or options.no_python:
+            raise ValueError("a module (-m) runs with python -m: run_path and no_python take a script")
+        return [python, "-u", "-m", *argv[1:]]
+    if options.run_path:
+        return [python, "-u", "-c", RUN_PATH, *argv]
+    if options.no_python:
+        return list(argv)
+    return [python, "-u", *argv]
+
+
+_COLLECTIVE = ("DistBackendError", "DistNetworkError", "DistStoreError", "DistError", "Connection closed by peer",
+               "Connection reset by peer", "Broken pipe", "remote process exited")
+
+
+def _why(returncode: int, tail: list[str]) -> str:
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    for i in range(len(tail) - 1, -1, -1):
+        if tail[i].startswith("Traceback (most recent call last)"):
+            last = [line for line in tail[i + 1:] if line.strip() and not line[:1].isspace()]
+            if last:
+                return f"raised {last[-1]}"
+    return ""
+
+
+def run_main(argv: Sequence[str], *, rank: int, local_rank: int, host: str, env: Mapping[str, str],
+             options: ScriptOptions | None = None, restart_count: int = 0, key: str = "") -> ScriptError | None:
+    """Run ``argv`` for ``rank`` in a child process (see the module
+    docstring), ``env`` (torchrun's variables) added to the proc's
+    environment; ``key`` is the actor's, whose stop terminates it.  Blocks
+    until the process ended."""
     argv = check_argv(argv)
+    options = options or ScriptOptions()
+    environ = {k: v for k, v in os.environ.items() if k not in PROC_ONLY}
+    apply(dict(env), environ)  # torchrun's variables, and what goes with them (OMP_NUM_THREADS)
+    python = environ.get("PYTHON_EXEC") or sys.executable
     if argv[0] == "-m":
         what = f"module {argv[1]}"
-        target = argv[1]
+    elif options.no_python and not options.run_path:
+        what = f"command {argv[0]}"
+        if shutil.which(argv[0], path=environ.get("PATH")) is None:
+            raise FileNotFoundError(f"rank {rank} on host {host}: the command {argv[0]!r} is not found there (PATH, "
+                                    f"working directory {os.getcwd()}); install it on every host or give its path")
     else:
         what = f"script {argv[0]}"
         target = os.path.abspath(argv[0])
@@ -173,47 +207,36 @@ def run_main(argv: Sequence[str], *, rank: int, host: str) -> ScriptError | None
                 f"rank {rank} on host {host}: the script {argv[0]!r} does not exist there ({target}, working "
                 f"directory {os.getcwd()}); copy it to every host (HostMesh.sync_workspace) or give a path "
                 f"that exists on each")
-    saved = (list(sys.argv), list(sys.path), sys.modules.get("__main__"))
-    code = 0
-    error: BaseException | None = None
+    files: dict[str, str | None] = {"stdout": None, "stderr": None}
+    console = options.local_ranks_filter is None or local_rank in options.local_ranks_filter
+    to_console = {"stdout": console, "stderr": console}
+    if options.log_dir is not None:
+        folder = os.path.join(options.log_dir, f"attempt_{restart_count}", str(rank))
+        redirected, teed = std_for(options.redirects, local_rank), std_for(options.tee, local_rank)
+        for bit, name in ((1, "stdout"), (2, "stderr")):
+            if (redirected | teed) & bit:
+                files[name] = os.path.join(folder, f"{name}.log")
+            if redirected & bit and not teed & bit:
+                to_console[name] = False
+    rp = RankProcess(command(argv, options, python), environ, stdout_console=to_console["stdout"],
+                     stderr_console=to_console["stderr"], stdout_file=files["stdout"], stderr_file=files["stderr"],
+                     python=sys.executable)
+    rp.start()
+    key = key or f"pid{rp.pid}"
+    register(key, rp)
     try:
-        if argv[0] == "-m":
-            sys.argv = [argv[1], *argv[2:]]
-            sys.path.insert(0, os.getcwd())
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = list(argv)
-            sys.path.insert(0, os.path.dirname(target))
-            runpy.run_path(target, run_name="__main__")
-    except SystemExit as e:
-        code = _exit_code(e.code)
-        if code != 0:
-            if not isinstance(e.code, (int, type(None))):
-                print(e.code, file=sys.stderr, flush=True)  # as python does for sys.exit("message")
-            error = e
-    except Exception as e:
-        code, error = 1, e
+        returncode = rp.pump()
     finally:
-        sys.argv, sys.path[:] = saved[0], saved[1]
-        if saved[2] is not None:
-            sys.modules["__main__"] = saved[2]
-    if error is None:
-        release(None)
+        unregister(key, rp)
+    if returncode == 0:
         return None
-    why = f"raised {type(error).__name__}: {error}" if not isinstance(error, SystemExit) else "called sys.exit"
-    failure = ScriptError(f"rank {rank} on host {host}: {what} exited with status {code} ({why})", rank=rank,
-                          exit_code=code, argv=argv, host=host, failed_at=time.time(),
-                          collective=_from_collective(error))
-    failure.__cause__ = error
-    return failure
-
-
-def release(failure: ScriptError | None) -> None:
-    """End the script's ``torch.distributed`` state (and, after a failure,
-    what it still holds: see :func:`_end_script_state`), as the end of its
-    process would.  After a failure, call it once the failure was reported:
-    it is what makes the other ranks' collectives fail, and the caller
-    should hear of this rank first."""
-    _release_process_group(failure is not None)
-    if failure is not None and failure.__cause__ is not None:
-        _end_script_state(failure.__cause__, sys.modules.get("__main__"))
+    tail = rp.stderr_tail
+    why = _why(returncode, tail)
+    code = exit_status(returncode)
+    message = f"rank {rank} on host {host}: {what} exited with status {code}" + (f" ({why})" if why else "")
+    if rp.terminated_by is not None:
+        message += f" after it was stopped ({rp.terminated_by})"
+    if tail:
+        message += "\nthe last lines of its stderr:\n" + "\n".join(tail)
+    return ScriptError(message, rank=rank, exit_code=code, argv=argv, host=host, failed_at=time.time(),
+                       collective=rp.terminated_by is None and any(m in line for line in tail for m in _COLLECTIVE))
