@@ -25,6 +25,13 @@ Contract:
   usual.  Reading a value (``t.item()``, ``bool(t)``, ``t.tolist()``) of a
   distributed tensor, or mixing a local tensor, or a tensor of another mesh,
   into an operation on distributed tensors is an error that says what to do.
+* An in-place operation that changes a tensor's metadata (``unsqueeze_``,
+  ``t_``, ``resize_``, a resizing ``out=``) changes its handle's (``_sync``)
+  as the procs change their tensors.  The op cache (``cached``) is bounded
+  (``MONARCH_TENSOR_OP_CACHE_SIZE``, least recently used out).
+* When every proc of a mesh is gone (it was stopped), its controller leaves
+  the registry and lets go of its caches and workers (``release_state``);
+  one proc-failure listener serves every controller, so none is kept alive.
 """
 
 from __future__ import annotations
