@@ -23,13 +23,22 @@ the group's size, is split; member i keeps the i-th block of the reduction;
 done as an all-reduce followed by a slice: gloo has no reduce-scatter) or,
 with ``stack``, all-to-all (the input's first dimension is the group's size;
 member i receives block i of every member, stacked).
+
+Failures: a collective's outcome is the same on every member.  A poisoned
+input on one member poisons every member's result, naming that member and
+its failed op (a poisoned flag per member travels beside the data, in a tiny
+all-reduce that overlaps it).  A member that the client knows is dead (it
+marks deaths in the store, :func:`mark_dead`) fails every group it belongs
+to on every living member, at once: before the command is sent, while the
+group forms (:func:`arrive`, :func:`form`) or while the collective runs
+(:func:`watch`); a group of living procs is not concerned.
 """
 
 from __future__ import annotations
 
 import datetime
-import logging
 import json
+import logging
 import math
 import threading
 from typing import Any

@@ -155,10 +155,16 @@ def run_recv(worker: Any, ident: int, key: str, pair: str, routes: list, store: 
                 return
             worker.env[ident] = _handoff.pop((key, worker.mesh_rank))
         return
-    pg = _pair_group(worker, pair, i, worker.mesh_rank, store, 1)
-    flag = torch.zeros(1, dtype=torch.int64)
-    pg.recv([flag], 0, 0).wait()
-    buf = torch.empty(shape, dtype=dtype)
-    pg.recv([buf], 0, 1).wait()
+    try:
+        pg = _pair_group(worker, pair, i, worker.mesh_rank, store, 1)
+        flag = torch.zeros(1, dtype=torch.int64)
+        pg.recv([flag], 0, 0).wait()
+        buf = torch.empty(shape, dtype=dtype)
+        pg.recv([buf], 0, 1).wait()
+    except Exception as e:  # noqa: BLE001 - contained: the result is poisoned (the source died, say)
+        worker.env[ident] = Poison(TensorOpError(
+            f"{what}: receiving from rank {i} of the source mesh failed on the proc at {worker.where}: "
+            f"{type(e).__name__}: {e}", what, worker.where))
+        return
     worker.env[ident] = buf if not int(flag) else Poison(TensorOpError(
         f"{what}: the source tensor had failed on rank {i} of the source mesh", what, worker.where))
