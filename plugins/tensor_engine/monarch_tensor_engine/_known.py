@@ -55,6 +55,7 @@ PURE = frozenset({
     "floor", "ceil", "round", "trunc", "clamp", "clip", "clamp_min", "clamp_max", "maximum", "minimum", "lerp",
     "eq", "ne", "lt", "le", "gt", "ge", "logical_not", "logical_and", "logical_or", "where", "clone",
     "float", "double", "half", "bfloat16", "int", "long", "bool", "type_as", "sum", "mean", "prod",
+    "detach",  # an alias: the client's copy shares its input's storage too, and forgetting one forgets both
     "add_", "sub_", "mul_", "div_", "pow_", "neg_", "abs_", "sqrt_", "clamp_", "clamp_min_", "clamp_max_",
     "fill_", "zero_", "copy_", "floor_", "ceil_", "round_", "reciprocal_", "lerp_",
     "__add__", "__radd__", "__iadd__", "__sub__", "__rsub__", "__isub__", "__mul__", "__rmul__", "__imul__",
@@ -86,10 +87,19 @@ def _set(ctl: Any, h: Tensor, value: torch.Tensor) -> None:
 
 
 def forget(ctl: Any, h: Tensor) -> None:
-    if h.__dict__.pop("_known", None) is not None:
-        reg = _live.get(ctl)
-        if reg is not None:
-            reg.pop(h._id, None)
+    """``h``'s value is no longer known, nor that of any known alias of it
+    (``detach``: its copy shares the storage of ``h``'s, as on the procs)."""
+    value = h.__dict__.pop("_known", None)
+    reg = _live.get(ctl)
+    if value is None or reg is None:
+        return
+    reg.pop(h._id, None)
+    with torch._C.DisableTorchFunction():
+        ptr = value.untyped_storage().data_ptr()
+        aliases = [o for o in list(reg.values())
+                   if "_known" in o.__dict__ and o._known.untyped_storage().data_ptr() == ptr]
+    for other in aliases:
+        forget(ctl, other)
 
 
 def read(func: Any, flat: list, spec: Any) -> Any:
