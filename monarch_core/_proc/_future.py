@@ -110,7 +110,8 @@ class Cell:
         so the reply it waits for wakes it directly."""
         if self._done:
             return True
-        _construction.yield_turn()  # an actor's __init__ that waits lets the next one be constructed
+        if _construction._holder is not None:  # an actor's __init__ that waits lets the next one be constructed
+            _construction.yield_turn()
         p = _Poller.current
         if p is not None:
             led = p.lead(self, timeout)
