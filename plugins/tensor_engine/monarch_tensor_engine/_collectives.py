@@ -166,6 +166,21 @@ def start_store(worker: Any) -> tuple[str, int]:
 def connect_store(worker: Any, addr: str, port: int) -> None:
     if getattr(worker, "store", None) is None:
         worker.store = store_client(addr, port)
+        worker.store_addr = (addr, port)
+
+
+def watcher(worker: Any, addr: tuple[str, int] | None = None) -> Any:
+    """This proc's client of the store at ``addr`` (default: its mesh's) for
+    looking for deaths (:func:`watch`, :func:`arrive`): a connection of its
+    own, because a ``TCPStore`` client holds its lock for the whole of a
+    blocking ``get``, and a group that forms waits in one for a member that
+    may be dead."""
+    addr = addr or worker.store_addr
+    clients = worker.__dict__.setdefault("watchers", {})
+    got = clients.get(addr)
+    if got is None:
+        got = clients[addr] = store_client(*addr)
+    return got
 
 
 def coordinates(flat_rank: int, labels: tuple[str, ...], sizes: tuple[int, ...]) -> dict[str, int]:
@@ -241,11 +256,12 @@ def _group(worker: Any, names: tuple[str, ...], device: torch.device, view: tupl
     shape = ",".join(f"{d}:{n}" for d, n in zip(labels, sizes))
     prefix = f"monarch-group/{stream}/{backend}/{shape}/{','.join(names)}/{','.join(f'{d}={c}' for d, c in others)}"
     store = torch.distributed.PrefixStore(prefix, worker.store)
+    base = watcher(worker)
     if backend == "nccl":
-        arrive(store, size, worker.store, members, view)
-        pg = form(lambda: torch.distributed.ProcessGroupNCCL(store, rank, size), worker.store, members, view)
+        arrive(store, size, base, members, view)
+        pg = form(lambda: torch.distributed.ProcessGroupNCCL(store, rank, size), base, members, view)
     else:
-        pg = gloo_group(store, rank, size, worker.store, members, view)
+        pg = gloo_group(store, rank, size, base, members, view)
     groups[key] = got = Group(pg, rank, size, store, members)
     return got
 
@@ -554,7 +570,7 @@ def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], red
             opts.reduceOp = getattr(dist.ReduceOp, _OPS[reduction])
             work = g.pg.allreduce([buf], opts)
         for w in (flag_work, work):
-            watch(_done_event(w), worker.store, g.members, view, what)
+            watch(_done_event(w), watcher(worker), g.members, view, what)
             w.wait()
         if reduction != "stack":
             if reduction == "avg":
@@ -564,7 +580,7 @@ def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], red
         worker.env[out_id] = Poison(_died(what, e.dead, view))
         return
     except Exception as e:  # noqa: BLE001 - contained: the result is poisoned
-        dead_now = _death_behind(worker.store, g.members) if g is not None else {}
+        dead_now = _death_behind(watcher(worker), g.members) if g is not None else {}
         worker.env[out_id] = Poison(_died(what, dead_now, view) if dead_now else TensorOpError(
             f"{what} failed on the proc at {worker.where}: {type(e).__name__}: {e}", "reduce", worker.where))
         return

@@ -103,7 +103,7 @@ _handoff_cond = threading.Condition()
 
 
 def _pair_group(worker: Any, pair: str, i_src: int, i_dst: int, store: tuple, rank: int) -> Any:
-    from monarch_tensor_engine._collectives import gloo_group, store_client
+    from monarch_tensor_engine._collectives import gloo_group, store_client, watcher
 
     from monarch_tensor_engine._worker import stream_key
 
@@ -117,7 +117,7 @@ def _pair_group(worker: Any, pair: str, i_src: int, i_dst: int, store: tuple, ra
         if base is None:
             base = clients[store] = store_client(*store)
         prefix = torch.distributed.PrefixStore(f"monarch-p2p/{stream}/{pair}/{i_src}/{i_dst}", base)
-        pg = groups[key] = gloo_group(prefix, rank, 2, base, (i_src,))  # the source's death ends the wait
+        pg = groups[key] = gloo_group(prefix, rank, 2, watcher(worker, store), (i_src,))  # the source's death ends the wait
     return pg
 
 
