@@ -9,6 +9,8 @@
 ``monarch torchrun [torchrun's options] SCRIPT ARGS...``  run a torch.distributed
                      script on every proc of a host mesh (docs/spmd.md; comes with the
                      monarch-spmd plugin).
+``monarch apply [MODULE.ATTR]`` / ``monarch kill``  apply the job object of this folder
+                     (saving ``.monarch/job_state.pkl``), or kill the saved job (docs/job.md).
 ``monarch summary FILE``  top endpoints by total time (calls, errors, p50/p99) of a
 recorded trace (``record_trace``, ``MONARCH_TRACE_FILE``) or JSON-lines telemetry file
 (``record_events``, ``MONARCH_TELEMETRY_JSONL``).
@@ -132,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--side", choices=("client", "server"), help="only this side of the calls")
     p.add_argument("--per-rank", action="store_true", help="one row per rank")
     p.set_defaults(func=_cmd_summary)
+    from monarch_core.job import _cli as _job_cli
+
+    _job_cli.register(sub)  # monarch apply / monarch kill (docs/job.md)
     off = _plugin_commands(sub)
     argv = sys.argv[1:] if argv is None else argv
     missing = _missing_plugin_command(argv, sub, off)

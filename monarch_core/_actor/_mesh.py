@@ -26,7 +26,7 @@ from monarch_core.errors import ConfigError
 
 __all__ = [
     "ATTACH_TIMEOUT", "START_TIMEOUT", "ActorMesh", "HostMesh", "ProcMesh", "attach", "get_or_spawn_controller",
-    "host_mesh_of", "hosts_from_config", "this_host", "this_proc",
+    "allocate_entry", "host_mesh_of", "hosts_from_config", "this_host", "this_proc",
 ]
 
 logger = logging.getLogger("monarch.mesh")
@@ -76,9 +76,7 @@ def hosts_from_config(name: str, *, timeout: float | None = None) -> HostMesh:
     allocation the allocation itself, elsewhere two hosts on this machine.
     """
     from monarch_core._config import default_host_mesh, find_config_file, lookup_host_mesh
-    from monarch_core._launch import _alloc
     from monarch_core._plugins import registry
-    from monarch_core.hookspecs import AllocationRequest
 
     if not isinstance(name, str) or not name:
         raise TypeError(f"hosts_from_config(name): name must be a non-empty str, got {name!r}")
@@ -86,15 +84,32 @@ def hosts_from_config(name: str, *, timeout: float | None = None) -> HostMesh:
     installed = sorted(reg.scheduler_specs())
     lookup = default_host_mesh if find_config_file() is None else lookup_host_mesh
     cfg = lookup(name, installed_schedulers=installed)
-    scheduler = reg.scheduler(cfg.scheduler)
+    return allocate_entry(cfg, timeout=timeout)
+
+
+def allocate_entry(cfg: Any, *, timeout: float | None = None, wrap: Any = None) -> HostMesh:
+    """The owning ``HostMesh`` of one host mesh entry ``cfg`` (a
+    ``_config.HostMeshConfig``: from the project's configuration, or built by
+    ``monarch_core.job`` from a job's arguments): resolve its scheduler, check
+    its parameters, prepare the transport, allocate and wait (see
+    :func:`hosts_from_config`, which is this after the lookup).  ``wrap``: a
+    function given the scheduler that returns the one to allocate with (a
+    job's, which keeps its allocation past the client: ``monarch_core.job``)."""
+    from monarch_core._launch import _alloc
+    from monarch_core._plugins import registry
+    from monarch_core.hookspecs import AllocationRequest
+
+    scheduler = registry().scheduler(cfg.scheduler)
     params = _scheduler_params(scheduler, cfg)
-    request = AllocationRequest(name=name, params=params, source=cfg.source)
+    if wrap is not None:
+        scheduler = wrap(scheduler)
+    request = AllocationRequest(name=cfg.name, params=params, source=cfg.source)
     scheduler.validate(request)
     _check_params(scheduler, request)
     _alloc.prepare_transport(scheduler, request)
     # the client's runtime starts while the scheduler starts the hosts
     record = _alloc.allocate(scheduler, request, _start.runtime, timeout)
-    return host_mesh_of(record, name)
+    return host_mesh_of(record, cfg.name)
 
 
 def host_mesh_of(record: Any, name: str) -> HostMesh:
