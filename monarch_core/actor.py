@@ -17,6 +17,7 @@ import types
 from typing import Any, Callable
 
 from monarch_core._actor._actor import Actor
+from monarch_core._actor._actor_mesh import ActorMesh  # noqa: F401 (what spawn returns; importable, not in __all__)
 from monarch_core._actor._attach import attach_to_workers, run_worker_loop_forever  # noqa: F401 (importable, not in __all__)
 from monarch_core._launch._bootstrap import BootstrapCommand, default_bootstrap_cmd  # noqa: F401 (importable, not in __all__)
 from monarch_core._actor._context import Context, context, current_actor_name, current_rank, current_size

@@ -1,4 +1,10 @@
-"""Conformance checks for plugins (a public, supported module).
+"""Conformance checks for plugins, and test doubles for programs (a public, supported module).
+
+Programs' tests replace an actor class, or an actor's tensor engine, for a
+block: :class:`patch_actor` (``with patch_actor(Real, Fake):`` every
+``spawn(..., Real)`` this process makes spawns ``Fake``) and
+:class:`patch_tensor_engine` (the patched actors' ``activate()`` calls go to
+another mesh), the reference's ``monarch._src.actor.mock`` names.
 
 Every transport the project ships runs :func:`check_transport` in its own
 tests; third-party transports should too::
@@ -73,15 +79,75 @@ import contextlib
 import os
 import socket as _stdsocket
 from collections.abc import Iterator
+from typing import Any, Callable, Optional
 
 import trio
 
 from monarch_core._compat import BaseExceptionGroup
+from monarch_core._actor import _patches
 from monarch_core.actor import Actor, endpoint
 from monarch_core.errors import ConnectError, ConnectionClosed, MonarchError, TransportError
 from monarch_core.hookspecs import Stream, Transport
 
-__all__ = ["check_scheduler", "check_stream_pair", "check_transport"]
+__all__ = ["check_scheduler", "check_stream_pair", "check_transport", "patch_actor", "patch_tensor_engine"]
+
+
+class patch_actor(_patches.Patch[type]):
+    """While entered, ``ProcMesh.spawn(name, original, ...)`` made by this process
+    spawns ``mock`` instead (a test double: a smaller model, a canned reward).
+
+    The reference's ``monarch._src.actor.mock.patch_actor``: a context manager
+    (``with``/``async with``, returning ``mock``) and a decorator of sync and
+    async functions; patches nest, and leaving one restores the previous.
+    ``mock`` must be an ``Actor`` subclass taking the constructor arguments the
+    program passes (checked at spawn, as for any class).  Spawns made by actors
+    in their procs are not patched (enter the patch there)::
+
+        with patch_actor(Trainer, FakeTrainer):
+            run_training()          # every mesh.spawn(..., Trainer) spawns FakeTrainer
+    """
+
+    def __init__(self, original: type, mock: type) -> None:
+        for what, cls in (("original", original), ("mock", mock)):
+            if not (isinstance(cls, type) and issubclass(cls, Actor)):
+                raise TypeError(f"patch_actor({what}=...): an Actor subclass is needed, got {cls!r}")
+        super().__init__(_patches.actor_patches, original, mock)
+        self.original, self.mock = original, mock
+
+
+def _local_procs(mesh: Any) -> Any:
+    """patch_tensor_engine's default factory: procs of ``mesh``'s shape on this host, spawned by the actor."""
+    from monarch_core.actor import this_host
+
+    return this_host().spawn_procs(per_host=dict(mesh.sizes), name="patched_tensor_engine")
+
+
+class patch_tensor_engine(_patches.Patch[Callable[[Any], Any]]):
+    """While entered, actors of ``actor_class`` that this process spawns run
+    their tensor engine on ``mock_factory(proc_mesh)`` instead: each of their
+    ``mesh.activate()`` calls (in ``__init__`` too) activates that mesh, made
+    once per actor, in its proc, on first use.
+
+    The reference's ``monarch._src.actor.mock.patch_tensor_engine`` (same forms as
+    :class:`patch_actor`).  The default factory spawns, from the actor, a proc
+    mesh of the same shape on the actor's host: the engine's code runs on local
+    CPU procs of the actor's own, not on the mesh the program names (the
+    reference's default is its GPU simulator, which monarch-core does not have).
+    ``mock_factory`` must be picklable by cloudpickle (it travels with the spawn)::
+
+        with patch_tensor_engine(Trainer, lambda mesh: this_host().spawn_procs({"gpus": 1})):
+            trainer = procs.spawn("trainer", Trainer)
+    """
+
+    def __init__(self, actor_class: type, mock_factory: Optional[Callable[[Any], Any]] = None) -> None:
+        if not (isinstance(actor_class, type) and issubclass(actor_class, Actor)):
+            raise TypeError(f"patch_tensor_engine(actor_class=...): an Actor subclass is needed, got {actor_class!r}")
+        factory = mock_factory if mock_factory is not None else _local_procs
+        if not callable(factory):
+            raise TypeError(f"patch_tensor_engine(mock_factory=...): a callable proc mesh -> mesh is needed, "
+                            f"got {factory!r}")
+        super().__init__(_patches.engine_patches, actor_class, factory)
+        self.actor_class, self.mock_factory = actor_class, factory
 
 #: What a library exception escaping a plugin should have been.
 #: What a record layer returned by ``Stream.raw_socket`` must offer (see there).

@@ -13,7 +13,7 @@ from monarch_core._actor._actor import Actor
 from monarch_core._actor._actor_mesh import ActorMesh, _Mesh, _release
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._owned import Applied
-from monarch_core._actor import _engine
+from monarch_core._actor import _engine, _patches
 from monarch_core._actor._mesh_base import START_TIMEOUT, _owner_check, _ProcSlot, _slot_from_ref
 from monarch_core._proc._port import GatherReplies
 from monarch_core._proc import _control as C
@@ -81,6 +81,7 @@ class ProcMesh(_Mesh):
         signature of ``Class.__init__`` (as torchmonarch does)."""
         if not isinstance(name, str) or not name:
             raise TypeError(f"spawn(name, Class, ...): name must be a non-empty str, got {name!r}")
+        Class = _patches.spawn_class(Class) if isinstance(Class, type) else Class  # monarch_core.testing's patches
         if not (isinstance(Class, type) and issubclass(Class, Actor)):
             raise ValueError(
                 f"spawn({name!r}, {getattr(Class, '__name__', Class)!r}): the class must subclass "
@@ -233,7 +234,7 @@ class ProcMesh(_Mesh):
         proc of this mesh, as distributed tensors (the tensor engine plugin,
         ``monarch-tensor-engine``; docs/tensors.md).  ``ImportError`` naming
         the plugin when it is not installed."""
-        return _engine.engine("ProcMesh.activate()").activate(self)
+        return _engine.engine("ProcMesh.activate()").activate(_patches.activation_mesh(self))
 
     def rank_tensor(self, dim: str) -> Any:
         """A distributed integer tensor whose value on each proc is its coordinate along ``dim``."""

@@ -1,0 +1,1 @@
+"""``monarch._src.actor``: see the submodules."""

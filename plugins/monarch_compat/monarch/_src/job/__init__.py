@@ -1,0 +1,1 @@
+"""``monarch._src.job``: see the submodules (all from ``monarch_core.job``)."""
