@@ -16,11 +16,17 @@ Contract:
   (``t._known``, a CPU tensor), computed locally by the same torch function
   as the procs run.
 * An in-place operation of :data:`PURE` with known inputs keeps it known
-  (the client applies it to its copy too).  Anything else that may write a
-  known tensor or share its storage forgets the value: any other in-place
-  operation or ``out=``, a view or alias of it (``detach``, ``view``), a
-  remote function or actor call it is passed to, a collective, a borrow, a
-  transfer (every command that names it other than an operation).
+  (the client applies it to its copy too).  ``detach`` (in :data:`PURE`)
+  makes a known alias whose copy shares the storage of its input's copy, as
+  the procs' tensors do.  Anything else that may write a known tensor or
+  share its storage forgets the value (and its aliases'): any other in-place
+  operation or ``out=``, a view of it (``view``, ``reshape``), a remote
+  function or actor call it is passed to, a collective, a borrow, a transfer
+  (every command that names it other than an operation).
+* The controller's metadata cache never answers for them: an operation with
+  a known input skips it (:func:`among`), a factory of a known result and an
+  operation that aliases its input are taken out of it, so that every such
+  operation passes :func:`track`.
 * Reading the value of a known tensor returns the client's copy; reading
   any other distributed tensor's value is the controller's error, as
   before.  Random operations are never known, and neither is anything

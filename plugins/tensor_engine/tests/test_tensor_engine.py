@@ -260,8 +260,9 @@ def test_values_local_tensors_and_other_meshes_are_errors_that_say_what_to_do(me
     local = torch.ones(2)
     with mesh.activate():
         t = torch.ones(2)
+        assert t.sum().item() == 2.0  # a value the client computed itself (_known): no round trip
         with pytest.raises(RuntimeError, match="reads a value.*inspect"):
-            t.sum().item()
+            (t * mesh.rank_tensor("dp")).sum().item()  # the procs' own values
         with pytest.raises(RuntimeError, match="local tensor .* mixed"):
             t + local
         assert (local * 2).tolist() == [2.0, 2.0]  # local tensors only: torch as usual
