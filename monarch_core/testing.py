@@ -119,7 +119,7 @@ def _local_procs(mesh: Any) -> Any:
     """patch_tensor_engine's default factory: procs of ``mesh``'s shape on this host, spawned by the actor."""
     from monarch_core.actor import this_host
 
-    return this_host().spawn_procs(per_host=dict(mesh.sizes), name="patched_tensor_engine")
+    return this_host().spawn_procs(per_host=dict(mesh.sizes) or None, name="patched_tensor_engine")
 
 
 class patch_tensor_engine(_patches.Patch[Callable[[Any], Any]]):
