@@ -26,6 +26,8 @@ fi
 # torchrun's launcher (monarch_core.spmd, `monarch torchrun`); torch is not its
 # dependency (the scripts it runs need it, installed below)
 "$VENV/bin/python" -m pip install -q -e plugins/spmd
+# `import monarch` for the reference's programs (docs/compat.md); never beside torchmonarch
+"$VENV/bin/python" -m pip install -q -e plugins/monarch_compat
 # the dashboard and its browser tests (Playwright drives the system Chromium of
 # scripts/testbed/install.sh; never `playwright install`)
 "$VENV/bin/python" -m pip install -q -e "plugins/dashboard[test]"
