@@ -32,9 +32,9 @@ def __getattr__(name: str) -> Any:  # lazy: importing monarch_core stays cheap
 
         return Workspace
     if name == "random":  # the reference's monarch.random (the procs' generators), from the engine plugin
-        import importlib
+        import monarch_core.random as random_module  # (an import statement: `from monarch_core import` recurses)
 
-        return importlib.import_module("monarch_core.random")
+        return random_module
     from monarch_core._compat import TENSOR_ENGINE_NAMES
 
     if name in TENSOR_ENGINE_NAMES:  # the reference's distributed-tensor names, from the engine plugin
