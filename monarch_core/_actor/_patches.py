@@ -13,7 +13,6 @@ included, goes to the factory's mesh.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import threading
@@ -76,7 +75,7 @@ class Patch(Generic[T]):
         self.__exit__(exc_type, exc, tb)
 
     def __call__(self, fn: F) -> F:
-        if inspect.iscoroutinefunction(fn) or asyncio.iscoroutinefunction(fn):
+        if inspect.iscoroutinefunction(fn):
             @functools.wraps(fn)
             async def run_async(*args: Any, **kwargs: Any) -> Any:
                 with self:
