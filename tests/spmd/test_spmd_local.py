@@ -112,12 +112,12 @@ def test_torchruns_variables_equal_ours_for_two_hosts_of_two_procs(hosts2, tmp_p
     for p in runs:
         assert p.wait(timeout=180) == 0, p.stderr.read() if p.stderr else ""
     theirs = [json.loads((tmp_path / f"torchrun.{r}").read_text()) for r in range(4)]
-    differ = {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",  # chosen per run
-              "TORCHELASTIC_USE_AGENT_STORE"}  # torchrun's agent hosts the store; here rank 0 does
+    differ = {"MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"}  # chosen per run
     for r in range(4):
         assert {k: v for k, v in ours[r].items() if k not in differ} == \
                {k: v for k, v in theirs[r].items() if k not in differ}, r
-        assert ours[r]["MASTER_ADDR"] == "127.0.0.1" and ours[r]["TORCHELASTIC_USE_AGENT_STORE"] == "False"
+        # rank 0's proc hosts the store, as torchrun's agent: every script is its client
+        assert ours[r]["MASTER_ADDR"] == "127.0.0.1" and ours[r]["TORCHELASTIC_USE_AGENT_STORE"] == "True"
 
 
 def test_a_raising_rank_and_an_exiting_rank_fail_the_call_naming_rank_and_status() -> None:
@@ -197,3 +197,65 @@ def test_an_spmd_mesh_needs_a_dimension_and_master_needs_both_halves(procs) -> N
         setup_torch_elastic_env(this_host().spawn_procs())
     with pytest.raises(ValueError, match="give both master_addr and master_port"):
         setup_torch_elastic_env(procs, master_port=29500)
+
+
+LIFECYCLE = str(PROGRAMS / "lifecycle.py")
+
+
+def _lifecycle(out: Path, rank: int) -> dict:
+    return json.loads(Path(f"{out}.{rank}.json").read_text())
+
+
+def test_a_rank_runs_as_a_process_of_its_own_main_thread_atexit_at_its_end_no_module_state_kept(procs, spmd,
+                                                                                               tmp_path: Path) -> None:
+    am, addr, port = spmd
+    pids = set()
+    for run in range(2):  # the same actors twice: nothing of the first run is left in the second
+        out = tmp_path / f"run{run}"
+        assert am.main.call(addr, port, [LIFECYCLE, str(out)]).get(timeout=120).values() == [True] * 4
+        for r in range(4):
+            seen = _lifecycle(out, r)
+            assert seen["main_thread"] is True  # signal.signal worked: it installed its SIGTERM handler
+            assert seen["runs"] == 1  # the module global counts from 0 again: a fresh interpreter
+            pids.add(seen["pid"])
+            # its atexit handler ran when the script ended, before the call returned (not when the proc stops)
+            assert Path(f"{out}.{r}.atexit").read_text() == f"rank {r} pid {seen['pid']} exits\n"
+            assert not Path(f"{out}.{r}.sigterm").exists()
+    assert len(pids) == 8 and not pids & _proc_pids(procs)  # a process of its own per rank and run
+
+
+def _proc_pids(pm) -> set[int]:  # type: ignore[no-untyped-def]
+    from monarch_core.actor import Actor, endpoint
+
+    class Pid(Actor):
+        @endpoint
+        def pid(self) -> int:
+            return os.getpid()
+
+    mesh = pm.spawn("proc_pids", Pid)
+    try:
+        return set(mesh.pid.call().get(timeout=60).values())
+    finally:
+        mesh.stop().get(timeout=60)
+
+
+def test_stopping_the_procs_sends_each_ranks_script_sigterm_and_its_handler_runs(tmp_path: Path) -> None:
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    out = tmp_path / "stop"
+    try:
+        am = setup_torch_elastic_env(pm)
+        addr, port = am.slice(gpus=0).get_host_port.call_one(None).get(timeout=60)
+        futs = [am.slice(gpus=r).main.call_one(addr, port, [LIFECYCLE, str(out), "--wait"]) for r in range(2)]
+        deadline = time.monotonic() + 120
+        while not all(Path(f"{out}.{r}.ready").exists() for r in range(2)):
+            assert time.monotonic() < deadline, "the ranks never got ready"
+            assert not any(f.done() for f in futs), [f.get() for f in futs if f.done()]
+            time.sleep(0.05)
+        pids = [_lifecycle(out, r)["pid"] for r in range(2)]
+    finally:
+        pm.stop().get(timeout=60)
+    for r in range(2):  # the handler ran (a checkpoint), then the script's atexit, and the process is gone
+        assert Path(f"{out}.{r}.sigterm").read_text() == f"checkpoint of rank {r} on signal {int(signal.SIGTERM)}\n"
+        assert Path(f"{out}.{r}.atexit").read_text() == f"rank {r} pid {pids[r]} exits\n"
+        with pytest.raises(ProcessLookupError):
+            os.kill(pids[r], 0)
