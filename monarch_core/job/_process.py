@@ -92,7 +92,7 @@ class ProcessJob(JobTrait):
             raise
 
     def _state(self) -> JobState:
-        from monarch_core.worker import attach_to_workers
+        from monarch_core.actor import attach_to_workers
 
         dead = [k for k, p in self._host_to_pid.items() if not _alive(p.pid)]
         if dead:
