@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 
 from monarch_core.actor import ActorError, this_host  # noqa: E402
 from monarch_core.errors import SupervisionError  # noqa: E402
-from monarch_core.spmd import AddrType, ScriptError, setup_torch_elastic_env  # noqa: E402
+from monarch_core.spmd import AddrType, ScriptError, SPMDActor, setup_torch_elastic_env  # noqa: E402
 
 from _helpers.clients import PY, child_env  # noqa: E402
 from _helpers.config import configured_host_mesh  # noqa: E402
@@ -259,3 +259,20 @@ def test_stopping_the_procs_sends_each_ranks_script_sigterm_and_its_handler_runs
         assert Path(f"{out}.{r}.atexit").read_text() == f"rank {r} pid {pids[r]} exits\n"
         with pytest.raises(ProcessLookupError):
             os.kill(pids[r], 0)
+
+
+def test_a_ranks_script_sees_its_hosts_devices_as_under_torchrun(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("MONARCH_PROC_DEVICES", raising=False)
+    monkeypatch.delenv("MONARCH_DEVICE_DIMS", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")  # each proc gets one of them; the script, both
+    script = tmp_path / "devices.py"
+    script.write_text("import os, sys\nopen(sys.argv[1] + '.' + os.environ['RANK'], 'w').write("
+                      "os.environ.get('CUDA_VISIBLE_DEVICES', '-') + ' ' + os.environ['LOCAL_RANK'])\n")
+    pm = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        am = pm.spawn("_SPMDActor", SPMDActor)  # as launch (monarch torchrun): main alone sets the environment
+        addr, port = am.slice(gpus=0).get_host_port.call_one(None).get(timeout=60)
+        am.main.call(addr, port, [str(script), str(tmp_path / "seen")]).get(timeout=120)
+    finally:
+        pm.stop().get(timeout=60)
+    assert [(tmp_path / f"seen.{r}").read_text() for r in range(2)] == ["4,6 0", "4,6 1"]

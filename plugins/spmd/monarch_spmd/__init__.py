@@ -7,7 +7,9 @@ answered with :mod:`.api`) and the ``monarch torchrun`` command through the
 ``monarch_core.hookspecs``).
 
 Modules: torchrun's environment from a proc's mesh coordinates (:mod:`._env`),
-running a script or module as ``__main__`` in a proc (:mod:`._script`), the
+running a rank's script or module as a fresh ``python`` process of its proc
+(:mod:`._script`, the process itself in :mod:`._child`), the rendezvous
+store rank 0's proc hosts as torchrun's agent does (:mod:`._store`), the
 actor and the setup functions (:mod:`._actor`), a whole torchrun job on a
 host mesh (:mod:`._launch`) and the ``monarch torchrun`` command
 (:mod:`._command`).  The rendezvous address every rank can reach is the

@@ -12,7 +12,8 @@ Contract of :func:`run_main`:
   (torchrun's ``--run-path``), ``no_python`` runs ``argv`` itself as the
   command (``--no-python``).  The process runs in the proc's working
   directory with the proc's environment plus torchrun's variables (the
-  proc's own ``MONARCH_PROC_*`` left out), on its main thread, for its own
+  proc's own ``MONARCH_PROC_*`` left out; the host's ``CUDA_VISIBLE_DEVICES``,
+  as ``_env.apply`` gives it), on its main thread, for its own
   lifetime: ``signal.signal`` works, ``atexit`` handlers run at its end,
   nothing it imported outlives it.
 * Its output goes where :class:`ScriptOptions` says (the console: the
@@ -189,8 +190,11 @@ def run_main(argv: Sequence[str], *, rank: int, local_rank: int, host: str, env:
     until the process ended."""
     argv = check_argv(argv)
     options = options or ScriptOptions()
+    from monarch_core.runtime import proc_devices
+
     environ = {k: v for k, v in os.environ.items() if k not in PROC_ONLY}
-    apply(dict(env), environ)  # torchrun's variables, and what goes with them (OMP_NUM_THREADS)
+    # torchrun's variables and what goes with them: OMP_NUM_THREADS, the host's CUDA_VISIBLE_DEVICES
+    apply(dict(env), environ, devices=proc_devices())
     python = environ.get("PYTHON_EXEC") or sys.executable
     if argv[0] == "-m":
         what = f"module {argv[1]}"
