@@ -26,8 +26,8 @@ member i receives block i of every member, stacked).
 
 Failures: a collective's outcome is the same on every member.  A poisoned
 input on one member poisons every member's result, naming that member and
-its failed op (a poisoned flag per member travels beside the data, in a tiny
-all-reduce that overlaps it).  A member that the client knows is dead (it
+its failed op (a poisoned flag per member travels with the data: in the
+buffer of a small all-reduce, in a tiny all-reduce beside a bigger collective).  A member that the client knows is dead (it
 marks deaths in the store, :func:`mark_dead`) fails every group it belongs
 to on every living member, at once: before the command is sent, while the
 group forms (:func:`arrive`, :func:`form`) or while the collective runs
@@ -513,14 +513,50 @@ def _death_behind(base: Any, members: tuple[int, ...]) -> dict[int, str]:
         time.sleep(0.1)
 
 
+#: an all-reduce of at most this many bytes carries the members' poisoned flags in its own buffer
+#: (a copy, cheaper than a second collective); a bigger one runs a tiny flags all-reduce beside it
+PACK_BYTES = 256 << 10
+#: per reduction: (what a member writes in another member's flag slot, in its own when poisoned);
+#: the reduction of a slot is then its member's idle value unless that member is poisoned
+_SLOT_VALUES = {"sum": (0, 1), "avg": (0, 1), "max": (0, 1), "bor": (0, 1), "bxor": (0, 1),
+                "min": (1, 0), "band": (1, 0), "product": (1, 2)}
+
+
+def slots_idle(reduction: str) -> int:
+    """The value of a flag slot, after the reduction, whose member is not poisoned."""
+    return _SLOT_VALUES[reduction][0]
+
+
+def _slots(reduction: str, data: torch.Tensor, size: int, rank: int, poisoned: bool) -> torch.Tensor | None:
+    """The ``size`` flag slots this member appends to a small all-reduce (of
+    a numeric, non-bool, real dtype, on the CPU), or None where the flags
+    take a collective of their own (:data:`PACK_BYTES`)."""
+    dtype = data.dtype
+    if (reduction not in _SLOT_VALUES or data.device.type != "cpu" or dtype == torch.bool or dtype.is_complex
+            or data.numel() * data.element_size() > PACK_BYTES):
+        return None
+    idle, mark = _SLOT_VALUES[reduction]
+    slots = torch.full((size,), idle, dtype=dtype)
+    if poisoned:
+        slots[rank] = mark
+    return slots
+
+
+def _allreduce_opts(reduction: str) -> Any:
+    opts = torch.distributed.AllreduceOptions()
+    opts.reduceOp = getattr(torch.distributed.ReduceOp, _OPS[reduction])
+    return opts
+
+
 def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], reduction: str, scatter: bool,
                shape: tuple[int, ...], dtype: torch.dtype, view: tuple, dead: tuple = ()) -> None:
     """One member's part of a ``reduce`` command (see the module docstring).
 
     Every member of the group ends with the same outcome: the result, or a
-    poisoned result.  The members exchange a poisoned flag each (a tiny
-    all-reduce of an int tensor of the group's size, run beside the data's
-    collective): when one member's input is poisoned (or missing), it keeps
+    poisoned result.  The members exchange a poisoned flag each (in slots
+    appended to a small all-reduce's buffer, :data:`PACK_BYTES`; otherwise
+    in a tiny all-reduce of an int tensor of the group's size, run beside
+    the data's collective): when one member's input is poisoned (or missing), it keeps
     its own error, publishes it in the group's store under the collective's
     sequence number, and every other member's result is poisoned with an
     error that names it (:func:`_poisoned_by`).  A member the client knows
@@ -539,7 +575,6 @@ def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], red
             worker.env[out_id] = Poison(_died(what, gone, view))
             return
 
-    dist = torch.distributed
     src = worker.env.get(in_id)
     poison = src.error if isinstance(src, Poison) else None
     if src is None:
@@ -551,27 +586,35 @@ def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], red
         g = _group(worker, names, x.device, view)
         size, rank, seq = g.size, g.rank, g.seq
         g.seq += 1
-        flags = torch.zeros(size, dtype=torch.int32)
         if poison is not None:
-            flags[rank] = 1
             _publish(g, seq, poison)
-        flag_work = g.pg.allreduce([flags])  # beside the data's: the two overlap
         data = x.contiguous() if not x.is_contiguous() else x
-        if reduction == "stack":
-            if scatter:
-                result = torch.empty_like(data)
-                work = g.pg.alltoall_base(result, data, [], [])
-            else:  # gathered straight into the rows of the result (no stack copy)
-                result = torch.empty((size, *data.shape), dtype=data.dtype, device=data.device)
-                work = g.pg.allgather([list(result.unbind(0))], [data])
-        else:
-            buf = data if (in_id == out_id and data is x) else data.clone()
-            opts = dist.AllreduceOptions()
-            opts.reduceOp = getattr(dist.ReduceOp, _OPS[reduction])
-            work = g.pg.allreduce([buf], opts)
-        for w in (flag_work, work):
+        slots = _slots(reduction, data, size, rank, poison is not None)
+        if slots is not None:  # a small all-reduce: the flags ride in it, one collective
+            n = data.numel()
+            buf = torch.cat([data.reshape(-1), slots])
+            works = [g.pg.allreduce([buf], _allreduce_opts(reduction))]
+        else:  # the flags in a tiny all-reduce of their own, beside the data's: the two overlap
+            flags = torch.zeros(size, dtype=torch.int32)
+            if poison is not None:
+                flags[rank] = 1
+            works = [g.pg.allreduce([flags])]
+            if reduction == "stack":
+                if scatter:
+                    result = torch.empty_like(data)
+                    works.append(g.pg.alltoall_base(result, data, [], []))
+                else:  # gathered straight into the rows of the result (no stack copy)
+                    result = torch.empty((size, *data.shape), dtype=data.dtype, device=data.device)
+                    works.append(g.pg.allgather([list(result.unbind(0))], [data]))
+            else:
+                buf = data if (in_id == out_id and data is x) else data.clone()
+                works.append(g.pg.allreduce([buf], _allreduce_opts(reduction)))
+        for w in works:
             watch(_done_event(w), watcher(worker), g.members, view, what)
             w.wait()
+        if slots is not None:
+            flags = buf[n:] != slots_idle(reduction)
+            buf = buf[:n].view(data.shape)
         if reduction != "stack":
             if reduction == "avg":
                 buf.div_(size)

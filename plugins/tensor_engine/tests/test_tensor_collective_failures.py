@@ -78,6 +78,9 @@ def test_a_poisoned_member_poisons_every_members_result_for_every_kind_of_collec
         results["all-to-all"] = y[:2].reduce("tp", "stack", scatter=True)
         results["bor"] = bits.reduce("tp", "bor")
         results["over both dims"] = y.reduce(("dp", "tp"), "sum")
+        big = fail(torch.ones(1 << 17) * r.float())    # 512 KiB: its flags in an all-reduce of their own
+        results["big sum"] = big.reduce("tp")
+        results["big avg, scatter"] = big.reduce("tp", "avg", scatter=True)
         in_place = y * 1
         in_place.reduce_("tp")
         results["reduce_ in place"] = in_place
@@ -85,12 +88,14 @@ def test_a_poisoned_member_poisons_every_members_result_for_every_kind_of_collec
         y.reduce("tp", "max", out=out)
         results["out="] = out
         healthy = x.reduce("tp")                       # the same group, a healthy input: a value
+        healthy_big = (torch.ones(1 << 17) * r.float()).reduce("tp", "max")
         sub = y.reduce("tp", "sum", mesh=row0)         # each group's result, on the sub-mesh dp=0
         errors = {name: poisoned_error(t, dp=0, tp=0) for name, t in results.items()}
         own = poisoned_error(results["reduce sum"], dp=0, tp=1)
         other_row = monarch.fetch_shard(results["reduce sum"], dp=1, tp=0).get(timeout=FETCH_S)
         both_dims_elsewhere = poisoned_error(results["over both dims"], dp=1, tp=1)
         assert monarch.fetch_shard(healthy, dp=0, tp=0).get(timeout=FETCH_S).tolist() == [[1.0, 1.0]] * 4
+        assert bool((monarch.fetch_shard(healthy_big, dp=1, tp=0).get(timeout=FETCH_S) == 3.0).all())
     with row0.activate():
         sub_error = poisoned_error(sub, tp=0)
     for name, err in [*errors.items(), ("over both dims, dp=1", both_dims_elsewhere), ("mesh=", sub_error)]:
