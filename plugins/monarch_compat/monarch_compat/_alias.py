@@ -35,8 +35,6 @@ ALIASES: dict[str, str] = {
 
 #: reference modules not provided, and why (their submodules too)
 REFUSED: dict[str, str] = {
-    "monarch.job.kubernetes": "KubernetesJob has no counterpart: monarch-core schedules hosts with the `local`, "
-                              "`ssh` and `slurm` schedulers (docs/configuration.md, docs/ssh.md, docs/slurm.md)",
     "monarch.job.meta": "MASTJob is Meta-internal and has no counterpart",
     "monarch.gather_mount": "gather_mount (a FUSE mount of the hosts' files) has no counterpart; "
                             "HostMesh.sync_workspace copies the other way (docs/workspace.md)",

@@ -68,7 +68,7 @@ def test_job_submodules_are_the_core_ones() -> None:
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("name", ["monarch.job.kubernetes", "monarch.gather_mount", "monarch._rust_bindings.x",
+@pytest.mark.parametrize("name", ["monarch.job.meta", "monarch.gather_mount", "monarch._rust_bindings.x",
                                   "monarch.simulator.interface"])
 def test_refused_module_says_why(name: str) -> None:
     with pytest.raises(ModuleNotFoundError, match="monarch-compat does not provide") as info:
