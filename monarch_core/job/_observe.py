@@ -17,10 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Any, Optional
-
-if TYPE_CHECKING:
-    from monarch_core.job._trait import JobState
+from typing import Any, Optional, Protocol, TypeVar
 
 logger = logging.getLogger("monarch.job")
 
@@ -117,8 +114,18 @@ def _start_dashboard(port: Optional[int]) -> str:
         return str(dashboard.start(port=0).url)
 
 
-def start_services(state: JobState, telemetry: Optional[TelemetryConfig],
-                   admin: Optional[MeshAdminConfig]) -> JobState:
+class ServiceURLs(Protocol):
+    """What :func:`start_services` fills in (a ``JobState``)."""
+
+    admin_url: Optional[str]
+    dashboard_url: Optional[str]
+    telemetry_url: Optional[str]
+
+
+S = TypeVar("S", bound=ServiceURLs)
+
+
+def start_services(state: S, telemetry: Optional[TelemetryConfig], admin: Optional[MeshAdminConfig]) -> S:
     """``state`` with the URLs of the services the job enabled (started now
     if they do not run yet in this client)."""
     if telemetry is None and admin is None:

@@ -30,11 +30,12 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Optional, Union
 
+from monarch_core.job._observe import MeshAdminConfig, TelemetryConfig, start_services
+
 if TYPE_CHECKING:
     from typing_extensions import Self
 
     from monarch_core._actor._host_mesh import HostMesh
-    from monarch_core.job._observe import MeshAdminConfig, TelemetryConfig
 
 logger = logging.getLogger("monarch.job")
 
@@ -125,8 +126,6 @@ class JobTrait(ABC):
         are recorded in any case (``monarch_core.telemetry``).  ``config``: a
         :class:`TelemetryConfig` (else one made from ``kwargs``).  Returns
         ``self``."""
-        from monarch_core.job._observe import MeshAdminConfig, TelemetryConfig
-
         cfg = config if config is not None else TelemetryConfig(**kwargs)
         if not isinstance(cfg, TelemetryConfig):
             raise TypeError(f"enable_telemetry(config=...) takes a TelemetryConfig, got {type(cfg).__name__}")
@@ -140,8 +139,6 @@ class JobTrait(ABC):
         on the next :meth:`state` call; ``state.admin_url`` is its URL.
         ``config``: a :class:`MeshAdminConfig` (else one made from
         ``kwargs``).  Returns ``self``."""
-        from monarch_core.job._observe import MeshAdminConfig
-
         cfg = config if config is not None else MeshAdminConfig(**kwargs)
         if not isinstance(cfg, MeshAdminConfig):
             raise TypeError(f"enable_admin(config=...) takes a MeshAdminConfig, got {type(cfg).__name__}")
@@ -210,9 +207,7 @@ class JobTrait(ABC):
         return self._with_services(running._state())
 
     def _with_services(self, state: JobState) -> JobState:
-        from monarch_core.job import _observe
-
-        return _observe.start_services(state, self._telemetry, self._admin)
+        return start_services(state, self._telemetry, self._admin)
 
     def _load_cached(self, cached_path: Optional[str]) -> Optional[JobTrait]:
         if cached_path is None:

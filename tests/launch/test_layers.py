@@ -107,12 +107,14 @@ def test_importing_the_actor_api_loads_no_kernel_machinery() -> None:
 
 
 #: Name-based imports that stay, each for a reason: plugin factories named by
-#: the plugins' own specs, and the fork server importing what the layer above
-#: handed it explicitly (``_fork_server.warm``).
+#: the plugins' own specs, the fork server importing what the layer above
+#: handed it explicitly (``_fork_server.warm``), and ``monarch apply MODULE.ATTR``
+#: importing the user's job module it names (``job/_trait.py``).
 _BY_NAME_ALLOWED = {
     ("_plugins.py", "import_module"),
     ("_contract/_common.py", "import_module"),
     ("_launch/_zygote.py", "import_module"),
+    ("job/_trait.py", "import_module"),
 }
 #: ``sys.modules`` keys that are looked up without importing: optional
 #: third-party libraries ("is torch loaded?"), and a module's own entry.
