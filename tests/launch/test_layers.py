@@ -109,16 +109,24 @@ def test_importing_the_actor_api_loads_no_kernel_machinery() -> None:
 #: Name-based imports that stay, each for a reason: plugin factories named by
 #: the plugins' own specs, the fork server importing what the layer above
 #: handed it explicitly (``_fork_server.warm``), and ``monarch apply MODULE.ATTR``
-#: importing the user's job module it names (``job/_trait.py``).
+#: importing the user's job module it names (``job/_trait.py``), and an actor's
+#: construction importing the modules its pickled class names, packages first
+#: (``_proc/_construction.py``, ``_proc/_serial.py``: the user's modules, named
+#: by the payload, never a monarch module reached upwards).
 _BY_NAME_ALLOWED = {
     ("_plugins.py", "import_module"),
     ("_contract/_common.py", "import_module"),
     ("_launch/_zygote.py", "import_module"),
     ("job/_trait.py", "import_module"),
+    ("_proc/_construction.py", "import_module"),
+    ("_proc/_serial.py", "import_module"),
 }
 #: ``sys.modules`` keys that are looked up without importing: optional
 #: third-party libraries ("is torch loaded?"), and a module's own entry.
 _PROBES_ALLOWED = {"torch", "asyncio", "__main__"}
+#: Files whose ``sys.modules`` lookups take a computed name for the reason
+#: above: whether a module a payload names is loaded (and fully initialised).
+_COMPUTED_PROBES_ALLOWED = {"_proc/_construction.py", "_proc/_serial.py"}
 
 
 def _hidden_up_calls(path: pathlib.Path) -> list[str]:
@@ -148,7 +156,7 @@ def _hidden_up_calls(path: pathlib.Path) -> list[str]:
                 and n.value.id == "sys")
 
     def key_ok(k: ast.AST) -> bool:
-        if isinstance(k, ast.Name) and k.id == "__name__":
+        if isinstance(k, ast.Name) and (k.id == "__name__" or rel in _COMPUTED_PROBES_ALLOWED):
             return True
         return isinstance(k, ast.Constant) and k.value in _PROBES_ALLOWED
 
