@@ -39,6 +39,9 @@ LIFECYCLE: dict[str, tuple[str, tuple[str, ...]]] = {
                           ("mesh", "mesh_key", "ranks", "category", "owner", "root_cause", "chain")),
     "supervision.handled": ("the owner decided: `__supervise__` returned, or the client's `unhandled_fault_hook` ran",
                             ("mesh", "handled_by", "handled")),
+    "endpoint.raised": ("an endpoint raised an exception (recorded in the actor's proc; at most 8 per endpoint and rank "
+                        "per telemetry interval, `skipped` counts the others)",
+                        ("mesh", "mesh_key", "endpoint", "rank", "error_type", "message", "traceback", "skipped")),
 }
 
 #: The fields of structured error log records (``logging`` ``extra``), for filtering.

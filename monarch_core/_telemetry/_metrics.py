@@ -93,7 +93,7 @@ class EndpointStat:
     the totals are read (:meth:`snapshot`)."""
 
     __slots__ = ("key", "lock", "calls", "errors", "count", "sum", "min", "max", "buckets", "req", "rep", "sent",
-                 "pending", "add")
+                 "pending", "add", "raised")
     FOLD_AT = FOLD_AT
     error_type = staticmethod(error_type)
 
@@ -115,10 +115,13 @@ class EndpointStat:
         #: ``req`` request and ``rep`` reply bytes (the bound ``extend``: the
         #: callers check ``len(stat.pending) >= stat.FOLD_AT`` and call :meth:`fold`).
         self.add = self.pending.extend
+        self.raised: Optional[list] = None  # ``_raised``'s window: [start, events, skipped]
 
     def record(self, dt: int, req: int, rep: int, err: Optional[str] = None) -> None:
         """One call that took ``dt`` ns, with ``req`` request and ``rep`` reply
-        bytes; ``err``: the exception type's name if it failed."""
+        bytes; ``err``: the exception type's name if it failed (server side,
+        recorded inside the ``except`` that caught it: also its message and
+        traceback, as an ``endpoint.raised`` event -- ``_raised``)."""
         if err is None:
             self.add((dt, req, rep))
             if len(self.pending) >= FOLD_AT:
@@ -128,6 +131,10 @@ class EndpointStat:
             self.add((dt, req, rep))
             self._fold_locked()
             self.errors[err] = self.errors.get(err, 0) + 1
+        if self.key[0] == SERVER:  # the exception being handled, if it is this one: ``endpoint.raised``
+            from monarch_core._telemetry import _raised
+
+            _raised.note(self, err)
 
     def fold(self) -> None:
         """Fold the pending samples into the totals."""

@@ -135,6 +135,9 @@ class Dashboard:
             self.stopped = True
             if _current is self:
                 _current = None
+        self.model.end()  # the open pages show "job ended at ..." and keep the last state
+        if not self.server.drain():
+            logger.debug("a live page did not take the 'job ended' message in time")
         if self._tees is not None:
             _tee.uninstall(self._tees)
         if remove_sink and self._sink_added:

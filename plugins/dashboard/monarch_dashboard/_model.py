@@ -5,7 +5,10 @@ hosts, procs and actor meshes (from lifecycle events), the latest endpoint
 totals (from metric events: cumulative per process, so the latest one of a
 key supersedes the earlier), the failures and supervision events in time
 order, the proc output lines the client printed, and the spans of the last
-recording.  Every change bumps :attr:`JobModel.version` and calls the
+recording, and the last exceptions each endpoint raised (``endpoint.raised``
+events: the last :data:`MAX_RAISED_PER_ENDPOINT` per endpoint and the last
+:data:`MAX_RAISED_PER_RANK` per endpoint and rank, so memory stays bounded
+however often an endpoint raises).  Every change bumps :attr:`JobModel.version` and calls the
 listeners (the server wakes its live pages); nothing here runs per endpoint
 call -- the telemetry thread calls :meth:`JobModel.ingest` about once per
 ``MONARCH_TELEMETRY_INTERVAL``.
@@ -21,6 +24,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Optional
 
+from monarch_dashboard import _analysis
+
 #: lifecycle events listed on the failures page
 FAILURE_EVENTS = ("proc.failed", "actor.failed", "supervision.event", "supervision.handled", "host_mesh.lost_host")
 #: logging levels recognised in an output line (else the line is a plain print, shown as INFO)
@@ -31,6 +36,12 @@ _COORD = re.compile(r"'?(\w+)'?\s*:\s*(\d+)\s*/\s*(\d+)")
 _PREFIXED = re.compile(r"^\[(?P<who>[^\s\[\]{}]+(?:\{[^}]*\})?) (?P<host>[^\s\]]+)\] ?(?P<text>.*)$")
 _SIMILAR = re.compile(r"^\[(?P<n>\d+) similar lines\] ?(?P<text>.*)$")
 RATE_WINDOW_S = 60.0
+#: exceptions kept per mesh/endpoint (the newest), with message and traceback
+MAX_RAISED_PER_ENDPOINT = 20
+#: exceptions kept per mesh/endpoint/rank (the newest)
+MAX_RAISED_PER_RANK = 3
+#: client-side error types that mean the endpoint itself raised (already counted by the actor's side)
+ENDPOINT_RAISED_TYPES = frozenset({"ActorError"})
 
 
 def coords_rank(coords: Any) -> Optional[int]:
@@ -137,6 +148,21 @@ class EndpointRow:
     client_p99_ns: Optional[float] = None
     rate: float = 0.0
     ranks: list = dataclasses.field(default_factory=list)
+    #: failures the caller saw that the endpoint did not raise (``SupervisionError`` ...: its actor
+    #: or proc died, the call was refused): type -> count, from the client side
+    caller_errors: dict = dataclasses.field(default_factory=dict)
+    #: the newest exceptions it raised (``endpoint.raised``), newest first
+    raised: list = dataclasses.field(default_factory=list)
+    #: (per-rank rows) an outlier by :func:`_analysis.stragglers`
+    slow: bool = False
+
+    @property
+    def mean_ns(self) -> Optional[float]:
+        return self.sum_ns / self.count if self.count else None
+
+    @property
+    def caller_error_count(self) -> int:
+        return sum(self.caller_errors.values())
 
     def add(self, a: Mapping[str, Any]) -> None:
         self.calls += int(a.get("calls") or 0)
@@ -181,6 +207,10 @@ class JobModel:
         self._log_id = 0
         self.spans: collections.deque[tuple[str, int, int, dict]] = collections.deque(maxlen=max_spans)
         self.recording: dict[str, Any] = {}
+        self.raised: dict[tuple[str, str], collections.deque[dict[str, Any]]] = {}
+        self.raised_by_rank: dict[tuple[str, str, int], collections.deque[dict[str, Any]]] = {}
+        #: when the client's runtime shut down (the job ended): 0 while it runs
+        self.ended_ns = 0
         self._listeners: list[Callable[[], None]] = []
 
     # -------------------------------------------------------------- change
@@ -190,6 +220,14 @@ class JobModel:
 
     def _changed(self) -> None:
         self.version += 1
+
+    def end(self) -> None:
+        """The job ended (the client's runtime shut down): what is here stays as it is."""
+        with self.lock:
+            if not self.ended_ns:
+                self.ended_ns = time.time_ns()
+            self._changed()
+        self._notify()
 
     def _notify(self) -> None:
         for fn in list(self._listeners):
@@ -273,8 +311,30 @@ class JobModel:
                 am.failed.setdefault(int(a["rank"]), (str(a.get("category", "")), str(a.get("cause", "")).strip()))
         elif name == "supervision.event":
             self._supervision(a)
+        elif name == "endpoint.raised":
+            self._raised(ts, a)
         if name in FAILURE_EVENTS:
             self.failures.append({"name": name, "time_ns": ts, **a})
+
+    def _raised(self, ts: int, a: Mapping[str, Any]) -> None:
+        mesh, endpoint = str(a.get("mesh")), str(a.get("endpoint"))
+        rank = a.get("rank")
+        e = {"time_ns": ts, "rank": rank, "error_type": str(a.get("error_type", "")),
+             "message": str(a.get("message", "")), "traceback": str(a.get("traceback", "")),
+             "skipped": int(a.get("skipped") or 0), "where": self.host_display(str(a.get("host", "")))}
+        self.raised.setdefault((mesh, endpoint), collections.deque(maxlen=MAX_RAISED_PER_ENDPOINT)).append(e)
+        if rank is not None:
+            self.raised_by_rank.setdefault((mesh, endpoint, int(rank)),
+                                           collections.deque(maxlen=MAX_RAISED_PER_RANK)).append(e)
+
+    def host_display(self, host: str) -> str:
+        """The one name the dashboard gives a host: its name in its host mesh, except
+        ``localhost`` (``this_host()``: the client's own machine), and the client's
+        machine itself, which are both called by the client's machine name."""
+        machine = str(self.client.get("host") or "")
+        if machine and host == "localhost":
+            return machine
+        return host
 
     def _supervision(self, a: Mapping[str, Any]) -> None:
         root = dict(a.get("root_cause") or {})
@@ -314,7 +374,7 @@ class JobModel:
                 count = 1
                 m = _PREFIXED.match(line)
                 if m:
-                    who, host, text = m.group("who"), m.group("host"), m.group("text")
+                    who, host, text = m.group("who"), self.host_display(m.group("host")), m.group("text")
                 else:
                     s = _SIMILAR.match(line)
                     if s:
@@ -329,13 +389,17 @@ class JobModel:
             self._changed()
         self._notify()
 
-    def log_view(self, *, mesh: str = "", rank: Optional[int] = None, level: str = "", limit: int = 500) -> list[LogLine]:
-        """The last ``limit`` lines that pass the filters (``level``: that level and above)."""
+    def log_view(self, *, mesh: str = "", rank: Optional[int] = None, level: str = "", search: str = "",
+                 limit: int = 500) -> list[LogLine]:
+        """The last ``limit`` lines that pass the filters (``level``: that level and above;
+        ``search``: the text, prefix included, contains it, ignoring case)."""
         floor = LEVELS.get(level.upper(), 0) if level else 0
+        needle = search.casefold()
         with self.lock:
             out = [ln for ln in self.logs
                    if (not mesh or ln.mesh == mesh) and (rank is None or ln.rank == rank)
-                   and LEVELS.get(ln.level, 20) >= floor]
+                   and LEVELS.get(ln.level, 20) >= floor
+                   and (not needle or needle in ln.text.casefold() or needle in ln.prefix.casefold())]
         return out[-limit:]
 
     def log_meshes(self) -> list[str]:
@@ -360,13 +424,35 @@ class JobModel:
             if a.get("side") == "server" and a.get("rank") is not None:
                 r = int(a["rank"])
                 per_rank[key].setdefault(r, EndpointRow(key[0], key[1], r)).add(a)
+        caller_rank: dict[tuple[str, str, int], dict[str, int]] = collections.defaultdict(dict)
+        for a in items:
+            if a.get("side") != "server" and a.get("rank") is not None:
+                d = caller_rank[(str(a.get("mesh")), str(a.get("endpoint")), int(a["rank"]))]
+                for t, n in dict(a.get("errors") or {}).items():
+                    if t not in ENDPOINT_RAISED_TYPES:
+                        d[t] = d.get(t, 0) + int(n)
+        with self.lock:
+            raised = {k: list(v) for k, v in self.raised.items()}
+            raised_rank = {k: list(v) for k, v in self.raised_by_rank.items()}
         rows = []
         for key in sorted(set(server) | set(client)):
             row = server.get(key) or client[key]
             c = client.get(key)
             if c is not None and c.count:
                 row.client_p50_ns, row.client_p99_ns = c.p(50), c.p(99)
-            row.ranks = [per_rank[key][r] for r in sorted(per_rank.get(key, {}))]
+            if c is not None and row is not c:  # what the caller saw fail that the actors did not count
+                row.caller_errors = {t: n for t, n in c.errors.items() if t not in ENDPOINT_RAISED_TYPES and n}
+            row.raised = list(reversed(raised.get(key, [])))
+            ranks = dict(per_rank.get(key, {}))
+            for (m, e, r), errs in caller_rank.items():
+                if (m, e) == key and errs:
+                    ranks.setdefault(r, EndpointRow(m, e, r)).caller_errors = errs
+            row.ranks = [ranks[r] for r in sorted(ranks)]
+            for k in row.ranks:
+                k.raised = list(reversed(raised_rank.get((key[0], key[1], k.rank), [])))
+            slow = _analysis.stragglers({k.rank: k.mean_ns for k in row.ranks})
+            for k in row.ranks:
+                k.slow = k.rank in slow
             h = history.get(key) or []
             if len(h) >= 2 and h[-1][0] > h[0][0]:
                 row.rate = max(0, h[-1][1] - h[0][1]) / max(1.0, h[-1][0] - h[0][0])
@@ -406,7 +492,11 @@ class JobModel:
                             self._proc_view(p, actor_meshes, now) for p in procs]})
                     lost = hm["lost"].get(hname)
                     state = "failed" if lost else ("stopped" if hm["state"] == "stopped" else "running")
-                    hosts.append({"name": hname, "state": state, "lost": lost, "proc_meshes": groups})
+                    nprocs = sum(len(g["procs"]) for g in groups)
+                    nfailed = sum(p["state"] == "failed" for g in groups for p in g["procs"])
+                    nrunning = sum(p["state"] == "running" for g in groups for p in g["procs"])
+                    hosts.append({"name": self.host_display(hname), "state": state, "lost": lost, "proc_meshes": groups,
+                                  "nprocs": nprocs, "nfailed": nfailed, "nrunning": nrunning})
                 out.append({"name": hm["name"], "scheduler": hm["scheduler"], "state": hm["state"], "hosts": hosts})
             return out
 
@@ -422,9 +512,52 @@ class JobModel:
                 "uptime_s": max(0.0, (end - p.ready_ns) / 1e9), "reason": p.reason,
                 "first_failure": p.first_failure, "actors": actors}
 
+    def mesh_summaries(self) -> list[dict[str, Any]]:
+        """One line per proc mesh -- procs by state (those not ready yet count as
+        starting), its actor meshes, its hosts -- and its rank grid: one cell per
+        rank, in rank order, with its state (what the Job page shows first, so a
+        256-proc job reads in one screen)."""
+        with self.lock:
+            out = []
+            for pm in self.proc_meshes.values():
+                total = 1
+                for n in dict(pm.get("extent") or {}).values():
+                    total *= int(n)
+                procs = {p.rank: p for p in self.procs.values() if p.mesh == pm["name"] and p.rank is not None}
+                total = max(total, len(procs))
+                actor_meshes = [am for am in self.actor_meshes.values() if am.proc_mesh == pm["name"]]
+                grid = []
+                for r in range(total):
+                    p = procs.get(r)
+                    state = p.state if p is not None else ("starting" if pm["state"] in ("starting", "running") else pm["state"])
+                    if p is not None and state == "running" and any(r in am.failed for am in actor_meshes):
+                        state = "failed"  # its proc runs, an actor of it died
+                    title = (f"rank {r} {p.coords} on {self.host_display(p.host_name)} · pid {p.os_pid} · {state}"
+                             + (f": {p.reason}" if p.reason and state == "failed" else "")) if p is not None \
+                        else f"rank {r} · {state}"
+                    grid.append({"rank": r, "state": state, "title": title,
+                                 "proc_id": p.proc_id if p is not None else ""})
+                states = collections.Counter(c["state"] for c in grid)
+                out.append({"name": pm["name"], "host_mesh": pm.get("host_mesh"), "state": pm["state"], "total": total,
+                            "states": dict(states), "running": states.get("running", 0),
+                            "failed": states.get("failed", 0), "hosts": len(pm.get("hosts") or ()),
+                            "actor_meshes": [f"{am.mesh} ({am.class_name})" for am in actor_meshes], "grid": grid})
+            return out
+
     def failure_view(self) -> list[dict[str, Any]]:
         with self.lock:
             return sorted(self.failures, key=lambda f: f["time_ns"])
+
+    def proc_label(self, proc_id: str) -> str:
+        """``<proc mesh><coords>`` of a proc (what failure texts call it), else its id."""
+        p = self.procs.get(proc_id)
+        return f"{p.mesh}{p.coords}" if p is not None else proc_id
+
+    def failure_groups(self) -> list[dict[str, Any]]:
+        """The failure events grouped by root cause, newest group first
+        (:func:`_analysis.group_failures`)."""
+        with self.lock:
+            return _analysis.group_failures(list(self.failures), self.proc_label)
 
     def span_view(self, limit: int = 600) -> list[tuple[str, int, int, dict]]:
         with self.lock:
@@ -433,5 +566,6 @@ class JobModel:
     def counts(self) -> dict[str, int]:
         with self.lock:
             return {"procs": len(self.procs), "failed": sum(p.state == "failed" for p in self.procs.values()),
-                    "failures": len(self.failures), "logs": len(self.logs), "endpoints": len({
+                    "failures": len(_analysis.group_failures(list(self.failures), self.proc_label)),
+                    "failure_events": len(self.failures), "logs": len(self.logs), "endpoints": len({
                         (a.get("mesh"), a.get("endpoint")) for a in self.metrics.values()})}

@@ -13,8 +13,11 @@ from typing import Any, Optional
 
 import jinja2
 
-from monarch_dashboard._model import JobModel, LogLine, bucket_bounds
+from monarch_dashboard import _analysis
+from monarch_dashboard._model import JobModel, LogLine, bucket_bounds, coords_rank
 
+#: the Job page opens every host of a job with at most this many procs (larger: the hosts with a failure)
+OPEN_HOSTS_UP_TO = 16
 PAGES = ("job", "endpoints", "failures", "logs", "timeline")
 TITLES = {"job": "Job", "endpoints": "Endpoints", "failures": "Failures", "logs": "Logs", "timeline": "Timeline"}
 FAILURE_FIELDS = ("category", "actor", "endpoint", "mesh", "rank", "ranks", "host_name", "owner", "exit_code",
@@ -52,6 +55,11 @@ def duration(s: float) -> str:
     return f"{s // 3600}h{(s % 3600) // 60:02d}m"
 
 
+def hms(ns: int) -> str:
+    """``HH:MM:SS`` (local time) of a wall-clock time in ns."""
+    return time.strftime("%H:%M:%S", time.localtime(ns / 1e9))
+
+
 def clock(ns: int) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ns / 1e9)) + f".{(ns // 1_000_000) % 1000:03d}"
 
@@ -80,45 +88,91 @@ def histogram_svg(buckets: dict, width: int = 260, height: int = 56) -> dict[str
             "hi": ms(1 << (last + 1)) + " ms", "label_y": height - 1}
 
 
+def nice_step(total_ms: float, target: int = 8) -> float:
+    """A round tick step (1, 2 or 5 x 10^k ms) giving about ``target`` ticks over ``total_ms``."""
+    if total_ms <= 0:
+        return 1.0
+    raw = total_ms / target
+    k = 10 ** math.floor(math.log10(raw))
+    for m in (1, 2, 5, 10):
+        if m * k >= raw:
+            return float(m * k)
+    return float(10 * k)
+
+
+def lane_order(name: str) -> tuple:
+    """Sort key of a timeline lane ``<proc name> · <thread>``: the client first, then
+    by proc mesh and rank (numerically: 2 before 10), then thread."""
+    proc, _, thread = name.partition(" · ")
+    if proc == "client":
+        return (0, "", -1, thread)
+    r = coords_rank(proc)
+    return (1, proc.split("{", 1)[0], -1 if r is None else r, thread)
+
+
+#: px per character of a span label (10 px font), for "does the label fit"
+CHAR_PX = 6.2
+
+
 def timeline_svg(spans: list, width: int = 1100) -> dict[str, Any]:
-    """Lanes (one per process and thread) of the recorded spans, on one time axis."""
+    """Lanes (one per process and thread, sorted by :func:`lane_order`) of the recorded
+    spans under a time axis with round ticks (ms from the first span); a span's
+    name is written in it where it fits, and in its tooltip always."""
     if not spans:
-        return {"lanes": [], "rects": [], "width": width, "height": 0, "span_ms": "0"}
+        return {"lanes": [], "rects": [], "ticks": [], "width": width, "height": 0, "span_ms": "0"}
     t0 = min(s[1] for s in spans)
     t1 = max(s[1] + s[2] for s in spans)
     total = max(1, t1 - t0)
-    lanes: dict[str, int] = {}
-    for _n, _s, _d, a in spans:
-        lanes.setdefault(f"{a.get('proc_name', '?')} · {a.get('thread', '')}", len(lanes))
-    left, lane_h = 360, 18
+    names = {f"{a.get('proc_name', '?')} · {a.get('thread', '')}" for _n, _s, _d, a in spans}
+    lanes = {n: i for i, n in enumerate(sorted(names, key=lane_order))}
+    left, lane_h, top = 300, 20, 24
+    plot = width - left - 10
     rects = []
     for name, start, dur, a in spans:
         lane = lanes[f"{a.get('proc_name', '?')} · {a.get('thread', '')}"]
-        x = left + (start - t0) / total * (width - left - 10)
-        w = max(1.0, dur / total * (width - left - 10))
-        rects.append({"x": round(x, 1), "y": lane * lane_h + 2, "w": round(w, 1), "h": lane_h - 4, "name": name,
-                      "kind": a.get("span_kind", ""), "error": a.get("error"),
-                      "title": f"{name} ({a.get('span_kind', '')}) {ms(dur)} ms on {a.get('proc_name', '?')}"})
-    return {"lanes": [{"name": n, "y": i * lane_h + lane_h - 5} for n, i in lanes.items()], "rects": rects,
-            "width": width, "height": len(lanes) * lane_h + 4, "span_ms": ms(total)}
+        x = left + (start - t0) / total * plot
+        w = max(1.0, dur / total * plot)
+        label = name if w >= len(name) * CHAR_PX + 6 else ""
+        rects.append({"x": round(x, 1), "y": top + lane * lane_h + 2, "w": round(w, 1), "h": lane_h - 4, "name": name,
+                      "kind": a.get("span_kind", ""), "error": a.get("error"), "label": label,
+                      "title": f"{name} ({a.get('span_kind', '')}) {ms(dur)} ms at +{ms(start - t0)} ms "
+                               f"on {a.get('proc_name', '?')}" + (f", failed: {a.get('error')}" if a.get("error") else "")})
+    total_ms = total / 1e6
+    step = nice_step(total_ms)
+    height = top + len(lanes) * lane_h + 4
+    ticks = []
+    k = 0
+    while k * step <= total_ms + 1e-9:
+        v = k * step
+        ticks.append({"x": round(left + v / total_ms * plot, 1), "label": f"{v:g} ms"})
+        k += 1
+    return {"lanes": [{"name": n, "y": top + i * lane_h + lane_h - 6} for n, i in lanes.items()], "rects": rects,
+            "ticks": ticks, "axis_y": top - 6, "top": top, "left": left, "width": width, "height": height,
+            "span_ms": ms(total)}
 
 
 def _context(model: JobModel, page: str, q: dict[str, str]) -> dict[str, Any]:
     ctx: dict[str, Any] = {"page": page, "title": TITLES[page], "pages": [(p, TITLES[p]) for p in PAGES],
                            "counts": model.counts(), "client": model.client, "version": model.version, "q": q,
-                           "ms": ms, "size": size, "duration": duration, "clock": clock}
+                           "ms": ms, "size": size, "duration": duration, "clock": clock, "hms": hms,
+                           "ended_ns": model.ended_ns, "host": model.host_display,
+                           "straggler_rule": _analysis.STRAGGLER_RULE}
     if page == "job":
         ctx["tree"] = model.tree()
+        ctx["summaries"] = model.mesh_summaries()
+        ctx["open_hosts"] = ctx["counts"]["procs"] <= OPEN_HOSTS_UP_TO
     elif page == "endpoints":
         rows = model.endpoint_rows()
         ctx["rows"] = rows
         ctx["hist"] = {(r.mesh, r.endpoint): histogram_svg(r.buckets) for r in rows}
     elif page == "failures":
-        ctx["failures"] = model.failure_view()
+        ctx["groups"] = model.failure_groups()
+        ctx["label"] = model.proc_label
         ctx["fields"] = FAILURE_FIELDS
     elif page == "logs":
         rank: Optional[int] = int(q["rank"]) if q.get("rank", "").isdigit() else None
-        lines: list[LogLine] = model.log_view(mesh=q.get("mesh", ""), rank=rank, level=q.get("level", ""))
+        lines: list[LogLine] = model.log_view(mesh=q.get("mesh", ""), rank=rank, level=q.get("level", ""),
+                                              search=q.get("search", ""))
         ctx["lines"] = lines
         ctx["meshes"] = model.log_meshes()
     elif page == "timeline":

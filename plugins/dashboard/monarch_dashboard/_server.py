@@ -22,6 +22,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from importlib import resources
 from typing import Any, Optional
@@ -48,6 +49,8 @@ MIN_INTERVAL = 0.5
 #: seconds of silence after which the stream sends a comment (keeps proxies and ssh -L tunnels open)
 KEEPALIVE = 15.0
 START_TIMEOUT = 10.0
+#: seconds the stop waits for the live pages to receive "job ended"
+ENDED_DRAIN = 3.0
 
 
 class Server:
@@ -75,6 +78,8 @@ class Server:
         self._ready = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self.failed: Optional[BaseException] = None
+        #: live streams open now (the server thread counts them; :meth:`drain` waits for 0)
+        self._open_streams = 0
         model.listen(self.notify)
 
     # -------------------------------------------------------------- the app
@@ -106,24 +111,35 @@ class Server:
                                  headers={"cache-control": "no-store", "x-accel-buffering": "no"})
 
     async def _stream(self, name: str, q: dict[str, str]) -> AsyncIterator[str]:
+        """The live stream of page ``name``: an ``update`` per change; once the job
+        ended (:meth:`JobModel.end`), its last ``update`` and then ``ended`` (the
+        page shows "job ended at HH:MM:SS" and stops reconnecting), and the stream closes."""
         seen = -1
-        yield "retry: 2000\n\n"
-        while True:
-            changed = self._changed
-            assert changed is not None
-            if self.model.version != seen:
-                seen = self.model.version
-                msg = {"version": seen, "html": _render.live(self.model, name, q),
-                       "failures": self.model.counts()["failures"]}
-                if name == "logs":
-                    msg["meshes"] = self.model.log_meshes()
-                yield "event: update\ndata: " + json.dumps(msg) + "\n\n"
-                await trio.sleep(MIN_INTERVAL)
-                continue
-            with trio.move_on_after(KEEPALIVE) as scope:
-                await changed.wait()
-            if scope.cancelled_caught:
-                yield ": keepalive\n\n"
+        self._open_streams += 1
+        try:
+            yield "retry: 2000\n\n"
+            while True:
+                changed = self._changed
+                assert changed is not None
+                if self.model.version != seen:
+                    seen = self.model.version
+                    msg: dict[str, Any] = {"version": seen, "html": _render.live(self.model, name, q),
+                                           "failures": self.model.counts()["failures"]}
+                    if name == "logs":
+                        msg["meshes"] = self.model.log_meshes()
+                    yield "event: update\ndata: " + json.dumps(msg) + "\n\n"
+                    if not self.model.ended_ns:
+                        await trio.sleep(MIN_INTERVAL)
+                    continue
+                if self.model.ended_ns:
+                    yield "event: ended\ndata: " + json.dumps({"ended": _render.hms(self.model.ended_ns)}) + "\n\n"
+                    return
+                with trio.move_on_after(KEEPALIVE) as scope:
+                    await changed.wait()
+                if scope.cancelled_caught:
+                    yield ": keepalive\n\n"
+        finally:
+            self._open_streams -= 1
 
     async def _state(self, request: Request) -> Response:
         m = self.model
@@ -197,6 +213,16 @@ class Server:
         config.keep_alive_timeout = 30.0
         self._ready.set()
         await serve(self.app(), config, shutdown_trigger=self._stop.wait)  # type: ignore[arg-type]
+
+    def drain(self, timeout: float = ENDED_DRAIN) -> bool:
+        """Wait (at most ``timeout`` s) until every live stream has told its page that
+        the job ended and closed (call after :meth:`JobModel.end`); False on timeout."""
+        deadline = time.monotonic() + timeout
+        while self._open_streams > 0:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def stop(self, timeout: float = 5.0) -> None:
         token = self._trio_token

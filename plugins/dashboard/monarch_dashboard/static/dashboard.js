@@ -7,6 +7,10 @@
   var page = live.dataset.page;
   var conn = document.getElementById("conn");
   var source = null;
+  var ended = conn.dataset.ended === "1";
+  var failedTries = 0;
+  // <details> the user opened or closed (by id): kept across live updates
+  var toggled = {};
 
   function query() {
     var params = new URLSearchParams();
@@ -28,12 +32,25 @@
     var open = openRanks();
     live.innerHTML = html;
     open.forEach(function (id) { var e = document.getElementById(id); if (e) e.hidden = false; });
+    Object.keys(toggled).forEach(function (id) {
+      var d = document.getElementById(id);
+      if (d && d.tagName === "DETAILS") d.open = toggled[id];
+    });
     var follow = document.getElementById("follow");
     logs = document.getElementById("log-lines");
     if (logs && (atEnd || (follow && follow.checked))) logs.scrollTop = logs.scrollHeight;
   }
 
+  function showEnded(when) {
+    ended = true;
+    if (source) source.close();
+    source = null;
+    conn.textContent = "job ended at " + when;
+    conn.className = "conn ended";
+  }
+
   function connect() {
+    if (ended) return;
     if (source) source.close();
     source = new EventSource("/events?" + query().toString());
     source.addEventListener("update", function (ev) {
@@ -57,12 +74,28 @@
         });
       }
       document.body.dataset.version = msg.version;
+      if (msg.ended) showEnded(msg.ended);
     });
-    source.onopen = function () { conn.textContent = "live"; conn.className = "conn live"; };
-    source.onerror = function () { conn.textContent = "reconnecting"; conn.className = "conn lost"; };
+    // the server's last message: the job ended (the last state stays on the page)
+    source.addEventListener("ended", function (ev) { showEnded(JSON.parse(ev.data).ended); });
+    source.onopen = function () { failedTries = 0; conn.textContent = "live"; conn.className = "conn live"; };
+    source.onerror = function () {
+      if (ended) return;
+      failedTries += 1;
+      // the browser retries by itself; after a few failed tries the client is gone without a goodbye
+      conn.textContent = failedTries > 5 ? "connection lost (the job's client is not answering)" : "reconnecting";
+      conn.className = "conn lost";
+    };
   }
 
   live.addEventListener("click", function (ev) {
+    var summary = ev.target.closest("summary");
+    if (summary) {  // the user opens or closes a <details>: remembered across updates
+      var d = summary.parentElement;
+      if (d.id) toggled[d.id] = !d.open;
+      return;
+    }
+    if (ev.target.closest("details")) return;  // (inside an opened traceback)
     var row = ev.target.closest("tr.row");
     if (!row) return;
     var ranks = document.getElementById(row.dataset.toggle);
@@ -70,7 +103,14 @@
   });
   var form = document.getElementById("filters");
   if (form) {
-    form.addEventListener("change", function () { history.replaceState(null, "", "?" + query().toString()); connect(); });
+    var refilter = function () { history.replaceState(null, "", "?" + query().toString()); connect(); };
+    form.addEventListener("change", refilter);
+    var typing = null;
+    form.addEventListener("input", function (ev) {
+      if (ev.target.type !== "search") return;
+      clearTimeout(typing);
+      typing = setTimeout(refilter, 250);  // search as you type, not on every key
+    });
     form.addEventListener("submit", function (ev) { ev.preventDefault(); });
   }
   var rec = document.getElementById("record-form");
