@@ -102,7 +102,7 @@ class Worker(Actor):
         self.mesh_rank = point.rank
         self.env: dict[int, Any] = {}
         self.lost = ""  # why commands were lost here (a batch that could not be unpickled), if they were
-        self.groups: Any = None  # _collectives.Groups, made at the first collective
+        self.groups: Any = None  # (dims, view, backend, stream) -> _collectives.Group, made at first use
         self.queue: queue.SimpleQueue | None = None  # the current stream's, None for main
         self.streams: dict[str, queue.SimpleQueue] = {}
         self.slots: dict[int, _Slot] = {}  # borrow id -> its hand-over
