@@ -39,8 +39,8 @@ class ActorInstance:
     """``context().actor_instance`` inside an actor: the running actor's
     ``name``, ``rank`` (its ``Point`` in its mesh), ``actor_id``,
     ``proc_id``, ``key``, ``class_name``, ``display_name``... (those of the
-    runtime's actor host, read through), and ``proc``: the ``ProcMesh`` of
-    the proc it runs on."""
+    runtime's actor host, read through), ``proc``: the ``ProcMesh`` of
+    the proc it runs on, and :meth:`stop`."""
 
     __slots__ = ("_host", "__weakref__")
 
@@ -48,6 +48,16 @@ class ActorInstance:
         self._host = host
 
     proc = property(_this_proc)
+
+    def stop(self, reason: str | None = None) -> None:
+        """Stop this actor gracefully, as the reference's ``Instance.stop``:
+        it finishes the message it is handling (this call returns at once),
+        then the messages already queued for it, and stops (its cleanup runs,
+        the meshes it owns stop); later messages are refused as by a stopped
+        actor.  An actor stopping itself when its work is done is a normal
+        end, not a failure: no supervision event reaches its owner.  Stopping
+        again, or stopping an actor already stopping, does nothing more."""
+        self._host.request_stop(reason or "stopped itself (actor_instance.stop())", None)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._host, name)

@@ -57,6 +57,8 @@ class ProcAgent(ProcWatch):
         self.hold_lock = threading.Lock()
         #: actor key -> (the actor, in words; why it is gone): the last GONE_KEPT ended actors
         self.gone: MutableMapping[str, tuple[str, str]] = _state.Recent(GONE_KEPT)
+        #: actor key -> its rank, for the ended actors that stopped (a later mesh stop is answered for that rank)
+        self.stopped_ranks: MutableMapping[str, int] = _state.Recent(GONE_KEPT)
         self.owned: list[Any] = []  # ProcMesh/ActorMesh objects created outside any actor
         self.owned_lock = threading.Lock()
         self.controllers: dict[str, Any] = {}
@@ -142,9 +144,9 @@ class ProcAgent(ProcWatch):
 
     def _on_stop_actor(self, m: C.StopActor, payload: Any, buffers: list, sender: str) -> None:
         host = self.kernel.actors.get(m.key)
-        if host is None:
+        if host is None:  # never here, or stopped already (it may have stopped itself): stopped, for its rank
             if m.reply:
-                send_to_port(m.reply, -1, W.S_VALUE, None)
+                send_to_port(m.reply, self.stopped_ranks.get(m.key, -1), W.S_VALUE, None)
             return
         host.request_stop(m.reason, m.reply)
 
@@ -286,6 +288,11 @@ class ProcAgent(ProcWatch):
         key = h[0]
         gone = self.gone.get(key)
         if gone is not None:
+            from monarch_core._proc._tree import STOP_METHOD
+
+            if h[1] == STOP_METHOD and h[2] and key in self.stopped_ranks:
+                send_to_port(tuple(h[2]), h[3], W.S_VALUE, None)  # a mesh stop of one that stopped itself: done
+                return
             who, why = gone
             self._reply_error(h, SupervisionError(f"actor {who} is gone ({why}); {h[1]} was not run"))
             return
@@ -374,6 +381,7 @@ class ProcAgent(ProcWatch):
 
     def actor_stopped(self, host: ActorHost, reason: str) -> None:
         self.gone[host.key] = (host.describe(), f"stopped: {reason}")
+        self.stopped_ranks[host.key] = host.rank.rank
         self.kernel.actors.pop(host.key, None)
         _lifecycle.emit("actor_stopped", actor_key=host.key, actor_name=host.display_name, why=reason)
         tables = self.kernel.tree_tables
