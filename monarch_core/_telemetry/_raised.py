@@ -12,17 +12,20 @@ Bounded: at most :data:`PER_WINDOW` events per endpoint and rank per
 ``MONARCH_TELEMETRY_INTERVAL`` window (an endpoint raising in a tight loop costs
 a counter, not a traceback per call; ``skipped`` on the next event says how many
 were left out), the message cut to :data:`MAX_MESSAGE` characters and the
-traceback to its last :data:`MAX_TRACEBACK`.  ``BaseException`` s that are not
+traceback -- from the endpoint's own frame: the proc runtime's frames that called it are left
+out -- to its last :data:`MAX_TRACEBACK`.  ``BaseException`` s that are not
 ``Exception`` s (cancellation, ``SystemExit``) are not reported here: they end the
 actor, and ``actor.failed`` says so.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
-from typing import Any
+from types import TracebackType
+from typing import Any, Optional
 
 from monarch_core._telemetry._core import lifecycle, state
 
@@ -32,6 +35,16 @@ PER_WINDOW = 8
 MAX_MESSAGE = 2000
 #: characters of the formatted traceback kept (the end: where it was raised)
 MAX_TRACEBACK = 8000
+#: frames of files under here (the proc runtime that runs the endpoint) are left out of the traceback's start
+_RUNTIME = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + "_proc" + os.sep
+
+
+def _user_frames(tb: Optional[TracebackType]) -> Optional[TracebackType]:
+    """``tb`` from its first frame outside monarch-core's runtime (the endpoint's
+    own code), so that the traceback starts where the user's code does."""
+    while tb is not None and tb.tb_next is not None and tb.tb_frame.f_code.co_filename.startswith(_RUNTIME):
+        tb = tb.tb_next
+    return tb
 
 
 def note(stat: Any, err: str) -> None:
@@ -60,7 +73,7 @@ def note(stat: Any, err: str) -> None:
     except Exception:  # noqa: BLE001 - a __str__ that raises: the type says what we can
         message = f"<{err}: str() raised>"
     try:
-        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        tb = "".join(traceback.format_exception(type(exc), exc, _user_frames(exc.__traceback__)))
     except Exception:  # noqa: BLE001 - a traceback that cannot be formatted
         tb = ""
     if len(message) > MAX_MESSAGE:

@@ -9,6 +9,7 @@ against real jobs (``dashboard_job.py``).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
 from monarch_core.hookspecs import TelemetryEvent
@@ -25,10 +26,13 @@ def coords(rank: int, hosts: int, per_host: int) -> str:
 
 
 def job(hosts: int, per_host: int, *, mesh: str = "trainers", killed: Optional[int] = None,
-        t0: int = 1_700_000_000_000_000_000) -> list[TelemetryEvent]:
+        t0: Optional[int] = None) -> list[TelemetryEvent]:
     """A host mesh of ``hosts`` hosts, a proc mesh of ``per_host`` procs on each, an
     actor mesh ``mesh`` on it, all running; ``killed``: that rank's proc is then
-    killed (its proc.failed, the owner's supervision event and its handling)."""
+    killed (its proc.failed, the owner's supervision event and its handling).  ``t0``: when
+    it started (ns; default two minutes ago), the kill a minute later."""
+    if t0 is None:
+        t0 = time.time_ns() - 120_000_000_000
     names = [f"node{h:02d}" for h in range(hosts)]
     n = hosts * per_host
     ev = [lifecycle("host_mesh.spawned", t0, mesh="cluster", hosts=names, scheduler="slurm"),
@@ -44,7 +48,7 @@ def job(hosts: int, per_host: int, *, mesh: str = "trainers", killed: Optional[i
     if killed is not None:
         c = coords(killed, hosts, per_host)
         host = names[killed // per_host]
-        t = t0 + 1_000_000_000
+        t = t0 + 60_000_000_000
         reason = f"proc procs0{c} on host {host} (pid {10_000 + killed}) was killed by SIGKILL"
         ev += [lifecycle("proc.failed", t, mesh="procs0", proc_id=f"procs0-{killed}", rank=killed, host_name=host,
                          exit_code=None, signal="SIGKILL", reason=reason),

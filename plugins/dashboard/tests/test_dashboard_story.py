@@ -10,6 +10,7 @@ gives the sink); the browser tests run the same views against real jobs."""
 from __future__ import annotations
 
 import re
+import time
 from markupsafe import escape as html_escape
 
 from synthetic import job, lifecycle, metric, raised
@@ -66,7 +67,7 @@ def test_a_killed_proc_is_one_group_root_cause_first() -> None:
     m = JobModel()
     m.ingest(job(2, 4, killed=5))
     # an unrelated user error in another actor, later: a second group
-    m.ingest([lifecycle("actor.failed", 1_700_000_009_000_000_000, mesh="eval", mesh_key="eval-1",
+    m.ingest([lifecycle("actor.failed", time.time_ns(), mesh="eval", mesh_key="eval-1",
                         actor="eval{'procs': 0/1}", actor_id="x", rank=0, coords="{'procs': 0/1}", class_name="E",
                         endpoint="run", category="user", cause="ValueError: nope")])
     groups = m.failure_groups()
