@@ -102,9 +102,35 @@ class EndpointProperty(Generic[P, R]):
         except TypeError as e:
             params = list(sig.parameters.values())[2 if self._explicit_response_port else 1 :]
             shown = "(" + ", ".join(str(p) for p in params) + ")"
+            why = _diagnose(params, kwargs, e).rstrip(".")
             raise TypeError(
-                f"bad arguments for endpoint {self._qualname()}{shown}: {e}. Nothing was sent."
+                f"bad arguments for endpoint {self._qualname()}{shown}: {why}{'' if why.endswith('?') else '.'} "
+                "Nothing was sent."
             ) from None
+
+
+def _diagnose(params: list[inspect.Parameter], kwargs: dict, error: TypeError) -> str:
+    """What is wrong with a call's arguments, for people (only on failure).
+
+    ``Signature.bind`` reports the first *missing* argument before an
+    *unexpected* keyword, so ``train(bach=1)`` would read "missing 'batch'";
+    a misspelt keyword is named first, with the closest parameter names."""
+    import difflib
+
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        names = [p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                       inspect.Parameter.KEYWORD_ONLY)]
+        unknown = [k for k in kwargs if k not in names]
+        if unknown:
+            parts, guessed = [], 0
+            for k in unknown:
+                close = difflib.get_close_matches(k, names, n=1, cutoff=0.6)
+                guessed += bool(close)
+                parts.append(f"unexpected keyword argument {k!r}" + (f", did you mean {close[0]!r}?" if close else ""))
+            if guessed < len(unknown):
+                parts.append(f"its keyword arguments are {', '.join(repr(n) for n in names) or 'none'}")
+            return "; ".join(parts)
+    return str(error)
 
 
 def _positional_range(sig: inspect.Signature, skip: int) -> tuple[int, int] | None:
@@ -260,7 +286,9 @@ class Endpoint(Generic[P, R]):
                 f"({self._mesh.extent}); slice it (mesh.slice(...)) or use call()/choose()"
             )
         self._prop._check_args(args, kwargs)
-        return Future._of(self._mesh._call_one(self, args, kwargs, 0))
+        f: Future[R] = Future._of(self._mesh._call_one(self, args, kwargs, 0))
+        f._site = (self, "call_one")  # named in a get(timeout=) that runs out
+        return f
 
     def choose(self, *args: P.args, **kwargs: P.kwargs) -> Future[R]:
         """Call the endpoint on one actor of the mesh (load-balanced).  Returns
@@ -268,7 +296,9 @@ class Endpoint(Generic[P, R]):
         :class:`Endpoint`)."""
         self._prop._check_args(args, kwargs)
         n = self._mesh._region.nelements
-        return Future._of(self._mesh._call_one(self, args, kwargs, random.randrange(n), "choose"))
+        f: Future[R] = Future._of(self._mesh._call_one(self, args, kwargs, random.randrange(n), "choose"))
+        f._site = (self, "choose")
+        return f
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> Future[ValueMesh[R]]:
         """Call the endpoint on every actor; the future resolves to a
@@ -276,7 +306,9 @@ class Endpoint(Generic[P, R]):
         Returns at once, unless the send window to one of the procs is full
         (it waits for room for each message in turn: see :class:`Endpoint`)."""
         self._prop._check_args(args, kwargs)
-        return Future._of(self._mesh._call_all(self, args, kwargs))
+        f: Future[ValueMesh[R]] = Future._of(self._mesh._call_all(self, args, kwargs))
+        f._site = (self, "call")
+        return f
 
     def stream(self, *args: P.args, **kwargs: P.kwargs) -> StreamIterator[R]:
         """Call every actor and yield a future per response, in arrival order

@@ -223,6 +223,19 @@ def _kernel_thread_check() -> None:
         )
 
 
+def format_duration(seconds: float | None) -> str:
+    """A duration for people: ``"5.0 s"`` (never ``4.99999907900019 s``),
+    ``"12 s"``, ``"50 ms"``; ``None`` is ``"no time limit"``."""
+    if seconds is None:
+        return "no time limit"
+    s = float(seconds)
+    if s >= 10:
+        return f"{s:.0f} s"
+    if s >= 0.1 or s <= 0:
+        return f"{max(s, 0.0):.1f} s"
+    return f"{s * 1000:.0f} ms"
+
+
 class Future(Generic[R]):
     """The result of an asynchronous monarch operation.
 
@@ -233,7 +246,9 @@ class Future(Generic[R]):
     time the future is observed.
     """
 
-    __slots__ = ("_cell", "_coro", "_start_lock")
+    __slots__ = ("_cell", "_coro", "_start_lock", "_site")
+    #: (endpoint, adverb) of the call this future is the result of (set by the adverb; unset otherwise)
+    _site: tuple[Any, str]
 
     def __init__(self, *, coro: Coroutine[Any, Any, R]) -> None:
         if not inspect.iscoroutine(coro):
@@ -302,8 +317,20 @@ class Future(Generic[R]):
         if not cell.done():
             _kernel_thread_check()
             if not cell.wait(timeout):
-                raise TimeoutError(f"Future not resolved within {timeout} s (it keeps running; get() again later)")
+                raise TimeoutError(f"{self._what()} did not resolve within {format_duration(timeout)} "
+                                   "(it keeps running; get() again later)")
         return cell.result()
+
+    def _what(self) -> str:
+        """The future, in words: the call it is the result of (``"trainers.train.call()"``,
+        set by the endpoint's adverb), else ``"the future"`` (only on a timeout)."""
+        site = getattr(self, "_site", None)
+        if site is not None:
+            try:
+                return f"{site[0]._describe()}.{site[1]}()"
+            except Exception:  # noqa: BLE001 - a description must never hide the timeout
+                pass
+        return "the future"
 
     def result(self, timeout: float | None = None) -> R:
         """Same as :meth:`get`."""
@@ -315,7 +342,7 @@ class Future(Generic[R]):
         if not cell.done():
             _kernel_thread_check()
             if not cell.wait(timeout):
-                raise TimeoutError(f"Future not resolved within {timeout} s")
+                raise TimeoutError(f"{self._what()} did not resolve within {format_duration(timeout)}")
         return cell.exception()
 
     def done(self) -> bool:

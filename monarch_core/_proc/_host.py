@@ -799,9 +799,13 @@ class ActorHost:
         except Exception as e:
             if tm is not None:
                 self._record(tm, 0, "TypeError", method)
-            raise TypeError(
-                f"the result of {self._where(method)} ({type(result).__name__}) could not be pickled: {e}"
-            ) from e
+            where = self._where(method)
+            # never raised: the caller gets this one error, without the pickler's frames and ours
+            self._raised(TypeError(
+                f"{where} returned a {type(result).__qualname__}, which cannot be sent back to the caller: {e}. "
+                "Return plain data (numbers, strings, lists, dicts, tensors, picklable objects) instead; keep what "
+                "cannot be pickled (locks, sockets, open files) in the actor"), reply_ref, rank, where, False)
+            return
         if tm is not None:
             stat, t0, req, sp = tm
             rep = len(rp) if not rb else _nbytes(rp, rb)

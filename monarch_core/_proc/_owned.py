@@ -26,7 +26,7 @@ import threading
 import weakref
 from typing import Any, Callable, Coroutine, Generator
 
-from monarch_core._proc._future import Cell, Future
+from monarch_core._proc._future import Cell, Future, format_duration
 
 __all__ = ["Applied", "returns_future"]
 
@@ -111,7 +111,7 @@ class OwnedFuture(Future[Any]):
                 pass
             self._cell.set_exception(asyncio.CancelledError(
                 f"cancelled: get(timeout={timeout}) ran out before the body finished"))
-            raise TimeoutError(f"the body did not finish within {timeout} s; it was cancelled") from None
+            raise TimeoutError(f"the body did not finish within {format_duration(timeout)}; it was cancelled") from None
         except BaseException as e:  # noqa: BLE001 - the body's own exception is the future's
             self._cell.set_exception(e)
             return
