@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 
 def _cmd_plugins(args: argparse.Namespace) -> int:
@@ -49,6 +50,19 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(text: str) -> int:
+    """``--top``'s value: a whole number >= 0."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of rows, got {text!r}") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(
+            f"{n} rows: give how many of the endpoints with the most total time to show (0: all); there is no "
+            f"negative count (the table is sorted by total time, most first)")
+    return n
+
+
 def _cmd_summary(args: argparse.Namespace) -> int:
     from monarch_core._telemetry import _summary
 
@@ -63,12 +77,97 @@ def _cmd_summary(args: argparse.Namespace) -> int:
     return 0
 
 
+def _setting_value(s: Any) -> tuple[str, str]:
+    """(the value of setting ``s`` in this environment, as text; where it comes from).
+    :class:`~monarch_core.errors.ConfigError` for a malformed value."""
+    import os
+
+    raw = os.environ.get(s.name)
+    if raw is None or not raw.strip():
+        return s.shown_default, "default"
+    s.parse(raw)  # a malformed value is an error here too
+    return raw, "environment"
+
+
 def _cmd_settings(args: argparse.Namespace) -> int:
     from monarch_core import settings
     from monarch_core._plugins import registry
+    from monarch_core.errors import ConfigError
 
     registry()  # the installed plugins declare theirs
-    settings.print_tables()
+    if not args.all and not args.names:
+        settings.print_tables()
+        return 0
+    known = {s.name: s for s in settings.all_settings()}
+    if args.all:
+        rows = []
+        for s in known.values():
+            try:
+                value, source = _setting_value(s)
+            except ConfigError:
+                value, source = _env_text(s.name), "environment: MALFORMED"
+            rows.append((s.name, value, source, s.owner))
+        width = [max(len(r[i]) for r in rows) for i in range(3)]
+        print("  ".join(h.ljust(w) for h, w in zip(("variable", "value", "from"), width)) + "  declared by")
+        for r in rows:
+            print("  ".join(c.ljust(w) for c, w in zip(r, width)) + "  " + r[3])
+        return 0
+    status = 0
+    for i, given in enumerate(args.names):
+        name = given if given.startswith("MONARCH_") else "MONARCH_" + given.upper()
+        s = known.get(name)
+        if s is None:
+            import difflib
+
+            close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            print(f"monarch settings: {given} is not a setting of monarch-core or of an installed plugin{hint} "
+                  f"(`monarch settings --all` lists them)", file=sys.stderr)
+            status = 2
+            continue
+        if i:
+            print()
+        kind = settings._KINDS[s.kind] + (f" >= {s.minimum:g}" if s.minimum is not None else "")
+        try:
+            value, source = _setting_value(s)
+        except ConfigError as e:
+            print(f"{s.name} = {_env_text(s.name)!r}  (from the environment: MALFORMED)\n  {e}")
+            status = max(status, 1)
+            continue
+        if source == "default":
+            print(f"{s.name} = {value}  (the default: not set in the environment)")
+        else:
+            print(f"{s.name} = {value}  (from the environment; the default is {s.shown_default})")
+        print(f"  {kind}; {'a user setting' if s.public else 'an internal tuning knob'}, declared by {s.owner}")
+        print(f"  {s.meaning}")
+    return status
+
+
+def _env_text(name: str) -> str:
+    """The raw text of environment variable ``name`` ('' when unset)."""
+    import os
+
+    return os.environ.get(name, "")
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    import json
+
+    from monarch_core import _status
+
+    try:
+        records = _status.read_all()
+    except _status.StatusDirError as e:
+        print(f"monarch status: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(records, indent=2))
+        return 0
+    if not records:
+        print(f"no monarch client runs for this user on this machine (their records would be in "
+              f"{_status.directory()})")
+        return 0
+    print(_status.format_records(records))
     return 0
 
 
@@ -121,16 +220,30 @@ def _missing_plugin_command(argv: list[str], sub: argparse._SubParsersAction,
 
 
 def main(argv: list[str] | None = None) -> int:
+    from monarch_core._version import __version__
+
     parser = argparse.ArgumentParser(prog="monarch", description="monarch-core command line")
+    parser.add_argument("--version", action="version", version=f"monarch-core {__version__}",
+                        help="print monarch-core's version and exit (`monarch plugins`: the plugins' versions)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("plugins", help="list installed plugins and what they provide")
     p.set_defaults(func=_cmd_plugins)
-    p = sub.add_parser("settings", help="every MONARCH_* variable of the core and the installed plugins")
+    p = sub.add_parser("status", help="this user's running monarch programs on this machine: meshes, procs, state, "
+                       "dashboard URL")
+    p.add_argument("--json", action="store_true", help="the records as JSON (a list, oldest program first)")
+    p.set_defaults(func=_cmd_status)
+    p = sub.add_parser("settings", help="every MONARCH_* variable of the core and the installed plugins; "
+                       "with NAMEs, their current values")
+    p.add_argument("names", nargs="*", metavar="NAME",
+                   help="show this setting's current value and where it comes from (MONARCH_DELIVERY_TIMEOUT, "
+                   "or delivery_timeout)")
+    p.add_argument("--all", action="store_true", help="every setting's current value and where it comes from")
     p.set_defaults(func=_cmd_settings)
     p = sub.add_parser("summary", help="top endpoints of a recorded trace or telemetry file (p50/p99, errors)")
     p.add_argument("file", help="a Chrome trace (record_trace, MONARCH_TRACE_FILE) or JSON-lines file "
                    "(record_events, MONARCH_TELEMETRY_JSONL)")
-    p.add_argument("--top", type=int, default=20, help="rows to show (0: all; default 20)")
+    p.add_argument("--top", type=_count, default=20, metavar="N", help="rows to show, the most total time first "
+                   "(0: all; default 20)")
     p.add_argument("--side", choices=("client", "server"), help="only this side of the calls")
     p.add_argument("--per-rank", action="store_true", help="one row per rank")
     p.set_defaults(func=_cmd_summary)

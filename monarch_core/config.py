@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pathlib
 from typing import Any, Iterator
 
 from monarch_core import settings
 from monarch_core.errors import ConfigError
 
-__all__ = ["configure", "configured", "get_configuration"]
+__all__ = ["configure", "configured", "get_configuration", "host_mesh_names"]
 
 
 def _name(key: str) -> str:
@@ -104,3 +105,20 @@ def get_configuration() -> dict[str, Any]:
         except ConfigError as e:
             out[s.name] = e
     return out
+
+
+def host_mesh_names(start: str | os.PathLike[str] | None = None) -> tuple[pathlib.Path | None, list[str]]:
+    """The configuration file that ``hosts_from_config`` reads (``$MONARCH_CONFIG``,
+    else the nearest ``monarch.toml`` or ``pyproject.toml`` with a
+    ``[tool.monarch]`` table from ``start``, default the working directory,
+    upward) and the host mesh names it defines, sorted; ``(None, [])`` when
+    there is no such file (``hosts_from_config`` then falls back to its
+    defaults).  ``ConfigError`` for a file that is malformed.  For tools that
+    take a host mesh name (``monarch torchrun --hosts NAME``) and must refuse
+    one that names nothing."""
+    from monarch_core import _config
+
+    path = _config.find_config_file(start)
+    if path is None:
+        return None, []
+    return path, sorted(_config.load_config(path))

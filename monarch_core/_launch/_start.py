@@ -19,9 +19,10 @@ import sys
 import uuid
 from typing import Any, Callable
 
-from monarch_core import settings
+from monarch_core import _status, settings
+from monarch_core._launch import _client_status
 from monarch_core._proc import _state, _transport
-from monarch_core._telemetry import _observer, _reporting
+from monarch_core._telemetry import _reporting
 
 __all__ = ["build_runtime", "runtime", "shutdown"]
 
@@ -85,8 +86,10 @@ def _start_client() -> None:
     proc_id = f"client-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     rt = build_runtime(proc_id=proc_id, kernel_name="client", transport=registry().transport(choice.name),
                        bind_spec=choice.bind_spec, name="client", is_client=True, parent=None,
-                       point=_state.ROOT_POINT, python_executable=sys.executable, observer=_observer.Telemetry())
+                       point=_state.ROOT_POINT, python_executable=sys.executable,
+                       observer=_client_status.ClientObserver())
     _reporting.start_client(rt)
+    _status.start(proc_id)  # this client's record, for `monarch status`
     atexit.register(_atexit_shutdown)
     logger.debug("client kernel listening on %s", rt.kernel.address)
 
@@ -113,6 +116,7 @@ def shutdown(timeout: float = 10.0) -> None:
     finally:
         if rt.is_client:  # what the procs shipped before they stopped goes to the sinks
             _reporting.close_client(rt.kernel)
+            _status.stop()
         rt.kernel.stop_loop()
         rt.kernel.join(timeout)
         _state.clear_runtime()

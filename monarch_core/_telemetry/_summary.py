@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from monarch_core._telemetry._batch import ALL_KINDS as _KINDS
 from monarch_core._telemetry._metrics import EndpointMetrics, EndpointStat, combine, from_dict, from_snapshot
 
 
@@ -80,12 +81,30 @@ def read(path: str) -> list[EndpointMetrics]:
         text = f.read()
     stripped = text.lstrip()
     events: list[dict] = []
-    if stripped.startswith("[") or stripped.startswith("{\"traceEvents\""):
+    whole: Any = None
+    if stripped.startswith("{"):
+        try:
+            whole = json.loads(text)
+        except json.JSONDecodeError:
+            whole = None  # one JSON object per line (or not JSON at all: below)
+    if stripped.startswith("[") or (isinstance(whole, dict) and "traceEvents" in whole):
         try:
             data = json.loads(text)
         except json.JSONDecodeError:
-            data = json.loads(stripped.rstrip().rstrip(",") + "]")  # a trace cut short (no closing bracket)
+            try:
+                data = json.loads(stripped.rstrip().rstrip(",") + "]")  # a trace cut short (no closing bracket)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not JSON ({e}); expected a Chrome trace (a JSON array of events) or a "
+                                 f"JSON-lines telemetry file") from None
         trace = data["traceEvents"] if isinstance(data, dict) else data
+        bad = next((i for i, e in enumerate(trace) if not isinstance(e, dict) or "ph" not in e), None) \
+            if isinstance(trace, list) else -1
+        if bad is not None:
+            where = "its traceEvents are not a list" if bad < 0 else f"event {bad} is {str(trace[bad])[:80]}"
+            raise ValueError(
+                f"{path}: a JSON file that is not a Chrome trace: {where}, not an event object with a 'ph' field "
+                f"(monarch summary reads what record_trace / MONARCH_TRACE_FILE or record_events / "
+                f"MONARCH_TELEMETRY_JSONL wrote)")
         spans = []
         for e in trace:
             args = e.get("args") or {}
@@ -97,11 +116,18 @@ def read(path: str) -> list[EndpointMetrics]:
         if not line.strip():
             continue
         try:
-            events.append(json.loads(line))
+            ev = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(
                 f"{path}:{n}: not a Chrome trace (a JSON array) nor a JSON-lines telemetry file ({e})"
             ) from None
+        if not isinstance(ev, dict) or ev.get("kind") not in _KINDS:
+            raise ValueError(
+                f"{path}:{n}: not a telemetry event: {line.strip()[:80]} (a JSON-lines telemetry file has one "
+                f"object per line with a 'kind' of {sorted(_KINDS)}; a Chrome trace is a JSON array of events) "
+                f"-- monarch summary reads what record_trace / MONARCH_TRACE_FILE or record_events / "
+                f"MONARCH_TELEMETRY_JSONL wrote")
+        events.append(ev)
     latest: dict[tuple, dict] = {}
     spans = []
     for ev in events:

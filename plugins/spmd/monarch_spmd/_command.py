@@ -163,6 +163,32 @@ def _options(args: argparse.Namespace, run_id: str) -> tuple[Any, str | None]:
                          tee=tee, local_ranks_filter=_ranks_filter(args.local_ranks_filter)), log_dir
 
 
+def _unknown_hosts(name: str) -> str | None:
+    """Why ``--hosts name`` names no host mesh (None: it names one).  The name
+    must be one the configuration file defines; without a file, only inside an
+    ``sbatch`` script does a name mean something (the job's nodes): elsewhere
+    ``hosts_from_config``'s stand-in (two hosts on this machine) would run the
+    script somewhere the user did not ask for."""
+    from monarch_core.config import host_mesh_names
+    from monarch_core.errors import ConfigError
+
+    try:
+        path, names = host_mesh_names()
+    except ConfigError as e:
+        return f"--hosts {name}: {e}"
+    if path is None:
+        if os.environ.get("SLURM_JOB_ID", "").strip():
+            return None
+        return (f"--hosts {name}: no host mesh is known here: no monarch.toml (or pyproject.toml with "
+                f"[tool.monarch]) in {os.getcwd()} or above, and MONARCH_CONFIG is not set; define "
+                f"[hosts.{name}] in a monarch.toml (docs/configuration.md; scheduler = \"local\" with hosts = 2 "
+                f"gives two hosts on this machine), or leave --hosts out to run on this machine")
+    if name not in names:
+        return (f"--hosts {name}: {path} defines no host mesh {name!r}; the known ones: "
+                f"{', '.join(names) if names else 'none'} (a [hosts.NAME] table each)")
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """The command (see the module docstring); returns the exit status."""
     if args.module and (args.no_python or args.run_path):
@@ -194,6 +220,9 @@ def run(args: argparse.Namespace) -> int:
     if args.hosts is None and (nnodes or 1) > 1:
         return _usage(f"--nnodes {nnodes} needs --hosts NAME: the hosts_from_config entry to run on (inside an "
                       f"sbatch script any name gives the job's nodes)")
+    unknown = None if args.hosts is None else _unknown_hosts(args.hosts)
+    if unknown:
+        return _usage(unknown)
     argv = (["-m", args.script] if args.module else [args.script]) + list(args.args)
     if args.hosts is None and args.no_python and not args.run_path and shutil.which(args.script) is None:
         return _usage(f"--no-python: the command {args.script!r} is not found (PATH, working directory "
