@@ -206,14 +206,23 @@ def _lifecycle(out: Path, rank: int) -> dict:
     return json.loads(Path(f"{out}.{rank}.json").read_text())
 
 
-def test_a_rank_runs_as_a_process_of_its_own_main_thread_atexit_at_its_end_no_module_state_kept(procs, spmd,
-                                                                                               tmp_path: Path) -> None:
-    am, addr, port = spmd
+def test_a_rank_runs_as_a_process_of_its_own_main_thread_atexit_at_its_end_no_module_state_kept(
+        tmp_path: Path) -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 2})
+    try:
+        am = setup_torch_elastic_env(procs)
+        addr, port = am.slice(gpus=0).get_host_port.call_one(None).get(timeout=60)
+        _two_runs(am, addr, port, procs, tmp_path)
+    finally:
+        procs.stop().get(timeout=60)
+
+
+def _two_runs(am, addr: str, port: int, procs, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     pids = set()
     for run in range(2):  # the same actors twice: nothing of the first run is left in the second
         out = tmp_path / f"run{run}"
-        assert am.main.call(addr, port, [LIFECYCLE, str(out)]).get(timeout=120).values() == [True] * 4
-        for r in range(4):
+        assert am.main.call(addr, port, [LIFECYCLE, str(out)]).get(timeout=120).values() == [True] * 2
+        for r in range(2):
             seen = _lifecycle(out, r)
             assert seen["main_thread"] is True  # signal.signal worked: it installed its SIGTERM handler
             assert seen["runs"] == 1  # the module global counts from 0 again: a fresh interpreter
@@ -221,7 +230,7 @@ def test_a_rank_runs_as_a_process_of_its_own_main_thread_atexit_at_its_end_no_mo
             # its atexit handler ran when the script ended, before the call returned (not when the proc stops)
             assert Path(f"{out}.{r}.atexit").read_text() == f"rank {r} pid {seen['pid']} exits\n"
             assert not Path(f"{out}.{r}.sigterm").exists()
-    assert len(pids) == 8 and not pids & _proc_pids(procs)  # a process of its own per rank and run
+    assert len(pids) == 4 and not pids & _proc_pids(procs)  # a process of its own per rank and run
 
 
 def _proc_pids(pm) -> set[int]:  # type: ignore[no-untyped-def]

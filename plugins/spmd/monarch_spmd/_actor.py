@@ -1,5 +1,6 @@
 """``SPMDActor`` and ``setup_torch_elastic_env``: torchrun's environment on a
-proc mesh, and training scripts run inside its procs."""
+proc mesh, and training scripts run by its procs, one fresh ``python``
+process per rank."""
 
 from __future__ import annotations
 

@@ -148,8 +148,9 @@ def _ranks_filter(value: str) -> frozenset[int] | None:
     return ranks
 
 
-def _options(args: argparse.Namespace, run_id: str) -> tuple[Any, str | None]:
-    """(``ScriptOptions``, the job's log folder or None) for ``args``; ``ValueError`` on bad values."""
+def _options(args: argparse.Namespace, run_id: str, make: bool = True) -> tuple[Any, str | None]:
+    """(``ScriptOptions``, the job's log folder or None) for ``args``; ``ValueError`` on bad values.
+    ``make=False``: only check them (no temporary folder is created)."""
     from monarch_spmd._script import ScriptOptions, parse_std
 
     redirects, tee = parse_std(args.redirects, "--redirects"), parse_std(args.tee, "--tee")
@@ -157,7 +158,7 @@ def _options(args: argparse.Namespace, run_id: str) -> tuple[Any, str | None]:
     selected = selected or (any(tee.values()) if isinstance(tee, dict) else bool(tee))
     log_dir = None
     if selected:  # as torchrun: a folder of the run under --log-dir, or under a new temporary one
-        base = args.log_dir or tempfile.mkdtemp(prefix="torchelastic_")
+        base = args.log_dir or (tempfile.mkdtemp(prefix="torchelastic_") if make else tempfile.gettempdir())
         log_dir = os.path.join(os.path.abspath(base), run_id)
     return ScriptOptions(run_path=args.run_path, no_python=args.no_python, log_dir=log_dir, redirects=redirects,
                          tee=tee, local_ranks_filter=_ranks_filter(args.local_ranks_filter)), log_dir
@@ -213,8 +214,7 @@ def run(args: argparse.Namespace) -> int:
         return _usage(f"--log-dir {args.log_dir} is a file; give a folder (it is created if missing)")
     try:
         nnodes, nproc = _nnodes(args.nnodes), _nproc(args.nproc_per_node)
-        run_id = args.run_id or uuid.uuid4().hex
-        options, log_dir = _options(args, run_id)
+        _options(args, "", make=False)  # only checks the values: nothing is created before the last usage error
     except ValueError as e:
         return _usage(str(e))
     if args.hosts is None and (nnodes or 1) > 1:
@@ -227,8 +227,11 @@ def run(args: argparse.Namespace) -> int:
     if args.hosts is None and args.no_python and not args.run_path and shutil.which(args.script) is None:
         return _usage(f"--no-python: the command {args.script!r} is not found (PATH, working directory "
                       f"{os.getcwd()})")
-    if args.hosts is None and not args.module and not args.no_python and not os.path.isfile(args.script):
+    script_file = not args.module and (args.run_path or not args.no_python)  # --run-path takes precedence
+    if args.hosts is None and script_file and not os.path.isfile(args.script):
         return _usage(f"the script {args.script!r} does not exist (working directory {os.getcwd()})")
+    run_id = args.run_id or uuid.uuid4().hex
+    options, log_dir = _options(args, run_id)
     from monarch_core.actor import hosts_from_config, this_host
     from monarch_core.errors import MonarchError
     from monarch_core.runtime import AddrType

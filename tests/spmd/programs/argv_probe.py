@@ -17,3 +17,4 @@ with open(sys.argv[1] + f".{dist.get_rank()}", "w") as f:
 if "--fail-first" in sys.argv and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0" \
         and dist.get_rank() == 1:
     raise SystemExit(5)
+dist.destroy_process_group()  # as a script should (torch warns otherwise; gloo can abort at exit without it)
