@@ -110,6 +110,21 @@ def lane_order(name: str) -> tuple:
     return (1, proc.split("{", 1)[0], -1 if r is None else r, thread)
 
 
+#: most characters of a lane's label (the whole name is its tooltip)
+LANE_CHARS = 46
+
+
+def lane_label(name: str) -> str:
+    """A lane's label: ``<proc> · <thread>``, the thread's coordinates left out where
+    they repeat the proc's (an actor's thread is named after the actor), cut to
+    :data:`LANE_CHARS` characters."""
+    proc, sep, thread = name.partition(" · ")
+    if "{" in proc and "{" in thread and thread[thread.index("{"):] == proc[proc.index("{"):]:
+        thread = thread[: thread.index("{")]
+    label = proc + sep + thread
+    return label if len(label) <= LANE_CHARS else label[: LANE_CHARS - 1] + "…"
+
+
 #: px per character of a span label (10 px font), for "does the label fit"
 CHAR_PX = 6.2
 
@@ -146,7 +161,8 @@ def timeline_svg(spans: list, width: int = 1100) -> dict[str, Any]:
         v = k * step
         ticks.append({"x": round(left + v / total_ms * plot, 1), "label": f"{v:g} ms"})
         k += 1
-    return {"lanes": [{"name": n, "y": top + i * lane_h + lane_h - 6} for n, i in lanes.items()], "rects": rects,
+    return {"lanes": [{"name": n, "label": lane_label(n), "y": top + i * lane_h + lane_h - 6} for n, i in lanes.items()],
+            "rects": rects,
             "ticks": ticks, "axis_y": top - 6, "top": top, "left": left, "width": width, "height": height,
             "span_ms": ms(total)}
 

@@ -187,7 +187,8 @@ def test_a_live_job_in_a_real_browser(job: Any, browser: Any, screenshots: Path)
         # a time axis with round ticks from 0 ms, and lanes by rank (numerically)
         ticks = tl.locator("svg.timeline text.tick-label").all_text_contents()
         assert len(ticks) >= 3 and ticks[0] == "0 ms" and all(t.endswith(" ms") for t in ticks), ticks
-        lanes = [t.split(" · ")[0] for t in tl.locator("svg.timeline text.lane").all_text_contents()]
+        lanes = [t.split(" · ")[0] for t in
+                 tl.locator("svg.timeline text.lane").evaluate_all("els => els.map(e => e.getAttribute('data-lane'))")]
         assert lanes[0] == "client", lanes
         ranks = [int(m.group(1)) * 4 + int(m.group(2)) for m in
                  (re.search(r"'hosts': (\d)/2, 'procs': (\d)/4", name) for name in lanes[1:]) if m]

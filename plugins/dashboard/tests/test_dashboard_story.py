@@ -102,6 +102,8 @@ def test_the_timeline_has_a_time_axis_and_lanes_in_rank_order() -> None:
         "client"] + [f"procs0{{'procs': {r}/12}}" for r in (0, 1, 2, 3, 10)]
     assert [t["label"] for t in svg["ticks"]][:3] == ["0 ms", "10 ms", "20 ms"] and len(svg["ticks"]) == 6
     assert svg["ticks"][0]["x"] == svg["left"]
+    assert _render.lane_label("procs0{'hosts': 1/2, 'procs': 3/4} · w{'hosts': 1/2, 'procs': 3/4}") == \
+        "procs0{'hosts': 1/2, 'procs': 3/4} · w"  # the actor's thread, without repeating its coordinates
     labelled = {r["label"] for r in svg["rects"]}
     assert "w.step" in labelled and "" in labelled  # written where it fits, not in the 0.2 ms slivers
 
