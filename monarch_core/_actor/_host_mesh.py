@@ -80,11 +80,10 @@ class HostMesh(_Mesh):
     def stream_logs(self) -> bool:
         """Whether procs spawned on these hosts stream their stdout, stderr and
         ``logging`` records to this client (prefixed ``[<actor or proc> <host>]``)
-        unless ``ProcMesh.logging_option`` says otherwise.  By default procs on
-        remote hosts do and this host's procs do not (they write to this
-        client's terminal themselves); ``MONARCH_STREAM_LOGS`` sets it for both.
-        When false, a remote proc writes to a per-host log file whose path the
-        client logs (``monarch.logs``, INFO)."""
+        unless ``ProcMesh.logging_option`` says otherwise.  By default every
+        proc does; ``MONARCH_STREAM_LOGS=0`` turns it off: this host's procs then
+        write to this client's terminal themselves, and a remote proc to a
+        per-host log file whose path the client logs (``monarch.logs``, INFO)."""
         return _output_mode(any(h.address is not None for h in self.hosts)) == "stream"
 
     @property
@@ -404,10 +403,7 @@ class HostMesh(_Mesh):
 
 def _output_mode(remote: bool) -> str:
     """Where procs' output goes by default (``ProcSpec.output``): see :attr:`HostMesh.stream_logs`."""
-    stream = settings.get("MONARCH_STREAM_LOGS")
-    if stream is None:
-        stream = remote
-    if stream:
+    if settings.get("MONARCH_STREAM_LOGS"):  # (default: every proc streams, as Ray's workers do)
         return "stream"
     return "file" if remote else "direct"
 

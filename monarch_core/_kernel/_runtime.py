@@ -546,7 +546,9 @@ class Kernel(ChildWatch):
             if self.agent is None:
                 logger.warning("control message %r from %s but no proc agent", h[0], sender)
                 return
-            if self.in_loop():
+            # (ops the agent handles on any thread -- a proc's output lines -- run where they were read:
+            # before a reply read after them on the same session wakes its caller)
+            if self.in_loop() or h[0] in getattr(self.agent, "any_thread_ops", ()):
                 self.agent.handle_control(h, payload, buffers, sender)
             else:
                 self.call_soon(self.agent.handle_control, h, payload, buffers, sender)

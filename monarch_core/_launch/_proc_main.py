@@ -73,13 +73,7 @@ def main() -> None:
         from monarch_core._launch._bootstrap import parse_cpu_list
 
         os.sched_setaffinity(0, parse_cpu_list(spec.cpus))
-    level = spec.log_level
-    logging.basicConfig(
-        level=level if isinstance(level, int) else getattr(logging, level.upper(), logging.WARNING),
-        format=f"[%(levelname)s {spec.describe} pid {os.getpid()}] %(name)s: %(message)s",
-    )
-    # monarch's own loggers keep this level when ProcMesh.logging_option(level=...) changes the root's
-    logging.getLogger("monarch").setLevel(logging.getLogger().level)
+    _quiet_monarch_logger(spec.log_level)
     sys.breakpointhook = _breakpoint_without_debugger  # the debugger plugin's proc setup replaces it
     import trio
 
@@ -130,6 +124,38 @@ def main() -> None:
     except KeyboardInterrupt:
         pass
     finish(0)
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record comes (the proc's
+    output capture replaces it: the record then reaches the client with the
+    actor's prefix)."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self) -> Any:  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:  # (StreamHandler.setStream; always sys.stderr)
+        pass
+
+
+def _quiet_monarch_logger(level: Any) -> None:
+    """monarch's own loggers (``monarch.*``) get a handler of their own on
+    ``monarch``, at the proc's ``MONARCH_LOG_LEVEL`` (``level``), and do not
+    propagate.  The root logger is left as a plain Python program has it --
+    no handler, level WARNING -- so the user's ``logging.basicConfig(...)``,
+    handlers and levels in an actor work as they would anywhere.  One prefix:
+    the client's printer (or the log file) adds the actor and host."""
+    lg = logging.getLogger("monarch")
+    lg.setLevel(level if isinstance(level, int) else getattr(logging, str(level).upper(), logging.WARNING))
+    h = _StderrHandler()
+    h.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    lg.addHandler(h)
+    lg.propagate = False
 
 
 #: seconds a stopped proc's finalization (its threads, ``atexit`` handlers, its user modules' globals) may take

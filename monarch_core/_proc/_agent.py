@@ -100,6 +100,11 @@ class ProcAgent(ProcWatch):
             C.Reload: self._on_reload,
         }
 
+    #: control ops handled on the thread that read them, not queued for the kernel's loop: a proc's
+    #: telemetry batch (its output lines; ``hub.ingest`` takes any thread), so that what an endpoint
+    #: printed is printed before the reply that follows it on the same session resolves the call
+    any_thread_ops: frozenset[str] = frozenset({"telemetry"})
+
     def handle_control(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         op = h[0]
         handler = self._control.get(C.op_type(op))  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ import time
 from _thread import get_ident as _get_ident
 from typing import TYPE_CHECKING, Any
 
-from monarch_core._proc import _construction, _lifecycle, _serial, _state, _tree
+from monarch_core._proc import _construction, _lifecycle, _output, _serial, _state, _tree
 from monarch_core._proc._port import (
     _DroppingPort,
     Port,
@@ -785,6 +785,7 @@ class ActorHost:
         _lifecycle.endpoint_raised(e)  # a debugger may stop here (post-mortem: docs/debugging.md)
         if reply_ref is not None and not explicit:
             logger.debug("endpoint %s raised %r", where, e)
+            _output.capture.before_reply()
             send_to_port(reply_ref, rank, W.S_ERROR, wrap_exception(e, where))
         else:
             why = "explicit-response-port endpoint" if explicit else "broadcast (no caller to report to)"
@@ -815,6 +816,8 @@ class ActorHost:
                 stat.fold()
             if sp is not None:
                 self.observer.end_server_span(sp, self, method, t0, dt, None)
+        if _output.capture._queue:  # what the endpoint printed reaches the client before its reply
+            _output.capture.before_reply()
         send_raw_to_port(reply_ref, rank, W.S_VALUE, rp, rb)
 
     def _lookup(self, name: str) -> tuple[Any, Any]:

@@ -292,8 +292,9 @@ class Capture:
         """Whole lines written from Python (any thread)."""
         if self.mode == STREAM:
             q = self._queue
+            now = time.time()
             for t in texts:
-                q.append((fd, who, t))
+                q.append((fd, who, t, now))
             self._wake()
             return
         prefix = f"[{who or self.label}] "
@@ -329,12 +330,13 @@ class Capture:
                 whole.append(rest)
                 rest = b""
             self._partial[r] = rest
+            now = time.time()
             for line in whole:
-                self._queue.append((fd, None, line.decode("utf-8", "replace")))
+                self._queue.append((fd, None, line.decode("utf-8", "replace"), now))
             if chunk is None:
                 break
         if final and self._partial.get(r):
-            self._queue.append((fd, None, self._partial[r].decode("utf-8", "replace")))
+            self._queue.append((fd, None, self._partial[r].decode("utf-8", "replace"), time.time()))
             self._partial[r] = b""
 
     def _run(self) -> None:
@@ -381,6 +383,14 @@ class Capture:
         except Exception:  # noqa: BLE001 - the root is gone: nothing to show them to
             logger.debug("could not send %d output lines", len(batch), exc_info=True)
 
+    def before_reply(self) -> None:
+        """An endpoint is about to reply (the actor's thread): the lines it
+        wrote from Python are sent first, so that its caller's next line comes
+        after them.  Costs a length check when nothing is waiting."""
+        if self._queue and self.mode == STREAM:
+            with self.lock:
+                self._send_queued()
+
     def drain(self) -> None:
         """Send (or write) everything buffered now (a stopping proc calls it)."""
         with self.lock:
@@ -421,8 +431,11 @@ class Printer:
         self.lock = threading.Lock()
         #: proc mesh name -> aggregation window in seconds (0: print at once)
         self.windows: dict[str, float] = {}
-        #: (the window of a mesh whose logging_option was not called: 3 s, as logging_option's default)
-        self.default_window = 3.0
+        #: (the window of a mesh whose logging_option was not called: none, each line printed as it comes, in
+        #: the order written -- what an endpoint printed before it returned shows before its caller's next line)
+        self.default_window = 0.0
+        #: print the time each line was written (``MONARCH_LOG_TIMESTAMPS``; read when the first batch comes)
+        self.timestamps: Optional[bool] = None
         #: group -> (deadline, {(stream, text): [count, first prefix]}) for windows being filled
         self._open: dict[str, tuple[float, dict]] = {}
         self._thread: Optional[threading.Thread] = None
@@ -447,11 +460,15 @@ class Printer:
         label = batch.get("proc_name") or batch.get("proc")
         group = str(batch.get("group") or label)
         size = int(batch.get("group_size") or 1)
+        if self.timestamps is None:
+            from monarch_core import settings
+
+            self.timestamps = bool(settings.get("MONARCH_LOG_TIMESTAMPS"))
+        stamp = self.timestamps
         with self.lock:
             window = self.windows.get(group, self.default_window)
             if window <= 0 or size <= 1:
-                now = [(fd, f"[{who or label} {host}] {text}") for fd, who, text in out]
-                self._write(now)
+                self._write([(item[0], f"[{item[1] or label} {host}{_when(item, stamp)}] {item[2]}") for item in out])
                 return
             entry = self._open.get(group)
             if entry is None:
@@ -459,11 +476,11 @@ class Printer:
                 self._ensure_thread()
                 self._cond.notify()
             lines = entry[1]
-            for fd, who, text in out:
-                k = (fd, text)
+            for item in out:
+                k = (item[0], item[2])
                 v = lines.get(k)
                 if v is None:
-                    lines[k] = [1, f"{who or label} {host}"]
+                    lines[k] = [1, f"{item[1] or label} {host}{_when(item, stamp)}"]
                 else:
                     v[0] += 1
 
@@ -496,22 +513,37 @@ class Printer:
 
     @staticmethod
     def _write(lines: list[tuple[int, str]]) -> None:
-        for fd in (1, 2):
-            text = "".join(t + "\n" for f, t in lines if f == fd)
-            if not text:
-                continue
-            stream = sys.stdout if fd == 1 else sys.stderr
+        """Print ``lines`` in their order: each run of consecutive lines of one
+        stream is written and flushed before the next run (a proc's stdout and
+        stderr lines interleave as it wrote them)."""
+        i, n = 0, len(lines)
+        while i < n:
+            fd = lines[i][0]
+            j = i
+            while j < n and lines[j][0] == fd:
+                j += 1
+            stream = sys.stderr if fd == 2 else sys.stdout
             try:
-                stream.write(text)
+                stream.write("".join(t + "\n" for _f, t in lines[i:j]))
                 stream.flush()
             except Exception:  # noqa: BLE001 - a closed terminal
                 pass
+            i = j
 
     def flush(self, group: Optional[str] = None) -> None:
         """Print what the open windows hold now (``group``: only that proc mesh's)."""
         with self.lock:
             for g in [g for g in self._open if group is None or g == group]:
                 self._print_group(self._open.pop(g)[1])
+
+
+def _when(item: tuple, stamp: bool) -> str:
+    """`` HH:MM:SS.mmm``, the time a streamed line was written (``stamp``:
+    ``MONARCH_LOG_TIMESTAMPS``), or nothing."""
+    if not stamp or len(item) < 4:
+        return ""
+    t = item[3]
+    return time.strftime(" %H:%M:%S", time.localtime(t)) + f".{int(t % 1 * 1000):03d}"
 
 
 printer = Printer()

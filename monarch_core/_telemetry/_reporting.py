@@ -154,8 +154,10 @@ def on_flush(reply: tuple) -> None:
 def on_log_option(reply: tuple, stream: bool, level: int) -> None:
     """``ProcMesh.logging_option`` reached this proc: applied, then answered (its error, if it failed)."""
     try:
-        if level >= 0:
+        if level >= 0:  # the user's logging (monarch's own loggers keep MONARCH_LOG_LEVEL, see _proc_main)
             logging.getLogger().setLevel(level)
+            if logging.lastResort is not None:  # records of a program that configured no handler show at it too
+                logging.lastResort.setLevel(level)
         cap = _output.capture
         cap.set_mode(_output.STREAM if stream else cap.quiet_mode())
         if cap.log_file:
