@@ -9,6 +9,7 @@ light); the copying is the scheduler's (``Allocation.sync_workspace`` in
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import posixpath
 import sys
@@ -20,10 +21,21 @@ __all__ = ["Environment", "SyncedHost", "Workspace", "active_environment"]
 
 _PathLike = Union[str, "os.PathLike[str]"]
 
+logger = logging.getLogger("monarch.workspace")
+
 
 class Workspace:
     """One or more local directories (your project's code) and where each
     goes on the remote hosts, relative to their working directory.
+
+    A workspace directory is a *root* of your code, as an entry of
+    ``PYTHONPATH`` is (the reference's semantics): the directory that holds
+    your packages, not a package itself.  For ``src/mypkg/__init__.py``,
+    ``Workspace(dirs=["src"])`` makes ``import mypkg`` work on the hosts;
+    ``Workspace(dirs=["src/mypkg"])`` would put ``mypkg``'s own folder on
+    ``sys.path`` (its modules import as top-level ones, ``mypkg`` itself does
+    not), so a directory that has an ``__init__.py`` is logged as a WARNING
+    on ``monarch.workspace`` naming the directory to give instead.
 
     ``Workspace(dirs=[...])``: each directory keeps its own name remotely
     (``~/proj/trainer`` becomes ``<remote working dir>/trainer``).
@@ -73,6 +85,8 @@ class Workspace:
                 )
             seen[dst] = src
         self._dirs = out
+        for src in out:
+            _warn_if_package(src)
 
     @property
     def dirs(self) -> dict[Path, str]:
@@ -97,6 +111,21 @@ class Workspace:
 
     def __repr__(self) -> str:
         return f"Workspace(dirs={ {str(k): v for k, v in self._dirs.items()} !r})"
+
+
+def _warn_if_package(src: Path) -> None:
+    """Log the mistake of giving a package's own folder as a workspace directory."""
+    try:
+        is_package = (src / "__init__.py").is_file()
+    except OSError:
+        return
+    if is_package:
+        parent = src.resolve().parent
+        logger.warning(
+            "Workspace: %s is a package (it has an __init__.py); a workspace directory goes on the procs' sys.path "
+            "as a root of your code, so `import %s` would not find it on the hosts: give the directory that holds "
+            "it, Workspace(dirs=[%r])", src, src.resolve().name, os.path.relpath(parent) if not src.is_absolute()
+            else str(parent))
 
 
 def _local(src: object) -> Path:

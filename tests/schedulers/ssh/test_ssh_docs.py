@@ -80,5 +80,5 @@ def test_the_quick_start_runs_on_the_testbed(sshd: Any, tmp_path: Path) -> None:
     assert re.search(r"\bh1\b.*hostname=h1", res.stdout) and re.search(r"\bh2\b.*hostname=h2", res.stdout), res.stdout
     assert "['h1', 'h1', 'h2', 'h2']" in res.stdout, res.stdout
     for h in ("h1", "h2"):
-        assert (tmp_path / "r" / h / "mypkg" / "__init__.py").exists()
+        assert (tmp_path / "r" / h / "src" / "mypkg" / "__init__.py").exists()  # src: a root of code
     H.wait_tagged_gone(tag, (1, 2), timeout=15)
