@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from monarch_compat import _alias, _attributes, _shadow
+from monarch_compat import _alias, _attributes, _cpu, _shadow
 
 _shadow.check()
 _alias.install()
 _attributes.install()
+_cpu.install()  # only with MONARCH_COMPAT_CPU=1: a test aid (docs/compat.md)
 
 from monarch_core._version import __version__  # noqa: E402
 

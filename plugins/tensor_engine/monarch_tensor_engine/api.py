@@ -20,7 +20,8 @@ from monarch_tensor_engine._tensor import Tensor
 from monarch_tensor_engine._worker import TensorOpError
 
 __all__ = [
-    "Borrow", "RemoteProcessGroup", "Stream", "Tensor", "TensorOpError", "activate", "get_active_stream", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh",
+    "Borrow", "RemoteProcessGroup", "Stream", "Tensor", "TensorOpError", "activate", "exit_engine", "start_engine",
+    "get_active_stream", "call_on_shard_and_fetch", "fetch_shard", "get_active_mesh",
     "grad_generator", "inspect",
     "no_mesh", "process_group", "random", "rank_tensor", "rank_tensors", "reduce", "reduce_", "remote", "rref", "show", "slice_mesh", "to_mesh",
 ]
@@ -42,6 +43,33 @@ def activate(proc_mesh: Any) -> _controller.Active:
     Refused while the client's default device is not the CPU (``_globals.check_activate``)."""
     _globals.check_activate()
     return _controller.Active(proc_mesh)
+
+
+def start_engine(proc_mesh: Any) -> None:
+    """Spawn the engine's workers on ``proc_mesh``'s procs now, rather than at
+    its first ``activate()`` (the reference's ``spawn_tensor_engine``); does
+    nothing when they run already."""
+    _controller.controller(proc_mesh)
+
+
+def exit_engine(proc_mesh: Any, timeout: float = 60.0) -> None:
+    """Stop the engine's workers on ``proc_mesh``'s procs and wait for them
+    (the reference's ``DeviceMesh.exit()``); the procs and their actors keep
+    running.  The mesh's commands not yet sent are sent first; its
+    distributed tensors are gone after this (using one is an error), and a
+    later ``activate()`` spawns new workers.  Does nothing when no workers
+    run there.  ``TimeoutError`` if they are not stopped within ``timeout``
+    seconds (they keep stopping)."""
+    with _controller._lock:
+        ctl = _controller._controllers.get(tuple(proc_mesh.proc_ids))
+    if ctl is None:
+        return
+    workers = ctl.workers
+    if not ctl.closed:
+        ctl.close()  # what is pending reaches the workers before their stop
+    ctl.release_state()  # out of the registry: the next activate() makes a new controller
+    if workers is not None:
+        workers.stop("the tensor engine exited (exit_engine / DeviceMesh.exit())").get(timeout=timeout)
 
 
 def process_group(proc_mesh: Any, dims: Any, backend: str | None = None) -> RemoteProcessGroup:

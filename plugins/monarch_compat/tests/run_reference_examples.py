@@ -1,0 +1,199 @@
+"""Run the reference's (torchmonarch 0.7.0) own example programs on monarch-core,
+unchanged, and print a table of which run.
+
+    python plugins/monarch_compat/tests/run_reference_examples.py /path/to/monarch-checkout [NAME ...]
+
+The argument is a checkout of the reference's repository (meta-pytorch/monarch);
+nothing of it is copied here.  The programs are the 23 that can run on one
+machine with CPUs only (issue 39); those written for CUDA run under
+``python -m monarch_compat.cpu`` (CUDA devices are the CPU, nccl is gloo:
+docs/compat.md).  Each runs in its own directory with its stdin a pipe (as
+from a terminal), in a process group of its own, with a time limit:
+
+* ``exit`` programs pass when they exit 0 within the limit and printed what
+  they should;
+* ``interrupt`` programs run until Ctrl+C: they pass when, after ``run_s``
+  seconds, they are still running, have printed what they should and no
+  traceback (unless one is the point), and, on SIGINT to their process group
+  (what Ctrl+C in a terminal sends), exit within ``grace_s``.
+
+Extra NAMEs run only the programs whose name contains one of them.  The exit
+status is the number of failures.  Programs' output goes to ``--logs`` (a
+folder; default a temporary one), named in the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One reference program and how to judge it."""
+
+    path: str  # relative to the checkout
+    mode: str = "exit"  # "exit" or "interrupt"
+    timeout_s: float = 240.0  # exit: the limit; interrupt: the limit for reaching run_s and the markers
+    run_s: float = 25.0  # interrupt: how long it runs before Ctrl+C
+    grace_s: float = 60.0  # interrupt: how long it may take to stop after Ctrl+C
+    cpu: bool = False  # written for CUDA: run under python -m monarch_compat.cpu
+    expect: tuple[str, ...] = ()  # printed by a run that went right
+    traceback_ok: bool = False  # a traceback in the output is the program's point (an injected failure)
+    stdin: str = ""  # written to its stdin (then closed, for exit programs)
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1] if "presentation" not in self.path else "presentation/demo.py"
+
+
+DOCS = "docs/source/examples"
+PY = "python/examples"
+
+EXAMPLES: tuple[Example, ...] = (
+    Example(f"{DOCS}/getting_started.py", timeout_s=420),
+    Example(f"{DOCS}/ping_pong.py"),
+    Example(f"{DOCS}/crawler.py"),
+    Example(f"{DOCS}/grpo_yield.py", timeout_s=420),
+    Example(f"{DOCS}/grpo_sim.py"),
+    Example(f"{DOCS}/grpo_forge_sim.py"),
+    Example(f"{DOCS}/grpo_actor.py", cpu=True, timeout_s=420),
+    Example(f"{DOCS}/grpo_actor_te.py", cpu=True, timeout_s=420),
+    Example(f"{DOCS}/distributed_tensors.py", cpu=True, timeout_s=420),
+    Example(f"{DOCS}/ddp/spmd_ddp.py", cpu=True, expect=("DDP example completed successfully!",)),
+    Example(f"{DOCS}/ddp/spmd_job.py", cpu=True, expect=("SPMD job completed successfully!",)),
+    Example("python/monarch/timer/example_spmd.py"),
+    Example("python/monarch/timer/example_monarch.py", cpu=True, expect=("average time w/ ExecutionTimer",)),
+    Example("examples/presentation/demo.py", cpu=True, timeout_s=420),
+    Example(f"{PY}/dining_philosophers.py", "interrupt", expect=("Press Ctrl+C to stop.",)),
+    Example(f"{PY}/stop_mesh.py", "interrupt", expect=("Actor mesh stopped.",)),
+    Example(f"{PY}/poisoned_mesh.py", "interrupt", expect=("Failure injected.",), traceback_ok=True),
+    Example(f"{PY}/execution_demo.py", "interrupt", expect=("Press Ctrl+C to stop.",)),
+    Example(f"{PY}/airport_turnaround_demo.py", "interrupt", expect=("Press Ctrl+C to stop.",)),
+    Example(f"{PY}/sleep_actors.py", "interrupt", expect=("done, stopping",)),
+    Example(f"{PY}/rapid_spawn_exit_stress.py", "interrupt", expect=("iter 3",)),
+    Example(f"{PY}/inbound_ordering_workload.py", expect=("Shutting down",)),
+    Example(f"{PY}/execution_workload.py",
+            stdin="HOLD busy a\nRELEASE busy a\nHOLD concurrent b\nHOLD concurrent c\nRAISE concurrent b\n"
+                  "RELEASE concurrent c\n",
+            expect=("EXEC_ENTERED a", "EXEC_ACK release a", "EXEC_ENTERED b", "EXEC_ENTERED c",
+                    "EXEC_ACK raise b", "EXEC_ACK release c")),
+)
+
+
+def _pump(stream, sink, seen: list[str]) -> None:  # type: ignore[no-untyped-def]
+    for line in iter(stream.readline, ""):
+        sink.write(line)
+        sink.flush()
+        seen.append(line)
+
+
+def run_one(ex: Example, checkout: str, log_path: str) -> tuple[bool, str, float]:
+    """Run ``ex`` from ``checkout``; (passed, why, seconds), its output in ``log_path``."""
+    script = os.path.join(checkout, ex.path)
+    if not os.path.exists(script):
+        return False, f"not in the checkout: {ex.path}", 0.0
+    cmd = [sys.executable, *(["-m", "monarch_compat.cpu"] if ex.cpu else []), script]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    start = time.monotonic()
+    seen: list[str] = []
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=os.path.dirname(script), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        pump = threading.Thread(target=_pump, args=(proc.stdout, log, seen), daemon=True)
+        pump.start()
+        assert proc.stdin is not None
+        try:
+            if ex.stdin:
+                proc.stdin.write(ex.stdin)
+                proc.stdin.flush()
+            if ex.mode == "exit":
+                if ex.stdin:
+                    # the commands are answered before EOF ends the program
+                    deadline = time.monotonic() + ex.timeout_s
+                    while time.monotonic() < deadline and proc.poll() is None:
+                        if all(m in "".join(seen) for m in ex.expect):
+                            break
+                        time.sleep(0.5)
+                    proc.stdin.close()
+                try:
+                    rc = proc.wait(timeout=max(1.0, ex.timeout_s - (time.monotonic() - start)))
+                except subprocess.TimeoutExpired:
+                    return False, f"still running after {ex.timeout_s:.0f}s", time.monotonic() - start
+                pump.join(10)
+                out = "".join(seen)
+                if rc != 0:
+                    last = next((ln.strip() for ln in reversed(seen) if ln.strip()), "")
+                    return False, f"exit {rc}: {last[:160]}", time.monotonic() - start
+            else:
+                deadline = start + ex.timeout_s
+                ran_from = None
+                while time.monotonic() < deadline and proc.poll() is None:
+                    if ran_from is None and all(m in "".join(seen) for m in ex.expect):
+                        ran_from = time.monotonic()
+                    if ran_from is not None and time.monotonic() - ran_from >= ex.run_s:
+                        break
+                    time.sleep(0.5)
+                if proc.poll() is not None:
+                    last = next((ln.strip() for ln in reversed(seen) if ln.strip()), "")
+                    return False, f"ended by itself (exit {proc.returncode}) before Ctrl+C: {last[:160]}", \
+                        time.monotonic() - start
+                if ran_from is None:
+                    return False, f"did not print {ex.expect} within {ex.timeout_s:.0f}s", time.monotonic() - start
+                os.killpg(proc.pid, signal.SIGINT)
+                try:
+                    proc.wait(timeout=ex.grace_s)
+                except subprocess.TimeoutExpired:
+                    return False, f"did not stop within {ex.grace_s:.0f}s of Ctrl+C", time.monotonic() - start
+                pump.join(10)
+                out = "".join(seen)
+            missing = [m for m in ex.expect if m not in out]
+            if missing:
+                return False, f"did not print {missing}", time.monotonic() - start
+            if not ex.traceback_ok and "Traceback (most recent call last)" in out:
+                return False, "printed a traceback", time.monotonic() - start
+            return True, "", time.monotonic() - start
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkout", help="a checkout of the reference's repository (meta-pytorch/monarch)")
+    parser.add_argument("names", nargs="*", help="run only the programs whose name contains one of these")
+    parser.add_argument("--logs", help="folder for the programs' output (default: a temporary folder)")
+    args = parser.parse_args(argv)
+    logs = args.logs or tempfile.mkdtemp(prefix="reference-examples-")
+    os.makedirs(logs, exist_ok=True)
+    chosen = [ex for ex in EXAMPLES if not args.names or any(n in ex.path for n in args.names)]
+    rows = []
+    for ex in chosen:
+        log_path = os.path.join(logs, ex.name.replace("/", "_") + ".log")
+        ok, why, secs = run_one(ex, args.checkout, log_path)
+        rows.append((ex.name, ok, why, secs, log_path))
+        print(f"{'PASS' if ok else 'FAIL'} {ex.name} ({secs:.0f}s) {why}", flush=True)
+    width = max(len(r[0]) for r in rows)
+    print()
+    print(f"{'program':<{width}}  result  seconds  why / log")
+    for name, ok, why, secs, log_path in rows:
+        print(f"{name:<{width}}  {'pass' if ok else 'FAIL':<6}  {secs:7.0f}  {why or log_path}")
+    failed = sum(1 for r in rows if not r[1])
+    print(f"\n{len(rows) - failed} of {len(rows)} ran (logs: {logs})")
+    return failed
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
