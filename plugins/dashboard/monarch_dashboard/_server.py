@@ -143,12 +143,15 @@ class Server:
 
     async def _state(self, request: Request) -> Response:
         m = self.model
-        rows = [{"mesh": r.mesh, "endpoint": r.endpoint, "calls": r.calls, "errors": r.errors, "p50_ns": r.p(50),
+        rows = [{"mesh": r.mesh, "endpoint": r.endpoint, "calls": r.calls, "errors": r.errors,
+                 "caller_errors": r.caller_errors, "raised": r.raised, "p50_ns": r.p(50),
                  "p99_ns": r.p(99), "request_bytes": r.request_bytes, "reply_bytes": r.reply_bytes,
-                 "calls_per_s": r.rate, "ranks": [{"rank": k.rank, "calls": k.calls, "p50_ns": k.p(50)} for k in r.ranks]}
+                 "calls_per_s": r.rate, "ranks": [{"rank": k.rank, "calls": k.calls, "p50_ns": k.p(50),
+                                                   "mean_ns": k.mean_ns, "slow": k.slow} for k in r.ranks]}
                 for r in m.endpoint_rows()]
-        return JSONResponse({"version": m.version, "tree": m.tree(), "endpoints": rows, "failures": m.failure_view(),
-                             "counts": m.counts()})
+        return JSONResponse({"version": m.version, "tree": m.tree(), "meshes": m.mesh_summaries(), "endpoints": rows,
+                             "failures": m.failure_view(), "failure_groups": m.failure_groups(),
+                             "counts": m.counts(), "ended_ns": m.ended_ns})
 
     async def _trace(self, request: Request) -> Response:
         path = self._trace_path()
