@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_core._proc import _control as C
 from monarch_core._proc import _send
+from monarch_core._proc._future import format_duration
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
 from monarch_core._launch import _devices
@@ -321,29 +322,50 @@ async def _stop(kernel: Kernel, slots: list[ProcSlot], reason: str, grace: float
     from monarch_core._proc import _state
 
     stop = C.StopProc(reason, max(0.5, grace - 0.5))
+    starting = []  # procs that never said hello: nothing of the user's runs there yet, so nothing to lose
     for s in slots:
         kernel.expect_exit(s.proc_id)
-        if s.proc_id not in kernel.dead:
+        if s.proc_id in kernel.dead:
+            continue
+        if s.ready.is_set():
             _send.control(kernel, s.proc_id, None, stop)
+        else:
+            starting.append(s)
+            _signal(kernel, s, "kill")
+    if starting:
+        escalation_log.debug("%d procs of %s were still starting; killed", len(starting), mesh or "a proc mesh")
+    waited = [s for s in slots if s not in starting or kernel.child(s.proc_id) is not None]
+    for s in starting:
+        if kernel.child(s.proc_id) is None:
+            # a remote one's death would come from its worker loop, which may be ending too: gone now (what
+            # was queued for it is dropped, not waited for)
+            kernel.proc_failed(s.proc_id, f"stopped while it was starting ({reason})", stopped=True)
 
     async def all_gone() -> None:
-        for s in slots:
+        for s in waited:
             await kernel.wait_dead(s.proc_id)
 
     with trio.move_on_after(grace):
         await all_gone()
     for sig_name in ("terminate", "kill"):
-        alive = [s for s in slots if s.proc_id not in kernel.dead]
+        alive = [s for s in waited if s.proc_id not in kernel.dead]
         if not alive:
             break
         for s in alive:
-            escalation_log.warning("%s did not stop within the grace period; sending %s", s.proc_id, sig_name)
-            child = kernel.child(s.proc_id)
-            if child is not None:
-                getattr(child, sig_name)()
-            elif s.host is not None:
-                _send.control(kernel, host_proc_id(s.host), s.host, C.HostKill([s.proc_id], sig_name))
+            escalation_log.warning("%s did not stop within its %s stop grace period; sending %s",
+                                   s.describe or s.proc_id, format_duration(grace), sig_name)
+            _signal(kernel, s, sig_name)
         with trio.move_on_after(SIGNAL_WAIT):
             await all_gone()
     await _state.observer().after_procs_stopped(kernel, mesh)
     cell.set_result(None)
+
+
+def _signal(kernel: Kernel, s: ProcSlot, sig_name: str) -> None:
+    """SIGTERM (``terminate``) or SIGKILL (``kill``) the proc of ``s``: directly
+    when this process is its parent, else through its host's worker loop."""
+    child = kernel.child(s.proc_id)
+    if child is not None:
+        getattr(child, sig_name)()
+    elif s.host is not None:
+        _send.control(kernel, host_proc_id(s.host), s.host, C.HostKill([s.proc_id], sig_name))

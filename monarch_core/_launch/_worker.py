@@ -204,10 +204,12 @@ class WorkerLoopAgent(ProcAgent):
         for p in m.proc_ids:
             child = self.kernel.child(p)
             if child is not None and sig_name in ("terminate", "kill"):
+                self.kernel.expect_exit(p)  # asked for by its client (a stop): no failure to report
                 getattr(child, sig_name)()
 
     def _on_host_shutdown(self, m: C.HostShutdown, payload: Any, buffers: list, sender: str) -> None:
         logger.info("worker loop %s shut down by %s", self.kernel.address, sender)
+        self.kernel.ack_at_once()  # the client's release waits for this message's acknowledgement: now, not never
         self.exit()
 
     def exit(self) -> None:
