@@ -135,3 +135,41 @@ def test_the_cpu_runner_reaches_processes_that_never_import_monarch(tmp_path: Pa
                        env={k: v for k, v in os.environ.items() if k != "MONARCH_COMPAT_CPU"})
     assert r.returncode == 0, r.stderr
     assert "child cpu" in r.stdout and "argv ['a', 'b']" in r.stdout
+
+
+class Shard(monarch_core.actor.Actor):
+    """Answers with what it received: a distributed tensor arrives as its own proc's tensor."""
+
+    def __init__(self) -> None:
+        self.w = torch.eye(3) * 2
+
+    @monarch_core.actor.endpoint
+    def describe(self, x=None) -> tuple:  # type: ignore[no-untyped-def]
+        return (type(x).__name__, x.tolist(), monarch_core.actor.current_rank().rank)
+
+    @monarch_core.actor.endpoint(propagate=lambda x: x)
+    def forward(self, x):  # type: ignore[no-untyped-def]
+        return x @ self.w
+
+
+def test_distributed_tensors_outside_activate_run_on_their_mesh_and_reach_actors(procs) -> None:  # type: ignore[no-untyped-def]
+    # the reference's getting_started: `dtrainers.step.call(dist_compute[0])` and `linear.forward.rref(t)`,
+    # both outside `with mesh.activate():`
+    with procs.activate():
+        t = torch.ones(3, 3) * (1 + procs.rank_tensor("gpus"))
+    d = t @ t.T  # outside the block: on t's mesh
+    assert monarch_core.inspect(d, gpus=1).tolist() == [[12.0] * 3] * 3
+    actors = procs.spawn("shards", Shard)
+    got = actors.describe.call(d[0]).get(timeout=60)  # each actor gets its own proc's row
+    assert sorted(got.values(), key=lambda v: v[2]) == [("Tensor", [3.0] * 3, 0), ("Tensor", [12.0] * 3, 1)]
+    o = torch.relu(actors.forward.rref(t))  # rref outside the block: the mesh of its tensor argument
+    assert monarch_core.inspect(o, gpus=0).tolist() == [[2.0] * 3] * 3
+    with pytest.raises(RuntimeError, match="inspect"):
+        d.sum().item()  # reading a value in the client is still an error that says what to do
+    other = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        strangers = other.spawn("strangers", Shard)
+        with pytest.raises(Exception, match="not one of that mesh's procs"):
+            strangers.describe.call_one(d[0]).get(timeout=60)
+    finally:
+        other.stop().get(timeout=60)

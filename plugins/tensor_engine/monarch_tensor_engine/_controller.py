@@ -832,11 +832,23 @@ def active() -> Controller | None:
 
 
 def outside_mesh(func: Any, args: Any, kwargs: Any) -> Any:
-    """An operation on a distributed tensor with no mesh active: metadata
-    queries are answered from its fake; anything else is an error."""
+    """An operation on a distributed tensor with no mesh active: it runs on
+    the mesh of its distributed tensors, as if that mesh were active (the
+    reference's rule: the tensors' mesh is the mesh; the commands are sent
+    at once).  Metadata queries are answered from the fake; reading a value,
+    or tensors of two meshes, is an error."""
     kwargs = kwargs or {}
     flat, spec = tree_flatten((tuple(args), kwargs))
     owners = {x._ctl for x in flat if isinstance(x, Tensor)}
+    name = getattr(func, "__name__", "")
+    if len(owners) == 1 and name not in _VALUE_READS:
+        ctl = next(iter(owners))
+        if ctl.closed:
+            raise ctl.gone()
+        try:
+            return ctl.dispatch(func, tuple(args), dict(kwargs))
+        finally:
+            ctl.flush()
     fakes = [x._fake if isinstance(x, Tensor) else x for x in flat]
     name = getattr(func, "__name__", "")
     if name not in _VALUE_READS and not is_mutating(func):

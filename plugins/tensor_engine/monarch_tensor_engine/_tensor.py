@@ -12,6 +12,7 @@ on the procs (with the next batch of commands).
 
 from __future__ import annotations
 
+import collections
 import math
 import weakref
 from typing import Any
@@ -44,6 +45,11 @@ class Ref:
 
     def __repr__(self) -> str:
         return f"Ref({self.id})"
+
+
+#: the distributed tensors last pickled for an actor: kept alive a while, so that their drop reaches the
+#: procs well after the actor took them (see ``_worker.local_tensor``)
+_SENT: collections.deque = collections.deque(maxlen=256)
 
 
 class Tensor(torch.Tensor):
@@ -144,5 +150,14 @@ class Tensor(torch.Tensor):
     __str__ = __repr__
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        raise TypeError("a distributed tensor cannot be pickled: its values live on the procs; pass it to an "
-                        "actor inside the mesh (Endpoint.rref), or fetch a value first (fetch_shard, inspect)")
+        # Passed to an actor's endpoint (call, broadcast, ...): each actor receives its own proc's tensor, as in
+        # the reference.  The commands that make it are sent first; the handle is kept a while (_SENT), so that
+        # its drop does not overtake the message.
+        from monarch_tensor_engine import _worker
+
+        ctl = self._ctl
+        if ctl.closed or ctl.workers is None:
+            raise ctl.gone()
+        ctl.flush()
+        _SENT.append(self)
+        return (_worker.local_tensor, (ctl.workers._name, self._id, ctl.mesh_name))

@@ -93,6 +93,39 @@ def _setter(name: str) -> Any:
     return set_
 
 
+#: worker mesh name -> this proc's worker of it (see :func:`local_tensor`)
+_local: dict[str, "Worker"] = {}
+
+
+def local_tensor(workers: str, ident: int, mesh_name: str) -> Any:
+    """What a distributed tensor passed to an actor's endpoint becomes in
+    that actor (unpickled in its proc): this proc's tensor ``ident`` of the
+    engine's worker mesh ``workers``, once the worker has made it (the
+    reference's rule: each actor receives the shard on its own proc).  Raises
+    the tensor's error if it is poisoned, ``RuntimeError`` on a proc that is
+    not one of the tensor's mesh's, ``TimeoutError`` after :data:`WAIT_S`."""
+    import time
+
+    w = _local.get(workers)
+    if w is None:
+        raise RuntimeError(f"a distributed tensor of mesh {mesh_name!r} was sent to an actor on a proc that is not one "
+                           f"of that mesh's procs: send it to actors spawned on its mesh, or fetch its value first "
+                           f"(fetch_shard(t, **coords).get())")
+    deadline = time.monotonic() + WAIT_S
+    delay = 0.0005
+    while True:
+        value = w.env.get(ident)
+        if value is not None:
+            break
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"tensor {ident} of mesh {mesh_name!r} was not made on this proc within {WAIT_S:g}s")
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+    if isinstance(value, Poison):
+        raise value.error
+    return value
+
+
 class Worker(Actor):
     """Holds this proc's tensors of one mesh and runs its commands (see the module docstring)."""
 
@@ -108,6 +141,9 @@ class Worker(Actor):
         self.slots: dict[int, _Slot] = {}  # borrow id -> its hand-over
         self.kept: dict[int, Any] = {}  # results not described yet (propagate 'cached'/'inspect')
         self.generators: dict[int, Any] = {}  # grad_generator id -> _grads.Backward
+        from monarch_core.actor import context
+
+        _local[context().actor_instance.name] = self  # for local_tensor: actors of this proc receive its tensors
 
     # ---------------------------------------------------------------- endpoints
     @endpoint

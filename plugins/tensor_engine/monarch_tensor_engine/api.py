@@ -228,8 +228,19 @@ def rref(endpoint: Any, args: tuple, kwargs: dict) -> Any:
     from monarch_tensor_engine import _propagate
 
     ctl = _controller.active()
-    if ctl is None:
-        raise RuntimeError("Endpoint.rref() runs inside `with mesh.activate():` of the mesh its actors live on")
+    if ctl is None:  # the mesh of the distributed tensors among the arguments, as in the reference
+        from torch.utils._pytree import tree_flatten
+
+        owners = {x._ctl for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)}
+        if len(owners) != 1:
+            raise RuntimeError("Endpoint.rref() runs inside `with mesh.activate():` of the mesh its actors live on "
+                               "(or, outside one, on the mesh of the distributed tensors among its arguments)")
+        ctl = next(iter(owners))
+        try:
+            with _controller.Active(ctl.mesh):
+                return rref(endpoint, args, kwargs)
+        finally:
+            ctl.flush()
     prop = endpoint.propagate
     _propagate.check(prop, f"rref() of {endpoint.name}")
     actors = endpoint.mesh

@@ -271,8 +271,10 @@ def test_values_local_tensors_and_other_meshes_are_errors_that_say_what_to_do(me
             assert monarch.get_active_mesh() is None
             assert isinstance(torch.ones(1) + 1, torch.Tensor) and not isinstance(torch.ones(1), monarch.Tensor)
         assert isinstance(torch.ones(1), monarch.Tensor)
-    with pytest.raises(RuntimeError, match="used outside `with mesh.activate\\(\\):`.*inspect"):
-        t + 1
+    # outside its block an operation runs on the tensor's own mesh (the reference's rule) ...
+    assert monarch.inspect(t + 1, dp=1, tp=0).tolist() == [2.0, 2.0]
+    with pytest.raises(RuntimeError, match="inspect"):
+        (t * 3).tolist()  # ... and reading its value there is still an error that says what to do
     assert t.shape == (2,)  # metadata stays readable
     with pytest.raises(IndexError, match="out of range"):
         monarch.fetch_shard(t, dp=5)
