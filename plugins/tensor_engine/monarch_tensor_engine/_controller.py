@@ -390,13 +390,13 @@ class Controller:
         key = _op_key(self, func, args)
         if key is None:
             return MISS, None
-        if _known.any_live() and _known.among(args):
-            return MISS, key  # known inputs: the slow path computes the result's value too
         hit = self.op_cache.get(key)
         if hit is None:
             return MISS, key
         out_key, fref, name = hit
         h = Tensor(None, next(self.ids), self, _streams.get_active_stream(), out_key)
+        if name in _known.COMPUTED:  # a factory or pure operation: its value may be known (optimizers' steps)
+            _known.on_hit(self, func, args, h)
         self.send(("op", fref, tuple(Ref(x._id) if type(x) is Tensor else x for x in args), {}, [h._id],
                    torch.is_grad_enabled(), name))
         return h, key

@@ -205,7 +205,9 @@ def test_values_the_client_computes_are_read_and_others_still_refused(mesh) -> N
         count += 1
         count.mul_(3)
         half = (count / 2).item()
-        assert (count.item(), half, int(torch.zeros(()) + 5), torch.ones(3).tolist()) == (3.0, 1.5, 5, [1.0] * 3)
+        assert (count.item(), half, int(torch.zeros(()) + 5), torch.ones(1).tolist()) == (3.0, 1.5, 5, [1.0])
+        with pytest.raises(RuntimeError, match="reads a value"):
+            torch.ones(3).tolist()                       # only scalars are known (MAX_NUMEL)
         drawn = torch.rand(())                           # random: the procs' own values
         with pytest.raises(RuntimeError, match="reads a value"):
             drawn.item()
