@@ -59,7 +59,8 @@ print("client done")
     so, se = out.stdout, out.stderr
     assert "[printer{'gpus': 1/2} localhost] to stdout" in so
     assert "[printer{'gpus': 1/2} localhost] to stderr" in se
-    assert re.search(r"\[printer\{'gpus': 1/2\} localhost\] \[WARNING .*\] user: a warning record", se), se
+    # one prefix; the record is printed as a plain Python program prints it with no logging configured
+    assert "[printer{'gpus': 1/2} localhost] a warning record" in se, se
     assert "[procs0{'gpus': 1/2} localhost] straight to fd 1" in so  # written below Python: the proc's prefix
     got = lines(so, r"^\[printer\{'gpus': 0/2\} localhost\] line ")
     assert got == [f"[printer{{'gpus': 0/2}} localhost] line {i:04d} of rank 0" for i in range(300)]
@@ -129,7 +130,7 @@ hm.shutdown().get()
                             timeout=120)
         assert out.returncode == 0, out.stderr
         got[setting] = json.loads(out.stdout.strip().splitlines()[-1])
-    assert got == {None: [False, True], "1": [True, True], "0": [False, False]}
+    assert got == {None: [True, True], "1": [True, True], "0": [False, False]}  # streaming is the default
 
 
 REMOTE = r"""
