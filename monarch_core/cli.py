@@ -1,11 +1,18 @@
 """The ``monarch`` command line.
 
+``monarch --version``  monarch-core's version.
+``monarch status``   this user's running monarch programs on this machine (pid, command,
+                     dashboard URL, meshes, procs and their state), read from the records
+                     each client keeps in a private runtime directory (``_status``; no
+                     network); ``--json`` for the records themselves (docs/debugging.md).
 ``monarch plugins``  list installed plugins: name==version and what each provides;
                      a plugin that failed to load or is broken (a hook raised) is
                      listed as such, and the command still exits 0.
 ``monarch debug``    attach to the actors of a running program stopped at ``breakpoint()``
                      (docs/debugging.md; comes with the monarch-debugger plugin).
-``monarch settings`` every ``MONARCH_*`` variable of the core and the installed plugins.
+``monarch settings`` every ``MONARCH_*`` variable of the core and the installed plugins;
+                     ``settings NAME...``: each one's current value and where it comes from
+                     (the environment, or the default); ``--all``: every one's, one a line.
 ``monarch torchrun [torchrun's options] SCRIPT ARGS...``  run a torch.distributed
                      script on every proc of a host mesh (docs/spmd.md; comes with the
                      monarch-spmd plugin).

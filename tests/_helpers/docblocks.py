@@ -11,7 +11,7 @@ opening fence (invisible on the rendered page):
   the path of the test file that runs it (``run: tests/debug/test_debug_guide.py``):
   that file must exist and name the page.
 * ``<!-- cluster: TEST_FILE ... -->``: run by ``TEST_FILE`` on a testbed's
-  cluster (the file must exist and name the page).
+  cluster (the file must exist).
 * ``<!-- fragment: REASON -->``: not run, for the REASON given (it needs
   hardware, a cluster or your own code; it is part of a larger example...).
 

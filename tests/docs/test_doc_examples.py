@@ -1,5 +1,5 @@
 """Blocks of the docs that this file runs, as written (``<!-- run: NAME -->``
-in docs/workspace.md and docs/transports.md), and the samples of
+in docs/workspace.md, docs/transports.md and docs/compat.md), and the samples of
 docs/debugging.md checked against its program's line numbers."""
 
 from __future__ import annotations
@@ -76,3 +76,13 @@ def test_debugging_md_samples_show_the_programs_line_numbers() -> None:
         assert prog[int(line) - 2].strip().startswith("breakpoint()"), line  # the line after the breakpoint
     for rank, line in re.findall(r"\| debugee \| (\d+)\s+\|[^|]+\|[^|]+\| _debugee_actor_internal \| (\d+)", text):
         assert prog[int(line) - 1].strip() == f"rank += {int(rank) % 4 + 1}", (rank, line)
+
+
+def test_compat_md_patch_actor_example_prints_what_it_says(tmp_path: Path) -> None:
+    """docs/compat.md "patch-actor": the replacement class answers."""
+    code = block("docs/compat.md", "patch-actor")
+    res = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                         env=child_env(drop=("MONARCH_",)))
+    assert res.returncode == 0, res.stdout + res.stderr
+    said = re.search(r"# (ValueMesh\(.*\))", code).group(1)
+    assert res.stdout.strip() == said, res.stdout
