@@ -260,7 +260,9 @@ def test_values_local_tensors_and_other_meshes_are_errors_that_say_what_to_do(me
     local = torch.ones(2)
     with mesh.activate():
         t = torch.ones(2)
-        assert t.sum().item() == 2.0  # a value the client computed itself (_known): no round trip
+        assert torch.ones(()).add(1).item() == 2.0  # a scalar the client computed itself (_known): no round trip
+        with pytest.raises(RuntimeError, match="reads a value.*inspect"):
+            t.sum().item()  # computed from a tensor of more than one element: the procs' value
         with pytest.raises(RuntimeError, match="reads a value.*inspect"):
             (t * mesh.rank_tensor("dp")).sum().item()  # the procs' own values
         with pytest.raises(RuntimeError, match="local tensor .* mixed"):
