@@ -49,12 +49,14 @@ from monarch_core._proc import _lifecycle, _send, _state
 from monarch_core._proc._address import AddrType, free_port, master_address, transport_host
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._port import PortHandler
+from monarch_core._status import publish_url, withdraw_url
 
 __all__ = [
     "AddrType", "Cell", "Future", "PortHandler", "ProcDevices", "close_port", "current_actor", "dumps", "free_port",
     "future_of", "host_address", "local_ref", "master_address", "on_proc_failed", "open_port", "proc_death",
-    "proc_devices", "process_name",
+    "proc_devices", "process_name", "publish_url",
     "rdma_backend_specs", "resolved", "send_to_port", "start", "started", "subscribe", "transport_host",
+    "withdraw_url",
 ]
 
 

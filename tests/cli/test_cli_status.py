@@ -175,3 +175,40 @@ def test_the_status_directory_is_xdg_runtime_dir_or_a_private_temp_dir(tmp_path:
     without = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60,
                              env=child_env({"XDG_RUNTIME_DIR": None, "TMPDIR": str(tmp_path)}))
     assert without.stdout.strip() == str(tmp_path / f"monarch-{os.getuid()}"), without.stderr
+
+
+def test_status_lists_the_dashboard_url_of_a_client_that_serves_one(tmp_path: Path) -> None:
+    """``MONARCH_DASHBOARD=1``: the dashboard plugin publishes its URL (token
+    included) in the client's record, and withdraws it when it stops."""
+    import pytest
+
+    pytest.importorskip("monarch_dashboard")
+    rundir = tmp_path / "run"
+    rundir.mkdir(mode=0o700)
+    script = write_script(tmp_path, """
+        import sys
+        from monarch_core.actor import this_host
+        procs = this_host().spawn_procs(per_host={"gpus": 1})
+        procs.initialized.get()
+        print("RUNNING", flush=True)
+        sys.stdin.readline()
+        procs.stop().get()
+    """)
+    p = subprocess.Popen([PY, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         env=child_env({"XDG_RUNTIME_DIR": str(rundir), "MONARCH_DASHBOARD": "1"}))
+    out = LineReader(p.stdout, "client")
+    try:
+        out.wait_for(lambda line: line == "RUNNING", timeout=120)
+        urls = poll(lambda: status_json(rundir)[0]["urls"])
+        assert urls["dashboard"].startswith("http://127.0.0.1:") and "token=" in urls["dashboard"], urls
+        assert urls["dashboard"] in monarch(rundir, "status").stdout
+        assert p.stdin is not None
+        p.stdin.write("\n")
+        p.stdin.flush()
+        assert p.wait(timeout=60) == 0
+        assert status_json(rundir) == []
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(timeout=30)

@@ -20,7 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from monarch_core import telemetry
+from monarch_core import runtime, telemetry
 from monarch_core.hookspecs import TelemetryEvent, TelemetrySink
 
 from monarch_dashboard import _files, _tee
@@ -89,6 +89,7 @@ class Dashboard:
         self._tees = _tee.install(self.model.add_output)
         self._file = _files.write({"url": self.url, "pid": os.getpid(), "port": self.port, "started": time.time(),
                                    "argv": sys.argv})
+        runtime.publish_url("dashboard", self.url)  # `monarch status` lists it
         if add_sink:
             telemetry.add_sink(self.sink)
             self._sink_added = True
@@ -135,6 +136,7 @@ class Dashboard:
             self.stopped = True
             if _current is self:
                 _current = None
+        runtime.withdraw_url("dashboard")
         self.model.end()  # the open pages show "job ended at ..." and keep the last state
         if not self.server.drain():
             logger.debug("a live page did not take the 'job ended' message in time")
