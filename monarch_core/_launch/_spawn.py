@@ -93,6 +93,9 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
             child = await zygote.fork(env, os.getcwd())
         except ForkServerUnavailable as e:
             logger.info("starting %s with exec: %s", spec.describe, e)
+        except Exception as e:
+            e.monarch_start_method = forked_from(zygote.pid)  # type: ignore[attr-defined]
+            raise
         else:
             logger.debug("%s forked from fork server pid %d as pid %d", spec.describe, zygote.pid, child.pid)
             kernel.adopt_child(spec.proc_id, child, describe=spec.describe)
@@ -100,12 +103,43 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
     env[BOOTSTRAP_ENV] = spec.to_env()
     executable = cmd.program if cmd.arg0 is not None and argv[0] == cmd.arg0 else None
     kernel.expect_proc(spec.proc_id)
-    child = start_child(argv, env, executable=executable)
+    try:
+        child = start_child(argv, env, executable=executable)
+    except Exception as e:
+        e.monarch_start_method = execd_with(spec.argv_for_errors())  # type: ignore[attr-defined]
+        raise
     import trio  # (lazily: ``import monarch_core.actor`` must not load trio)
 
     await trio.lowlevel.checkpoint()
     kernel.adopt_child(spec.proc_id, child, describe=spec.describe)
     return child
+
+
+def forked_from(zygote_pid: int) -> str:
+    """How a forked proc started, for error messages."""
+    return f"forked from the fork server (pid {zygote_pid})"
+
+
+def execd_with(argv: list[str]) -> str:
+    """How an exec'd proc started, for error messages."""
+    return f"exec'd with {argv!r}"
+
+
+def start_method(proc: Any, spec: ProcSpec) -> str:
+    """How ``proc`` (what :func:`start_proc` returned for ``spec``) was started, for error messages."""
+    zpid = getattr(proc, "fork_server_pid", None)
+    return forked_from(zpid) if zpid is not None else execd_with(spec.argv_for_errors())
+
+
+def compress_ranks(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"`` (sorted, runs joined)."""
+    runs: list[list[int]] = []
+    for r in sorted(set(ranks)):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def transport_env(transport: Any) -> dict[str, str]:
@@ -154,10 +188,14 @@ class Launch(PortHandler):
     already lost fails its procs at once; each proc then gets its ``init``
     (the bootstrap callable).  The procs' ``hello`` (their address) and
     ``ready`` (their bootstrap ran) come to this port (any thread):
-    :attr:`cell` resolves when every proc is ready, or fails with the first
-    error (``SupervisionError`` naming the proc, its command and why), which
-    ``ProcMesh.initialized`` reports; each proc's own failure is reported to
-    the kernel as well (``proc_failed``)."""
+    :attr:`cell` resolves when every proc is ready, or fails once for the
+    whole spawn (``ProcMesh.initialized`` reports it): after the first
+    failure it waits until every proc is ready or failed, at most
+    :data:`FAILURE_SETTLE` s, then raises one ``SupervisionError`` saying how
+    many ranks failed, which, the first cause and how those procs were
+    started (forked from the fork server pid X, or exec'd with the command);
+    one ERROR line on ``monarch.proc`` says the same.  Each proc's own
+    failure is reported to the kernel as well (``proc_failed``)."""
 
     def __init__(self, rt: Any) -> None:
         from monarch_core._proc._future import Cell
@@ -170,6 +208,12 @@ class Launch(PortHandler):
         self.cell = Cell()
         self.ready = 0
         self.lock = threading.Lock()
+        #: the first failure's message, once one came (guarded by ``lock``)
+        self.first_failure: str | None = None
+        #: rank -> how its proc was started (:func:`start_method`), for the failure report
+        self.methods: dict[int, str] = {}
+        #: the spawn's proc mesh name, for the failure report
+        self.mesh_name = ""
         self.port_id = self.kernel.add_port(self)
         #: the port the procs report to: every spec's ``status``
         self.status = (rt.proc_id, self.kernel.address, self.port_id)
@@ -182,6 +226,9 @@ class Launch(PortHandler):
         for spec in specs:
             slot = ProcSlot(spec.proc_id)
             slot.host, slot.host_name, slot.describe = host.address, host.name, spec.describe
+            if host.address is not None:
+                self.methods[len(self.slots)] = f"started by the worker loop at {host.address}"
+            self.mesh_name = spec.name
             self.slots.append(slot)
             entries.append((slot, spec))
         self.hosts.append((host, entries))
@@ -206,11 +253,14 @@ class Launch(PortHandler):
         async def start(slot: ProcSlot, spec: ProcSpec) -> None:
             try:
                 proc = await start_proc(kernel, spec, bind_spec=kernel.transport.child_bind_spec(kernel.address))
+                self.methods[spec.rank] = start_method(proc, spec)
                 slot.pid = proc.pid
                 self.rt.agent.watch_child(slot.proc_id)
             except Exception as e:
-                msg = f"could not start {spec.describe} with {spec.argv_for_errors()!r}: {type(e).__name__}: {e}"
-                logger.error("%s", msg)
+                method = getattr(e, "monarch_start_method", None) or execd_with(spec.argv_for_errors())
+                self.methods[spec.rank] = method
+                msg = f"could not start {spec.describe} ({method}): {type(e).__name__}: {e}"
+                logger.debug("%s", msg)  # (the spawn's one report names it: _settle)
                 self._start_failed(slot, msg)
                 return
             self._send_init(slot, spec, bootstrap)
@@ -287,16 +337,47 @@ class Launch(PortHandler):
         self.kernel.remove_port(self.port_id)
 
     def _fail(self, exc: BaseException) -> None:
+        """A proc failed while starting (``exc``; any thread): the first
+        failure starts :meth:`_settle`, which fails :attr:`cell` once."""
+        with self.lock:
+            if self.first_failure is not None or self.cell.done():
+                return
+            self.first_failure = str(exc)
+        self.kernel.call_soon(self.kernel.start_task, self._settle)
+
+    def _failed_ranks(self) -> list[int]:
+        dead = self.kernel.dead
+        return [r for r, s in enumerate(self.slots) if s.failed or s.proc_id in dead]
+
+    async def _settle(self) -> None:
+        """Wait (kernel loop) until every proc is ready or failed, at most
+        :data:`FAILURE_SETTLE` s, then fail :attr:`cell` with one report."""
+        import trio
+
+        with trio.move_on_after(FAILURE_SETTLE):
+            while self.ready + len(self._failed_ranks()) < len(self.slots):
+                await trio.sleep(0.05)  # polling the slots' states, bounded by the settle time
+        failed = self._failed_ranks()
+        methods = sorted({self.methods.get(r, "") for r in failed} - {""})
+        how = "; ".join(methods) if methods else "start method unknown"
+        which = f"ranks {compress_ranks(failed)}" if failed else "rank unknown"
+        msg = (f"{max(1, len(failed))} of {len(self.slots)} procs of proc mesh {self.mesh_name!r} failed while "
+               f"starting ({which}); they were {how}; the first failure: {self.first_failure}")
+        logger.error("%s", msg)
         self.close()
-        self.cell.set_exception(exc)
+        self.cell.set_exception(SupervisionError(msg))
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
         for s in self.slots:
             if s.proc_id == proc_id:
                 s.failed = str(exc)
                 s.ready.set()
-        self._fail(SupervisionError(f"a proc failed while starting: {exc}"))
+        self._fail(exc)
 
+
+#: Seconds a failed spawn waits, after its first failure, for its other
+#: procs to be ready or fail, so that its one report counts them all.
+FAILURE_SETTLE = 2.0
 
 # ---------------------------------------------------------------- stopping procs
 
