@@ -363,7 +363,9 @@ class Launch(PortHandler):
         which = f"ranks {compress_ranks(failed)}" if failed else "rank unknown"
         msg = (f"{max(1, len(failed))} of {len(self.slots)} procs of proc mesh {self.mesh_name!r} failed while "
                f"starting ({which}); they were {how}; the first failure: {self.first_failure}")
-        logger.error("%s", msg)
+        # procs stopped on purpose while they were starting (their mesh was stopped: the program ended) are no news
+        quiet = bool(failed) and all(self.slots[r].stopped is not None for r in failed)
+        logger.log(logging.DEBUG if quiet else logging.ERROR, "%s", msg)
         self.close()
         self.cell.set_exception(SupervisionError(msg))
 
