@@ -52,10 +52,12 @@ OTHER_SCHEDULERS = sorted(n for names in OTHERS.values() for n in names)
 #: monarch-transport-rdma, when installed (it provides RDMA backends, no transport): left out too.
 RDMA = {ep.name for ep in metadata.entry_points(group="monarch") if ep.name == "transport_rdma"}
 #: monarch-telemetry-otel, the dashboard and the debugger, when installed (sinks and lifecycle
-#: hooks, no transport or scheduler), the tensor engine, monarch-spmd, and monarch-core's own sink plugin
+#: hooks, no transport or scheduler), the tensor engine, monarch-spmd, monarch-compat (no hooks: it
+#: adds the reference's attribute names in every proc), and monarch-core's own sink plugin
 #: ``telemetry_files``: left out too.
 TELEMETRY = {ep.name for ep in metadata.entry_points(group="monarch")
-             if ep.name in ("telemetry_otel", "dashboard", "debugger", "telemetry_files", "tensor_engine", "spmd")}
+             if ep.name in ("telemetry_otel", "dashboard", "debugger", "telemetry_files", "tensor_engine", "spmd",
+                            "compat")}
 TELEMETRY_FILES_LINE = f"telemetry_files (monarch-core=={CORE_VERSION})  hooks: monarch_telemetry_sinks"
 BUILTIN_LINE = f"builtin (monarch-core=={CORE_VERSION})  transports: inproc, ipc; schedulers: local"
 
