@@ -151,6 +151,7 @@ SETTINGS: dict[str, Setting] = {
         # ------------------------------------------------------------ set by monarch-core for its own children
         Setting("MONARCH_PROC_ID", "str", None, "set in every proc: its proc id (read it, do not set it)", public=False),
         Setting("MONARCH_PROC_BOOTSTRAP", "str", None, "set by the spawner for a new proc: its start-up message (internal)", public=False),
+        Setting("MONARCH_BATCH_JOB", "bool", False, "set by `JobTrait.apply(client_script=...)` for the client it starts: that client's `job.state()` is the job it runs in (docs/job.md)", public=False),
     ]
 }
 

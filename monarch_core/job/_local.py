@@ -16,7 +16,7 @@ import sys
 import tempfile
 from typing import Any, Optional, Sequence
 
-from monarch_core.job._trait import DEFAULT_JOB_PATH, MONARCH_BATCH_JOB_ENV, BatchJob, JobState, JobTrait
+from monarch_core.job._trait import DEFAULT_JOB_PATH, BATCH_JOB_ENV, BatchJob, JobState, JobTrait
 
 logger = logging.getLogger("monarch.job")
 
@@ -62,7 +62,7 @@ class LocalJob(JobTrait):
         os.makedirs(".monarch/logs", exist_ok=True)
         self._log_dir = tempfile.mkdtemp(prefix="job_", dir=".monarch/logs")
         env = dict(os.environ)
-        env[MONARCH_BATCH_JOB_ENV] = "1"
+        env[BATCH_JOB_ENV] = "1"
         with open(os.path.join(self._log_dir, "stdout.log"), "w") as out, \
                 open(os.path.join(self._log_dir, "stderr.log"), "w") as err:
             self._proc = subprocess.Popen([sys.executable, client_script], env=env, stdout=out, stderr=err,

@@ -19,7 +19,7 @@ import sys
 from typing import Any, Optional, Sequence
 
 from monarch_core.job import _sched
-from monarch_core.job._trait import DEFAULT_JOB_PATH, MONARCH_BATCH_JOB_ENV, BatchJob, JobState, JobTrait, in_batch_job
+from monarch_core.job._trait import DEFAULT_JOB_PATH, BATCH_JOB_ENV, BatchJob, JobState, JobTrait, in_batch_job
 
 logger = logging.getLogger("monarch.job")
 
@@ -211,7 +211,7 @@ class SlurmJob(JobTrait):
         cwd = os.getcwd()
         python = self._python_exe if self._python_exe != "python" else sys.executable
         script = (f"#!/bin/sh\ncd {shlex.quote(cwd)} || exit 1\n"
-                  f"{MONARCH_BATCH_JOB_ENV}=1 exec {shlex.quote(python)} {shlex.quote(os.path.abspath(client_script))}\n")
+                  f"{BATCH_JOB_ENV}=1 exec {shlex.quote(python)} {shlex.quote(os.path.abspath(client_script))}\n")
         os.makedirs(self._log_dir, exist_ok=True)
         out = os.path.join(os.path.abspath(self._log_dir), f"slurm_%j_{self._job_name}.out")
         args = [*params.sbatch_options(), f"--output={out}", f"--chdir={cwd}"]

@@ -30,6 +30,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Optional, Union
 
+from monarch_core import settings
 from monarch_core.job._observe import MeshAdminConfig, TelemetryConfig, start_services
 
 if TYPE_CHECKING:
@@ -43,15 +44,15 @@ logger = logging.getLogger("monarch.job")
 DEFAULT_JOB_PATH: str = ".monarch/job_state.pkl"
 #: Set (to ``1``) in the environment of a batch-mode client (``apply(client_script=...)``):
 #: its ``state()`` then connects to the job it runs in.
-MONARCH_BATCH_JOB_ENV: str = "MONARCH_BATCH_JOB"
+BATCH_JOB_ENV: str = "MONARCH_BATCH_JOB"
 
-_MONARCH_DIR = ".monarch"
+_STATE_DIR = ".monarch"
 _SPEC_FILE = "spec"
 
 
 def in_batch_job() -> bool:
     """True in the client a batch-mode job started (``MONARCH_BATCH_JOB=1``)."""
-    return os.environ.get(MONARCH_BATCH_JOB_ENV) == "1"
+    return bool(settings.get(BATCH_JOB_ENV))
 
 
 class JobState:
@@ -336,14 +337,14 @@ def set_current_job(module_path: str) -> None:
     """Remember ``module_path`` (``"myjob.job"``) as the job of this folder
     (``.monarch/spec``), for ``monarch apply`` without an argument."""
     _import_job_from_spec(module_path)  # fail now, not at the next apply
-    Path(_MONARCH_DIR).mkdir(parents=True, exist_ok=True)
-    (Path(_MONARCH_DIR) / _SPEC_FILE).write_text(module_path)
+    Path(_STATE_DIR).mkdir(parents=True, exist_ok=True)
+    (Path(_STATE_DIR) / _SPEC_FILE).write_text(module_path)
 
 
 def load_current_job() -> JobTrait:
     """A fresh job object for the spec remembered by :func:`set_current_job`
     (not yet applied: call ``state()`` on it)."""
-    spec = Path(_MONARCH_DIR) / _SPEC_FILE
+    spec = Path(_STATE_DIR) / _SPEC_FILE
     try:
         module_path = spec.read_text().strip()
     except FileNotFoundError:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Any, Callable
 
 logger = logging.getLogger("monarch.compat")
@@ -53,7 +52,9 @@ _installed = False
 
 def enabled() -> bool:
     """Whether ``MONARCH_COMPAT_CPU`` asks for the substitution."""
-    return os.environ.get(ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    from monarch_compat import _settings
+
+    return bool(_settings.get(ENV))
 
 
 def _is_cuda(device: Any) -> bool:
@@ -81,7 +82,9 @@ def _map_args(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
 
 #: the most bytes one tensor made for a CUDA device may take (``MONARCH_COMPAT_CPU_TENSOR_MB``, default 1024)
 def _limit() -> int:
-    return int(float(os.environ.get("MONARCH_COMPAT_CPU_TENSOR_MB", "1024")) * (1 << 20))
+    from monarch_compat import _settings
+
+    return int(_settings.get("MONARCH_COMPAT_CPU_TENSOR_MB") * (1 << 20))
 
 
 def _engine_active() -> bool:
