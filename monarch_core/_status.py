@@ -6,7 +6,9 @@ directory only its user can enter, and ``monarch status`` reads them; no
 network, no daemon:
 
 * the directory: ``$XDG_RUNTIME_DIR/monarch`` when ``XDG_RUNTIME_DIR`` names a
-  directory, else ``<tempfile.gettempdir()>/monarch-<uid>``; made 0700, and
+  directory, else ``/tmp/monarch-<uid>`` -- not ``$TMPDIR``'s: a second
+  terminal, or a Slurm job step with a ``TMPDIR`` of its own, must find the
+  same directory (and a program leaves nothing in its ``TMPDIR``); made 0700, and
   used only when it belongs to this user and nobody else can enter it (a
   directory someone else made, or one open to others, is refused: nothing is
   recorded and the reader says why);
@@ -32,7 +34,6 @@ import logging
 import os
 import stat
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -53,6 +54,10 @@ class StatusDirError(OSError):
     """The status directory is not this user's private directory."""
 
 
+#: where the directory is without ``XDG_RUNTIME_DIR`` (the same for every process of the user)
+_SHARED_TMP = "/tmp"
+
+
 def directory(create: bool = False) -> Path:
     """This user's status directory (see the module docstring).  ``create``:
     make it (0700) when missing.  :class:`StatusDirError` when it exists but
@@ -61,7 +66,7 @@ def directory(create: bool = False) -> Path:
     if base and os.path.isdir(base):
         d = Path(base) / "monarch"
     else:
-        d = Path(tempfile.gettempdir()) / f"monarch-{os.getuid()}"
+        d = Path(_SHARED_TMP) / f"monarch-{os.getuid()}"
     if create:
         try:
             os.mkdir(d, 0o700)

@@ -167,14 +167,17 @@ def test_status_refuses_a_directory_others_can_enter(tmp_path: Path) -> None:
     assert "is not a private directory of this user" in out.stderr and "chmod 700" in out.stderr
 
 
-def test_the_status_directory_is_xdg_runtime_dir_or_a_private_temp_dir(tmp_path: Path) -> None:
+def test_the_status_directory_is_xdg_runtime_dir_or_the_users_dir_in_tmp(tmp_path: Path) -> None:
+    """Without ``XDG_RUNTIME_DIR``: ``/tmp/monarch-<uid>`` whatever ``TMPDIR``
+    says (a second terminal, or a job step with a ``TMPDIR`` of its own, finds
+    the same records; a program leaves nothing in its ``TMPDIR``)."""
     code = "from monarch_core import _status; print(_status.directory())"
     with_xdg = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60,
                               env=child_env({"XDG_RUNTIME_DIR": str(tmp_path)}))
     assert with_xdg.stdout.strip() == str(tmp_path / "monarch"), with_xdg.stderr
     without = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60,
                              env=child_env({"XDG_RUNTIME_DIR": None, "TMPDIR": str(tmp_path)}))
-    assert without.stdout.strip() == str(tmp_path / f"monarch-{os.getuid()}"), without.stderr
+    assert without.stdout.strip() == f"/tmp/monarch-{os.getuid()}", without.stderr
 
 
 def test_status_lists_the_dashboard_url_of_a_client_that_serves_one(tmp_path: Path) -> None:
