@@ -11,6 +11,7 @@ from monarch_core._launch import _start
 from monarch_core._proc import _send, _serial, _state
 from monarch_core._actor._actor import Actor
 from monarch_core._actor._actor_mesh import ActorMesh, _Mesh, _release
+from monarch_core._actor._endpoint import _diagnose
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._owned import Applied
 from monarch_core._actor import _engine, _patches
@@ -296,9 +297,13 @@ def _bind_constructor(name: str, Class: type, args: tuple, kwargs: dict) -> None
     try:
         sig.bind(None, *args, **kwargs)  # ``None`` for ``self``
     except TypeError as e:
+        # a misspelt keyword is named first (``Signature.bind`` would report the
+        # required argument it stands for as missing), as endpoint calls do
+        why = _diagnose(list(sig.parameters.values())[1:], kwargs, e).rstrip(".")
         raise TypeError(
             f"spawn({name!r}, {Class.__qualname__}, ...): the arguments do not fit "
-            f"{Class.__qualname__}.__init__{_shown(sig)}: {e}"
+            f"{Class.__qualname__}.__init__{_shown(sig)}: {why}{'' if why.endswith('?') else '.'} "
+            "Nothing was spawned."
         ) from None
 
 

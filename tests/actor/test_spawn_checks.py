@@ -70,6 +70,22 @@ def test_arguments_that_do_not_fit_the_constructor_are_refused_at_spawn(
         procs.spawn("trainers_bad", Trainer, *args, **kwargs)
 
 
+def test_a_misspelt_constructor_keyword_is_named_with_a_guess_not_reported_as_a_missing_argument(procs: Any) -> None:
+    # ``Signature.bind`` reports the missing ``lr`` first; spawn names the
+    # keyword the user actually wrote, as endpoint calls do
+    before = dict(procs._actor_meshes)
+    with pytest.raises(TypeError) as info:
+        procs.spawn("trainers_misspelt", Trainer, learning_rate=0.1)
+    msg = str(info.value)
+    assert "unexpected keyword argument 'learning_rate'" in msg, msg
+    assert "its keyword arguments are 'lr', 'momentum'" in msg, msg
+    assert "missing a required argument" not in msg, msg
+    with pytest.raises(TypeError, match=r"Trainer\.__init__\(lr.*unexpected keyword argument 'l_r', "
+                                        r"did you mean 'lr'\? Nothing was spawned\."):
+        procs.spawn("trainers_misspelt", Trainer, l_r=0.1)
+    assert procs._actor_meshes == before  # nothing was spawned
+
+
 def test_a_class_without_init_takes_no_constructor_arguments(procs: Any) -> None:
     with pytest.raises(TypeError, match=r"NoInit defines no __init__"):
         procs.spawn("noinit_bad", NoInit, 1)
