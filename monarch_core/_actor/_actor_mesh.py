@@ -105,6 +105,18 @@ class ActorMesh(_Mesh, Generic[T]):
             return None
         return _failed_ranks_error(self, ep.name, failed)
 
+    def _refused(self, ep: Endpoint[Any, Any], err: SupervisionError, adverb: str,
+                 index: int | None = None) -> SupervisionError:
+        """Count a call refused by :meth:`_failed_error` on the endpoint's
+        client-side stat (a failed call, as the caller saw it: the dashboard's
+        **caller** badge) and return ``err``.  Only the refusal path calls it."""
+        tm = ep._tm
+        if tm is None:
+            tm = ep._tm = _start.runtime().observer.client_side(ep)
+        if tm:
+            tm.refused(self._region_, index, adverb, type(err).__name__)
+        return err
+
     def _describe_call(self, endpoint: str, adverb: str, ranks: list[int] | None, proc_id: str | None,
                        exc: BaseException) -> str | None:
         """How a failed call of ``endpoint`` on this view reads: the adverb, the
@@ -168,7 +180,7 @@ class ActorMesh(_Mesh, Generic[T]):
                   adverb: str = "call_one") -> Cell:
         err = self._failed_error(ep)
         if err is not None:
-            return Future._failed(err)._ensure()
+            return Future._failed(self._refused(ep, err, adverb, index))._ensure()
         payload, bufs = self._pack(ep, args, kwargs)
         rt = _start.runtime()
         kernel = rt.kernel
@@ -188,7 +200,7 @@ class ActorMesh(_Mesh, Generic[T]):
     def _call_all(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> Cell:
         err = self._failed_error(ep)
         if err is not None:
-            return Future._failed(err)._ensure()
+            return Future._failed(self._refused(ep, err, "call"))._ensure()
         payload, bufs = self._pack(ep, args, kwargs)
         rt = _start.runtime()
         kernel = rt.kernel
@@ -212,18 +224,18 @@ class ActorMesh(_Mesh, Generic[T]):
         rt = _start.runtime()
         kernel = rt.kernel
         region = self._region_
+        if err is not None:
+            h = StreamReplies(kernel, region.nelements, "")
+            h.fail(self._refused(ep, err, "stream"))
+            return StreamIterator(h)
         tm = ep._tm
         if tm is None:
             tm = ep._tm = rt.observer.client_side(ep)
-        describe = ep if err is None else ""
         if tm:
-            h = tm.stream(kernel, region.nelements, payload, bufs, describe)
+            h = tm.stream(kernel, region.nelements, payload, bufs, ep)
             trace = tm.trace_bytes(h.sp)
         else:
-            h, trace = StreamReplies(kernel, region.nelements, describe), None
-        if err is not None:
-            h.fail(err)
-            return StreamIterator(h)
+            h, trace = StreamReplies(kernel, region.nelements, ep), None
         call = Call(ep.name, payload, bufs, (rt.proc_id, kernel.address, h.port_id), h.port_id, None,
                     ep.explicit_response_port, _sender_name(), trace)
         h.procs = self._recipients.cast(kernel, None, call)
@@ -233,7 +245,7 @@ class ActorMesh(_Mesh, Generic[T]):
               adverb: str = "broadcast") -> None:
         err = self._failed_error(ep)
         if err is not None:
-            raise err
+            raise self._refused(ep, err, adverb)
         payload, bufs = self._pack(ep, args, kwargs)
         rt = _start.runtime()
         region = self._region_

@@ -152,6 +152,14 @@ class ClientSide:
         sp = self.span()
         return None if sp is None else (*sp, _now())
 
+    def refused(self, region: Any, index: Optional[int], adverb: str, err: str) -> None:
+        """Count a call by ``adverb`` that the caller refused before sending it
+        (a rank of the view had already failed) as a failed call of type
+        ``err``: on the stat of index ``index`` of ``region`` (``call_one``,
+        ``choose``), or of the whole view (``index`` None).  Not timed."""
+        stat = self.stat(None, adverb) if index is None else self.stat_at(region, index, adverb)
+        stat.record_refused(err)
+
     def end_cast(self, sp: tuple, adverb: str) -> None:
         now = _now()
         self.end_span(sp, adverb, None, None, sp[3], now - sp[3])

@@ -179,6 +179,14 @@ class EndpointStat:
             self.calls += 1
             self.req += req
 
+    def record_refused(self, err: str) -> None:
+        """A call that failed at the caller before anything was sent (its view
+        already had a failed rank): one call and one ``err``, no latency sample,
+        no bytes.  Only the refusal path calls it."""
+        with self.lock:
+            self.calls += 1
+            self.errors[err] = self.errors.get(err, 0) + 1
+
     def changed(self) -> bool:
         """Whether anything was recorded since the last batch's snapshot."""
         return self.calls != self.sent or bool(self.pending)
