@@ -1,6 +1,8 @@
 """The kernel's watch over the child OS processes the launch layer hands it
 (``Kernel.adopt_child``): an exit it was not told to expect
-(``Kernel.expect_exit``) fails the proc, naming the exit status.
+(``Kernel.expect_exit``) fails the proc, naming the exit status, and is
+logged (a WARNING; DEBUG while the proc is starting under a spawn that
+reports its failures once: ``Kernel.child_starting``).
 
 :class:`ChildProcess` is what the kernel needs of such a process (the launch
 layer's exec'd ``_launch._children.Child`` and the fork server's
@@ -50,6 +52,23 @@ class ChildWatch:
         self._children[proc_id] = entry
         self._nursery.start_soon(self._watch_child, proc_id, entry)  # type: ignore[union-attr]
 
+    def child_starting(self, proc_id: str) -> None:
+        """``proc_id`` (an adopted child) is starting, and whoever started it
+        reports a failure to start once for all its procs (a spawn's summary):
+        until :meth:`child_started`, its unexpected exit is logged at DEBUG, not
+        as a WARNING line of its own.  Call it right after :meth:`adopt_child`,
+        with no checkpoint between (loop thread)."""
+        e = self._children.get(proc_id)
+        if e is not None:
+            e["starting"] = True
+
+    def child_started(self, proc_id: str) -> None:
+        """``proc_id`` has started (its bootstrap ran): from now on its
+        unexpected exit is a WARNING again (any thread: one flag is set)."""
+        e = self._children.get(proc_id)
+        if e is not None:
+            e["starting"] = False
+
     def expect_exit(self, proc_id: str) -> None:
         """``proc_id`` is being stopped on purpose: its end is not a failure."""
         self._expected_exits.add(proc_id)
@@ -92,7 +111,9 @@ class ChildWatch:
             reason = f"{entry['describe']} (pid {proc.pid}) was stopped"
         else:
             reason = f"{entry['describe']} (pid {proc.pid}) {status}"
-            logger.log(logging.INFO if rc == 0 else logging.WARNING, "%s", reason)
+            # a proc that dies while starting is reported once, by its spawn (``child_starting``)
+            level = logging.INFO if rc == 0 else logging.DEBUG if entry.get("starting") else logging.WARNING
+            logger.log(level, "%s", reason)
         entry["status"] = status
         self.proc_failed(proc_id, reason, stopped=entry["expected"])
         if self._children.get(proc_id) is entry:  # it ended and was reported: nothing keeps it here

@@ -253,6 +253,7 @@ class Launch(PortHandler):
         async def start(slot: ProcSlot, spec: ProcSpec) -> None:
             try:
                 proc = await start_proc(kernel, spec, bind_spec=kernel.transport.child_bind_spec(kernel.address))
+                kernel.child_starting(slot.proc_id)  # its death before ``ready``: this plan's one report (_settle)
                 self.methods[spec.rank] = start_method(proc, spec)
                 slot.pid = proc.pid
                 self.rt.agent.watch_child(slot.proc_id)
@@ -327,6 +328,7 @@ class Launch(PortHandler):
             if 0 <= rank < len(self.slots):
                 from monarch_core._proc import _state
 
+                self.kernel.child_started(self.slots[rank].proc_id)
                 _state.observer().proc_ready(self.slots[rank].proc_id, self.slots[rank].pid, done)
             if done:
                 self.close()

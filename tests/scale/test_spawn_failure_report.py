@@ -38,8 +38,10 @@ def test_many_forked_procs_failing_at_start_are_one_error_naming_count_ranks_and
     assert "they were forked from the fork server (pid " in line, line
     assert "exited with code 3" in line, line
     assert "exec'd" not in line and "-m" not in line, line
-    # one ERROR line for the spawn on the client's stderr
+    # one ERROR line for the spawn on the client's stderr, no WARNING line per rank
     assert res.stderr.count("procs of proc mesh") == 1, describe(res)
+    per_rank = [ln for ln in res.stderr.splitlines() if "exited with code 3" in ln and "procs of proc mesh" not in ln]
+    assert per_rank == [], describe(res)
 
 
 EXECD = """
@@ -71,3 +73,36 @@ def test_many_execd_procs_that_cannot_start_are_one_error_naming_count_ranks_and
     assert "fork server" not in line, line
     assert res.stderr.count("procs of proc mesh") == 1, describe(res)
     assert "could not start" not in res.stderr.replace(line[len("ERROR SupervisionError "):], ""), describe(res)
+
+
+AFTER_START = """
+import os, time
+import monarch_core.actor as api
+from monarch_core.actor import Actor, endpoint, this_host
+
+handled = []
+api.unhandled_fault_hook = lambda failure: handled.append(failure)   # the client goes on
+
+class Quitter(Actor):
+    @endpoint
+    def quit(self) -> None:
+        os._exit(5)
+
+pm = this_host().spawn_procs(per_host={"p": 2})
+pm.initialized.get(timeout=120)                       # every proc has started
+q = pm.spawn("q", Quitter)
+q.slice(p=1).quit.broadcast()
+deadline = time.time() + 60
+while not handled and time.time() < deadline:
+    time.sleep(0.05)
+print("HANDLED", bool(handled), flush=True)
+pm.stop().get(timeout=120)
+"""
+
+
+def test_a_proc_that_dies_after_it_started_still_gets_its_own_warning_line() -> None:
+    res = run_code(AFTER_START, timeout=300)
+    assert res.returncode == 0, describe(res)
+    assert "HANDLED True" in res.stdout, describe(res)
+    lines = [ln for ln in res.stderr.splitlines() if "exited with code 5" in ln]
+    assert any(ln.startswith("proc ") for ln in lines), describe(res)  # the kernel's WARNING for that rank
