@@ -28,6 +28,8 @@ and nothing else:
   in one ``bytes``: for a payload pickled once and sent to many procs);
 * **futures** -- :class:`Cell` (a thread-safe one-shot result),
   :func:`future_of` and :func:`resolved` (the public ``Future`` over one);
+  :func:`format_duration` (seconds for messages, as the core writes them:
+  ``"300 s"``, ``"5.0 s"``, ``"50 ms"``);
 * **rendezvous addresses** -- :func:`host_address` (the address other procs
   reach this process at, for a rendezvous it hosts: a ``TCPStore``, gloo's
   devices), :func:`master_address` (the same for any listen address),
@@ -47,12 +49,13 @@ from monarch_core._launch import _devices, _start
 from monarch_core._launch._devices import ProcDevices
 from monarch_core._proc import _lifecycle, _send, _state
 from monarch_core._proc._address import AddrType, free_port, master_address, transport_host
-from monarch_core._proc._future import Cell, Future
+from monarch_core._proc._future import Cell, Future, format_duration
 from monarch_core._proc._port import PortHandler
 from monarch_core._status import publish_url, withdraw_url
 
 __all__ = [
-    "AddrType", "Cell", "Future", "PortHandler", "ProcDevices", "close_port", "current_actor", "dumps", "free_port",
+    "AddrType", "Cell", "Future", "PortHandler", "ProcDevices", "close_port", "current_actor", "dumps",
+    "format_duration", "free_port",
     "future_of", "host_address", "local_ref", "master_address", "on_proc_failed", "open_port", "proc_death",
     "proc_devices", "process_name", "publish_url",
     "rdma_backend_specs", "resolved", "send_to_port", "start", "started", "subscribe", "transport_host",

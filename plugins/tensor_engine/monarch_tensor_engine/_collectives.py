@@ -45,6 +45,8 @@ from typing import Any
 
 import torch
 
+from monarch_core.runtime import format_duration
+
 from monarch_tensor_engine._tensor import Tensor
 
 logger = logging.getLogger("monarch.tensor")
@@ -343,7 +345,7 @@ def watch(done: threading.Event, base: Any, members: tuple[int, ...] | None, vie
         if looking:
             looking = _check_alive(base, members, view, what)
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not done within {timeout:.0f} s")
+            raise TimeoutError(f"{what}: not done within {format_duration(timeout)}")
 
 
 def form(make: Any, base: Any, members: tuple[int, ...] | None, view: tuple | None) -> Any:
@@ -388,7 +390,8 @@ def arrive(store: Any, size: int, base: Any, members: tuple[int, ...] | None = N
         if looking:
             looking = _check_alive(base, members, view, "forming a process group")
         if time.monotonic() > deadline:
-            raise TimeoutError(f"only {n} of the {size} members of this group arrived within {TIMEOUT_S} s")
+            raise TimeoutError(f"only {n} of the {size} members of this group arrived within "
+                               f"{format_duration(TIMEOUT_S)}")
         time.sleep(pause)
         pause = min(pause * 2, 0.05)
         n = store.add("arrived", 0)

@@ -26,6 +26,8 @@ from typing import Any, Iterator
 import torch
 from torch.utils._pytree import tree_map
 
+from monarch_core.runtime import format_duration
+
 
 class Backward:
     """The procs' side: one backward, its gradients as they come."""
@@ -96,8 +98,9 @@ class Backward:
         from monarch_tensor_engine._worker import WAIT_S, Poison, TensorOpError
 
         if not self.ready[i].wait(WAIT_S):
-            return Poison(TensorOpError(f"grad_generator: gradient {i} did not come within {WAIT_S:.0f} s on the proc "
-                                        f"at {self.worker.where}", "grad_generator", self.worker.where))
+            return Poison(TensorOpError(f"grad_generator: gradient {i} did not come within "
+                                        f"{format_duration(WAIT_S)} on the proc at {self.worker.where}",
+                                        "grad_generator", self.worker.where))
         v = self.values[i]
         self.values[i] = None
         return v

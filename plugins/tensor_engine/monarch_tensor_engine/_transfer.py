@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 
+from monarch_core.runtime import format_duration
+
 from monarch_tensor_engine._collectives import TIMEOUT_S
 from monarch_tensor_engine._tensor import Tensor
 
@@ -151,7 +153,8 @@ def run_recv(worker: Any, ident: int, key: str, pair: str, routes: list, store: 
         with _handoff_cond:
             if not _handoff_cond.wait_for(lambda: (key, worker.mesh_rank) in _handoff, TIMEOUT_S):
                 worker.env[ident] = Poison(TensorOpError(
-                    f"{what}: the source proc handed nothing over within {TIMEOUT_S} s", what, worker.where))
+                    f"{what}: the source proc handed nothing over within {format_duration(TIMEOUT_S)}", what,
+                    worker.where))
                 return
             worker.env[ident] = _handoff.pop((key, worker.mesh_rank))
         return

@@ -45,6 +45,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from monarch_core.actor import Actor, current_rank, endpoint
+from monarch_core.runtime import format_duration
 from monarch_tensor_engine._process_group import ProcessGroupRef
 from monarch_tensor_engine._tensor import Ref
 
@@ -118,7 +119,8 @@ def local_tensor(workers: str, ident: int, mesh_name: str) -> Any:
         if value is not None:
             break
         if time.monotonic() > deadline:
-            raise TimeoutError(f"tensor {ident} of mesh {mesh_name!r} was not made on this proc within {WAIT_S:g}s")
+            raise TimeoutError(f"tensor {ident} of mesh {mesh_name!r} was not made on this proc within "
+                               f"{format_duration(WAIT_S)}")
         time.sleep(delay)
         delay = min(delay * 2, 0.05)
     if isinstance(value, Poison):
@@ -184,7 +186,7 @@ class Worker(Actor):
             q.put(("mark", done))
             if not done.wait(WAIT_S):
                 raise TimeoutError(f"stream {stream.split('#')[0]!r} on the proc at {self.where} did not get here "
-                                   f"within {WAIT_S:.0f} s (it waits for another stream or a collective)")
+                                   f"within {format_duration(WAIT_S)} (it waits for another stream or a collective)")
 
     @endpoint
     def describe(self, key: int, stream: str = "main") -> Any:
@@ -245,7 +247,8 @@ class Worker(Actor):
         slot = self._slot(bid)
         if not slot.lent.wait(WAIT_S):
             self.env[dst] = Poison(TensorOpError(f"borrow: the lending stream did not reach the borrow within "
-                                                 f"{WAIT_S:.0f} s on the proc at {self.where}", "borrow", self.where))
+                                                 f"{format_duration(WAIT_S)} on the proc at {self.where}",
+                                                 "borrow", self.where))
             return
         v = slot.value
         self.env[dst] = v.detach() if isinstance(v, torch.Tensor) else v
