@@ -59,7 +59,7 @@ LEAD_SLICE = 0.25
 _tls = threading.local()
 
 _MAIN_IDENT = threading.main_thread().ident
-_sigint_pending: list[int] = []
+_sigint_pending: list[Any] = []  # SIGINTs that came mid-event: _SIGINT (raise KeyboardInterrupt) or a _ChainedSigint
 _SIGINT = _signal.SIGINT
 _default_int_handler = _signal.default_int_handler
 
@@ -255,6 +255,8 @@ class Poller:
                 st = _tls.lead = _Leader(self)
             except (OSError, ValueError):  # out of descriptors, or closed meanwhile
                 return None
+        if ident == _MAIN_IDENT:
+            deliver_cancellation()  # (a Ctrl-C that came while this thread did not wait)
         with cell._lock:
             if cell._done:
                 return True
@@ -264,9 +266,8 @@ class Poller:
                 cell._waiters.append(st)
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         waiting = self._waiting
-        guard = ident == _MAIN_IDENT and _signal.getsignal(_SIGINT) is _default_int_handler
-        if guard:
-            _signal.signal(_SIGINT, _deferred_sigint)
+        restore = _guard_sigint() if ident == _MAIN_IDENT else None
+        guard = restore is not None
         try:
             lep, efd = st.ep, st.efd
             while not cell._done:
@@ -294,17 +295,15 @@ class Poller:
                             pass
                 self.service()
                 if guard and _sigint_pending:
-                    _sigint_pending.clear()
-                    raise KeyboardInterrupt
+                    _raise_pending_sigint()
             return True
         except (OSError, ValueError):  # the poller closed under us
             return None
         finally:
             if guard:
-                _signal.signal(_SIGINT, _default_int_handler)
+                _signal.signal(_SIGINT, restore)
                 if _sigint_pending:
-                    _sigint_pending.clear()
-                    raise KeyboardInterrupt
+                    _raise_pending_sigint()
             with cell._lock:
                 if cell._waiters is not None and st in cell._waiters:
                     cell._waiters.remove(st)
@@ -487,3 +486,85 @@ def _deferred_sigint(signum: int, frame: Any) -> None:
         _sigint_pending.append(signum)
         return
     raise KeyboardInterrupt
+
+
+def _guard_sigint() -> Any:
+    """Make SIGINT end the main thread's wait: the handler to put back after
+    it, or None when SIGINT is not Python's to handle (ignored, default
+    action, or a handler set outside Python).
+
+    Python's own handler (``KeyboardInterrupt``) becomes :func:`_deferred_sigint`;
+    any other Python handler is chained (:class:`_ChainedSigint`): it runs,
+    and if it cancelled the asyncio task this wait blocks (what
+    ``asyncio.run``'s handler does on the first Ctrl-C, expecting the task to
+    reach an ``await`` soon), the wait raises ``CancelledError`` in it -- a
+    blocking ``.get()`` is where that task would otherwise sit until the
+    reply comes, and a loop of them never reaches an ``await`` at all."""
+    current = _signal.getsignal(_SIGINT)
+    if current is _default_int_handler:
+        _signal.signal(_SIGINT, _deferred_sigint)
+        return current
+    if callable(current) and not isinstance(current, _ChainedSigint):
+        _signal.signal(_SIGINT, _ChainedSigint(current))
+        return current
+    return None
+
+
+class _ChainedSigint:
+    """The program's SIGINT handler while the main thread leads a wait: it
+    runs (after the event at hand when one is being served), then a
+    cancelled asyncio task's wait ends with ``CancelledError``."""
+
+    def __init__(self, handler: Any) -> None:
+        self.handler = handler
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        if getattr(_tls, "handling", False):
+            _sigint_pending.append(self)
+            return
+        self.fire(signum, frame)
+
+    def fire(self, signum: int, frame: Any) -> None:
+        self.handler(signum, frame)  # the program's own: it may raise (asyncio's second Ctrl-C does)
+        deliver_cancellation()
+
+
+#: asyncio tasks whose cancellation a blocking wait delivered -> the cancel count it delivered
+_delivered: Any = None
+
+
+def deliver_cancellation() -> None:
+    """Raise ``CancelledError`` when the asyncio task running in this thread
+    has a cancellation that no ``await`` (nor an earlier blocking wait)
+    delivered yet: a blocking wait in a task is where it stands instead of an
+    ``await``, and is one for cancellation, once per ``cancel()``."""
+    global _delivered
+    import sys
+
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is None or asyncio._get_running_loop() is None:
+        return
+    task = asyncio.current_task()
+    if task is None or not getattr(task, "_must_cancel", False):
+        return
+    cancelling = getattr(task, "cancelling", None)  # Python >= 3.11
+    count = cancelling() if cancelling is not None else 1
+    if _delivered is None:
+        import weakref
+
+        _delivered = weakref.WeakKeyDictionary()
+    if _delivered.get(task, 0) >= count:
+        return
+    _delivered[task] = count
+    raise asyncio.CancelledError
+
+
+def _raise_pending_sigint() -> None:
+    """Deliver the SIGINTs deferred while an event was served."""
+    pending = list(_sigint_pending)
+    _sigint_pending.clear()
+    for item in pending:
+        if isinstance(item, _ChainedSigint):
+            item.fire(_SIGINT, None)
+        else:
+            raise KeyboardInterrupt
