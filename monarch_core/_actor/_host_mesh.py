@@ -44,6 +44,10 @@ class HostMesh(_Mesh):
 
     As an async context manager it shuts the hosts down on exit."""
 
+    #: stopped, at its owner's stop, after the meshes of tier 0 (its proc meshes, whose
+    #: procs' ends its worker loops report): ``_proc._agent._stop_meshes``
+    _stop_tier = 1
+
     def __init__(
         self,
         hosts: list[HostHandle],

@@ -469,19 +469,30 @@ class _LocalSignal:
 
 
 def _stop_meshes(meshes: list, timeout: float) -> None:
-    futs = []
-    grace = max(0.5, timeout - 1.0)
-    for m in reversed(meshes):
-        try:
-            futs.append(m._stop_owned("its owner stopped", grace))
-        except Exception:
-            logger.exception("stopping %r failed", m)
+    """Stop ``meshes`` (the last registered first) within about ``timeout``
+    seconds, tier by tier (a mesh's ``_stop_tier``, 0 unless it says so):
+    proc and actor meshes together, then, once they are gone, host meshes --
+    whose worker loops report their procs' ends; a host mesh stopped while
+    its procs stop leaves that stop waiting for reports that never come."""
     deadline = time.monotonic() + timeout
-    for f in futs:
-        try:
-            f.get(timeout=max(0.1, deadline - time.monotonic()))
-        except Exception as e:
-            logger.warning("stop did not complete cleanly: %s", e)
+    tiers = sorted({getattr(m, "_stop_tier", 0) for m in meshes})
+    for tier in tiers:
+        left = max(1.0, deadline - time.monotonic())  # a later tier still gets a (short) stop
+        grace = max(0.5, left - 1.0)
+        futs = []
+        for m in reversed(meshes):
+            if getattr(m, "_stop_tier", 0) != tier:
+                continue
+            try:
+                futs.append(m._stop_owned("its owner stopped", grace))
+            except Exception:
+                logger.exception("stopping %r failed", m)
+        until = time.monotonic() + left
+        for f in futs:
+            try:
+                f.get(timeout=max(0.1, until - time.monotonic()))
+            except Exception as e:
+                logger.warning("stop did not complete cleanly: %s", e)
 
 
 def _run_proc_setup(rt: Any) -> None:
