@@ -181,6 +181,7 @@ class DebugServer:
                 pass
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve one CLI until it leaves or the program ends (both quietly)."""
         peer = writer.get_extra_info("peername")
         mine = False
         try:
@@ -224,6 +225,11 @@ class DebugServer:
                 finally:
                     self._inflight -= 1
         except (ConnectionError, OSError):
+            pass
+        except asyncio.CancelledError:
+            # The program ends (its loop cancels what is left) with the CLI attached: the
+            # connection just closes.  Ending cancelled, the task would make asyncio's stream
+            # callback (``task.exception()``, Python 3.11) print a CancelledError traceback.
             pass
         finally:
             if mine:
