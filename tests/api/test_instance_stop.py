@@ -24,6 +24,22 @@ class StopsItself(Actor):
         return "finished"  # the call that asked for the stop still answers
 
     @endpoint
+    def finish_once_another_is_queued(self, reason: str) -> str:
+        """Stop once a later message has reached this actor's queue (the test's
+        client sent it right after this one; waiting for it makes "queued
+        before the stop" a fact, not a race with the client's second send)."""
+        import time
+
+        from monarch_core._proc import _state
+
+        host = _state.current_actor.get()
+        deadline = time.monotonic() + T
+        while not (host._incoming or host._pending) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        context().actor_instance.stop(reason)
+        return "finished"
+
+    @endpoint
     async def afinish(self) -> str:
         context().actor_instance.stop()
         return "finished"
@@ -47,7 +63,7 @@ def test_an_actor_that_stops_itself_answers_the_call_and_refuses_later_ones(proc
 def test_messages_queued_before_the_stop_are_still_handled(procs, faults) -> None:  # type: ignore[no-untyped-def]
     name = fresh("stops_itself_queued")
     actors = procs.slice(gpus=1).spawn(name, StopsItself)
-    stop = actors.finish.call_one("done")
+    stop = actors.finish_once_another_is_queued.call_one("done")
     queued = actors.record.call_one("queued before the stop ran")
     assert stop.get(timeout=T) == "finished"
     assert queued.get(timeout=T) == ["queued before the stop ran"]
