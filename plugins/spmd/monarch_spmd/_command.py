@@ -125,15 +125,21 @@ def _nproc(value: str) -> int:
     raise ValueError(f"--nproc-per-node must be a positive number, auto, cpu or gpu, got {value!r}")
 
 
-class Terminated(BaseException):
-    """The command got SIGTERM (a Slurm preemption, ``scancel``, ``kill``):
-    raised on its main thread like ``KeyboardInterrupt``, so that every rank
-    is stopped (each rank's process gets SIGTERM in turn) before it exits
-    ``128 + SIGTERM``."""
+#: set when the command got SIGTERM (a Slurm preemption, ``scancel``, ``kill``)
+_terminated = threading.Event()
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
-    raise Terminated()
+    """SIGTERM is turned into a Ctrl-C (``SIGINT``), which the client's waits
+    deliver as ``KeyboardInterrupt`` between messages, never in the middle of
+    one (an exception raised from this handler could land anywhere, and left
+    the shutdown waiting once in a while): every rank is then stopped (each
+    rank's process gets SIGTERM in turn), and the command exits
+    ``128 + SIGTERM`` (:data:`_terminated` tells the two signals apart)."""
+    _terminated.set()
+    if not callable(signal.getsignal(signal.SIGINT)):  # SIGINT ignored (a background job): raised here
+        raise KeyboardInterrupt
+    signal.raise_signal(signal.SIGINT)
 
 
 def _ranks_filter(value: str) -> frozenset[int] | None:
@@ -262,11 +268,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"monarch torchrun: {e}\n{e.first.error}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
+        if _terminated.is_set():
+            print("monarch torchrun: terminated (SIGTERM); every rank was stopped", file=sys.stderr)
+            return 128 + signal.SIGTERM
         print("monarch torchrun: interrupted; every rank was stopped", file=sys.stderr)
         return 130
-    except Terminated:
-        print("monarch torchrun: terminated (SIGTERM); every rank was stopped", file=sys.stderr)
-        return 128 + signal.SIGTERM
     except (MonarchError, ValueError, TypeError, TimeoutError) as e:
         print(f"monarch torchrun: {e}", file=sys.stderr)
         return 1
