@@ -67,7 +67,7 @@ class Dashboard:
     def __init__(self, port: int) -> None:
         self.model = JobModel()
         self.token = secrets.token_urlsafe(24)
-        self._trace_dir = tempfile.mkdtemp(prefix="monarch-dashboard-")
+        self._trace_dir: Optional[str] = None  # made by the first recording (a dashboard never recorded leaves nothing)
         self._trace: Optional[str] = None
         self.server = Server(self.model, token=self.token, port=port, record=self.record, trace_path=lambda: self._trace)
         self.port = self.server.port
@@ -99,6 +99,8 @@ class Dashboard:
         Chrome trace file (``/trace.json``).  One recording at a time."""
         if not self._recording.acquire(blocking=False):
             return
+        if self._trace_dir is None:
+            self._trace_dir = tempfile.mkdtemp(prefix="monarch-dashboard-")
         path = os.path.join(self._trace_dir, f"trace-{int(time.time())}.json")
         spans = _SpanSink(self.model)
         with self.model.lock:

@@ -173,3 +173,16 @@ def test_the_with_block_serves_for_its_duration_and_puts_the_streams_back(tmp_pa
     assert monarch_dashboard.stop() is False
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", d.port), timeout=5).close()
+
+
+def test_a_dashboard_that_never_recorded_leaves_nothing_in_the_temp_dir(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where mkdtemp would put a trace folder
+    with monarch_dashboard.dashboard():
+        pass
+    assert list(scratch.iterdir()) == []  # a trace folder is made by the first recording only
