@@ -21,7 +21,16 @@ arguments, ``IndexError``/``TypeError`` for bad slicing, ``TimeoutError`` for
     │   │   └── ProtocolError            malformed frame or handshake
     │   ├── UndeliverableMessageError    a message could not be delivered
     │   ├── SupervisionError             an actor or proc this caller depends on failed
-    │   └── RDMAError                    a buffer transfer or registration failed (monarch_core.rdma)
+    │   ├── RDMAError                    a buffer transfer or registration failed (monarch_core.rdma)
+    │   ├── TensorEngineError            monarch-tensor-engine (monarch_tensor_engine._protocol)
+    │   │   ├── TensorOpError            an op on a distributed tensor failed on a proc (also a RuntimeError)
+    │   │   ├── MeshMismatch             a tensor of one mesh used inside another (also a RuntimeError)
+    │   │   └── MemberDied               a collective's group lost a member, on the procs (also a RuntimeError)
+    │   └── DebuggerError                monarch-debugger (monarch_debugger._errors): monarch debug's errors
+    │       ├── RankSpecError            a bad attach/cast rank argument (also a ValueError)
+    │       ├── CommandError             the debug server refused a command
+    │       ├── Disconnected             the debug server went away
+    │       └── CliError                 a problem monarch debug reports and exits on
     └── (builtins named by the API contract)
 
 Plugins map their library exceptions (``OSError``, ``trio.BrokenResourceError``,

@@ -13,7 +13,7 @@ import stat
 
 import pytest
 
-from monarch_debugger import _hook, _protocol
+from monarch_debugger import _hook, _protocol, _state
 from monarch_debugger._ranks import RankSpecError, Selection, Span, compact, parse_attach, parse_cast
 
 pytest.importorskip("lark")
@@ -148,7 +148,7 @@ def test_pythonbreakpoint_keeps_its_meaning_in_procs(monkeypatch) -> None:
 
 
 def test_post_mortem_costs_nothing_where_no_breakpoint_was_hit(monkeypatch) -> None:
-    monkeypatch.setattr(_hook, "armed", False)
+    monkeypatch.setattr(_state.STATE, "armed", False)
     monkeypatch.setitem(sys.modules, "monarch_debugger._session", None)  # importing it would raise ImportError
     _hook.post_mortem(ValueError("x"))
 

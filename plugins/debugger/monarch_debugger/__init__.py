@@ -17,5 +17,8 @@ Modules, by the process they run in:
   :mod:`._server` (the TCP server ``monarch debug`` talks to);
 * the CLI: :mod:`._cli` (the ``cmd`` command loop) and :mod:`._ranks` (the
   ``ranks(...)`` grammar);
-* shared: :mod:`._protocol` (the CLI <-> server wire format, the token file).
+* shared: :mod:`._protocol` (the CLI <-> server wire format, the token file),
+  :mod:`._state` (this process's debugger state: armed, why it stops; the
+  hook reads it, the session writes it) and :mod:`._errors` (``DebuggerError``,
+  a ``MonarchError``, the base of the debugger's errors).
 """

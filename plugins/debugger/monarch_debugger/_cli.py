@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from monarch_debugger import _protocol as P
+from monarch_debugger._errors import DebuggerError
 from monarch_debugger._ranks import RankSpecError, compact, parse_attach, parse_cast
 
 __all__ = ["BANNER", "DebugCli", "main"]
@@ -52,11 +53,11 @@ Commands:
   quit                                   leave the debugger (stopped ranks stay stopped)"""
 
 
-class CommandError(Exception):
+class CommandError(DebuggerError):
     """What the server refused, in one line."""
 
 
-class Disconnected(Exception):
+class Disconnected(DebuggerError):
     """The server went away."""
 
 

@@ -3,7 +3,8 @@
 Kept light: the plugin's ``monarch_proc_setup`` hook installs
 :func:`breakpointhook` in every new proc and its ``monarch_endpoint_raised``
 hook calls :func:`post_mortem`; the remote pdb (:mod:`._session`, which uses
-the actor API) is imported only when a breakpoint is hit.
+the actor API) is imported only when a breakpoint is hit.  What the two share
+(armed, why the process stops) lives in :mod:`._state`.
 """
 
 from __future__ import annotations
@@ -12,15 +13,10 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["armed", "breakpointhook", "install", "post_mortem", "stopping", "stopping_why"]
+from monarch_debugger import _state
+from monarch_debugger._state import STATE
 
-#: Set once a breakpoint was hit in this process (by ``_session``): only then
-#: can an exception be a post-mortem stop, so endpoints that raise in a
-#: process that never stopped pay one attribute read.
-armed = False
-#: Why this process stops, once it began to (``monarch_proc_stopping``):
-#: ranks waiting at a breakpoint are released then.
-stopping_why: str | None = None
+__all__ = ["breakpointhook", "install", "post_mortem", "stopping"]
 
 
 def install() -> None:
@@ -40,6 +36,7 @@ def breakpointhook(*args: Any, **kwargs: Any) -> Any:
         return None
     if hookname:
         return sys.__breakpointhook__(*args, **kwargs)
+    # lazy: the remote pdb uses the actor API, too heavy for every proc's start; loaded at the first breakpoint
     from monarch_debugger import _session
 
     return _session.set_trace(sys._getframe(1), *args, **kwargs)
@@ -49,14 +46,13 @@ def post_mortem(exc: BaseException) -> None:
     """An endpoint raised ``exc`` (called on the actor's thread, before the
     error goes to the caller): if this message already stopped at a
     breakpoint, stop again where it was raised, until continued."""
-    if not armed:
+    if not STATE.armed:  # set by _session.set_trace (_state.arm)
         return
-    from monarch_debugger import _session
+    from monarch_debugger import _session  # lazy, as in breakpointhook
 
     _session.post_mortem(exc)
 
 
 def stopping(why: str) -> None:
     """This process begins to stop: release every rank stopped here."""
-    global stopping_why
-    stopping_why = why
+    _state.stop(why)

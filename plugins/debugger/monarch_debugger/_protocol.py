@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from monarch_debugger import _settings
+from monarch_debugger._errors import DebuggerError
 
 __all__ = [
     "CONTROLLER_NAME",
@@ -76,7 +77,7 @@ DEFAULT_PORT = next(s.default for s in _settings.SETTINGS if s.name == "MONARCH_
 MAX_LINE = 4 << 20
 
 
-class CliError(Exception):
+class CliError(DebuggerError):
     """A problem ``monarch debug`` reports in one line and exits on."""
 
 

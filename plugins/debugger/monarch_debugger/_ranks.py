@@ -23,6 +23,8 @@ import itertools
 import math
 from typing import Any, Sequence
 
+from monarch_debugger._errors import DebuggerError
+
 __all__ = ["RankSpecError", "Selection", "Span", "parse_attach", "parse_cast"]
 
 GRAMMAR = r"""
@@ -58,7 +60,7 @@ _NAMES = {
 }
 
 
-class RankSpecError(ValueError):
+class RankSpecError(DebuggerError, ValueError):
     """A bad ``attach``/``cast`` argument; the message is one line."""
 
 

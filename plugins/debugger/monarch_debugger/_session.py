@@ -43,7 +43,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from monarch_core.actor import context
-from monarch_debugger import _hook
+from monarch_debugger import _state
 from monarch_debugger._protocol import CONTROLLER_NAME
 
 __all__ = ["RemotePdb", "post_mortem", "set_trace"]
@@ -76,7 +76,7 @@ def set_trace(frame: FrameType, *args: Any, header: str | None = None, **kwargs:
     """Stop ``frame`` (the caller of ``breakpoint()``) in a remote pdb session."""
     if args or kwargs:
         logger.warning("breakpoint() arguments %r %r ignored (only header= is understood)", args, kwargs)
-    _hook.armed = True
+    _state.arm()
     _hits[threading.get_ident()] = context().message_rank
     p = RemotePdb(_Link(_identity()), _endpoint_frame(frame))
     if header is not None:
@@ -380,7 +380,7 @@ def _get_controller(start: bool = True) -> Any:
 
 
 def _release_reason() -> str | None:
-    why = _hook.stopping_why
+    why = _state.STATE.stopping_why
     return None if why is None else f"the proc is stopping ({why})"
 
 
