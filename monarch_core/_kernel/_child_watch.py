@@ -7,16 +7,18 @@ reports its failures once: ``Kernel.child_starting``).
 :class:`ChildProcess` is what the kernel needs of such a process (the launch
 layer's exec'd ``_launch._children.Child`` and the fork server's
 ``ForkedChild`` have it), so the kernel never imports the launch layer.
-:class:`ChildWatch` is a part of ``Kernel`` (a base class of it); it uses the
-kernel's ``_children``, ``_expected_exits``, ``_nursery``, ``expect_proc`` and
-``proc_failed``.
-This module does not import ``_runtime`` (which imports it).
+:class:`ChildWatch` is a component the ``Kernel`` holds (``Kernel._child_watch``;
+the kernel's methods of the same names delegate to it): it keeps the adopted
+children and the procs whose exit is expected, and calls back only what
+:class:`ChildWatchOwner` describes (``expect_proc``, ``proc_failed``,
+``start_task``).  This module does not import ``_runtime`` (which imports it).
 """
 
 from __future__ import annotations
 
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 logger = logging.getLogger("monarch.kernel")
@@ -38,8 +40,29 @@ class ChildProcess(Protocol):
     def kill(self) -> None: ...
 
 
+class ChildWatchOwner(Protocol):
+    """What a :class:`ChildWatch` calls back on its owner (the ``Kernel``)."""
+
+    def expect_proc(self, proc_id: str) -> None:
+        """``proc_id``'s address will be learned later (loop thread)."""
+
+    def proc_failed(self, proc_id: str, reason: str, stopped: bool = False) -> None:
+        """``proc_id`` is gone, for ``reason`` (``stopped``: on purpose); loop thread."""
+
+    def start_task(self, afn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+        """Run ``await afn(*args)`` in the background on the loop (loop thread)."""
+
+
 class ChildWatch:
-    """The child-process half of ``Kernel`` (see the module docstring)."""
+    """The kernel's watch over its adopted child processes (see the module
+    docstring).  Loop thread, except where a method says otherwise."""
+
+    def __init__(self, owner: ChildWatchOwner) -> None:
+        self._owner = owner
+        #: proc id -> its entry: ``proc`` (the :class:`ChildProcess`), ``describe``,
+        #: ``expected`` (its exit is a stop), and ``starting`` / ``hung`` / ``status`` once known
+        self._children: dict[str, dict[str, Any]] = {}
+        self._expected_exits: set[str] = set()
 
     def adopt_child(self, proc_id: str, proc: ChildProcess, *, describe: str) -> None:
         """Watch ``proc``, the OS process of ``proc_id`` that this process
@@ -47,10 +70,10 @@ class ChildWatch:
 
         When it exits without :meth:`expect_exit` having been called,
         :meth:`proc_failed` is called with its exit status."""
-        self.expect_proc(proc_id)
-        entry = {"proc": proc, "expected": False, "describe": describe}
+        self._owner.expect_proc(proc_id)
+        entry: dict[str, Any] = {"proc": proc, "expected": False, "describe": describe}
         self._children[proc_id] = entry
-        self._nursery.start_soon(self._watch_child, proc_id, entry)  # type: ignore[union-attr]
+        self._owner.start_task(self._watch_child, proc_id, entry)
 
     def child_starting(self, proc_id: str) -> None:
         """``proc_id`` (an adopted child) is starting, and whoever started it
@@ -76,6 +99,10 @@ class ChildWatch:
         if e is not None:
             e["expected"] = True
 
+    def exit_expected(self, proc_id: str) -> bool:
+        """Whether ``proc_id``'s end was announced as a stop (:meth:`expect_exit`)."""
+        return proc_id in self._expected_exits
+
     def kill_hung(self, proc_id: str, silent_for: float) -> None:
         """Kill a child proc that stopped answering heartbeats (loop thread)."""
         e = self._children.get(proc_id)
@@ -85,11 +112,12 @@ class ChildWatch:
         logger.error("%s answered no heartbeat for %.0fs; killing it", e["describe"], silent_for)
         e["proc"].kill()
 
-    def child(self, proc_id: str) -> Any:
+    def child(self, proc_id: str) -> ChildProcess | None:
+        """The adopted OS process of ``proc_id`` (None: none, or it ended and was reported)."""
         e = self._children.get(proc_id)
         return e["proc"] if e is not None else None
 
-    async def _watch_child(self, proc_id: str, entry: dict) -> None:
+    async def _watch_child(self, proc_id: str, entry: dict[str, Any]) -> None:
         proc = entry["proc"]
         rc = await proc.wait()
         if rc < 0:
@@ -115,10 +143,11 @@ class ChildWatch:
             level = logging.INFO if rc == 0 else logging.DEBUG if entry.get("starting") else logging.WARNING
             logger.log(level, "%s", reason)
         entry["status"] = status
-        self.proc_failed(proc_id, reason, stopped=entry["expected"])
+        self._owner.proc_failed(proc_id, reason, stopped=entry["expected"])
         if self._children.get(proc_id) is entry:  # it ended and was reported: nothing keeps it here
             del self._children[proc_id]
         self._expected_exits.discard(proc_id)
 
-    def children(self) -> dict[str, Any]:
+    def children(self) -> dict[str, dict[str, Any]]:
+        """The adopted children still watched: proc id -> its entry (see ``__init__``)."""
         return self._children

@@ -22,8 +22,9 @@ each inbound session, the sessions the loop reads itself -- TLS, third-party
 streams -- with their acknowledgements, ``_acker._Acker``; plain-socket
 sessions, once they have shaken hands, go to the poller thread,
 ``_inbound.InboundSession`` / ``_poller.Poller``; both read paths route
-through :meth:`Kernel.route` under the session's fence).  It inherits
-:class:`~._child_watch.ChildWatch` (the child processes it is handed).
+through :meth:`Kernel.route` under the session's fence).  It holds a
+:class:`~._child_watch.ChildWatch` (the child processes it is handed), which
+its ``adopt_child`` ... ``children`` methods delegate to.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from monarch_core import settings
 from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._acker import _Acker, _dropped
-from monarch_core._kernel._child_watch import ChildProcess, ChildWatch  # noqa: F401 - ChildProcess: re-exported
+from monarch_core._kernel._child_watch import ChildProcess, ChildWatch
 from monarch_core._kernel._inbound import InboundSession, SessionFence
 from monarch_core._kernel._outbound import HANDSHAKE_TIMEOUT, _grow_buffer, _Outbound, _raw_socket, _Window
 from monarch_core._kernel._poller import Poller
@@ -85,7 +86,7 @@ _K_ACTOR = W.K_ACTOR
 _decode_packed = W.decode_packed
 
 
-class Kernel(ChildWatch):
+class Kernel:
     """The per-process kernel.  See the module docstring."""
 
     def __init__(self, *, proc_id: str, name: str, transport: Transport, bind_spec: str | None = None) -> None:
@@ -133,9 +134,8 @@ class Kernel(ChildWatch):
         self._started = threading.Event()
         self._start_error: BaseException | None = None
         self._closing = False
-        self._children: dict[str, Any] = {}
+        self._child_watch = ChildWatch(self)  # the child OS processes this kernel was handed
         self._dead_events: dict[str, trio.Event] = {}
-        self._expected_exits: set[str] = set()
         self._peers: dict[str, str] = {}  # procs that opened sessions to us -> their addresses
         self._shutdown: trio.Event | None = None  # created on the loop
         self._poller: Poller | None = None
@@ -231,6 +231,42 @@ class Kernel(ChildWatch):
         """Start a background task on the kernel nursery (loop thread only)."""
         assert self._nursery is not None
         self._nursery.start_soon(afn, *args)
+
+    # ------------------------------------------------------------------ child processes (``_child_watch``)
+    def adopt_child(self, proc_id: str, proc: ChildProcess, *, describe: str) -> None:
+        """Watch ``proc``, the OS process of ``proc_id`` that this process
+        started (loop thread): when it exits without :meth:`expect_exit`,
+        :meth:`proc_failed` is called with its exit status."""
+        self._child_watch.adopt_child(proc_id, proc, describe=describe)
+
+    def child_starting(self, proc_id: str) -> None:
+        """``proc_id`` is starting and its spawn reports its failure to start
+        (``ChildWatch.child_starting``; loop thread)."""
+        self._child_watch.child_starting(proc_id)
+
+    def child_started(self, proc_id: str) -> None:
+        """``proc_id`` has started: its unexpected exit is a WARNING again (any thread)."""
+        self._child_watch.child_started(proc_id)
+
+    def expect_exit(self, proc_id: str) -> None:
+        """``proc_id`` is being stopped on purpose: its end is not a failure."""
+        self._child_watch.expect_exit(proc_id)
+
+    def exit_expected(self, proc_id: str) -> bool:
+        """Whether ``proc_id``'s end was announced as a stop (:meth:`expect_exit`)."""
+        return self._child_watch.exit_expected(proc_id)
+
+    def kill_hung(self, proc_id: str, silent_for: float) -> None:
+        """Kill a child proc that stopped answering heartbeats (loop thread)."""
+        self._child_watch.kill_hung(proc_id, silent_for)
+
+    def child(self, proc_id: str) -> ChildProcess | None:
+        """The adopted OS process of ``proc_id``, if it is still watched."""
+        return self._child_watch.child(proc_id)
+
+    def children(self) -> dict[str, dict[str, Any]]:
+        """The adopted children still watched: proc id -> its entry (``ChildWatch``)."""
+        return self._child_watch.children()
 
     # ------------------------------------------------------------------ addresses
     def transport_for(self, address: str) -> Transport:
@@ -468,7 +504,7 @@ class Kernel(ChildWatch):
         it was stopped on purpose, which is not a failure)."""
         if proc_id in self.dead:
             return
-        stopped = stopped or proc_id in self._expected_exits
+        stopped = stopped or self._child_watch.exit_expected(proc_id)
         self.dead[proc_id] = reason
         dev = self._dead_events.pop(proc_id, None)
         if dev is not None:

@@ -31,7 +31,7 @@ import trio
 
 from monarch_core._proc import _serial
 from monarch_core._proc._agent import ProcAgent
-from monarch_core._proc._watch import HEARTBEAT_INTERVAL
+from monarch_core._proc._watch import HEARTBEAT_INTERVAL, HOST_HEARTBEAT_TIMEOUT
 from monarch_core._proc._port import send_to_port
 from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
@@ -45,6 +45,11 @@ logger = logging.getLogger("monarch.worker")
 
 #: The line a worker loop prints on stdout once it listens (then the URL).
 READY_PREFIX = "monarch worker loop listening on "
+
+#: Seconds of silence after which a client has declared this host lost (its
+#: host watch, ``ProcWatch``: ``MONARCH_HOST_HEARTBEAT_TIMEOUT``, at least three
+#: heartbeat intervals), as this worker loop's settings say.
+LOSS_DEADLINE: float = float("inf")
 
 
 class WorkerLoopAgent(ProcAgent):
@@ -62,6 +67,9 @@ class WorkerLoopAgent(ProcAgent):
         self.client_gap: dict[str, float] = {}
         #: exit once the last heartbeating client is lost (a worker loop started for one allocation)
         self.exit_without_client = False
+        #: client proc id -> (a heartbeat arriving after this counts, lost if none by then, the silence):
+        #: clients silent for longer than they wait for a host, which may have declared this one lost
+        self.client_recheck: dict[str, tuple[float, float, float]] = {}
 
     def control_handlers(self) -> dict[type, Callable[[Any, Any, list, str], None]]:
         return {
@@ -93,7 +101,7 @@ class WorkerLoopAgent(ProcAgent):
             # silence counts from its first spawn -- a client cut off before
             # its first heartbeat got through is lost like any other.
             self.client_heard[sender] = time.monotonic()
-            self._ensure_heartbeat()
+            self.watch.ensure_heartbeat()
         self.kernel.start_task(self._host_spawn, specs, sender)
 
     async def _host_spawn(self, specs: list, client: str) -> None:
@@ -127,29 +135,49 @@ class WorkerLoopAgent(ProcAgent):
             logger.warning("child_hello for %r from %s, which is not a proc this worker loop started", proc_id, sender)
             return
         self.kernel.learn_address(proc_id, address)
-        if proc_id in self._last_pong:  # it answered: the hung clock restarts now
-            self._last_pong[proc_id] = time.monotonic()
+        self.watch.heard_from(proc_id)  # it answered: the hung clock restarts now
 
     def _on_ping(self, m: C.Ping, payload: Any, buffers: list, sender: str) -> None:
         """A heartbeat: from a client (its host mesh watches us), it is that
         client's contact, whose absence :meth:`heartbeat_tick` acts on."""
-        if sender not in self.proc_spawner and sender != self.kernel.proc_id:
+        if sender not in self.proc_spawner and sender != self.kernel.proc_id and sender not in self.kernel.dead:
             now = time.monotonic()
             prev = self.client_heard.get(sender)
-            if prev is not None:
+            recheck = self.client_recheck.get(sender)
+            if prev is not None and now - prev > LOSS_DEADLINE:
+                # the first of those queued while we did not run (or the link was down): not a fresh one
+                self._recheck(sender, now, now - prev)
+            elif recheck is not None and now >= recheck[0]:  # sent since we ran again: it still watches us
+                del self.client_recheck[sender]
+                logger.info("worker loop %s: client %s still heartbeats it", self.kernel.address, sender)
+            if prev is not None and now - prev <= LOSS_DEADLINE:  # a silence is not its interval
                 self.client_gap[sender] = now - prev
             self.client_heard[sender] = now
-            self._ensure_heartbeat()
+            self.watch.ensure_heartbeat()
         super()._on_ping(m, payload, buffers, sender)
 
     def heartbeat_tick(self, now: float, paused: float | None) -> None:
         """A client not heard from for longer than the delivery timeout is
         lost: its procs are killed (through its failure, :meth:`_host_proc_gone`)
         and, when it was the last one and this worker loop was started for an
-        allocation, the worker loop exits.  After a pause of our own (we were
-        stopped) every client gets a full timeout again."""
+        allocation, the worker loop exits.
+
+        A client silent for longer than the loss deadline (how long a client
+        waits for a host's heartbeat answer, ``MONARCH_HOST_HEARTBEAT_TIMEOUT``,
+        at least three heartbeat intervals) -- because we did not run (stopped,
+        then continued) or the link was down -- has declared this host lost
+        and stopped heartbeating it, unless it did not run either (a
+        suspended machine).  So it is rechecked at once
+        (:meth:`_recheck`): a heartbeat sent after we heard from it again
+        keeps it; none within three of its intervals, and it is lost as above
+        -- a host thawed after it was declared lost ends its procs (and,
+        started for an allocation, itself) within seconds, not a delivery
+        timeout later.  After a pause every other client gets a full timeout
+        again."""
         if paused is not None:
-            for client in self.client_heard:
+            for client, last in self.client_heard.items():
+                if now - last > LOSS_DEADLINE:
+                    self._recheck(client, now, now - last)
                 self.client_heard[client] = now
             return
         lost = False
@@ -157,16 +185,26 @@ class WorkerLoopAgent(ProcAgent):
             # never less than a few of its heartbeat intervals (a client may send them less often)
             limit = max(self.kernel.delivery_timeout, 3 * self.client_gap.get(client, HEARTBEAT_INTERVAL))
             gone = client in self.kernel.dead  # its session failed (undeliverable): already handled
-            if not gone and now - last <= limit:
+            recheck = self.client_recheck.get(client)
+            given_up = recheck is not None and now > recheck[1]
+            if not gone and not given_up and now - last <= limit:
                 continue
             del self.client_heard[client]
             self.client_gap.pop(client, None)
+            self.client_recheck.pop(client, None)
             lost = True
             if not gone:
                 why = (
                     f"its client {client} sent no heartbeat for {now - last:.0f}s (more than "
                     f"MONARCH_DELIVERY_TIMEOUT={self.kernel.delivery_timeout:g}s): the client is gone or cut off"
                 )
+                if given_up:
+                    why = (
+                        f"its client {client} was not heard for {recheck[2]:.0f}s (this worker loop did not run, or "
+                        f"the link was down), longer than a client waits for its host's heartbeat "
+                        f"(MONARCH_HOST_HEARTBEAT_TIMEOUT={HOST_HEARTBEAT_TIMEOUT:g}s), and has sent no heartbeat "
+                        "since: the client declared this host lost"
+                    )
                 # a client that ended with nothing left here (attached worker loops outlive clients) is no news
                 level = logging.WARNING if self.client_procs.get(client) or self.exit_without_client else logging.INFO
                 logger.log(level, "worker loop %s: %s", self.kernel.address, why)
@@ -175,6 +213,21 @@ class WorkerLoopAgent(ProcAgent):
             logger.warning("worker loop %s was started for its lost client's allocation; exiting (killing its "
                            "procs)", self.kernel.address)
             self.exit()
+
+    def _recheck(self, client: str, now: float, silence: float) -> None:
+        """``client`` was silent for ``silence`` s, more than
+        :data:`LOSS_DEADLINE`: unless a heartbeat it sends from now on arrives
+        (one arriving a heartbeat interval from now: those queued during the
+        silence are read at once) within three of its intervals,
+        :meth:`heartbeat_tick` declares it lost."""
+        window = 3 * max(self.client_gap.get(client, HEARTBEAT_INTERVAL), HEARTBEAT_INTERVAL)
+        self.client_recheck[client] = (now + HEARTBEAT_INTERVAL, now + HEARTBEAT_INTERVAL + window, silence)
+        logger.warning(
+            "worker loop %s did not hear from client %s for %.0fs, more than a client waits for its host (%gs, "
+            "MONARCH_HOST_HEARTBEAT_TIMEOUT): it may have declared this host lost; its procs end unless it "
+            "heartbeats again within %.0fs", self.kernel.address, client, silence, LOSS_DEADLINE,
+            HEARTBEAT_INTERVAL + window,
+        )
 
     def _host_proc_gone(self, proc_id: str, reason: str, stopped: bool) -> None:
         spawner = self.proc_spawner.pop(proc_id, None)

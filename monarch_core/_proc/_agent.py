@@ -3,8 +3,9 @@
 Handles control messages (spawn/stop actors, run the proc's bootstrap, stop
 the proc, controllers), holds messages that arrive for an actor before its
 spawn message, and owns the meshes this process created outside any actor.
-Supervision reports, proc deaths and heartbeats of child procs are its
-:class:`~._watch.ProcWatch` half.  A worker loop's agent
+Supervision reports, proc deaths and heartbeats of child procs are the
+:class:`~._watch.ProcWatch` it holds (``ProcAgent.watch``), which its methods of
+the same names delegate to.  A worker loop's agent
 (starting procs for remote clients) is ``monarch_core._launch._worker``.
 """
 
@@ -40,7 +41,11 @@ STOP_GRACE: float = settings.get("MONARCH_STOP_GRACE")
 GONE_KEPT = 256
 
 
-class ProcAgent(ProcWatch):
+class ProcAgent:
+    """The control plane of one process (see the module docstring); it is the
+    kernel's ``agent`` (``_kernel._upper.ProcAgentProtocol``) and what each
+    actor's host calls back (``_proc._host.HostAgent``)."""
+
     def __init__(self, kernel: Kernel) -> None:
         from monarch_core._proc import _tree
 
@@ -65,16 +70,10 @@ class ProcAgent(ProcWatch):
         self.controller_waiters: dict[str, list] = {}
         self._sweeper_started = False
         self.stopping = False
-        self.supervised: dict[str, Supervised] = {}
         #: A worker loop (``monarch_core._launch._worker.WorkerLoopAgent``): starts procs for clients.
         self.is_host = False
-        self.proc_owners: dict[str, set[tuple]] = {}  # child proc id -> other owners of meshes on it
-        self._return_port: tuple | None = None
-        self._heartbeat_started = False
-        self._last_pong: dict[str, float] = {}
-        self._hosts: dict[str, Any] = {}  # worker loop proc id -> its watch (ProcWatch.watch_host)
-        self._failure_causes: dict[str, str] = {}  # proc id -> what was observed (ProcWatch.note_failure_cause)
-        self._reported_dead: set[str] = set()  # procs whose worker loop reported their end
+        #: supervision, proc deaths and heartbeats (``_watch``)
+        self.watch = ProcWatch(kernel, self.gone, self)
         kernel.on_proc_failed.append(self._on_proc_failed)
         self._control = self.control_handlers()
         #: seconds an actor's stop may take before it completes without the actor's thread
@@ -89,10 +88,10 @@ class ProcAgent(ProcWatch):
             C.Init: self._on_init,
             C.StopProc: self._on_stop_proc,
             C.Controller: self._on_controller,
-            C.Supervise: self._on_supervise,
-            C.RegisterOwner: self._on_register_owner,
-            C.ProcStopping: self._on_proc_stopping,
-            C.ProcDied: self._on_proc_died,
+            C.Supervise: self.watch.on_supervise,
+            C.RegisterOwner: self.watch.on_register_owner,
+            C.ProcStopping: self.watch.on_proc_stopping,
+            C.ProcDied: self.watch.on_proc_died,
             C.Ping: self._on_ping,
             C.Telemetry: self._on_telemetry,
             C.TelemetryFlush: self._on_telemetry_flush,
@@ -281,6 +280,67 @@ class ProcAgent(ProcWatch):
                 send_to_port(reply, -1, W.S_VALUE, mesh)
             else:
                 send_to_port(reply, -1, W.S_ERROR, error)
+
+    # ---------------------------------------------------------------- supervision and heartbeats (``watch``)
+    @property
+    def supervised(self) -> dict[str, Supervised]:
+        """Actor mesh key -> what this process, its owner, knows of it."""
+        return self.watch.supervised
+
+    @property
+    def proc_owners(self) -> dict[str, set[tuple]]:
+        """Child proc id -> the other owners of meshes on it."""
+        return self.watch.proc_owners
+
+    def actor_failed(self, host: ActorHost, cause: str, category: str, chain: list[dict]) -> dict:
+        """An actor of this proc died (any thread): report it (``ProcWatch.actor_failed``)."""
+        return self.watch.actor_failed(host, cause, category, chain)
+
+    def register_supervised(self, rec: Supervised) -> None:
+        self.watch.register_supervised(rec)
+
+    def unregister_supervised(self, key: str) -> None:
+        self.watch.unregister_supervised(key)
+
+    def handle_report(self, report: dict) -> None:
+        """A mesh this process owns lost a rank (``ProcWatch.handle_report``)."""
+        self.watch.handle_report(report)
+
+    def note_failure_cause(self, proc_id: str, cause: str) -> None:
+        """What was observed of ``proc_id``'s coming failure (``ProcWatch.note_failure_cause``)."""
+        self.watch.note_failure_cause(proc_id, cause)
+
+    def return_ref(self) -> tuple:
+        """This process's port for undeliverable messages sent outside any actor."""
+        return self.watch.return_ref()
+
+    def undeliverable(self, exc: BaseException) -> None:
+        """A message sent from outside any actor could not be delivered."""
+        self.watch.undeliverable(exc)
+
+    def watch_child(self, proc_id: str) -> None:
+        """Start heartbeating a child proc (loop thread)."""
+        self.watch.watch_child(proc_id)
+
+    def watch_host(self, proc_id: str, address: str, on_silent: Callable[[str], None]) -> None:
+        """Heartbeat the worker loop ``proc_id`` (``ProcWatch.watch_host``; loop thread)."""
+        self.watch.watch_host(proc_id, address, on_silent)
+
+    def unwatch_host(self, proc_id: str) -> None:
+        """Stop heartbeating worker loop ``proc_id`` (loop thread)."""
+        self.watch.unwatch_host(proc_id)
+
+    def heartbeat_tick(self, now: float, paused: float | None) -> None:
+        """Called once per heartbeat (loop thread); ``paused``: how long this
+        process did not run before this tick (``None``: it ran).  The worker
+        loop checks on its clients here."""
+
+    def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
+        """A proc died or was cut off (the kernel's ``on_proc_failed``)."""
+        self.watch.on_proc_failed(proc_id, reason, stopped)
+
+    def _on_ping(self, m: C.Ping, payload: Any, buffers: list, sender: str) -> None:
+        self.watch.on_ping(m, payload, buffers, sender)
 
     # ---------------------------------------------------------------- undeliverable
     def no_such_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:

@@ -10,13 +10,20 @@ host meshes (a worker loop that stops answering is a lost host: frozen or cut
 off), and notices when this process itself did not run for a while (stopped,
 then continued): then nobody is blamed for the silence, and every clock starts
 again.
+
+:class:`ProcWatch` is a component the agent holds (``ProcAgent.watch``),
+constructed with the kernel, the agent's record of ended actors, and the
+agent itself as a :class:`WatchOwner` (the two things it calls back: the
+runtime, set after the agent is made, and the per-heartbeat hook a worker
+loop's agent overrides).  The agent's methods of the same names delegate to it.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import MutableMapping
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from monarch_core import settings
 from monarch_core._proc import _serial
@@ -25,6 +32,7 @@ from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
 
 if TYPE_CHECKING:
+    from monarch_core._kernel._runtime import Kernel
     from monarch_core._proc._host import ActorHost
 
 logger = logging.getLogger("monarch.proc")
@@ -57,10 +65,40 @@ class Supervised:
         self.members = members  # _ProcSlot per actor rank
 
 
+class WatchOwner(Protocol):
+    """What a :class:`ProcWatch` calls back on its owner (the proc agent)."""
+
+    @property
+    def runtime(self) -> Any:
+        """The process's runtime (``monarch_core._launch``'s ``Runtime``;
+        None until it is set): its ``observer``, ``name``, ``is_client``."""
+
+    def heartbeat_tick(self, now: float, paused: float | None) -> None:
+        """Called once per heartbeat (loop thread); ``paused``: how long this
+        process did not run before this tick (``None``: it ran)."""
+
+
 class ProcWatch:
-    """Supervision and heartbeats, mixed into ``ProcAgent`` (whose state it
-    uses: ``kernel``, ``runtime``, ``supervised``, ``gone``, ``proc_owners``,
-    ``_last_pong`` ...)."""
+    """Supervision and heartbeats of one process (see the module docstring)."""
+
+    def __init__(self, kernel: Kernel, gone: MutableMapping[str, tuple[str, str]], owner: WatchOwner) -> None:
+        self.kernel = kernel
+        self._owner = owner
+        #: actor key -> (the actor, in words; why it is gone): the agent's record, shared
+        self._gone = gone
+        #: actor mesh key -> what this process, its owner, knows of it
+        self.supervised: dict[str, Supervised] = {}
+        self.proc_owners: dict[str, set[tuple]] = {}  # child proc id -> other owners of meshes on it
+        self._return_port: tuple | None = None
+        self._heartbeat_started = False
+        self._last_pong: dict[str, float] = {}
+        self._hosts: dict[str, _WatchedHost] = {}  # worker loop proc id -> its watch (watch_host)
+        self._failure_causes: dict[str, str] = {}  # proc id -> what was observed (note_failure_cause)
+        self._reported_dead: set[str] = set()  # procs whose worker loop reported their end
+
+    @property
+    def runtime(self) -> Any:
+        return self._owner.runtime
 
     def actor_failed(self, host: ActorHost, cause: str, category: str, chain: list[dict]) -> dict:
         """An actor of this proc died (any thread): report it to its owner;
@@ -68,7 +106,7 @@ class ProcWatch:
         from monarch_core._proc import _supervision as S
         from monarch_core._proc._port import this_proc_and_host
 
-        self.gone.setdefault(host.key, (host.describe(), f"failed: {cause.strip().splitlines()[-1] if cause.strip() else cause}"))
+        self._gone.setdefault(host.key, (host.describe(), f"failed: {cause.strip().splitlines()[-1] if cause.strip() else cause}"))
         self.runtime.observer.actor_failed(host, cause, category)
         report = S.make_report(
             mesh_key=host.key,
@@ -93,7 +131,7 @@ class ProcWatch:
         self.kernel.send(owner[0], owner[1], W.K_CONTROL, 0, C.encode(C.Supervise()), payload, bufs)
         return report
 
-    def _on_supervise(self, m: C.Supervise, payload: Any, buffers: list, sender: str) -> None:
+    def on_supervise(self, m: C.Supervise, payload: Any, buffers: list, sender: str) -> None:
         try:
             report = _serial.loads(payload, buffers)
         except Exception:
@@ -139,24 +177,24 @@ class ProcWatch:
         else:
             S.proc_level_unhandled(failure)
 
-    def _on_register_owner(self, m: C.RegisterOwner, payload: Any, buffers: list, sender: str) -> None:
+    def on_register_owner(self, m: C.RegisterOwner, payload: Any, buffers: list, sender: str) -> None:
         proc_id = m.proc_id
         self.proc_owners.setdefault(proc_id, set()).add(m.owner)
         if proc_id in self.kernel.dead:  # already gone: tell it now
-            self._tell_owners(proc_id, self.kernel.dead[proc_id], proc_id in self.kernel._expected_exits)
+            self._tell_owners(proc_id, self.kernel.dead[proc_id], self.kernel.exit_expected(proc_id))
 
     def _tell_owners(self, proc_id: str, reason: str, stopped: bool) -> None:
         for owner in self.proc_owners.pop(proc_id, ()):
             self.kernel.send(owner[0], owner[1], W.K_CONTROL, 0,
                              C.encode(C.ProcDied(proc_id, reason, stopped)), b"", [])
 
-    def _on_proc_stopping(self, m: C.ProcStopping, payload: Any, buffers: list, sender: str) -> None:
+    def on_proc_stopping(self, m: C.ProcStopping, payload: Any, buffers: list, sender: str) -> None:
         """A proc we talk to is stopping on purpose: its end is not a failure,
         and it waits for what it sends to be acknowledged before it goes."""
         self.kernel.expect_exit(m.proc_id)
         self.kernel.ack_at_once(m.proc_id)
 
-    def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
+    def on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
         """A proc died or was cut off: every actor on it, of every mesh this
         process owns, failed; the report says what was observed."""
         self._last_pong.pop(proc_id, None)
@@ -233,7 +271,7 @@ class ProcWatch:
         else:
             logger.error("a message sent by this proc could not be delivered: %s", exc)
 
-    def _on_proc_died(self, m: C.ProcDied, payload: Any, buffers: list, sender: str) -> None:
+    def on_proc_died(self, m: C.ProcDied, payload: Any, buffers: list, sender: str) -> None:
         """A worker loop reports that a proc it started for us ended (it saw
         the exit, or killed it)."""
         self._reported_dead.add(m.proc_id)
@@ -243,7 +281,7 @@ class ProcWatch:
     def watch_child(self, proc_id: str) -> None:
         """Start heartbeating a child proc (loop thread)."""
         self._last_pong[proc_id] = time.monotonic()
-        self._ensure_heartbeat()
+        self.ensure_heartbeat()
 
     def watch_host(self, proc_id: str, address: str, on_silent: Callable[[str], None]) -> None:
         """Heartbeat the worker loop ``proc_id`` at ``address`` (loop thread;
@@ -257,7 +295,7 @@ class ProcWatch:
         w.port_id = self.kernel.add_port(_HostPong(w))
         w.header = C.encode(C.Ping((self.kernel.proc_id, self.kernel.address, w.port_id)))
         self._hosts[proc_id] = w
-        self._ensure_heartbeat()
+        self.ensure_heartbeat()
 
     def unwatch_host(self, proc_id: str) -> None:
         """Stop heartbeating worker loop ``proc_id`` (loop thread)."""
@@ -265,15 +303,17 @@ class ProcWatch:
         if w is not None:
             self.kernel.remove_port(w.port_id)
 
-    def _ensure_heartbeat(self) -> None:
+    def heard_from(self, proc_id: str) -> None:
+        """A heartbeated child proc ``proc_id`` was heard from: its hung clock
+        restarts now (nothing when it is not heartbeated)."""
+        if proc_id in self._last_pong:
+            self._last_pong[proc_id] = time.monotonic()
+
+    def ensure_heartbeat(self) -> None:
+        """Start the heartbeat task if it is not running (loop thread)."""
         if not self._heartbeat_started and HEARTBEAT_INTERVAL > 0:
             self._heartbeat_started = True
             self.kernel.start_task(self._heartbeat)
-
-    def heartbeat_tick(self, now: float, paused: float | None) -> None:
-        """Called once per heartbeat (loop thread); ``paused``: how long this
-        process did not run before this tick (``None``: it ran).  The worker
-        loop checks on its clients here."""
 
     async def _heartbeat(self) -> None:
         import trio
@@ -328,9 +368,9 @@ class ProcWatch:
                         logger.exception("the lost-host callback of %s raised", proc_id)
                     continue
                 kernel.send(proc_id, w.address, W.K_CONTROL, 0, w.header, b"", [], None)
-            self.heartbeat_tick(now, paused)
+            self._owner.heartbeat_tick(now, paused)
 
-    def _on_ping(self, m: C.Ping, payload: Any, buffers: list, sender: str) -> None:
+    def on_ping(self, m: C.Ping, payload: Any, buffers: list, sender: str) -> None:
         send_to_port(m.reply, -1, W.S_VALUE, self.kernel.proc_id)
 
 
