@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from monarch_core._launch import _start
 from monarch_core._proc import _serial, _state
@@ -24,8 +24,15 @@ from monarch_core._mesh._value_mesh import ValueMesh
 from monarch_core.errors import ActorError, SupervisionError
 
 T = TypeVar("T")
-#: A ``ProcMesh`` (``_proc_mesh`` imports this module, so it is not named here).
-ProcMesh = Any
+
+
+class ProcMesh(Protocol):
+    """A ``_proc_mesh.ProcMesh`` as its actor meshes see it (that module
+    imports this one, so it is not named here; ``ProcMesh`` satisfies this)."""
+
+    @property
+    def _actor_meshes(self) -> dict[str, ActorMesh[Any]]:
+        """Actor mesh key -> the actor meshes spawned on these procs."""
 
 
 def _sender_name() -> str:

@@ -5,17 +5,43 @@ from __future__ import annotations
 import functools
 import inspect
 import random
-from typing import TYPE_CHECKING, Any, Callable, Generic, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Callable, Generic, Literal, Protocol, TypeVar, overload
 
 from monarch_core._actor import _engine
 from monarch_core._proc._future import Cell, Future
 from monarch_core._proc._port import Port, StreamIterator
 
 if TYPE_CHECKING:
+    from monarch_core._mesh._shape import Extent, Region
     from monarch_core._mesh._value_mesh import ValueMesh
 
-#: An ``_actor_mesh.ActorMesh`` (that module imports this one, so it is not named here).
-ActorMesh = Any
+
+class ActorMesh(Protocol):
+    """An ``_actor_mesh.ActorMesh`` as its endpoints see it: what they read
+    and call (that module imports this one, so it is not named here;
+    ``ActorMesh`` satisfies this)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def extent(self) -> Extent: ...
+
+    @property
+    def _region(self) -> Region: ...
+
+    def _describe_call(self, endpoint: str, adverb: str, ranks: list[int] | None, proc_id: str | None,
+                       exc: BaseException) -> str | None: ...
+
+    def _call_one(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, index: int,
+                  adverb: str = "call_one") -> Cell: ...
+
+    def _call_all(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> Cell: ...
+
+    def _call_stream(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> StreamIterator[Any]: ...
+
+    def _cast(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, port: Any, only: int | None,
+              adverb: str = "broadcast") -> None: ...
 
 try:  # Python >= 3.10
     from typing import ParamSpec
@@ -402,7 +428,12 @@ def send(
     responses (if any) go to ``port``.  Waits like :meth:`Endpoint.broadcast`
     when a send window is full."""
     if not isinstance(endpoint, Endpoint):
-        raise TypeError(f"send() needs an endpoint of an actor mesh (mesh.method), got {endpoint!r}")
+        other = getattr(endpoint, "_send", None)  # a remote function (the tensor engine's remote(fn))
+        if callable(other):
+            other(args, kwargs, port, selection)
+            return
+        raise TypeError(f"send() needs an endpoint of an actor mesh (mesh.method) or a remote function "
+                        f"(remote(fn)), got {endpoint!r}")
     args, kwargs = tuple(args), dict(kwargs)
     endpoint._prop._check_args(args, kwargs)
     mesh = endpoint._mesh

@@ -5,7 +5,8 @@ from __future__ import annotations
 import inspect
 import logging
 import uuid
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 from monarch_core._launch import _start
 from monarch_core._proc import _send, _serial, _state
@@ -24,8 +25,20 @@ from monarch_core._mesh._shape import Point, Region
 logger = logging.getLogger("monarch.mesh")
 
 T = TypeVar("T")
-#: A ``HostMesh`` (``_host_mesh`` imports this module, so it is not named here).
-HostMesh = Any
+
+
+class HostMesh(Protocol):
+    """A ``_host_mesh.HostMesh`` as its proc meshes see it (that module
+    imports this one, so it is not named here; ``HostMesh`` satisfies this)."""
+
+    _name: str
+
+    def spawn_procs(self, per_host: dict[str, int] | None = None,
+                    bootstrap: Callable[[], Any] | None = None) -> ProcMesh:
+        """Start ``per_host`` procs on every host of this mesh (``_host_mesh.HostMesh.spawn_procs``)."""
+
+    def _forget_procs(self, pm: ProcMesh) -> None:
+        """``pm`` (spawned here) is stopping: these hosts no longer keep it."""
 
 
 class ProcMesh(_Mesh):

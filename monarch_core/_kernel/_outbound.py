@@ -17,13 +17,15 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import trio
 
 from monarch_core import settings
 from monarch_core._compat import BaseExceptionGroup, first_leaf
 from monarch_core._kernel import _wire as W
+from monarch_core._kernel._child_watch import ChildProcess
 from monarch_core._kernel._poller import reading
 from monarch_core.errors import (
     ConnectError,
@@ -32,12 +34,44 @@ from monarch_core.errors import (
     TransportError,
     UndeliverableMessageError,
 )
-from monarch_core.hookspecs import Stream
+from monarch_core.hookspecs import Stream, Transport
 
 logger = logging.getLogger("monarch.kernel")
 
-#: A ``_runtime.Kernel`` (that module imports this one, so it is not named here).
-Kernel = Any
+
+class Kernel(Protocol):
+    """The ``_runtime.Kernel`` as a session (:class:`_Outbound`) and a send
+    window (:class:`_Window`) see it: what they read and call back.  (That
+    module imports this one, so it is not named here; ``Kernel`` satisfies
+    this protocol.)"""
+
+    proc_id: str
+    address: str | None
+    #: proc id -> why it is gone
+    dead: dict[str, str]
+    delivery_timeout: float
+    _closing: bool
+
+    def in_loop(self) -> bool: ...
+
+    def call_soon(self, fn: Callable, *args: Any) -> None: ...
+
+    def child(self, proc_id: str) -> ChildProcess | None: ...
+
+    def transport_for(self, address: str) -> Transport: ...
+
+    async def _wait_address(self, proc_id: str) -> str | None: ...
+
+    def _window(self, proc_id: str) -> _Window: ...
+
+    def _fail_pending(self, proc_id: str, exc: BaseException, ports: set[int]) -> None: ...
+
+    def _dead_error(self, proc_id: str) -> BaseException: ...
+
+    def proc_failed(self, proc_id: str, reason: str, stopped: bool = False) -> None: ...
+
+    async def wait_dead(self, proc_id: str) -> None: ...
+
 
 #: Refused reconnects (after a broken connection) that declare a proc dead.
 REFUSALS_FOR_DEAD = 4

@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from _thread import get_ident as _get_ident
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from monarch_core._proc import _construction, _lifecycle, _output, _serial, _state, _tree
 from monarch_core._proc._port import (
@@ -42,7 +42,35 @@ from monarch_core._mesh._shape import Extent, Point
 from monarch_core.errors import ProtocolError, SupervisionError
 
 if TYPE_CHECKING:
-    from monarch_core._kernel._upper import ProcAgentProtocol as ProcAgent
+    from monarch_core._kernel._runtime import Kernel
+
+
+class HostAgent(Protocol):
+    """The proc agent as an :class:`ActorHost` sees it: what the host reads
+    and calls back (``_agent.ProcAgent`` satisfies it; that module imports
+    this one, so it is not named here)."""
+
+    kernel: Kernel
+    #: the process's runtime (``monarch_core._launch``): its ``observer``
+    runtime: Any
+    #: set once the proc's bootstrap ran (``init_error``: how it failed)
+    proc_ready: threading.Event
+    init_error: BaseException | None
+    #: seconds an actor's stop may take before it completes without the actor's thread
+    stop_grace: float
+
+    def actor_failed(self, host: ActorHost, cause: str, category: str, chain: list[dict]) -> dict: ...
+
+    def actor_stopped(self, host: ActorHost, reason: str) -> None: ...
+
+    def reply_gone(self, h: tuple, host: ActorHost) -> None: ...
+
+    def _reply_error(self, h: tuple, exc: BaseException) -> None: ...
+
+    async def stop_owned_async(self, host: ActorHost) -> None: ...
+
+    def stop_meshes(self, meshes: list) -> None: ...
+
 
 logger = logging.getLogger("monarch.actor")
 
@@ -78,7 +106,7 @@ class ActorHost:
 
     def __init__(
         self,
-        agent: ProcAgent,
+        agent: HostAgent,
         key: str,
         mesh_name: str,
         rank: int,
