@@ -49,7 +49,7 @@ READY_PREFIX = "monarch worker loop listening on "
 #: Seconds of silence after which a client has declared this host lost (its
 #: host watch, ``ProcWatch``: ``MONARCH_HOST_HEARTBEAT_TIMEOUT``, at least three
 #: heartbeat intervals), as this worker loop's settings say.
-LOSS_DEADLINE: float = float("inf")
+LOSS_DEADLINE: float = max(HOST_HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_INTERVAL)
 
 
 class WorkerLoopAgent(ProcAgent):
