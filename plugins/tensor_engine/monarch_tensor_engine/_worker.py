@@ -209,6 +209,28 @@ class Worker(Actor):
         return v.detach().clone() if isinstance(v, torch.Tensor) else v
 
     @endpoint
+    def result(self, key: int, stream: str = "main") -> Any:
+        """The result a remote function's adverb (``remote(fn).call()``, see
+        ``_values``) kept under ``key`` on this proc, tensors detached;
+        raises its error.  Each key is read once."""
+        self._reach(stream)
+        out = self.kept.pop(key, None)
+        if isinstance(out, Poison):
+            raise out.error
+        return tree_map(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, out)
+
+    @endpoint
+    def send_result(self, key: int, stream: str, port: Any) -> None:
+        """Send :meth:`result` to ``port`` (``send(remote(fn), ..., port=port)``),
+        or its error as the port's exception; never raises (a broadcast)."""
+        try:
+            value = self.result(key, stream)
+        except Exception as e:  # noqa: BLE001 - the caller's port receives it
+            port.exception(e)
+            return
+        port.send(value)
+
+    @endpoint
     def start_store(self) -> tuple[str, int]:
         from monarch_tensor_engine import _collectives
 
@@ -309,6 +331,20 @@ class Worker(Actor):
         """Run an operation whose results the client does not know yet: keep
         them whole until ``bind`` (the client asks one proc to ``describe``)."""
         self.kept[key] = self._call(fref, args, kwargs, grad, name)
+
+    def _c_value(self, fref: Any, args: Any, kwargs: Any, key: int | None, grad: bool, name: str,
+                 ranks: list[int] | None) -> None:
+        """A remote function run for its value (``_values``): on the procs of
+        ``ranks`` (None: every proc), its result (or ``Poison``) kept under
+        ``key`` for :meth:`result`; with no key, a failure is logged."""
+        if ranks is not None and self.mesh_rank not in ranks:
+            return
+        out = self._call(fref, args, kwargs, grad, name)
+        if key is not None:
+            self.kept[key] = out
+        elif isinstance(out, Poison):
+            logger.error("tensor engine: remote function %s failed (its result was not asked for): %s",
+                         name, out.error)
 
     def _c_bind(self, key: int, out_ids: list, metas: list) -> None:
         """Bind the results kept under ``key`` to ``out_ids``, checked against

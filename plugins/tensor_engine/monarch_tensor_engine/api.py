@@ -185,6 +185,44 @@ class _Remote:
             return self.fn(*args, **kwargs)  # no mesh: an ordinary local call
         return _propagate.call(ctl, self.fn, args, kwargs, self.propagate, owner=self.fn, local_fn=self.fn)
 
+    # the reference's Remote is an endpoint of the active mesh: its adverbs
+    # bring the function's values back to the client (``_values``)
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        """A ``Future`` of the ``ValueMesh`` of ``fn``'s result on every proc of the active mesh."""
+        from monarch_tensor_engine import _values
+
+        return _values.call(self.fn, args, kwargs)
+
+    def call_one(self, *args: Any, **kwargs: Any) -> Any:
+        """A ``Future`` of ``fn``'s result on the active mesh's only proc."""
+        from monarch_tensor_engine import _values
+
+        return _values.call_one(self.fn, args, kwargs)
+
+    def choose(self, *args: Any, **kwargs: Any) -> Any:
+        """A ``Future`` of ``fn``'s result on one proc of the active mesh, chosen at random."""
+        from monarch_tensor_engine import _values
+
+        return _values.choose(self.fn, args, kwargs)
+
+    def stream(self, *args: Any, **kwargs: Any) -> Any:
+        """A ``Future`` per proc of the active mesh of ``fn``'s result there, in rank order."""
+        from monarch_tensor_engine import _values
+
+        return _values.stream(self.fn, args, kwargs)
+
+    def broadcast(self, *args: Any, **kwargs: Any) -> None:
+        """Run ``fn`` on every proc of the active mesh, keeping nothing."""
+        from monarch_tensor_engine import _values
+
+        _values.broadcast(self.fn, args, kwargs)
+
+    def _send(self, args: tuple, kwargs: dict, port: Any, selection: str) -> None:
+        """``monarch_core.actor.send(remote(fn), args, kwargs, port=..., selection=...)``."""
+        from monarch_tensor_engine import _values
+
+        _values.send(self.fn, tuple(args), dict(kwargs), port, selection)
+
     def __repr__(self) -> str:
         return f"remote({self.__name__}, propagate={self.propagate!r})"
 
