@@ -12,7 +12,11 @@
   from an endpoint.
 
 Usage: ``python bench/tensor_engine.py [--reps 5] [--ops 10000]
-[--monarch-py PYTHON]`` (needs torch, monarch-tensor-engine and, for the
+[--monarch-py PYTHON]``; ``--procs 4,16,64`` runs the dispatch row only, once
+per mesh size (a one-host mesh of that many procs; ``--ops`` small for the
+large ones), and prints each size's rate against the first's (issue 40: a
+batch of ops is one cast to the mesh, so the rate should barely fall as the
+mesh grows) (needs torch, monarch-tensor-engine and, for the
 floor's ``setup_torch_elastic_env``, monarch-spmd; nothing leaves the
 machine).  The dispatch and fetch rows run side by side with
 torchmonarch 0.7.0 on the same script, in its venv (``--monarch-py``,
@@ -125,13 +129,49 @@ class Floor(Actor):
         dist.destroy_process_group()
 
 
+def dispatch_rate(procs: int, ops: int, reps: int) -> float:
+    """Ops per second issued into a one-host mesh of ``procs`` procs, from
+    the first op to one fetched value (the median of ``reps`` runs)."""
+    pm = this_host().spawn_procs(per_host={"gpus": procs})
+    try:
+        with pm.activate():
+            x = torch.zeros(16)
+            monarch.inspect(x)
+            rates = []
+            for _ in range(max(1, reps)):
+                t0 = time.perf_counter()
+                for _ in range(ops):
+                    x = x + 1
+                monarch.inspect(x)
+                rates.append(ops / (time.perf_counter() - t0))
+        return statistics.median(rates)
+    finally:
+        pm.stop().get(timeout=300)
+
+
+def scaling(sizes: list[int], ops: int, reps: int) -> int:
+    """The ``--procs`` axis: the dispatch row at each mesh size."""
+    print(f"| procs | dispatch ({ops} element-wise ops + 1 fetch) | vs {sizes[0]} procs |")
+    print("|---|---|---|")
+    first = None
+    for n in sizes:
+        rate = dispatch_rate(n, ops, reps)
+        first = first or rate
+        print(f"| {n} | {rate:,.0f} ops/s | {rate / first:.2f}× |", flush=True)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--ops", type=int, default=10000)
+    ap.add_argument("--procs", default="",
+                    help="comma-separated mesh sizes (4,16,64): the dispatch row only, once per size")
     ap.add_argument("--monarch-py", default=os.environ.get("MONARCH_PY", DEFAULT_MONARCH_PY),
                     help="torchmonarch 0.7.0's venv python (default $MONARCH_PY, else %(default)s)")
     args = ap.parse_args()
+    if args.procs:
+        return scaling([int(n) for n in args.procs.split(",")], args.ops, args.reps)
     theirs, note = anchor(args.monarch_py, args.ops, args.reps)
     pm = this_host().spawn_procs(per_host={"gpus": 4})
     rows = []

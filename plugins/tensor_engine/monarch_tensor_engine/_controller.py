@@ -12,8 +12,11 @@ Contract:
   metadata.  Operations that produce or change tensors become a command
   ``(op, function, arguments with Refs, result ids, grad mode)``; queries
   that only read metadata (``t.shape``, ``t.dim()``) are answered locally.
-* Commands are sent in batches, in order, to every proc (one direct message
-  per proc, so that later fetches on the same sessions come after them; the
+* Commands are sent in batches, in order, to every proc: one cast of the
+  batch to the workers' mesh (``ActorMesh.run.broadcast``: a message per proc
+  on a small mesh, the cast tree's fanout messages on a large one; a later
+  fetch from one proc travels that proc's route too, so it comes after them;
+  once a proc is gone, one message per live proc); the
   batch is pickled once for all of them, as actor messages are pickled
   (``runtime.dumps``: a function of ``__main__`` keeps its file name, for the
   procs' tracebacks)):
@@ -264,7 +267,13 @@ class Controller:
                 return
             batch, self.pending = self.pending, []
             data = runtime.dumps(batch)  # once, not once per proc
-            for i, r in enumerate(self.ranks):
+            if not self.dead:
+                try:  # one cast to the whole mesh (the cast tree's fanout messages from here on a large one)
+                    self.workers.run.broadcast(data)
+                    return
+                except SupervisionError:  # a proc died: the cast is refused whole, nothing was sent
+                    pass
+            for i, r in enumerate(self.ranks):  # some proc is gone: the live ones, one message each
                 if i in self.dead:
                     continue
                 try:
