@@ -230,12 +230,19 @@ def _decorate(method: Callable[..., Any] | None, propagate: Propagator, explicit
     """``@endpoint``/``@concurrent_endpoint``, applied bare (``method`` given) or with options."""
 
     def wrap(m: Callable[..., Any]) -> EndpointProperty[Any, Any]:
+        if concurrent and isinstance(m, EndpointProperty):
+            from monarch_core.errors import EndpointDefinitionError
+
+            raise EndpointDefinitionError(
+                f"@concurrent_endpoint does not wrap @endpoint: {getattr(m._method, '__qualname__', m)!r} is "
+                "already an endpoint. Put @concurrent_endpoint alone on the `async def` (it makes the endpoint)."
+            )
         if concurrent and not inspect.iscoroutinefunction(m):
             from monarch_core.errors import EndpointDefinitionError
 
             raise EndpointDefinitionError(
-                f"@concurrent_endpoint needs an async method; {getattr(m, '__qualname__', m)!r} is "
-                "synchronous. Make it `async def`, or use @endpoint."
+                f"@concurrent_endpoint can only wrap async endpoints (it needs an async method); "
+                f"{getattr(m, '__qualname__', m)!r} is synchronous. Make it `async def`, or use @endpoint."
             )
         return EndpointProperty(m, propagate, explicit_response_port, instrument, concurrent)
 
