@@ -141,6 +141,31 @@ def test_execution_timer_cpu() -> None:
 
 
 @pytest.mark.unit
+def test_execution_timer_modules_and_float64_readings() -> None:
+    """``monarch.timer.execution_timer`` (the reference's module of the timer's
+    functions) and ``remote_execution_timer`` (the name its example_monarch.py
+    imports) name monarch.timer's objects; readings are float64 scalars, as
+    the reference's (its example propagates them as float64)."""
+    torch = pytest.importorskip("torch")
+    import monarch.timer as timer
+    from monarch.timer import execution_timer, remote_execution_timer
+
+    for name in execution_timer.__all__:
+        assert getattr(execution_timer, name) is getattr(timer, name)
+        assert getattr(remote_execution_timer, name) is getattr(timer, name)
+    timer.ExecutionTimer.reset()
+    execution_timer.execution_timer_start(use_cpu=True)
+    execution_timer.execution_timer_stop(use_cpu=True)
+    t0 = execution_timer.get_time_perfcounter()
+    avg = execution_timer.get_execution_timer_average_ms()
+    assert t0.dtype == avg.dtype == torch.float64 and t0.dim() == avg.dim() == 0
+    assert avg.item() > 0 and execution_timer.get_execution_timer_summary()["default"]["count"] == 1
+    assert execution_timer.get_latest_timer_measurement().dtype == torch.float64
+    assert execution_timer.get_time_perfcounter().item() >= t0.item()
+    timer.ExecutionTimer.reset()
+
+
+@pytest.mark.unit
 def test_fetch_module_and_spawn_tensor_engine() -> None:
     pytest.importorskip("torch")
     pytest.importorskip("monarch_tensor_engine")

@@ -21,7 +21,9 @@ __all__ = [
     "execution_timer_start",
     "execution_timer_stop",
     "get_execution_timer_average_ms",
+    "get_execution_timer_summary",
     "get_latest_timer_measurement",
+    "get_time_perfcounter",
 ]
 
 DEFAULT = "default"
@@ -136,14 +138,26 @@ def execution_timer_stop(name: Optional[str] = None, use_cpu: bool = False) -> N
 
 
 def get_latest_timer_measurement(name: Optional[str] = None) -> Any:
-    """The last measurement of ``name`` in ms, as a torch scalar tensor (as the reference returns it)."""
+    """The last measurement of ``name`` in ms, as a float64 torch scalar tensor (as the reference returns it)."""
     import torch
 
-    return torch.tensor(ExecutionTimer.get_latest_measurement(name))
+    return torch.tensor(ExecutionTimer.get_latest_measurement(name), dtype=torch.float64)
 
 
 def get_execution_timer_average_ms(name: str = DEFAULT) -> Any:
-    """The mean of ``name``'s measurements in ms, as a torch scalar tensor (0.0 when none)."""
+    """The mean of ``name``'s measurements in ms, as a float64 torch scalar tensor (0.0 when none)."""
     import torch
 
-    return torch.tensor(ExecutionTimer.summary().get(name, {}).get("mean_ms", 0.0))
+    return torch.tensor(ExecutionTimer.summary().get(name, {}).get("mean_ms", 0.0), dtype=torch.float64)
+
+
+def get_execution_timer_summary() -> dict[str, dict[str, float]]:
+    """``ExecutionTimer.summary()`` (for remote functions)."""
+    return ExecutionTimer.summary()
+
+
+def get_time_perfcounter() -> Any:
+    """``time.perf_counter()`` as a float64 torch scalar tensor (a remote function's clock reading)."""
+    import torch
+
+    return torch.tensor(time.perf_counter(), dtype=torch.float64)
