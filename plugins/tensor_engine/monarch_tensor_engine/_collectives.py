@@ -47,13 +47,15 @@ import torch
 
 from monarch_core.runtime import format_duration
 
+from monarch_tensor_engine import _protocol as P
+from monarch_tensor_engine._protocol import (DEAD_KEY, MemberDied, TensorOpError, coordinates, dead_key, members_of,
+                                             store_client)
 from monarch_tensor_engine._tensor import Tensor
 
 logger = logging.getLogger("monarch.tensor")
 
 REDUCTIONS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "stack")
-#: seconds a collective (and a group's rendezvous) may wait for its members
-TIMEOUT_S = 300
+TIMEOUT_S = P.TIMEOUT_S
 
 
 def _dims(ctl: Any, dims: Any) -> tuple[str, ...]:
@@ -135,8 +137,8 @@ def reduce(t: Tensor, dims: Any, reduction: str, scatter: bool, mesh: Any, out: 
         result = ctl.new_handle(ctl.make_fake(shape, fake.dtype, fake.device))
     _ensure_store(ctl)
     dead = tuple(ctl.dead.items())  # a group with a dead member would wait for it: its members poison their result
-    ctl.send(("reduce", t._id, result._id, names, reduction, bool(scatter), tuple(fake.shape), fake.dtype,
-              ctl.view(), dead))
+    ctl.send(P.Reduce(t._id, result._id, names, reduction, bool(scatter), tuple(fake.shape), fake.dtype,
+                      ctl.view(), dead))
     return result
 
 
@@ -146,7 +148,7 @@ def _ensure_store(ctl: Any) -> None:
     with ctl.lock:
         ctl.flush()
         ctl.store = tuple(ctl.ranks[0].start_store.call_one().get(timeout=TIMEOUT_S))
-        ctl.send(("store", *ctl.store))
+        ctl.send(P.ConnectStore(*ctl.store))
         if ctl.dead:  # a death the store could not be told of yet
             mark_dead(ctl, "; ".join(f"rank {r}: {why}" for r, why in ctl.dead.items()))
 
@@ -185,14 +187,6 @@ def watcher(worker: Any, addr: tuple[str, int] | None = None) -> Any:
     return got
 
 
-def coordinates(flat_rank: int, labels: tuple[str, ...], sizes: tuple[int, ...]) -> dict[str, int]:
-    """The coordinates of the proc at ``flat_rank`` in a view (row-major)."""
-    out: dict[str, int] = {}
-    for label, size in zip(reversed(labels), reversed(sizes)):
-        flat_rank, out[label] = divmod(flat_rank, size)
-    return {label: out[label] for label in labels}
-
-
 class Group:
     """One process group of this proc, as :func:`_group` caches it.
 
@@ -216,17 +210,6 @@ class Group:
 
     def __getitem__(self, i: int) -> Any:
         return (self.pg, self.rank, self.size)[i]
-
-
-def members_of(flat_rank: int, names: tuple[str, ...], view: tuple) -> tuple[int, ...]:
-    """The flat ranks of the group of ``flat_rank`` for a reduction over
-    ``names`` of ``view``, in the group's rank order (row-major over ``names``)."""
-    labels, sizes = view
-    mine = coordinates(flat_rank, labels, sizes)
-    n = math.prod(sizes)
-    members = [r for r in range(n)
-               if all(c == mine[d] for d, c in coordinates(r, labels, sizes).items() if d not in names)]
-    return tuple(members)  # row-major in the view, hence in the order of the reduced dims too
 
 
 def _group(worker: Any, names: tuple[str, ...], device: torch.device, view: tuple) -> Group:
@@ -268,23 +251,8 @@ def _group(worker: Any, names: tuple[str, ...], device: torch.device, view: tupl
     return got
 
 
-#: the key of a mesh's store that the client sets when one of the mesh's procs dies (any of them)
-DEAD_KEY = "monarch-dead"
 #: seconds between two looks at the store for a dead member, while a collective (or a group) waits
 POLL_S = 0.25
-
-
-def dead_key(flat_rank: int) -> str:
-    """The key of a mesh's store that says why the proc at ``flat_rank`` died (set before :data:`DEAD_KEY`)."""
-    return f"{DEAD_KEY}/{flat_rank}"
-
-
-class MemberDied(RuntimeError):
-    """A member of a group is dead: ``dead`` maps its flat rank to why."""
-
-    def __init__(self, message: str, dead: dict[int, str]) -> None:
-        super().__init__(message)
-        self.dead = dead
 
 
 def dead_members(base: Any, members: tuple[int, ...] | None) -> dict[int, str]:
@@ -426,11 +394,6 @@ def gloo_group(store: Any, rank: int, size: int, base: Any, members: tuple[int, 
     return form(lambda: torch.distributed.ProcessGroupGloo(store, rank, size, opts), base, members, view)
 
 
-def store_client(addr: str, port: int) -> Any:
-    """A client of the store at ``addr:port``."""
-    return torch.distributed.TCPStore(addr, port, None, False, datetime.timedelta(seconds=TIMEOUT_S))
-
-
 _OPS = {"sum": "SUM", "avg": "SUM", "product": "PRODUCT", "min": "MIN", "max": "MAX", "band": "BAND",
         "bor": "BOR", "bxor": "BXOR"}
 
@@ -473,8 +436,6 @@ def _poisoned_by(what: str, where: dict, causes: list[dict]) -> Any:
     poisoned members' published errors) fed the collective: it names each
     poisoned member and its failed op, and carries the first one's ``op``
     and ``coords`` (where the failure is), like the poisoned member's own."""
-    from monarch_tensor_engine._worker import TensorOpError
-
     first = causes[0]
     lines = "\n".join(f"  the member at {c['member']}: {c['op'] or 'its input'} failed there: {c['error']}"
                       for c in causes)
@@ -485,8 +446,6 @@ def _poisoned_by(what: str, where: dict, causes: list[dict]) -> Any:
 
 def _died(what: str, dead: dict[int, str], view: tuple) -> Any:
     """The error every living member's result carries when a member of its group died."""
-    from monarch_tensor_engine._worker import TensorOpError
-
     first = min(dead)
     coords = coordinates(first, *view) if first >= 0 else {}
     return TensorOpError(f"{what}: a member of its group died, so no member's result is valid: "
@@ -567,7 +526,7 @@ def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], red
     living member's result at once, without a collective; one that dies
     while the group forms or while the collective runs does so within
     :data:`POLL_S` of the client's noticing (:func:`watch`)."""
-    from monarch_tensor_engine._worker import Poison, TensorOpError
+    from monarch_tensor_engine._worker import Poison
 
     what = f"reduce({names}, {reduction!r}, scatter={scatter})"
     if dead:
@@ -645,3 +604,12 @@ def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], red
         dest.copy_(result)
     else:
         worker.env[out_id] = result
+
+
+def resolve_group(worker: Any, ref: P.ProcessGroupRef) -> Any:
+    """This proc's process group for ``ref`` (a ``mesh.process_group(dims)``
+    passed to a remote function), made at first use on the stream running
+    now (:func:`_group`)."""
+    backend = ref.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
+    return _group(worker, ref.dims, device, ref.view)[0]

@@ -56,7 +56,9 @@ from monarch_core.errors import SupervisionError
 from monarch_tensor_engine import _settings, _streams
 from monarch_tensor_engine import _globals, _known
 from monarch_tensor_engine._cache import Cache
-from monarch_tensor_engine._tensor import Ref, Tensor, meta_key
+from monarch_tensor_engine import _protocol as P
+from monarch_tensor_engine._protocol import MeshMismatch, Meta, Ref, meta_key
+from monarch_tensor_engine._tensor import Tensor
 
 logger = logging.getLogger("monarch.tensor")
 
@@ -128,10 +130,6 @@ def is_mutating(func: Any) -> bool:
     return name.endswith("_") and not name.startswith("__")
 
 
-class MeshMismatch(RuntimeError):
-    """A tensor of one mesh used inside another (the message names both, and which procs each holds)."""
-
-
 def _ranks_text(mesh: Any) -> str:
     """``"ranks 1, 3"``: the ranks of ``mesh``'s procs in the mesh it was
     sliced from (its region's root ranks; a long run as ``"ranks 0-63"``)."""
@@ -164,7 +162,7 @@ class Controller:
         self.fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.ids = itertools.count(1)
         self.lock = threading.RLock()
-        self.pending: list[tuple] = []
+        self.pending: list[P.Command] = []
         self.dropped: list[tuple[int, Any]] = []
         self.dropped_bytes = 0
         #: flat ranks whose proc died -> why (commands are no longer sent there)
@@ -230,14 +228,14 @@ class Controller:
         return h if h is not None and h._fake is fake else None
 
     # ---------------------------------------------------------------- commands
-    def send(self, cmd: tuple, stream: Any = None) -> None:
+    def send(self, cmd: P.Command, stream: Any = None) -> None:
         """Queue ``cmd`` for every proc, on ``stream`` (default: the active one);
         raises once every proc of the mesh is gone (it was stopped)."""
         if self.closed:
             raise self.gone()
         with self.lock:
             self._on_stream(stream or _streams.get_active_stream())
-            if cmd[0] != "op" and _known.any_live():  # a command that may write or alias a known value
+            if type(cmd) is not P.Op and _known.any_live():  # a command that may write or alias a known value
                 _known.taint(self, cmd)
             self.pending.append(cmd)
             if len(self.pending) >= BATCH or self.dropped_bytes >= FREE_BYTES:
@@ -246,7 +244,7 @@ class Controller:
     def _on_stream(self, stream: Any) -> None:
         """The next pending command belongs to ``stream``: tell the procs if it is not the last one's (under the lock)."""
         if stream is not self.wire_stream:
-            self.pending.append(("stream", stream.key))
+            self.pending.append(P.SetStream(stream.key))
             self.wire_stream = stream
 
     def flush(self) -> None:
@@ -262,7 +260,7 @@ class Controller:
                     by_stream.setdefault(stream, []).append(ident)
                 for stream, ids in by_stream.items():
                     self._on_stream(stream)
-                    self.pending.append(("drop", ids))
+                    self.pending.append(P.Drop(ids))
             if not self.pending:
                 return
             batch, self.pending = self.pending, []
@@ -348,8 +346,8 @@ class Controller:
             t._guard = _streams.Lent()
         t._guard.borrows.append(b)
         with self.lock:
-            self.send(("lend", b.id, t._id), t._stream)
-            self.send(("take", b.id, r._id), stream)
+            self.send(P.Lend(b.id, t._id), t._stream)
+            self.send(P.Take(b.id, r._id), stream)
         return r, b
 
     def end_borrow(self, b: Any) -> None:
@@ -357,8 +355,8 @@ class Controller:
             if b.dropped:
                 return
             b.dropped = True
-            self.send(("give_back", b.id, b.borrowed_id), b.stream)
-            self.send(("wait_back", b.id), b.lender_stream)
+            self.send(P.GiveBack(b.id, b.borrowed_id), b.stream)
+            self.send(P.WaitBack(b.id), b.lender_stream)
         lender = b.lender()
         if lender is not None and isinstance(lender._guard, _streams.Lent):
             lender._guard.borrows = [x for x in lender._guard.borrows if x is not b]
@@ -406,8 +404,8 @@ class Controller:
         h = Tensor(None, next(self.ids), self, _streams.get_active_stream(), out_key)
         if name in _known.COMPUTED:  # a factory or pure operation: its value may be known (optimizers' steps)
             _known.on_hit(self, func, args, h)
-        self.send(("op", fref, tuple(Ref(x._id) if type(x) is Tensor else x for x in args), {}, [h._id],
-                   torch.is_grad_enabled(), name))
+        self.send(P.Op(fref, tuple(Ref(x._id) if type(x) is Tensor else x for x in args), {}, [h._id],
+                       torch.is_grad_enabled(), name))
         return h, key
 
     def dispatch(self, func: Callable[..., Any], args: tuple, kwargs: dict, *, fake_func: Any = None,
@@ -493,7 +491,7 @@ class Controller:
             self.op_cache[op_key] = (results[0]._key, func_ref(func), op_name(func))
         _known.track(self, func, flat, spec, kwargs, handles, results, mutating, always, op_key)
         args_t = _unflatten([Ref(x._id) if isinstance(x, Tensor) else x for x in flat], spec)
-        self.send(("op", func_ref(func), args_t[0], args_t[1], out_ids, torch.is_grad_enabled(), op_name(func)))
+        self.send(P.Op(func_ref(func), args_t[0], args_t[1], out_ids, torch.is_grad_enabled(), op_name(func)))
         return results[0] if out_spec is None else tree_unflatten(results, out_spec)
 
 
@@ -539,8 +537,6 @@ class Controller:
         results against the description (a mismatch poisons them).  A failure
         on the first proc raises here, as the ``ActorError`` of its
         ``TensorOpError``."""
-        from monarch_tensor_engine._worker import Meta
-
         if torch.get_default_dtype() is not self.default_dtype or torch._C._is_any_autocast_enabled():
             _globals.sync(self)  # the procs follow the client's default dtype; autocast is refused
         flat, spec = _flatten(args, kwargs)
@@ -550,7 +546,7 @@ class Controller:
         key = next(self.ids)
         args_t = _unflatten([Ref(x._id) if isinstance(x, Tensor) else x for x in flat], spec)
         with self.lock:
-            self.send(("keep", func_ref(func), args_t[0], args_t[1], key, torch.is_grad_enabled(), op_name(func)))
+            self.send(P.Keep(func_ref(func), args_t[0], args_t[1], key, torch.is_grad_enabled(), op_name(func)))
             if described is None:
                 self.flush()
                 future = self.ranks[0].describe.call_one(key, stream.key)
@@ -558,7 +554,7 @@ class Controller:
             try:
                 described = future.get(timeout=DESCRIBE_TIMEOUT_S)
             except BaseException:
-                self.send(("bind", key, [], []))  # frees what every proc kept
+                self.send(P.Bind(key, [], []))  # frees what every proc kept
                 raise
         leaves, out_spec = tree_flatten(described, is_leaf=lambda x: isinstance(x, Meta))
         results, out_ids, metas = [], [], []
@@ -570,7 +566,7 @@ class Controller:
                 metas.append(leaf)
             else:
                 results.append(leaf)
-        self.send(("bind", key, out_ids, metas))
+        self.send(P.Bind(key, out_ids, metas))
         return tree_unflatten(results, out_spec), described
 
     def fake_of(self, key: tuple) -> torch.Tensor:

@@ -43,6 +43,8 @@ from typing import Any, Callable
 
 import torch
 
+from monarch_tensor_engine import _protocol as P
+
 logger = logging.getLogger("monarch.tensor")
 
 _AUTOCAST_ERROR = (
@@ -62,7 +64,7 @@ def sync(ctl: Any) -> None:
     if dtype is not ctl.default_dtype:
         with ctl.lock:
             ctl.op_cache.clear()  # cached metadata of factories was computed with the old default
-            ctl.send(("op", torch.set_default_dtype, (dtype,), {}, [], False, "set_default_dtype"))
+            ctl.send(P.Op(torch.set_default_dtype, (dtype,), {}, [], False, "set_default_dtype"))
             ctl.default_dtype = dtype
         logger.debug("tensor engine: default dtype %s sent to mesh %r", dtype, ctl.mesh_name)
 

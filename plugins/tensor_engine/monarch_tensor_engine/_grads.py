@@ -113,7 +113,8 @@ class Backward:
 def grad_generator(roots: Any, with_respect_to: Any, grad_roots: Any = None) -> Iterator[Any]:
     """The client's side (see the module docstring and ``api.grad_generator``)."""
     from monarch_tensor_engine import _controller, _streams
-    from monarch_tensor_engine._tensor import Ref, Tensor
+    from monarch_tensor_engine._protocol import EndGrads, Ref, StartGrads, TakeGrad
+    from monarch_tensor_engine._tensor import Tensor
 
     ctl = _controller.active()
     if ctl is None:
@@ -139,14 +140,14 @@ def grad_generator(roots: Any, with_respect_to: Any, grad_roots: Any = None) -> 
     def refs(ts: list | None) -> list | None:
         return None if ts is None else [Ref(t._id) for t in ts]
 
-    ctl.send(("grads", gen, refs(root_list), refs(params), refs(grad_list)), stream)
+    ctl.send(StartGrads(gen, refs(root_list), refs(params), refs(grad_list)), stream)
     try:
         for i, fake in enumerate(fakes):
             if fake is None:  # this tensor took no part in computing the roots
                 yield None
                 continue
             h = ctl.new_handle(fake, stream)
-            ctl.send(("grad", gen, i, h._id), stream)
+            ctl.send(TakeGrad(gen, i, h._id), stream)
             yield h
     finally:
-        ctl.send(("grads_end", gen), stream)
+        ctl.send(EndGrads(gen), stream)

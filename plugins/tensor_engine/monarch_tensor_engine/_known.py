@@ -42,7 +42,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from monarch_tensor_engine._tensor import Ref, Tensor
+from monarch_tensor_engine._protocol import Ref
+from monarch_tensor_engine._tensor import Tensor
 
 #: the most elements a known tensor has (its value is kept in the client): scalars, what optimizers
 #: keep their step counts in -- tracking longer vectors would cost every small operation on them the
@@ -291,7 +292,7 @@ def taint(ctl: Any, cmd: tuple) -> None:
     reg = _live.get(ctl)
     if not reg:
         return
-    for leaf in tree_flatten(list(cmd[1:]))[0]:
+    for leaf in tree_flatten(list(cmd))[0]:  # a command (a NamedTuple of the protocol): its fields
         ident = leaf.id if isinstance(leaf, Ref) else leaf if type(leaf) is int else None
         if ident is not None:
             h = reg.get(ident)

@@ -38,6 +38,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from monarch_tensor_engine._protocol import ProcessGroupRef
+
 __all__ = ["RemoteProcessGroup", "process_group"]
 
 BACKENDS = (None, "gloo", "nccl")
@@ -118,27 +120,6 @@ class RemoteProcessGroup(dist.ProcessGroup):
     recv = _fakes_only("recv")
 
     barrier = _fakes_only("barrier")
-
-
-class ProcessGroupRef:
-    """A :class:`RemoteProcessGroup` as a command carries it to the procs; the
-    worker resolves it (:meth:`resolve`) to its own process group."""
-
-    __slots__ = ("dims", "view", "backend")
-
-    def __init__(self, dims: tuple[str, ...], view: tuple, backend: str | None) -> None:
-        self.dims, self.view, self.backend = dims, view, backend
-
-    def __reduce__(self) -> Any:
-        return (ProcessGroupRef, (self.dims, self.view, self.backend))
-
-    def resolve(self, worker: Any) -> Any:
-        """This proc's process group (made at first use on the stream running now; see ``_collectives._group``)."""
-        from monarch_tensor_engine import _collectives
-
-        backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
-        return _collectives._group(worker, self.dims, device, self.view)[0]
 
 
 def process_group(mesh: Any, dims: Any, backend: str | None = None) -> RemoteProcessGroup:

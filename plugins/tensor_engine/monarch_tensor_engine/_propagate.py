@@ -102,7 +102,7 @@ def _mocked(ctl: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
     """A propagation that runs ``fn`` in the client on zero tensors shaped like the fakes."""
     from torch._subclasses.fake_tensor import FakeTensor
 
-    from monarch_tensor_engine._worker import Meta
+    from monarch_tensor_engine._protocol import Meta
 
     def run(*fargs: Any, **fkwargs: Any) -> Any:
         def real(x: Any) -> Any:

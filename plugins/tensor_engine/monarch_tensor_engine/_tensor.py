@@ -19,32 +19,13 @@ from typing import Any
 
 import torch
 
-__all__ = ["Tensor", "Ref"]
+from monarch_tensor_engine._protocol import meta_key
 
-
-def meta_key(fake: torch.Tensor) -> tuple:
-    """``(shape, strides, dtype, device, requires_grad)`` of a (fake) tensor."""
-    with torch._C.DisableTorchFunction():
-        return (tuple(fake.shape), tuple(fake.stride()), fake.dtype, fake.device, bool(fake.requires_grad))
+__all__ = ["Tensor"]
 
 
 def _nbytes(shape: tuple, dtype: torch.dtype) -> int:
     return math.prod(shape) * dtype.itemsize
-
-
-class Ref:
-    """A handle's place in a command: the id of the tensor on the procs."""
-
-    __slots__ = ("id",)
-
-    def __init__(self, ident: int) -> None:
-        self.id = ident
-
-    def __reduce__(self) -> Any:
-        return (Ref, (self.id,))
-
-    def __repr__(self) -> str:
-        return f"Ref({self.id})"
 
 
 #: the distributed tensors last pickled for an actor: kept alive a while, so that their drop reaches the

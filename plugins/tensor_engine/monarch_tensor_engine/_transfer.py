@@ -27,7 +27,7 @@ import torch
 
 from monarch_core.runtime import format_duration
 
-from monarch_tensor_engine._collectives import TIMEOUT_S
+from monarch_tensor_engine._protocol import TIMEOUT_S, Recv, Send
 from monarch_tensor_engine._tensor import Tensor
 
 _keys = itertools.count(1)
@@ -53,8 +53,8 @@ def _move(t: Tensor, dst_ctl: Any, routes_src: list, routes_dst: list, what: str
         store = src_ctl.store
     key = f"{next(_keys)}"
     pair = f"{src_ctl.mesh_name}:{id(src_ctl)}->{dst_ctl.mesh_name}:{id(dst_ctl)}"
-    src_ctl.send(("send", t._id, key, pair, routes_src, store, tuple(fake.shape), fake.dtype))
-    dst_ctl.send(("recv", result._id, key, pair, routes_dst, store, tuple(fake.shape), fake.dtype, what))
+    src_ctl.send(Send(t._id, key, pair, routes_src, store, tuple(fake.shape), fake.dtype))
+    dst_ctl.send(Recv(result._id, key, pair, routes_dst, store, tuple(fake.shape), fake.dtype, what))
     src_ctl.flush()
     dst_ctl.flush()
     return result

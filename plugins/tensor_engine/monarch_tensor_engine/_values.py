@@ -30,7 +30,8 @@ from typing import Any, Callable, Iterator
 import torch
 
 from monarch_tensor_engine import _controller
-from monarch_tensor_engine._tensor import Ref, Tensor
+from monarch_tensor_engine._protocol import Ref, Value
+from monarch_tensor_engine._tensor import Tensor
 
 __all__ = ["broadcast", "call", "call_one", "choose", "send", "stream"]
 
@@ -55,7 +56,7 @@ def _run(ctl: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, ranks: lis
     ctl.check_streams(fn, handles, kwargs, None)
     key = next(ctl.ids) if keep else None
     a, k = _unflatten([Ref(x._id) if isinstance(x, Tensor) else x for x in flat], spec)
-    ctl.send(("value", func_ref(fn), a, k, key, torch.is_grad_enabled(), op_name(fn), ranks))
+    ctl.send(Value(func_ref(fn), a, k, key, torch.is_grad_enabled(), op_name(fn), ranks))
     return key, get_active_stream().key
 
 

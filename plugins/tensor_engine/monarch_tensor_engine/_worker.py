@@ -39,20 +39,19 @@ import pickle
 import queue
 import threading
 import traceback
-from typing import Any
+from typing import Any, Callable, NamedTuple
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from monarch_core.actor import Actor, current_rank, endpoint
 from monarch_core.runtime import format_duration
-from monarch_tensor_engine._process_group import ProcessGroupRef
-from monarch_tensor_engine._tensor import Ref
+from monarch_tensor_engine import _protocol as P
+from monarch_tensor_engine._protocol import WAIT_S, Meta, ProcessGroupRef, Ref, TensorOpError
+
+__all__ = ["Meta", "Poison", "TensorOpError", "WAIT_S", "Worker", "local_tensor", "stream_key"]
 
 logger = logging.getLogger("monarch.tensor")
-
-#: how long a stream waits for another (a borrow), or a fetch for its stream, at most
-WAIT_S = 300.0
 
 _tls = threading.local()
 
@@ -60,18 +59,6 @@ _tls = threading.local()
 def stream_key() -> str:
     """The stream whose command this thread runs now (``main`` in the actor itself)."""
     return getattr(_tls, "stream", "main")
-
-
-class TensorOpError(RuntimeError):
-    """An operation on a distributed tensor failed on a proc: ``op``, the
-    proc's ``coords``, and the remote traceback in the message."""
-
-    def __init__(self, message: str, op: str = "", coords: dict | None = None) -> None:
-        super().__init__(message)
-        self.op, self.coords = op, dict(coords or {})
-
-    def __reduce__(self) -> Any:
-        return (TensorOpError, (str(self), self.op, self.coords))
 
 
 class Poison:
@@ -131,6 +118,9 @@ def local_tensor(workers: str, ident: int, mesh_name: str) -> Any:
 class Worker(Actor):
     """Holds this proc's tensors of one mesh and runs its commands (see the module docstring)."""
 
+    #: command type -> the method that runs it (filled below the class, once its methods exist)
+    HANDLERS: dict[type, Callable[["Worker", Any], None]] = {}
+
     def __init__(self) -> None:
         point = current_rank()
         self.where = dict(point.items())
@@ -159,16 +149,21 @@ class Worker(Actor):
             return
         for cmd in batch:
             q = self.queue
-            if q is None or cmd[0] == "stream":
+            if q is None or type(cmd) is P.SetStream:
                 self._exec(cmd)
             else:
                 q.put(cmd)
 
-    def _exec(self, cmd: tuple) -> None:
+    def _exec(self, cmd: Any) -> None:
+        handler = self.HANDLERS.get(type(cmd))
+        if handler is None:
+            logger.error("tensor engine: unknown command %s on %s (a client of another version?)",
+                         type(cmd).__name__, self.where)
+            return
         try:
-            getattr(self, "_c_" + cmd[0])(*cmd[1:])
+            handler(self, cmd)
         except BaseException:  # noqa: BLE001 - a broadcast endpoint must never raise
-            logger.exception("tensor engine: command %r failed on %s", cmd[0], self.where)
+            logger.exception("tensor engine: command %s failed on %s", type(cmd).__name__, self.where)
 
     def _stream_loop(self, key: str, q: queue.SimpleQueue) -> None:
         _tls.stream = key
@@ -183,7 +178,7 @@ class Worker(Actor):
         q = self.streams.get(stream)
         if q is not None:
             done = threading.Event()
-            q.put(("mark", done))
+            q.put(_Mark(done))
             if not done.wait(WAIT_S):
                 raise TimeoutError(f"stream {stream.split('#')[0]!r} on the proc at {self.where} did not get here "
                                    f"within {format_duration(WAIT_S)} (it waits for another stream or a collective)")
@@ -241,7 +236,8 @@ class Worker(Actor):
             q.put(None)
 
     # ---------------------------------------------------------------- streams
-    def _c_stream(self, key: str) -> None:
+    def _c_stream(self, cmd: P.SetStream) -> None:
+        key = cmd.key
         if key == "main":
             self.queue = None
             return
@@ -252,20 +248,22 @@ class Worker(Actor):
                              name=f"monarch-stream-{key}").start()
         self.queue = q
 
-    def _c_mark(self, event: threading.Event) -> None:
-        event.set()
+    def _c_mark(self, cmd: "_Mark") -> None:
+        cmd.event.set()
 
     def _slot(self, bid: int) -> "_Slot":
         return self.slots.setdefault(bid, _Slot())
 
-    def _c_lend(self, bid: int, src: int) -> None:
+    def _c_lend(self, cmd: P.Lend) -> None:
+        bid, src = cmd
         slot = self._slot(bid)
         v = self.env.get(src)
         slot.value = v if v is not None else Poison(TensorOpError(
             f"tensor {src} does not exist on the proc at {self.where}", "borrow", self.where))
         slot.lent.set()
 
-    def _c_take(self, bid: int, dst: int) -> None:
+    def _c_take(self, cmd: P.Take) -> None:
+        bid, dst = cmd
         slot = self._slot(bid)
         if not slot.lent.wait(WAIT_S):
             self.env[dst] = Poison(TensorOpError(f"borrow: the lending stream did not reach the borrow within "
@@ -275,32 +273,35 @@ class Worker(Actor):
         v = slot.value
         self.env[dst] = v.detach() if isinstance(v, torch.Tensor) else v
 
-    def _c_give_back(self, bid: int, dst: int) -> None:
+    def _c_give_back(self, cmd: P.GiveBack) -> None:
+        bid, dst = cmd
         self.env.pop(dst, None)
         self._slot(bid).back.set()
 
-    def _c_wait_back(self, bid: int) -> None:
+    def _c_wait_back(self, cmd: P.WaitBack) -> None:
+        bid = cmd.bid
         slot = self._slot(bid)
         if not slot.back.wait(WAIT_S):
             logger.error("tensor engine: borrow %d was not given back within %.0f s on %s", bid, WAIT_S, self.where)
         self.slots.pop(bid, None)
 
     # ---------------------------------------------------------------- gradients
-    def _c_grads(self, gen: int, roots: Any, params: Any, grad_roots: Any) -> None:
+    def _c_grads(self, cmd: P.StartGrads) -> None:
         from monarch_tensor_engine import _grads
 
-        self.generators[gen] = _grads.Backward(self, roots, params, grad_roots)
+        self.generators[cmd.gen] = _grads.Backward(self, cmd.roots, cmd.params, cmd.grad_roots)
 
-    def _c_grad(self, gen: int, index: int, out: int) -> None:
-        self.env[out] = self.generators[gen].take(index)
+    def _c_grad(self, cmd: P.TakeGrad) -> None:
+        self.env[cmd.out] = self.generators[cmd.gen].take(cmd.index)
 
-    def _c_grads_end(self, gen: int) -> None:
-        b = self.generators.pop(gen, None)
+    def _c_grads_end(self, cmd: P.EndGrads) -> None:
+        b = self.generators.pop(cmd.gen, None)
         if b is not None:
             b.finish()
 
     # ---------------------------------------------------------------- commands
-    def _c_op(self, fref: Any, args: Any, kwargs: Any, out_ids: list, grad: bool, name: str) -> None:
+    def _c_op(self, cmd: P.Op) -> None:
+        fref, args, kwargs, out_ids, grad, name = cmd
         out = self._call(fref, args, kwargs, grad, name)
         if isinstance(out, Poison):
             self._poison(out_ids, out.error)
@@ -327,16 +328,16 @@ class Worker(Actor):
             return Poison(TensorOpError(
                 f"{name} failed on the proc at {self.where}: {type(e).__name__}: {e}\n{tb}", name, self.where))
 
-    def _c_keep(self, fref: Any, args: Any, kwargs: Any, key: int, grad: bool, name: str) -> None:
+    def _c_keep(self, cmd: P.Keep) -> None:
         """Run an operation whose results the client does not know yet: keep
         them whole until ``bind`` (the client asks one proc to ``describe``)."""
-        self.kept[key] = self._call(fref, args, kwargs, grad, name)
+        self.kept[cmd.key] = self._call(cmd.fn, cmd.args, cmd.kwargs, cmd.grad, cmd.name)
 
-    def _c_value(self, fref: Any, args: Any, kwargs: Any, key: int | None, grad: bool, name: str,
-                 ranks: list[int] | None) -> None:
+    def _c_value(self, cmd: P.Value) -> None:
         """A remote function run for its value (``_values``): on the procs of
         ``ranks`` (None: every proc), its result (or ``Poison``) kept under
         ``key`` for :meth:`result`; with no key, a failure is logged."""
+        fref, args, kwargs, key, grad, name, ranks = cmd
         if ranks is not None and self.mesh_rank not in ranks:
             return
         out = self._call(fref, args, kwargs, grad, name)
@@ -346,9 +347,10 @@ class Worker(Actor):
             logger.error("tensor engine: remote function %s failed (its result was not asked for): %s",
                          name, out.error)
 
-    def _c_bind(self, key: int, out_ids: list, metas: list) -> None:
+    def _c_bind(self, cmd: P.Bind) -> None:
         """Bind the results kept under ``key`` to ``out_ids``, checked against
         the first proc's ``metas``: a distributed tensor has one shape."""
+        key, out_ids, metas = cmd
         out = self.kept.pop(key, None)
         if isinstance(out, Poison):
             self._poison(out_ids, out.error)
@@ -371,41 +373,41 @@ class Worker(Actor):
             else:
                 self.env[oid] = leaf
 
-    def _c_drop(self, ids: list[int]) -> None:
-        for i in ids:
+    def _c_drop(self, cmd: P.Drop) -> None:
+        for i in cmd.ids:
             self.env.pop(i, None)
 
-    def _c_rank(self, dim: str, view: tuple, oid: int) -> None:
-        from monarch_tensor_engine._collectives import coordinates
+    def _c_rank(self, cmd: P.RankTensor) -> None:
+        self.env[cmd.out] = torch.tensor(P.coordinates(self.mesh_rank, *cmd.view)[cmd.dim])
 
-        self.env[oid] = torch.tensor(coordinates(self.mesh_rank, *view)[dim])
-
-    def _c_store(self, addr: str, port: int) -> None:
+    def _c_store(self, cmd: P.ConnectStore) -> None:
         from monarch_tensor_engine import _collectives
 
-        _collectives.connect_store(self, addr, port)
+        _collectives.connect_store(self, cmd.addr, cmd.port)
 
-    def _c_send(self, *spec: Any) -> None:
+    def _c_send(self, cmd: P.Send) -> None:
         from monarch_tensor_engine import _transfer
 
-        _transfer.run_send(self, *spec)
+        _transfer.run_send(self, *cmd)
 
-    def _c_recv(self, *spec: Any) -> None:
+    def _c_recv(self, cmd: P.Recv) -> None:
         from monarch_tensor_engine import _transfer
 
-        _transfer.run_recv(self, *spec)
+        _transfer.run_recv(self, *cmd)
 
-    def _c_reduce(self, *spec: Any) -> None:
+    def _c_reduce(self, cmd: P.Reduce) -> None:
         from monarch_tensor_engine import _collectives
 
-        _collectives.run_reduce(self, *spec)
+        _collectives.run_reduce(self, *cmd)
 
     # ---------------------------------------------------------------- helpers
     def _value(self, x: Any) -> Any:
         if isinstance(x, Ref):
             return self.env[x.id]
         if type(x) is ProcessGroupRef:  # mesh.process_group(dims), passed to a remote function
-            return x.resolve(self)
+            from monarch_tensor_engine import _collectives
+
+            return _collectives.resolve_group(self, x)
         return x
 
     def _poisoned(self, tree: Any) -> Poison | None:
@@ -436,22 +438,17 @@ class _Slot:
         self.back = threading.Event()
 
 
-class Meta:
-    """A tensor's metadata, as ``describe`` returns it."""
+class _Mark(NamedTuple):
+    """A stream's queue reached this point (``_reach``; never sent: put on the queue here)."""
+    event: threading.Event
 
-    __slots__ = ("shape", "stride", "dtype", "device", "requires_grad")
 
-    def __init__(self, shape: tuple, stride: tuple, dtype: torch.dtype, device: str, requires_grad: bool) -> None:
-        self.shape, self.stride, self.dtype, self.device, self.requires_grad = shape, stride, dtype, device, \
-            requires_grad
-
-    @classmethod
-    def of(cls, t: torch.Tensor) -> "Meta":
-        return cls(tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device), bool(t.requires_grad))
-
-    def key(self) -> tuple:
-        """As ``_tensor.meta_key`` has it: ``(shape, strides, dtype, device, requires_grad)``."""
-        return (self.shape, self.stride, self.dtype, self.device, self.requires_grad)
-
-    def __reduce__(self) -> Any:
-        return (Meta, (self.shape, self.stride, self.dtype, self.device, self.requires_grad))
+#: command type -> the worker's method that runs it: the dispatch table of ``_exec``
+Worker.HANDLERS = {
+    P.SetStream: Worker._c_stream, _Mark: Worker._c_mark, P.Op: Worker._c_op, P.Keep: Worker._c_keep,
+    P.Value: Worker._c_value, P.Bind: Worker._c_bind, P.Drop: Worker._c_drop, P.Lend: Worker._c_lend,
+    P.Take: Worker._c_take, P.GiveBack: Worker._c_give_back, P.WaitBack: Worker._c_wait_back,
+    P.StartGrads: Worker._c_grads, P.TakeGrad: Worker._c_grad, P.EndGrads: Worker._c_grads_end,
+    P.RankTensor: Worker._c_rank, P.ConnectStore: Worker._c_store, P.Send: Worker._c_send, P.Recv: Worker._c_recv,
+    P.Reduce: Worker._c_reduce,
+}

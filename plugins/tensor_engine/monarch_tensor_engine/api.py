@@ -17,7 +17,7 @@ from monarch_tensor_engine._streams import Borrow, Stream, get_active_stream
 from monarch_tensor_engine._collectives import reduce as _reduce
 from monarch_tensor_engine._process_group import RemoteProcessGroup
 from monarch_tensor_engine._tensor import Tensor
-from monarch_tensor_engine._worker import TensorOpError
+from monarch_tensor_engine._protocol import RankTensor, TensorOpError
 
 __all__ = [
     "Borrow", "RemoteProcessGroup", "Stream", "Tensor", "TensorOpError", "activate", "exit_engine", "start_engine",
@@ -135,7 +135,7 @@ def rank_tensor(proc_mesh: Any, dim: str) -> Tensor:
         raise ValueError(f"unknown dimension {dim!r}: mesh {getattr(proc_mesh, 'name', 'mesh')!r} has "
                          f"{dict(zip(labels, sizes))}")
     h = ctl.new_handle(ctl.make_fake((), torch.int64, torch.device("cpu")))
-    ctl.send(("rank", dim, (labels, sizes), h._id))
+    ctl.send(RankTensor(dim, (labels, sizes), h._id))
     return h
 
 
