@@ -16,7 +16,8 @@ from a terminal), in a process group of its own, with a time limit:
   after printing what they should, they are still running with no traceback
   printed (unless one is the point), and, on SIGINT to their process group
   (what Ctrl+C in a terminal sends), exit within ``grace_s`` (or when they
-  finished their work before, exit 0).
+  finished their work before, exit 0), having printed what they should
+  print on the way out (``after``).
 
 Extra NAMEs run only the programs whose name contains one of them.  The exit
 status is the number of failures.  Programs' output goes to ``--logs`` (a
@@ -48,6 +49,7 @@ class Example:
     cpu: bool = False  # written for CUDA: run under python -m monarch_compat.cpu
     expect: tuple[str, ...] = ()  # printed by a run that went right
     traceback_ok: bool = False  # a traceback in the output is the program's point (an injected failure)
+    after: tuple[str, ...] = ()  # interrupt: printed once it was stopped by Ctrl+C
     #: its stdin, step by step: (a line to write, what it prints once that line is handled); then closed
     stdin: tuple[tuple[str, str], ...] = ()
 
@@ -81,7 +83,8 @@ EXAMPLES: tuple[Example, ...] = (
     Example(f"{PY}/airport_turnaround_demo.py", "interrupt", expect=("Press Ctrl+C to stop.",)),
     Example(f"{PY}/sleep_actors.py", "interrupt", expect=("done, stopping",)),
     Example(f"{PY}/rapid_spawn_exit_stress.py", "interrupt", expect=("iter 3",)),
-    Example(f"{PY}/inbound_ordering_workload.py", expect=("Shutting down",)),
+    # it sleeps until Ctrl+C (``asyncio.sleep(inf)``), then prints "Shutting down..." and kills its job
+    Example(f"{PY}/inbound_ordering_workload.py", "interrupt", expect=("Verifier:",), after=("Shutting down",)),
     Example(f"{PY}/execution_workload.py",
             stdin=(("HOLD busy a", "EXEC_ENTERED a"), ("RELEASE busy a", "EXEC_ACK release a"),
                    ("HOLD concurrent b", "EXEC_ENTERED b"), ("HOLD concurrent c", "EXEC_ENTERED c"),
@@ -157,7 +160,7 @@ def run_one(ex: Example, checkout: str, log_path: str) -> tuple[bool, str, float
                         return False, f"did not stop within {ex.grace_s:.0f}s of Ctrl+C", time.monotonic() - start
                 pump.join(10)
                 out = "".join(seen)
-            missing = [m for m in ex.expect if m not in out]
+            missing = [m for m in (*ex.expect, *ex.after) if m not in out]
             if missing:
                 return False, f"did not print {missing}", time.monotonic() - start
             if not ex.traceback_ok and "Traceback (most recent call last)" in out:

@@ -173,3 +173,43 @@ def test_distributed_tensors_outside_activate_run_on_their_mesh_and_reach_actors
             strangers.describe.call_one(d[0]).get(timeout=60)
     finally:
         other.stop().get(timeout=60)
+
+
+def test_the_runner_judges_what_an_interrupted_program_prints_on_the_way_out(tmp_path: Path) -> None:
+    # inbound_ordering_workload.py sleeps until Ctrl+C, then prints "Shutting down..." and kills its job:
+    # an interrupt program (it never exits by itself), and what it prints after Ctrl+C is judged too
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("run_reference_examples", HERE / "run_reference_examples.py")
+    assert spec is not None and spec.loader is not None
+    runner = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = runner  # (its dataclasses look their module up there)
+    try:
+        spec.loader.exec_module(runner)
+    finally:
+        del sys.modules[spec.name]
+    program = textwrap.dedent("""
+        import asyncio, sys
+        async def main():
+            try:
+                print("ready", flush=True)
+                await asyncio.sleep(float("inf"))
+            finally:
+                if sys.argv[0].endswith("polite.py"):
+                    print("Shutting down...", flush=True)
+        try:
+            asyncio.run(main())
+        except KeyboardInterrupt:
+            pass
+    """)
+    for name in ("polite.py", "silent.py"):
+        (tmp_path / name).write_text(program)
+    results = {}
+    for name in ("polite.py", "silent.py"):
+        ex = runner.Example(name, "interrupt", timeout_s=60, run_s=1, grace_s=30, expect=("ready",),
+                            after=("Shutting down",))
+        results[name] = runner.run_one(ex, str(tmp_path), str(tmp_path / f"{name}.log"))
+    assert results["polite.py"][:2] == (True, "")
+    assert results["silent.py"][0] is False and "Shutting down" in results["silent.py"][1]
+    inbound = next(e for e in runner.EXAMPLES if "inbound_ordering" in e.path)
+    assert inbound.mode == "interrupt" and inbound.after == ("Shutting down",)
