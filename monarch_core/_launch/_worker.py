@@ -109,6 +109,7 @@ class WorkerLoopAgent(ProcAgent):
 
         async def start(spec: ProcSpec) -> None:
             try:
+                assert kernel.address is not None  # (set once the kernel listens)
                 bind = self.child_bind_spec or kernel.transport.child_bind_spec(kernel.address)
                 await start_proc(kernel, spec, bind_spec=bind)
                 self.watch_child(spec.proc_id)
@@ -198,7 +199,7 @@ class WorkerLoopAgent(ProcAgent):
                     f"its client {client} sent no heartbeat for {now - last:.0f}s (more than "
                     f"MONARCH_DELIVERY_TIMEOUT={self.kernel.delivery_timeout:g}s): the client is gone or cut off"
                 )
-                if given_up:
+                if given_up and recheck is not None:
                     why = (
                         f"its client {client} was not heard for {recheck[2]:.0f}s (this worker loop did not run, or "
                         f"the link was down), longer than a client waits for its host's heartbeat "
@@ -244,10 +245,10 @@ class WorkerLoopAgent(ProcAgent):
                 spawner[0], spawner[1], W.K_CONTROL, 0, C.encode(C.ProcDied(proc_id, reason, stopped)), b"", []
             )
             return
-        procs = self.client_procs.pop(proc_id, None)
-        if procs:  # a client went away: the work it started goes too
-            logger.warning("client %s is gone (%s); killing the %d procs it started", proc_id, reason, len(procs))
-            for p in procs:
+        started = self.client_procs.pop(proc_id, None)
+        if started:  # a client went away: the work it started goes too
+            logger.warning("client %s is gone (%s); killing the %d procs it started", proc_id, reason, len(started))
+            for p in started:
                 child = self.kernel.child(p)
                 if child is not None:
                     self._kill(p, child)
@@ -394,6 +395,14 @@ def run_worker_loop_forever(
     if (ca, private_key, cert) != (None, None, None):
         transport.set_credentials(ca=ca, cert=cert, key=private_key)
     transport.normalize(address)
+    child_env = getattr(transport, "child_env", None)
+    if child_env is not None:
+        # What its procs get (``_spawn.transport_env``: the credentials given
+        # as arguments) is this process's environment from now on, so that the
+        # fork server started below has the procs' start-up variables and can
+        # fork them; otherwise every proc would be exec'd (a fresh interpreter
+        # and its imports per proc) beside an idle fork server.
+        os.environ.update(child_env())
     _transport.set_from_parent(transport.name)
     from monarch_core._launch import _fork_server
 
