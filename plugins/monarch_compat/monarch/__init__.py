@@ -32,6 +32,7 @@ _NAMES = {
     "Extent": ("monarch_core.actor", "Extent"),
     "Future": ("monarch_core.actor", "Future"),
     "ActorFuture": ("monarch_core.actor", "Future"),
+    "Simulator": ("monarch_compat._simulator", "Simulator"),
 }
 
 

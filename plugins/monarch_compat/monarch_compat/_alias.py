@@ -41,8 +41,10 @@ REFUSED: dict[str, str] = {
     "monarch.remotemount": "remotemount (a FUSE mount) has no counterpart; see docs/workspace.md",
     "monarch._rust_bindings": "the reference's Rust extension has no counterpart; its public names are "
                               "in monarch.actor, monarch.config and monarch.job (docs/compat.md)",
-    "monarch.simulator": "the reference's simulator has no counterpart; monarch_core.testing.patch_tensor_engine "
-                         "runs a patched actor's tensor engine on local CPU procs instead (docs/compat.md)",
+    "monarch.simulator": "the reference's simulator (its model of GPUs) has no counterpart; monarch.Simulator(hosts, "
+                         "gpus) runs the program for real on local CPU procs and records the run's trace, and "
+                         "monarch_core.testing.patch_tensor_engine runs a patched actor's tensor engine on local CPU "
+                         "procs (docs/compat.md)",
 }
 
 

@@ -386,3 +386,38 @@ def test_attribute_aliases_never_hide_a_core_attribute(monkeypatch) -> None:
     monkeypatch.setattr(MeshTrait, "_labels", "core's own", raising=False)
     with pytest.raises(RuntimeError, match="now defined by monarch-core"):
         _attributes.install()
+
+
+def test_simulator_runs_for_real_on_local_procs_and_display_writes_the_trace(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """``monarch.Simulator(hosts, gpus)``: local CPU procs of dimensions host
+    and gpu, the run recorded as a Chrome trace that ``display()`` writes and
+    names; what needs the reference's model of GPUs is refused."""
+    import json
+
+    import monarch
+    from monarch.actor import Actor, endpoint
+
+    class Echo(Actor):
+        @endpoint
+        def echo(self, x: int) -> int:
+            return x
+
+    for bad, match in (({"simulate_mode": "command_history"}, "command history"), ({"build_ir": True}, "IR"),
+                       ({"upload_trace": True}, "Meta-internal"), ({"trace_mode": "nonsense"}, "stream_only")):
+        with pytest.raises(ValueError, match=match):
+            monarch.Simulator(1, 2, **bad)
+    path = tmp_path / "sim.json"
+    sim = monarch.Simulator(hosts=1, gpus=2, trace_mode="stream_only", trace_path=str(path))
+    try:
+        assert dict(sim.mesh.rename(gpu="dp").extent.items()) == {"host": 1, "dp": 2}
+        actors = sim.mesh.spawn("echo", Echo)
+        assert list(actors.echo.call(3).get(timeout=60).values()) == [3, 3]
+        sim.display()
+        out = capsys.readouterr().out
+        assert str(path) in out and "ran for real" in out and "echo.echo" in out
+        events = json.loads(path.read_text())
+        assert any("echo" in str(e.get("name", "")) for e in events)  # the call's spans
+        with pytest.raises(RuntimeError, match="Meta-internal"):
+            sim.upload()
+    finally:
+        sim.mesh.stop().get(timeout=60)
