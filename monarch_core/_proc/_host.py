@@ -97,6 +97,7 @@ class UndeliverableMessage:
 
 _AWAIT = object()
 _SUPERVISE = object()
+_CONTROL = object()  # in the FIFO: control items (``_control``) arrived
 _UNDELIVERABLE = object()
 CLEANUP_TIMEOUT = 10.0
 
@@ -177,6 +178,8 @@ class ActorHost:
         self._waiter: asyncio.Future | None = None
         self._idle = False
         self._incoming: collections.deque = collections.deque()  # from other threads
+        #: supervision events (any thread), taken before the queued messages (``_take_control``)
+        self._control: collections.deque = collections.deque()
         self._wake_scheduled = False
         self._serving = False  # this actor's loop is reading the proc's sockets
         self._closed = False
@@ -238,9 +241,34 @@ class ActorHost:
     def _drain_incoming(self) -> None:
         self._wake_scheduled = False
         incoming = self._incoming
+        control = self._control
         put = self._put
         while incoming:
-            put(incoming.popleft())
+            if control:  # (a message handled right here may take long: control goes first)
+                self._take_control()
+            item = incoming.popleft()
+            if item[0] is not _CONTROL:
+                put(item)
+
+    def _take_control(self) -> None:
+        """Put the control items that arrived ahead of the queued messages,
+        after the message being handled (an awaiting one that started while
+        the actor was idle, ``_AWAIT``, counts as being handled); once a stop
+        is requested they are dropped: the stop stops the meshes this actor
+        owns, and ``__supervise__`` does not run during it."""
+        control = self._control
+        if self._stop_requested:  # an event arriving once the stop is asked for is dropped (the reference's)
+            control.clear()
+            return
+        pending = self._pending
+        at = 1 if pending and pending[0][0] is _AWAIT else 0
+        while control:
+            pending.insert(at, control.popleft())
+            at += 1
+        self._idle = False
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
 
     def _orphan_incoming(self) -> None:
         """Answer items that reached an actor whose thread has ended."""
@@ -254,8 +282,11 @@ class ActorHost:
                 self._finish_stop()
             elif type(h) is tuple:
                 self.agent.reply_gone(h, self)
-            elif h is _SUPERVISE:
-                logger.warning("failure of %s arrived after its owner %s ended", item[1].mesh_name, self.display_name)
+            elif h is _CONTROL:
+                while self._control:
+                    failure = self._control.popleft()[1]
+                    logger.warning("failure of %s arrived after its owner %s ended", failure.mesh_name,
+                                   self.display_name)
             elif h is _UNDELIVERABLE:
                 logger.warning("undeliverable message for ended actor %s: %s", self.display_name, item[1])
 
@@ -409,10 +440,13 @@ class ActorHost:
         _state.current_actor.set(self)
         await self._construct()
         pending = self._pending
+        control = self._control
         loop = self.loop
         while True:
             if self._abandoned:  # it was stopped without this thread: run nothing more
                 return
+            if control:  # a failure to supervise arrived: before the queued messages
+                self._take_control()
             if not pending:
                 self._waiter = loop.create_future()
                 self._idle = True
@@ -546,9 +580,12 @@ class ActorHost:
 
     # ---------------------------------------------------------------- supervision
     def supervise(self, failure: Any) -> None:
-        """A mesh this actor owns failed (any thread): handled in order with
-        its messages, by ``__supervise__``."""
-        self._post((_SUPERVISE, failure, None))
+        """A mesh this actor owns failed (any thread): handled by
+        ``__supervise__`` once the message being handled is done, before the
+        messages queued behind it (a backlog of busy endpoints does not delay
+        it; the reference's order)."""
+        self._control.append((_SUPERVISE, failure, None))
+        self._post((_CONTROL, None, None))  # wakes the actor's loop, which takes it first
 
     async def _on_supervise(self, failure: Any) -> None:
         if self.failure is not None or self.stopped or self.instance is None:

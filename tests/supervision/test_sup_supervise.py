@@ -519,7 +519,7 @@ class Stopping(Parent):
             self.child.die.call_one("failed after the stop began").get(timeout=T)
         except Exception:  # noqa: BLE001 - the child died, as meant
             pass
-        while not any(item[0] == _host._SUPERVISE for item in list(host._incoming)):
+        while not any(item[0] == _host._SUPERVISE for item in list(host._control)):
             assert time.monotonic() < deadline, "the child's failure never reached its owner"
             time.sleep(0.01)
 
