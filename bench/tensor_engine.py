@@ -129,35 +129,43 @@ class Floor(Actor):
         dist.destroy_process_group()
 
 
-def dispatch_rate(procs: int, ops: int, reps: int) -> float:
-    """Ops per second issued into a one-host mesh of ``procs`` procs, from
-    the first op to one fetched value (the median of ``reps`` runs)."""
+def dispatch_rate(procs: int, ops: int, reps: int) -> tuple[float, float, float]:
+    """Into a one-host mesh of ``procs`` procs, the medians of ``reps`` runs
+    of ``ops`` element-wise ops: (issue rate: ops per second of the client's
+    loop, the batches' sends included; the client thread's CPU per op, in
+    microseconds; end-to-end rate: from the first op to one fetched value,
+    which waits for the procs to run them all)."""
     pm = this_host().spawn_procs(per_host={"gpus": procs})
     try:
         with pm.activate():
             x = torch.zeros(16)
             monarch.inspect(x)
-            rates = []
+            issue, cpu, total = [], [], []
             for _ in range(max(1, reps)):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 for _ in range(ops):
                     x = x + 1
+                t_issued, c1 = time.perf_counter(), time.thread_time()  # every full batch sent
                 monarch.inspect(x)
-                rates.append(ops / (time.perf_counter() - t0))
-        return statistics.median(rates)
+                t1 = time.perf_counter()
+                issue.append(ops / (t_issued - t0))
+                cpu.append((c1 - c0) / ops * 1e6)
+                total.append(ops / (t1 - t0))
+        return statistics.median(issue), statistics.median(cpu), statistics.median(total)
     finally:
         pm.stop().get(timeout=300)
 
 
 def scaling(sizes: list[int], ops: int, reps: int) -> int:
     """The ``--procs`` axis: the dispatch row at each mesh size."""
-    print(f"| procs | dispatch ({ops} element-wise ops + 1 fetch) | vs {sizes[0]} procs |")
-    print("|---|---|---|")
+    print(f"| procs | issue ({ops} element-wise ops) | client CPU per op | end to end (+1 fetch) | issue vs "
+          f"{sizes[0]} procs |")
+    print("|---|---|---|---|---|")
     first = None
     for n in sizes:
-        rate = dispatch_rate(n, ops, reps)
-        first = first or rate
-        print(f"| {n} | {rate:,.0f} ops/s | {rate / first:.2f}× |", flush=True)
+        issue, cpu, total = dispatch_rate(n, ops, reps)
+        first = first or issue
+        print(f"| {n} | {issue:,.0f} ops/s | {cpu:.0f} µs | {total:,.0f} ops/s | {issue / first:.2f}× |", flush=True)
     return 0
 
 

@@ -27,6 +27,6 @@ def test_tensor_engine_messages_format_no_raw_duration() -> None:
     # (``{TIMEOUT_S} s``, ``{WAIT_S:g}s``, ``{timeout:.0f} s``) instead of format_duration(...)
     raw = re.compile(r"\{(?:[A-Z_]*(?:TIMEOUT|WAIT)_S|timeout)(?::[^}]*)?\}")
     found = [f"{p.name}:{i}: {line.strip()}"
-             for p in sorted(TENSOR_ENGINE.glob("*.py"))
+             for p in sorted(TENSOR_ENGINE.rglob("*.py"))
              for i, line in enumerate(p.read_text().splitlines(), 1) if raw.search(line)]
     assert found == [], "\n".join(found)

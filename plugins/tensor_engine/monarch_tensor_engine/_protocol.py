@@ -213,9 +213,9 @@ class StartGrads(NamedTuple):
 
 
 class TakeGrad(NamedTuple):
-    """Bind gradient ``index`` of generator ``gen`` to ``out``, once the backward has it."""
+    """Bind gradient ``nth`` of generator ``gen`` to ``out``, once the backward has it."""
     gen: int
-    index: int
+    nth: int
     out: int
 
 

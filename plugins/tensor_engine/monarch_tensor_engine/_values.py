@@ -29,9 +29,11 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from monarch_tensor_engine import _controller
+from monarch_tensor_engine._client import _controller
+from monarch_tensor_engine._client._ops import flatten, func_ref, op_name, unflatten
+from monarch_tensor_engine._client._streams import get_active_stream
+from monarch_tensor_engine._client._tensor import Tensor
 from monarch_tensor_engine._protocol import Ref, Value
-from monarch_tensor_engine._tensor import Tensor
 
 __all__ = ["broadcast", "call", "call_one", "choose", "send", "stream"]
 
@@ -48,14 +50,11 @@ def _run(ctl: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, ranks: lis
          keep: bool) -> tuple[int | None, str]:
     """Queue ``fn`` on ``ranks`` (None: every proc) of ``ctl``'s mesh; returns
     (the key its results are kept under, or None when ``keep`` is false; the stream's key)."""
-    from monarch_tensor_engine._controller import _flatten, _unflatten, func_ref, op_name
-    from monarch_tensor_engine._streams import get_active_stream
-
-    flat, spec = _flatten(args, kwargs)
+    flat, spec = flatten(args, kwargs)
     handles, _ = ctl._inputs(fn, flat)
     ctl.check_streams(fn, handles, kwargs, None)
     key = next(ctl.ids) if keep else None
-    a, k = _unflatten([Ref(x._id) if isinstance(x, Tensor) else x for x in flat], spec)
+    a, k = unflatten([Ref(x._id) if isinstance(x, Tensor) else x for x in flat], spec)
     ctl.send(Value(func_ref(fn), a, k, key, torch.is_grad_enabled(), op_name(fn), ranks))
     return key, get_active_stream().key
 

@@ -8,15 +8,19 @@ reference's ``monarch.random`` (:mod:`monarch_tensor_engine.random`)."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Callable
 
 import torch
+from torch.utils._pytree import tree_flatten
 
-from monarch_tensor_engine import _controller, _globals
-from monarch_tensor_engine._streams import Borrow, Stream, get_active_stream
-from monarch_tensor_engine._collectives import reduce as _reduce
-from monarch_tensor_engine._process_group import RemoteProcessGroup
-from monarch_tensor_engine._tensor import Tensor
+from monarch_core.actor import context
+from monarch_tensor_engine import _values, random
+from monarch_tensor_engine._client import _controller, _globals, _grads, _process_group, _propagate, _transfer
+from monarch_tensor_engine._client._collectives import reduce as _reduce
+from monarch_tensor_engine._client._process_group import RemoteProcessGroup
+from monarch_tensor_engine._client._streams import Borrow, Stream, get_active_stream
+from monarch_tensor_engine._client._tensor import Tensor
 from monarch_tensor_engine._protocol import RankTensor, TensorOpError
 
 __all__ = [
@@ -28,14 +32,6 @@ __all__ = [
 
 
 _globals.install()
-
-
-def __getattr__(name: str) -> Any:
-    if name == "random":  # imported on first use: it defines remote functions with this module's remote()
-        import importlib
-
-        return importlib.import_module("monarch_tensor_engine.random")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def activate(proc_mesh: Any) -> _controller.Active:
@@ -75,9 +71,7 @@ def exit_engine(proc_mesh: Any, timeout: float = 60.0) -> None:
 def process_group(proc_mesh: Any, dims: Any, backend: str | None = None) -> RemoteProcessGroup:
     """``ProcMesh.process_group(dims)``: a ``torch.distributed`` process group over
     ``dims`` for remote functions on the procs (see ``_process_group``)."""
-    from monarch_tensor_engine import _process_group
-
-    return _process_group.process_group(proc_mesh, dims, backend)
+    return _process_group.process_group(_controller.controller(proc_mesh), proc_mesh, dims, backend)
 
 
 def get_active_mesh() -> Any:
@@ -162,14 +156,10 @@ class _Remote:
     ordinary local call."""
 
     def __init__(self, fn: Callable[..., Any] | str, propagate: Any) -> None:
-        from monarch_tensor_engine import _propagate
-
         if isinstance(fn, str):
             module, _, name = fn.rpartition(".")
             if not module:
                 raise ValueError(f"remote({fn!r}): name a function as 'package.module.function'")
-            import importlib
-
             fn = getattr(importlib.import_module(module), name)
         if not callable(fn):
             raise TypeError(f"remote() takes a function or 'module.function', got {fn!r}")
@@ -178,49 +168,32 @@ class _Remote:
         self.__name__ = getattr(fn, "__name__", "remote")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from monarch_tensor_engine import _propagate
-
-        ctl = _controller.active()
-        if ctl is None:
-            return self.fn(*args, **kwargs)  # no mesh: an ordinary local call
-        return _propagate.call(ctl, self.fn, args, kwargs, self.propagate, owner=self.fn, local_fn=self.fn)
+        return _propagate.run_remote(self.fn, args, kwargs, self.propagate)
 
     # the reference's Remote is an endpoint of the active mesh: its adverbs
     # bring the function's values back to the client (``_values``)
     def call(self, *args: Any, **kwargs: Any) -> Any:
         """A ``Future`` of the ``ValueMesh`` of ``fn``'s result on every proc of the active mesh."""
-        from monarch_tensor_engine import _values
-
         return _values.call(self.fn, args, kwargs)
 
     def call_one(self, *args: Any, **kwargs: Any) -> Any:
         """A ``Future`` of ``fn``'s result on the active mesh's only proc."""
-        from monarch_tensor_engine import _values
-
         return _values.call_one(self.fn, args, kwargs)
 
     def choose(self, *args: Any, **kwargs: Any) -> Any:
         """A ``Future`` of ``fn``'s result on one proc of the active mesh, chosen at random."""
-        from monarch_tensor_engine import _values
-
         return _values.choose(self.fn, args, kwargs)
 
     def stream(self, *args: Any, **kwargs: Any) -> Any:
         """A ``Future`` per proc of the active mesh of ``fn``'s result there, in rank order."""
-        from monarch_tensor_engine import _values
-
         return _values.stream(self.fn, args, kwargs)
 
     def broadcast(self, *args: Any, **kwargs: Any) -> None:
         """Run ``fn`` on every proc of the active mesh, keeping nothing."""
-        from monarch_tensor_engine import _values
-
         _values.broadcast(self.fn, args, kwargs)
 
     def _send(self, args: tuple, kwargs: dict, port: Any, selection: str) -> None:
         """``monarch_core.actor.send(remote(fn), args, kwargs, port=..., selection=...)``."""
-        from monarch_tensor_engine import _values
-
         _values.send(self.fn, tuple(args), dict(kwargs), port, selection)
 
     def __repr__(self) -> str:
@@ -251,8 +224,6 @@ def grad_generator(roots: Any, with_respect_to: Any, grad_roots: Any = None) -> 
     over as soon as it is complete, so reductions issued on another stream
     (``comms.borrow(grad, mutable=True)``) overlap the rest of the backward.
     See ``_grads`` for the contract."""
-    from monarch_tensor_engine import _grads
-
     return _grads.grad_generator(roots, with_respect_to, grad_roots)
 
 
@@ -263,12 +234,8 @@ def rref(endpoint: Any, args: tuple, kwargs: dict) -> Any:
     tensor, and the tensor results stay on the procs as distributed tensors,
     whose shapes the endpoint's ``propagate`` gives (a callable run on fakes,
     ``"cached"`` (the default) or ``"inspect"``; see ``_propagate``)."""
-    from monarch_tensor_engine import _propagate
-
     ctl = _controller.active()
     if ctl is None:  # the mesh of the distributed tensors among the arguments, as in the reference
-        from torch.utils._pytree import tree_flatten
-
         owners = {x._ctl for x in tree_flatten((args, kwargs))[0] if isinstance(x, Tensor)}
         if len(owners) != 1:
             raise RuntimeError("Endpoint.rref() runs inside `with mesh.activate():` of the mesh its actors live on "
@@ -298,8 +265,6 @@ class _ActorCall:
         self.__name__ = name
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        from monarch_core.actor import context
-
         where = dict(context().actor_instance.rank.items())
         ep = getattr(self.actors.slice(**where), self.name)
         return ep.call_one(*args, **kwargs).get(timeout=3600)
@@ -307,13 +272,9 @@ class _ActorCall:
 
 def to_mesh(t: Any, mesh: Any) -> Tensor:
     """``t.to_mesh(mesh)``: rank i's value of ``t`` on rank i of ``mesh`` (the meshes need the same sizes)."""
-    from monarch_tensor_engine import _transfer
-
     return _transfer.to_mesh(_check(t, "to_mesh()"), mesh)
 
 
 def slice_mesh(t: Any, **coords: Any) -> Tensor:
     """``t`` on the sub-mesh ``t.mesh.slice(**coords)``, each proc keeping its value."""
-    from monarch_tensor_engine import _transfer
-
     return _transfer.slice_mesh(_check(t, "slice_mesh()"), **coords)

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 
 import monarch_core as monarch  # noqa: E402
 from monarch_core.actor import ActorError, this_host  # noqa: E402
-from monarch_tensor_engine import _controller  # noqa: E402
+from monarch_tensor_engine._client import _controller  # noqa: E402
 from monarch_tensor_engine.api import TensorOpError, remote  # noqa: E402
 
 

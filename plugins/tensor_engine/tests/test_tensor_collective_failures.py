@@ -157,14 +157,15 @@ def faults():  # type: ignore[no-untyped-def]
 def _wait_death_marked(pm, rank: int) -> None:  # type: ignore[no-untyped-def]
     """Wait (60 s at most) until the client has told the mesh's procs that ``rank`` died, through the
     mesh's store: from then on the procs know, and a collective issued now meets the death as known."""
-    from monarch_tensor_engine import _collectives, _controller
+    from monarch_tensor_engine import _protocol
+    from monarch_tensor_engine._client import _controller
 
     ctl = _controller.controller(pm)
     deadline = time.monotonic() + 60
     while True:
-        if ctl.store is not None and rank in ctl.dead:
-            client = _collectives.store_client(*ctl.store)
-            if client.check([_collectives.DEAD_KEY]):
+        if ctl.store.address is not None and rank in ctl.dead:
+            client = _protocol.store_client(*ctl.store.address)
+            if client.check([_protocol.DEAD_KEY]):
                 return
         assert time.monotonic() < deadline, f"the client did not mark rank {rank} dead within 60 s: {ctl.dead}"
         time.sleep(0.05)

@@ -1,4 +1,5 @@
-"""``grad_generator``: gradients one at a time, while the backward runs on.
+"""``grad_generator``, the procs' side: gradients one at a time, while the
+backward runs on (the client's side is ``_client._grads``).
 
 Contract:
 
@@ -21,20 +22,20 @@ from __future__ import annotations
 
 import threading
 import traceback
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map
 
 from monarch_core.runtime import format_duration
+from monarch_tensor_engine._protocol import WAIT_S, TensorOpError
+from monarch_tensor_engine._worker._env import Poison
 
 
 class Backward:
     """The procs' side: one backward, its gradients as they come."""
 
     def __init__(self, worker: Any, roots: Any, params: Any, grad_roots: Any) -> None:
-        from monarch_tensor_engine._worker import TensorOpError
-
         self.worker = worker
         self.values: list[Any] = [None] * len(params)
         self.ready = [threading.Event() for _ in params]
@@ -64,8 +65,6 @@ class Backward:
         return hand_over
 
     def _run(self, roots: list, params: list, grad_roots: Any) -> None:
-        from monarch_tensor_engine._worker import TensorOpError
-
         try:
             grads = torch.autograd.grad(roots, params, grad_outputs=grad_roots, allow_unused=True)
         except Exception as e:  # noqa: BLE001 - contained: the gradients are poisoned
@@ -86,8 +85,6 @@ class Backward:
         self.hooks = []
 
     def _fail(self, error: Any) -> None:
-        from monarch_tensor_engine._worker import Poison
-
         for i, ev in enumerate(self.ready):
             if not ev.is_set():
                 self.values[i] = Poison(error)
@@ -95,8 +92,6 @@ class Backward:
 
     def take(self, i: int) -> Any:
         """Gradient ``i`` (a tensor or a ``Poison``), once the backward has it."""
-        from monarch_tensor_engine._worker import WAIT_S, Poison, TensorOpError
-
         if not self.ready[i].wait(WAIT_S):
             return Poison(TensorOpError(f"grad_generator: gradient {i} did not come within "
                                         f"{format_duration(WAIT_S)} on the proc at {self.worker.where}",
@@ -108,46 +103,3 @@ class Backward:
     def finish(self) -> None:
         """The client is done with this generator (the backward may still be running: it ends on its own)."""
         self.values = [None] * len(self.values)
-
-
-def grad_generator(roots: Any, with_respect_to: Any, grad_roots: Any = None) -> Iterator[Any]:
-    """The client's side (see the module docstring and ``api.grad_generator``)."""
-    from monarch_tensor_engine import _controller, _streams
-    from monarch_tensor_engine._protocol import EndGrads, Ref, StartGrads, TakeGrad
-    from monarch_tensor_engine._tensor import Tensor
-
-    ctl = _controller.active()
-    if ctl is None:
-        raise RuntimeError("grad_generator() runs inside `with mesh.activate():`")
-    params = list(with_respect_to)
-    root_list = [roots] if isinstance(roots, torch.Tensor) else list(roots)
-    grad_list = None if grad_roots is None else (
-        [grad_roots] if isinstance(grad_roots, torch.Tensor) else list(grad_roots))
-    if not params:
-        return
-    for t in root_list + params + (grad_list or []):
-        if not isinstance(t, Tensor) or t._ctl is not ctl:
-            raise TypeError(f"grad_generator() takes distributed tensors of the active mesh {ctl.mesh_name!r}, got "
-                            f"{type(t).__name__}")
-        _streams.check_use(t, False, "grad_generator")
-    with torch._C.DisableTorchFunction(), ctl.fake_mode:
-        fakes = torch.autograd.grad([r._fake for r in root_list], [p._fake for p in params],
-                                    grad_outputs=None if grad_list is None else [g._fake for g in grad_list],
-                                    allow_unused=True)
-    stream = _streams.get_active_stream()
-    gen = next(ctl.ids)
-
-    def refs(ts: list | None) -> list | None:
-        return None if ts is None else [Ref(t._id) for t in ts]
-
-    ctl.send(StartGrads(gen, refs(root_list), refs(params), refs(grad_list)), stream)
-    try:
-        for i, fake in enumerate(fakes):
-            if fake is None:  # this tensor took no part in computing the roots
-                yield None
-                continue
-            h = ctl.new_handle(fake, stream)
-            ctl.send(TakeGrad(gen, i, h._id), stream)
-            yield h
-    finally:
-        ctl.send(EndGrads(gen), stream)

@@ -44,6 +44,9 @@ from typing import Any, Callable
 import torch
 
 from monarch_tensor_engine import _protocol as P
+from monarch_tensor_engine._client import _rng
+from monarch_tensor_engine._client._active import active as _active
+from monarch_tensor_engine._client._tensor import Tensor
 
 logger = logging.getLogger("monarch.tensor")
 
@@ -82,42 +85,30 @@ def check_activate() -> None:
 
 # ---------------------------------------------------------------- the wrapped torch functions
 
-def _active() -> Any:
-    from monarch_tensor_engine import _controller
-
-    return _controller.active()
-
-
 def _manual_seed(original: Callable[..., Any], seed: Any) -> Any:
-    from monarch_tensor_engine import _tensor, random
-
     if _active() is None:
         return original(seed)
-    if isinstance(seed, _tensor.Tensor):  # each proc its own value: per-rank streams
+    if isinstance(seed, Tensor):  # each proc its own value: per-rank streams
         if seed.dtype.is_floating_point or seed.dtype.is_complex or seed.dim() != 0:
             raise TypeError(f"torch.manual_seed(t) inside a mesh takes an integer scalar distributed tensor "
                             f"(e.g. 1000 + mesh.rank_tensor('dp')), got shape {tuple(seed.shape)} {seed.dtype}")
-        random.manual_seed_procs(seed)
+        _rng.manual_seed_procs(seed)
         return torch.default_generator
     result = original(seed)  # the client too, as torch does
-    random.manual_seed_procs(int(seed))
+    _rng.manual_seed_procs(int(seed))
     return result
 
 
 def _get_rng_state(original: Callable[..., Any]) -> Any:
-    from monarch_tensor_engine import random
-
     if _active() is None:
         return original()
-    return random.get_cpu_state()
+    return _rng.get_cpu_state()
 
 
 def _set_rng_state(original: Callable[..., Any], new_state: Any) -> Any:
-    from monarch_tensor_engine import _tensor, random
-
-    if _active() is None or not isinstance(new_state, _tensor.Tensor):
+    if _active() is None or not isinstance(new_state, Tensor):
         return original(new_state)  # a local state (a fetched one): the client's generator, as torch does
-    random.set_cpu_state(new_state)
+    _rng.set_cpu_state(new_state)
     return None
 
 

@@ -37,6 +37,9 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+from torch.utils._pytree import tree_flatten
 
 from monarch_tensor_engine._protocol import ProcessGroupRef
 
@@ -68,10 +71,6 @@ class _Done:
 
 def _fakes_only(method: str) -> Any:
     def collective(self: "RemoteProcessGroup", *args: Any, **kwargs: Any) -> _Done:
-        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-        from torch.utils._pytree import tree_flatten
-
         tensors = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
         faking = any(isinstance(m, FakeTensorMode) for m in _get_current_dispatch_mode_stack())
         if not (faking or tensors) or not all(isinstance(x, FakeTensor) for x in tensors):
@@ -122,11 +121,10 @@ class RemoteProcessGroup(dist.ProcessGroup):
     barrier = _fakes_only("barrier")
 
 
-def process_group(mesh: Any, dims: Any, backend: str | None = None) -> RemoteProcessGroup:
-    """``ProcMesh.process_group(dims)``: see the module docstring.  Starts the
-    mesh's workers and its groups' rendezvous store if they are not yet."""
-    from monarch_tensor_engine import _collectives, _controller
-
+def process_group(ctl: Any, mesh: Any, dims: Any, backend: str | None = None) -> RemoteProcessGroup:
+    """``ProcMesh.process_group(dims)`` of ``mesh`` (whose controller is
+    ``ctl``): see the module docstring.  Starts the groups' rendezvous store
+    if it is not yet."""
     names = (dims,) if isinstance(dims, str) else tuple(dims)
     labels = list(mesh.extent.labels)
     if not names or not all(isinstance(d, str) for d in names):
@@ -138,6 +136,5 @@ def process_group(mesh: Any, dims: Any, backend: str | None = None) -> RemotePro
     if backend not in BACKENDS:
         raise ValueError(f"process_group(backend={backend!r}): pass 'gloo', 'nccl' or None (NCCL where the procs "
                          f"have CUDA, gloo otherwise)")
-    ctl = _controller.controller(mesh)
-    _collectives._ensure_store(ctl)
+    ctl.store.ensure(ctl)
     return RemoteProcessGroup(mesh, tuple(d for d in labels if d in names), backend)

@@ -1,5 +1,5 @@
-"""Collectives: ``Tensor.reduce`` / ``reduce_`` over any subset of a mesh's
-dimensions.
+"""Collectives, the procs' side: a ``Reduce`` command on each member of a
+group (the client's side is ``_client._collectives``).
 
 The client checks the arguments, works out the result's shape (so that the
 next operations can be checked and pipelined too) and sends one ``reduce``
@@ -41,151 +41,17 @@ import json
 import logging
 import math
 import threading
+import time
 from typing import Any
 
 import torch
 
-from monarch_core.runtime import format_duration
-
-from monarch_tensor_engine import _protocol as P
-from monarch_tensor_engine._protocol import (DEAD_KEY, MemberDied, TensorOpError, coordinates, dead_key, members_of,
-                                             store_client)
-from monarch_tensor_engine._tensor import Tensor
+from monarch_core.runtime import format_duration, host_address
+from monarch_tensor_engine._protocol import (DEAD_KEY, TIMEOUT_S, MemberDied, ProcessGroupRef, Reduce, TensorOpError,
+                                             coordinates, dead_key, members_of)
+from monarch_tensor_engine._worker._env import Poison, stream_key
 
 logger = logging.getLogger("monarch.tensor")
-
-REDUCTIONS = ("sum", "avg", "product", "min", "max", "band", "bor", "bxor", "stack")
-TIMEOUT_S = P.TIMEOUT_S
-
-
-def _dims(ctl: Any, dims: Any) -> tuple[str, ...]:
-    names = (dims,) if isinstance(dims, str) else tuple(dims)
-    if not names or not all(isinstance(d, str) for d in names):
-        raise TypeError(f"dims must be a dimension name or a non-empty sequence of them, got {dims!r}")
-    unknown = [d for d in names if d not in ctl.labels]
-    if unknown:
-        raise ValueError(f"reduce over unknown dimension(s) {unknown}: mesh {ctl.mesh_name!r} has {ctl.sizes}")
-    return tuple(d for d in ctl.labels if d in names)
-
-
-def result_shape(shape: tuple[int, ...], n: int, reduction: str, scatter: bool) -> tuple[int, ...]:
-    if reduction == "stack":
-        if scatter:
-            if not shape or shape[0] != n:
-                raise ValueError(f"all-to-all (reduction='stack', scatter=True) needs a first dimension of the "
-                                 f"group's size {n}, got shape {shape}")
-            return shape
-        return (n, *shape)
-    if scatter:
-        if not shape or shape[0] % n:
-            raise ValueError(f"reduce-scatter needs a first dimension divisible by the group's size {n}, "
-                             f"got shape {shape}")
-        return (shape[0] // n, *shape[1:])
-    return shape
-
-
-def reduce(t: Tensor, dims: Any, reduction: str, scatter: bool, mesh: Any, out: Tensor | None, *,
-           inplace: bool) -> Tensor:
-    from monarch_tensor_engine import _controller, _streams
-
-    ctl = t._ctl
-    if _controller.active() is not ctl:
-        raise RuntimeError(f"reduce() of a tensor of mesh {ctl.mesh_name!r} must run inside "
-                           f"`with mesh.activate():` of that mesh")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"unknown reduction {reduction!r}; the reductions are {', '.join(REDUCTIONS)}")
-    if mesh is not None and _controller.controller(mesh) is not ctl:
-        if inplace:
-            raise ValueError("reduce_() keeps the tensor on its mesh; use reduce(..., mesh=sub_mesh) to gather the "
-                             "result to a sub-mesh")
-        from monarch_tensor_engine import _transfer
-
-        sub = _controller.controller(mesh)
-        full = reduce(t, dims, reduction, scatter, None, None, inplace=False)
-        result = _transfer.to_submesh(full, sub, "reduce(mesh=)")
-        if out is not None:
-            if not isinstance(out, Tensor) or out._ctl is not sub:
-                raise TypeError(f"with mesh=, out must be a distributed tensor of that mesh {sub.mesh_name!r}")
-            with _controller.Active(sub.mesh):
-                out.copy_(result)
-            return out
-        return result
-    _streams.check_use(t, inplace, "reduce")
-    if out is not None and isinstance(out, Tensor):
-        _streams.check_use(out, True, "reduce(out=)")
-    names = _dims(ctl, dims)
-    n = math.prod(ctl.sizes[d] for d in names)
-    fake = t._fake
-    if reduction == "avg" and not (fake.dtype.is_floating_point or fake.dtype.is_complex):
-        raise TypeError(f"reduction 'avg' needs a floating-point tensor, got {fake.dtype}")
-    if reduction in ("band", "bor", "bxor") and (fake.dtype.is_floating_point or fake.dtype.is_complex):
-        raise TypeError(f"reduction {reduction!r} needs an integer or bool tensor, got {fake.dtype}")
-    shape = result_shape(tuple(fake.shape), n, reduction, scatter)
-    if inplace and (reduction == "stack" or scatter):
-        raise ValueError("reduce_() works in place: it needs a reduction that keeps the shape "
-                         "(not 'stack', not scatter=True); use reduce()")
-    if out is not None:
-        if not isinstance(out, Tensor) or out._ctl is not ctl:
-            raise TypeError("out must be a distributed tensor of the same mesh")
-        if tuple(out.shape) != shape or out.dtype != fake.dtype:
-            raise ValueError(f"out has shape {tuple(out.shape)} and dtype {out.dtype}; the result has shape "
-                             f"{shape} and dtype {fake.dtype}")
-        result = out
-    elif inplace:
-        result = t
-    else:
-        result = ctl.new_handle(ctl.make_fake(shape, fake.dtype, fake.device))
-    _ensure_store(ctl)
-    dead = tuple(ctl.dead.items())  # a group with a dead member would wait for it: its members poison their result
-    ctl.send(P.Reduce(t._id, result._id, names, reduction, bool(scatter), tuple(fake.shape), fake.dtype,
-                      ctl.view(), dead))
-    return result
-
-
-def _ensure_store(ctl: Any) -> None:
-    if ctl.store is not None:
-        return
-    with ctl.lock:
-        ctl.flush()
-        ctl.store = tuple(ctl.ranks[0].start_store.call_one().get(timeout=TIMEOUT_S))
-        ctl.send(P.ConnectStore(*ctl.store))
-        if ctl.dead:  # a death the store could not be told of yet
-            mark_dead(ctl, "; ".join(f"rank {r}: {why}" for r, why in ctl.dead.items()))
-
-
-# ---------------------------------------------------------------- the procs' side
-
-def start_store(worker: Any) -> tuple[str, int]:
-    """In the mesh's first proc: the groups' store, on a free port here."""
-    from monarch_core.runtime import host_address
-
-    if getattr(worker, "store", None) is None:
-        addr = host_address()
-        worker.store = torch.distributed.TCPStore(addr, 0, None, True, datetime.timedelta(seconds=TIMEOUT_S),
-                                                  wait_for_workers=False)
-        worker.store_addr = (addr, int(worker.store.port))
-    return worker.store_addr
-
-
-def connect_store(worker: Any, addr: str, port: int) -> None:
-    if getattr(worker, "store", None) is None:
-        worker.store = store_client(addr, port)
-        worker.store_addr = (addr, port)
-
-
-def watcher(worker: Any, addr: tuple[str, int] | None = None) -> Any:
-    """This proc's client of the store at ``addr`` (default: its mesh's) for
-    looking for deaths (:func:`watch`, :func:`arrive`): a connection of its
-    own, because a ``TCPStore`` client holds its lock for the whole of a
-    blocking ``get``, and a group that forms waits in one for a member that
-    may be dead."""
-    addr = addr or worker.store_addr
-    clients = worker.__dict__.setdefault("watchers", {})
-    got = clients.get(addr)
-    if got is None:
-        got = clients[addr] = store_client(*addr)
-    return got
-
 
 class Group:
     """One process group of this proc, as :func:`_group` caches it.
@@ -218,11 +84,7 @@ def _group(worker: Any, names: tuple[str, ...], device: torch.device, view: tupl
     own groups), made at its first use.  Raises :class:`MemberDied` when one
     of its members is dead (the client marked it in the store) before the
     group has formed, or dies while it forms."""
-    from monarch_tensor_engine._worker import stream_key
-
     groups = worker.groups
-    if groups is None:
-        groups = worker.groups = {}
     labels, sizes = view
     backend = "nccl" if device.type == "cuda" else "gloo"
     stream = stream_key()
@@ -240,8 +102,8 @@ def _group(worker: Any, names: tuple[str, ...], device: torch.device, view: tupl
     members = members_of(worker.mesh_rank, names, view)
     shape = ",".join(f"{d}:{n}" for d, n in zip(labels, sizes))
     prefix = f"monarch-group/{stream}/{backend}/{shape}/{','.join(names)}/{','.join(f'{d}={c}' for d, c in others)}"
-    store = torch.distributed.PrefixStore(prefix, worker.store)
-    base = watcher(worker)
+    store = torch.distributed.PrefixStore(prefix, worker.store.base)
+    base = worker.store.watcher()
     if backend == "nccl":
         arrive(store, size, base, members, view)
         pg = form(lambda: torch.distributed.ProcessGroupNCCL(store, rank, size), base, members, view)
@@ -305,8 +167,6 @@ def watch(done: threading.Event, base: Any, members: tuple[int, ...] | None, vie
     one is marked dead (the wait would otherwise last until gloo's timeout),
     ``TimeoutError`` after ``timeout``.  Costs nothing while ``done`` comes
     within :data:`POLL_S`."""
-    import time
-
     deadline = time.monotonic() + timeout
     looking = True
     while not done.wait(POLL_S):
@@ -348,8 +208,6 @@ def arrive(store: Any, size: int, base: Any, members: tuple[int, ...] | None = N
     ``TimeoutError`` after :data:`TIMEOUT_S`: a group whose member died never
     forms, and its members must not wait for it; a death elsewhere in the
     mesh does not concern it."""
-    import time
-
     n = store.add("arrived", 1)
     deadline = time.monotonic() + TIMEOUT_S
     pause = 0.001
@@ -365,28 +223,11 @@ def arrive(store: Any, size: int, base: Any, members: tuple[int, ...] | None = N
         n = store.add("arrived", 0)
 
 
-def mark_dead(ctl: Any, why: str) -> None:
-    """The client's side: tell the mesh's procs (through its store) which of
-    them died: :func:`dead_key` of each dead rank (``ctl.dead``), then
-    :data:`DEAD_KEY`."""
-    if ctl.store is None:
-        return
-    try:
-        client = store_client(*ctl.store)
-        for r, reason in list(ctl.dead.items()):
-            client.set(dead_key(r), reason)
-        client.set(DEAD_KEY, why)
-    except Exception as e:  # noqa: BLE001 - the store's proc may be the dead one: its members fail on their own
-        logger.info("tensor engine: could not mark the death in the store of %r: %s", ctl.mesh_name, e)
-
-
 def gloo_group(store: Any, rank: int, size: int, base: Any, members: tuple[int, ...] | None = None,
                view: tuple | None = None) -> Any:
     """A gloo process group on ``store``, bound to the address the other procs
     reach this one at (not whatever the host name resolves to), once its
     members have all arrived (:func:`arrive`), formed under :func:`form`."""
-    from monarch_core.runtime import host_address
-
     arrive(store, size, base, members, view)
     opts = torch.distributed.ProcessGroupGloo._Options()
     opts._timeout = datetime.timedelta(seconds=TIMEOUT_S)
@@ -462,8 +303,6 @@ def _death_behind(base: Any, members: tuple[int, ...]) -> dict[int, str]:
     """After a collective failed: the dead members that caused it, as the
     client marks them in the store within :data:`GRACE_S` (none: the error
     had another cause, or the store is gone too)."""
-    import time
-
     deadline = time.monotonic() + GRACE_S
     while True:
         try:
@@ -510,8 +349,7 @@ def _allreduce_opts(reduction: str) -> Any:
     return opts
 
 
-def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], reduction: str, scatter: bool,
-               shape: tuple[int, ...], dtype: torch.dtype, view: tuple, dead: tuple = ()) -> None:
+def run_reduce(worker: Any, cmd: Reduce) -> None:
     """One member's part of a ``reduce`` command (see the module docstring).
 
     Every member of the group ends with the same outcome: the result, or a
@@ -526,11 +364,10 @@ def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], red
     living member's result at once, without a collective; one that dies
     while the group forms or while the collective runs does so within
     :data:`POLL_S` of the client's noticing (:func:`watch`)."""
-    from monarch_tensor_engine._worker import Poison
-
+    in_id, out_id, names, reduction, scatter, shape, dtype, view, dead = cmd
     what = f"reduce({names}, {reduction!r}, scatter={scatter})"
     if dead:
-        known = dict(d if isinstance(d, tuple) else (d, "it died") for d in dead)
+        known: dict[int, str] = dict(d if isinstance(d, tuple) else (d, "it died") for d in dead)
         mine = members_of(worker.mesh_rank, names, view)
         gone = {r: why for r, why in known.items() if r in mine}
         if gone:
@@ -572,7 +409,7 @@ def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], red
                 buf = data if (in_id == out_id and data is x) else data.clone()
                 works.append(g.pg.allreduce([buf], _allreduce_opts(reduction)))
         for w in works:
-            watch(_done_event(w), watcher(worker), g.members, view, what)
+            watch(_done_event(w), worker.store.watcher(), g.members, view, what)
             w.wait()
         if slots is not None:
             flags = buf[n:] != slots_idle(reduction)
@@ -585,7 +422,7 @@ def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], red
         worker.env[out_id] = Poison(_died(what, e.dead, view))
         return
     except Exception as e:  # noqa: BLE001 - contained: the result is poisoned
-        dead_now = _death_behind(watcher(worker), g.members) if g is not None else {}
+        dead_now = _death_behind(worker.store.watcher(), g.members) if g is not None else {}
         worker.env[out_id] = Poison(_died(what, dead_now, view) if dead_now else TensorOpError(
             f"{what} failed on the proc at {worker.where}: {type(e).__name__}: {e}", "reduce", worker.where))
         return
@@ -606,7 +443,7 @@ def run_reduce(worker: Any, in_id: int, out_id: int, names: tuple[str, ...], red
         worker.env[out_id] = result
 
 
-def resolve_group(worker: Any, ref: P.ProcessGroupRef) -> Any:
+def resolve_group(worker: Any, ref: ProcessGroupRef) -> Any:
     """This proc's process group for ``ref`` (a ``mesh.process_group(dims)``
     passed to a remote function), made at first use on the stream running
     now (:func:`_group`)."""

@@ -44,31 +44,17 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from monarch_core.actor import Actor, current_rank, endpoint
+from monarch_core.actor import Actor, context, current_rank, endpoint
 from monarch_core.runtime import format_duration
 from monarch_tensor_engine import _protocol as P
 from monarch_tensor_engine._protocol import WAIT_S, Meta, ProcessGroupRef, Ref, TensorOpError
+from monarch_tensor_engine._worker import _collectives, _env, _grads, _transfer
+from monarch_tensor_engine._worker._env import Poison
+from monarch_tensor_engine._worker._store import MeshStore
 
-__all__ = ["Meta", "Poison", "TensorOpError", "WAIT_S", "Worker", "local_tensor", "stream_key"]
+__all__ = ["Worker"]
 
 logger = logging.getLogger("monarch.tensor")
-
-_tls = threading.local()
-
-
-def stream_key() -> str:
-    """The stream whose command this thread runs now (``main`` in the actor itself)."""
-    return getattr(_tls, "stream", "main")
-
-
-class Poison:
-    """What a failed operation leaves where its results would be."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: TensorOpError) -> None:
-        self.error = error
-
 
 def _getter(name: str) -> Any:
     return lambda t: getattr(t, name)
@@ -79,40 +65,6 @@ def _setter(name: str) -> Any:
         setattr(t, name, value)
 
     return set_
-
-
-#: worker mesh name -> this proc's worker of it (see :func:`local_tensor`)
-_local: dict[str, "Worker"] = {}
-
-
-def local_tensor(workers: str, ident: int, mesh_name: str) -> Any:
-    """What a distributed tensor passed to an actor's endpoint becomes in
-    that actor (unpickled in its proc): this proc's tensor ``ident`` of the
-    engine's worker mesh ``workers``, once the worker has made it (the
-    reference's rule: each actor receives the shard on its own proc).  Raises
-    the tensor's error if it is poisoned, ``RuntimeError`` on a proc that is
-    not one of the tensor's mesh's, ``TimeoutError`` after :data:`WAIT_S`."""
-    import time
-
-    w = _local.get(workers)
-    if w is None:
-        raise RuntimeError(f"a distributed tensor of mesh {mesh_name!r} was sent to an actor on a proc that is not one "
-                           f"of that mesh's procs: send it to actors spawned on its mesh, or fetch its value first "
-                           f"(fetch_shard(t, **coords).get())")
-    deadline = time.monotonic() + WAIT_S
-    delay = 0.0005
-    while True:
-        value = w.env.get(ident)
-        if value is not None:
-            break
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"tensor {ident} of mesh {mesh_name!r} was not made on this proc within "
-                               f"{format_duration(WAIT_S)}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
-    if isinstance(value, Poison):
-        raise value.error
-    return value
 
 
 class Worker(Actor):
@@ -127,15 +79,15 @@ class Worker(Actor):
         self.mesh_rank = point.rank
         self.env: dict[int, Any] = {}
         self.lost = ""  # why commands were lost here (a batch that could not be unpickled), if they were
-        self.groups: Any = None  # (dims, view, backend, stream) -> _collectives.Group, made at first use
+        self.groups: dict[tuple, _collectives.Group] = {}  # (dims, view, backend, stream) -> its group, made at first use
+        self.pairs: dict[tuple, Any] = {}  # (pair, source rank, destination rank, stream) -> a transfer's gloo group
+        self.store = MeshStore()  # the mesh's store, as this proc holds it
         self.queue: queue.SimpleQueue | None = None  # the current stream's, None for main
         self.streams: dict[str, queue.SimpleQueue] = {}
         self.slots: dict[int, _Slot] = {}  # borrow id -> its hand-over
         self.kept: dict[int, Any] = {}  # results not described yet (propagate 'cached'/'inspect')
-        self.generators: dict[int, Any] = {}  # grad_generator id -> _grads.Backward
-        from monarch_core.actor import context
-
-        _local[context().actor_instance.name] = self  # for local_tensor: actors of this proc receive its tensors
+        self.generators: dict[int, _grads.Backward] = {}  # grad_generator id -> its backward
+        _env.register(context().actor_instance.name, self)  # for local_tensor: actors of this proc receive its tensors
 
     # ---------------------------------------------------------------- endpoints
     @endpoint
@@ -166,7 +118,7 @@ class Worker(Actor):
             logger.exception("tensor engine: command %s failed on %s", type(cmd).__name__, self.where)
 
     def _stream_loop(self, key: str, q: queue.SimpleQueue) -> None:
-        _tls.stream = key
+        _env.set_stream_key(key)
         while True:
             cmd = q.get()
             if cmd is None:
@@ -227,9 +179,8 @@ class Worker(Actor):
 
     @endpoint
     def start_store(self) -> tuple[str, int]:
-        from monarch_tensor_engine import _collectives
-
-        return _collectives.start_store(self)
+        """In the mesh's first proc: start the mesh's store (once); its address."""
+        return self.store.start()
 
     def __cleanup__(self, exc: Any = None) -> None:
         for q in self.streams.values():
@@ -287,12 +238,10 @@ class Worker(Actor):
 
     # ---------------------------------------------------------------- gradients
     def _c_grads(self, cmd: P.StartGrads) -> None:
-        from monarch_tensor_engine import _grads
-
         self.generators[cmd.gen] = _grads.Backward(self, cmd.roots, cmd.params, cmd.grad_roots)
 
     def _c_grad(self, cmd: P.TakeGrad) -> None:
-        self.env[cmd.out] = self.generators[cmd.gen].take(cmd.index)
+        self.env[cmd.out] = self.generators[cmd.gen].take(cmd.nth)
 
     def _c_grads_end(self, cmd: P.EndGrads) -> None:
         b = self.generators.pop(cmd.gen, None)
@@ -381,32 +330,22 @@ class Worker(Actor):
         self.env[cmd.out] = torch.tensor(P.coordinates(self.mesh_rank, *cmd.view)[cmd.dim])
 
     def _c_store(self, cmd: P.ConnectStore) -> None:
-        from monarch_tensor_engine import _collectives
-
-        _collectives.connect_store(self, cmd.addr, cmd.port)
+        self.store.connect(cmd.addr, cmd.port)
 
     def _c_send(self, cmd: P.Send) -> None:
-        from monarch_tensor_engine import _transfer
-
-        _transfer.run_send(self, *cmd)
+        _transfer.run_send(self, cmd)
 
     def _c_recv(self, cmd: P.Recv) -> None:
-        from monarch_tensor_engine import _transfer
-
-        _transfer.run_recv(self, *cmd)
+        _transfer.run_recv(self, cmd)
 
     def _c_reduce(self, cmd: P.Reduce) -> None:
-        from monarch_tensor_engine import _collectives
-
-        _collectives.run_reduce(self, *cmd)
+        _collectives.run_reduce(self, cmd)
 
     # ---------------------------------------------------------------- helpers
     def _value(self, x: Any) -> Any:
         if isinstance(x, Ref):
             return self.env[x.id]
         if type(x) is ProcessGroupRef:  # mesh.process_group(dims), passed to a remote function
-            from monarch_tensor_engine import _collectives
-
             return _collectives.resolve_group(self, x)
         return x
 

@@ -53,12 +53,21 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from monarch_core import runtime
 from monarch_core.errors import SupervisionError
-from monarch_tensor_engine import _settings, _streams
-from monarch_tensor_engine import _globals, _known
-from monarch_tensor_engine._cache import Cache
 from monarch_tensor_engine import _protocol as P
+from monarch_tensor_engine import _settings
+from monarch_tensor_engine._client import _active, _collectives, _globals, _known, _streams, _transfer
+from monarch_tensor_engine._client._active import active
+from monarch_tensor_engine._client._cache import Cache
+from monarch_tensor_engine._client._ops import VALUE_READS as _VALUE_READS
+from monarch_tensor_engine._client._ops import flatten as _flatten
+from monarch_tensor_engine._client._ops import func_ref, is_mutating, op_name
+from monarch_tensor_engine._client._ops import unflatten as _unflatten
+from monarch_tensor_engine._client._store import StoreLink
+from monarch_tensor_engine._client._tensor import Tensor
 from monarch_tensor_engine._protocol import MeshMismatch, Meta, Ref, meta_key
-from monarch_tensor_engine._tensor import Tensor
+from monarch_tensor_engine._worker._actor import Worker
+
+__all__ = ["Active", "Controller", "Fetched", "NoMesh", "active", "controller"]
 
 logger = logging.getLogger("monarch.tensor")
 
@@ -73,7 +82,7 @@ class _QuietFakeFailures(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if not str(record.msg).startswith("failed while attempting to run meta"):
             return True
-        f = sys._getframe(1)
+        f: Any = sys._getframe(1)
         while f is not None:
             if f.f_globals.get("__name__", "").startswith("monarch_tensor_engine."):
                 return False
@@ -96,39 +105,6 @@ _LOCAL = {f for f in (getattr(torch._C, "_set_grad_enabled", None), torch.is_gra
                       getattr(torch.ops.profiler, "_record_function_exit", None)) if f is not None}
 #: names of functions run for real in the client (profiler markers the optimizers emit)
 _LOCAL_NAMES = {"_record_function_enter_new", "_record_function_exit", "_set_grad_enabled", "_RecordFunction"}
-
-#: reading a value out of a distributed tensor
-_VALUE_READS = {"item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__", "__complex__",
-                "__array__", "__len__", "__iter__"}
-
-_MUTATING_DUNDERS = {"__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__", "__imod__", "__ipow__",
-                     "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__", "__imatmul__", "__setitem__",
-                     "__set__", "__delitem__"}
-
-
-def op_name(func: Any) -> str:
-    name = getattr(func, "__name__", None) or repr(func)
-    if name in ("__get__", "__set__") and hasattr(func, "__self__"):
-        return f"{getattr(func.__self__, '__name__', '?')}.{name}"
-    return name
-
-
-def func_ref(func: Any) -> Any:
-    """What a command names ``func`` by on the procs (a getset descriptor's
-    ``__get__``/``__set__`` by its attribute; everything else pickles by
-    reference)."""
-    name = getattr(func, "__name__", None)
-    if name in ("__get__", "__set__") and hasattr(func, "__self__") and hasattr(func.__self__, "__name__"):
-        return ("get" if name == "__get__" else "set", func.__self__.__name__)
-    return func
-
-
-def is_mutating(func: Any) -> bool:
-    name = getattr(func, "__name__", "")
-    if name in _MUTATING_DUNDERS or name in ("backward", "_backward"):
-        return True
-    return name.endswith("_") and not name.startswith("__")
-
 
 def _ranks_text(mesh: Any) -> str:
     """``"ranks 1, 3"``: the ranks of ``mesh``'s procs in the mesh it was
@@ -153,8 +129,6 @@ class Controller:
     def __init__(self, mesh: Any) -> None:
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        from monarch_tensor_engine import _worker
-
         self.proc_ids = list(mesh.proc_ids)
         #: how errors tell this mesh from another part of the same mesh (``where``)
         self.ranks_text = _ranks_text(mesh)
@@ -172,10 +146,11 @@ class Controller:
         self.wire_stream: Any = _streams.MAIN
         self.by_fake: weakref.WeakValueDictionary[int, Tensor] = weakref.WeakValueDictionary()
         # a name of its own: views of overlapping procs (a mesh and its slices) each spawn their workers there
-        self.workers = mesh.spawn(f"_tensor_workers_{next(_worker_meshes)}", _worker.Worker)
+        self.workers = mesh.spawn(f"_tensor_workers_{next(_worker_meshes)}", Worker)
         #: each proc's worker, in the procs' order (the same in every view)
         self.ranks = [self.workers.slice(**c) for c in self.coords]
-        self.store: tuple[str, int] | None = None
+        #: the mesh's store (the groups' rendezvous), started when first needed
+        self.store = StoreLink()
         size = _settings.get("MONARCH_TENSOR_OP_CACHE_SIZE")
         #: (function, inputs' metadata and scalars) -> (result's metadata, function ref, name): see ``cached``
         self.op_cache = Cache(size)
@@ -296,9 +271,7 @@ class Controller:
             self.release_state()
             return
         if not stopped:
-            from monarch_tensor_engine import _collectives
-
-            threading.Thread(target=_collectives.mark_dead, args=(self, f"rank {rank}: {self.dead[rank]}"),
+            threading.Thread(target=self.store.mark_dead, args=(self, f"rank {rank}: {self.dead[rank]}"),
                              daemon=True, name="monarch-tensor-dead").start()
 
     def check_alive(self, ranks: Any, what: str) -> None:
@@ -362,6 +335,24 @@ class Controller:
             lender._guard.borrows = [x for x in lender._guard.borrows if x is not b]
             if not lender._guard.borrows:
                 lender._guard = None
+
+    # ---------------------------------------------------------------- other meshes, collectives, transfers
+    def controller_of(self, mesh: Any) -> "Controller":
+        """The controller of ``mesh``'s procs (this one for a view of the same procs; see :func:`controller`)."""
+        return controller(mesh)
+
+    def activate(self, view: Any = None) -> "Active":
+        """``with mesh.activate():`` of ``view`` (default: this controller's current view)."""
+        return Active(view if view is not None else self.mesh)
+
+    def reduce(self, t: Tensor, dims: Any, reduction: str, scatter: bool, mesh: Any, out: Tensor | None, *,
+               inplace: bool) -> Tensor:
+        """``t.reduce(...)``/``t.reduce_(...)`` (``_collectives.reduce``)."""
+        return _collectives.reduce(t, dims, reduction, scatter, mesh, out, inplace=inplace)
+
+    def to_mesh(self, t: Tensor, mesh: Any) -> Tensor:
+        """``t.to_mesh(mesh)`` (``_transfer.to_mesh``)."""
+        return _transfer.to_mesh(t, mesh)
 
     def close(self) -> None:
         with self.lock:
@@ -632,29 +623,6 @@ def _op_key(ctl: Controller, func: Any, args: tuple) -> tuple | None:
     return tuple(key)
 
 
-#: argument types that are leaves as they are (no pytree needed for a call of only these)
-_LEAVES = (int, float, bool, complex, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
-
-
-def _flatten(args: tuple, kwargs: dict) -> tuple[list, Any]:
-    """``tree_flatten((args, kwargs))``, with a fast path for the common call
-    of tensors and scalars only (``spec`` is then ``None``)."""
-    if not kwargs:
-        for a in args:
-            if not (isinstance(a, torch.Tensor) or type(a) in _LEAVES):
-                break
-        else:
-            return list(args), None
-    return tree_flatten((args, kwargs))
-
-
-def _unflatten(flat: list, spec: Any) -> tuple[tuple, dict]:
-    if spec is None:
-        return tuple(flat), {}
-    a, k = tree_unflatten(flat, spec)
-    return a, k
-
-
 class Fetched:
     """The future of a fetched value: like ``monarch_core.actor.Future``
     (``get(timeout)``, ``result(timeout)``, ``await``), with the value decoded
@@ -727,16 +695,6 @@ class _Mode(TorchFunctionMode):
 
 # ---------------------------------------------------------------- the active mesh
 
-_state = threading.local()
-
-
-def _stack() -> list:
-    s = getattr(_state, "stack", None)
-    if s is None:
-        s = _state.stack = []
-    return s
-
-
 #: (mesh name, its procs) -> controller: a view of the same procs (another ``slice()`` of
 #: them) is the same mesh
 _controllers: dict[tuple, Controller] = {}
@@ -796,11 +754,11 @@ class Active:
         self.previous = self.ctl.set_view(self.view)
         self.mode = _Mode(self.ctl)
         self.mode.__enter__()
-        _stack().append(self)
+        _active.stack().append(self)
         return self.view
 
     def __exit__(self, *exc: Any) -> None:
-        stack = _stack()
+        stack = _active.stack()
         if stack and stack[-1] is self:
             stack.pop()
         assert self.mode is not None
@@ -815,7 +773,7 @@ class NoMesh:
     (the active mesh's mode is left for the block, then entered again)."""
 
     def __enter__(self) -> None:
-        stack = _stack()
+        stack = _active.stack()
         self.top: Active | None = stack[-1] if stack else None
         if self.top is not None and self.top.mode is not None:
             self.top.ctl.flush()
@@ -824,47 +782,10 @@ class NoMesh:
 
     def __exit__(self, *exc: Any) -> None:
         if self.top is not None:
-            stack = _stack()
+            stack = _active.stack()
             if stack and stack[-1] is None:
                 stack.pop()
             self.top.mode = _Mode(self.top.ctl)
             self.top.mode.__enter__()
 
 
-def active() -> Controller | None:
-    stack = _stack()
-    return stack[-1].ctl if stack and stack[-1] is not None else None
-
-
-def outside_mesh(func: Any, args: Any, kwargs: Any) -> Any:
-    """An operation on a distributed tensor with no mesh active: it runs on
-    the mesh of its distributed tensors, as if that mesh were active (the
-    reference's rule: the tensors' mesh is the mesh; the commands are sent
-    at once).  Metadata queries are answered from the fake; reading a value,
-    or tensors of two meshes, is an error."""
-    kwargs = kwargs or {}
-    flat, spec = tree_flatten((tuple(args), kwargs))
-    owners = {x._ctl for x in flat if isinstance(x, Tensor)}
-    name = getattr(func, "__name__", "")
-    if len(owners) == 1 and name not in _VALUE_READS:
-        ctl = next(iter(owners))
-        if ctl.closed:
-            raise ctl.gone()
-        try:
-            return ctl.dispatch(func, tuple(args), dict(kwargs))
-        finally:
-            ctl.flush()
-    fakes = [x._fake if isinstance(x, Tensor) else x for x in flat]
-    name = getattr(func, "__name__", "")
-    if name not in _VALUE_READS and not is_mutating(func):
-        ctl = next(iter(owners))
-        fargs, fkwargs = tree_unflatten(fakes, spec)
-        with ctl.fake_mode:
-            out = func(*fargs, **fkwargs)
-        if not any(isinstance(o, torch.Tensor) for o in tree_flatten(out)[0]):
-            return out
-    mesh = ", ".join(repr(c.mesh_name) for c in owners)
-    raise RuntimeError(
-        f"{op_name(func)}: a distributed tensor of mesh {mesh} was used outside `with mesh.activate():`; its values "
-        f"live on the procs: run the operation inside the mesh, or fetch a local value first with "
-        f"monarch_core.inspect(t, **coords) / fetch_shard(t, **coords).get()")

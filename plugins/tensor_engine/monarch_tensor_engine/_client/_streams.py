@@ -31,6 +31,8 @@ import threading
 import weakref
 from typing import Any
 
+from monarch_tensor_engine._client._tensor import Tensor
+
 __all__ = ["Stream", "Borrow", "get_active_stream", "MAIN"]
 
 _borrow_ids = itertools.count(1)
@@ -55,8 +57,6 @@ class Stream:
     def borrow(self, t: Any, mutable: bool = False) -> tuple[Any, "Borrow"]:
         """``(t2, borrow)``: ``t`` usable on this stream as ``t2`` until
         ``borrow.drop()`` (the rules are in the module docstring)."""
-        from monarch_tensor_engine._tensor import Tensor
-
         if not isinstance(t, Tensor):
             raise TypeError(f"Stream.borrow() takes a distributed tensor, got {type(t).__name__}")
         if t._stream is self:

@@ -36,6 +36,10 @@ from typing import Any, Callable
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from monarch_tensor_engine._client._active import active
+from monarch_tensor_engine._client._tensor import Tensor
+from monarch_tensor_engine._protocol import Meta
+
 MODES = ("cached", "inspect", "mocked")
 
 
@@ -48,8 +52,6 @@ def check(propagate: Any, what: str) -> None:
 
 def signature(args: tuple, kwargs: dict) -> Any:
     """A hashable key of the arguments' tensors' metadata and other values, or None (unhashable)."""
-    from monarch_tensor_engine._tensor import Tensor
-
     flat, spec = tree_flatten((args, kwargs))
     key: list[Any] = [str(spec)]
     for x in flat:
@@ -98,11 +100,18 @@ def call(ctl: Any, func: Callable[..., Any], args: tuple, kwargs: dict, propagat
     return ctl.dispatch_described(func, args, kwargs, described)[0]
 
 
+def run_remote(fn: Callable[..., Any], args: tuple, kwargs: dict, propagate: Any) -> Any:
+    """``remote(fn, propagate=...)(*args, **kwargs)``: ``fn`` over the active
+    mesh (:func:`call`), or an ordinary local call with no active mesh."""
+    ctl = active()
+    if ctl is None:
+        return fn(*args, **kwargs)  # no mesh: an ordinary local call
+    return call(ctl, fn, args, kwargs, propagate, owner=fn, local_fn=fn)
+
+
 def _mocked(ctl: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
     """A propagation that runs ``fn`` in the client on zero tensors shaped like the fakes."""
     from torch._subclasses.fake_tensor import FakeTensor
-
-    from monarch_tensor_engine._protocol import Meta
 
     def run(*fargs: Any, **fkwargs: Any) -> Any:
         def real(x: Any) -> Any:

@@ -43,7 +43,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from monarch_tensor_engine._protocol import Ref
-from monarch_tensor_engine._tensor import Tensor
+from monarch_tensor_engine._client._tensor import Tensor
 
 #: the most elements a known tensor has (its value is kept in the client): scalars, what optimizers
 #: keep their step counts in -- tracking longer vectors would cost every small operation on them the
@@ -196,7 +196,7 @@ def _compute(ctl: Any, func: Any, name: str, flat: list, spec: Any, handles: lis
     like = name in _LIKE
     if not mutating and not all(_small(r._fake) for r in tensors_out):
         return False
-    local = []
+    local: list[Any] = []
     for x in flat:
         if isinstance(x, Tensor):
             v = known(x)

@@ -18,10 +18,13 @@ import weakref
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from monarch_tensor_engine._client._ops import VALUE_READS, is_mutating, op_name
 from monarch_tensor_engine._protocol import meta_key
+from monarch_tensor_engine._worker._env import local_tensor
 
-__all__ = ["Tensor"]
+__all__ = ["Tensor", "outside_mesh"]
 
 
 def _nbytes(shape: tuple, dtype: torch.dtype) -> int:
@@ -51,6 +54,8 @@ class Tensor(torch.Tensor):
     _key: tuple
     #: its fake tensor, or None until something needs it (a result of a cached operation)
     _fk: Any
+    #: the client's copy of its value, where it is known (``_known``; absent otherwise)
+    _known: torch.Tensor
 
     @staticmethod
     def __new__(cls, fake: torch.Tensor | None, ident: int, ctl: Any, stream: Any, key: tuple | None = None) -> "Tensor":
@@ -78,9 +83,7 @@ class Tensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         # reached only outside an active mesh: the mode handles everything inside
-        from monarch_tensor_engine import _controller
-
-        return _controller.outside_mesh(func, args, kwargs)
+        return outside_mesh(func, args, kwargs)
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -106,21 +109,15 @@ class Tensor(torch.Tensor):
         ``scatter=True``: reduce-scatter (this tensor's first dimension is
         split across the group) or, with ``stack``, all-to-all.  ``out``: write
         the result there."""
-        from monarch_tensor_engine import _collectives
-
-        return _collectives.reduce(self, dims, reduction, scatter, mesh, out, inplace=False)
+        return self._ctl.reduce(self, dims, reduction, scatter, mesh, out, inplace=False)
 
     def reduce_(self, dims: Any, reduction: str = "sum", scatter: bool = False, mesh: Any = None) -> "Tensor":
         """:meth:`reduce` in place (``sum``... only: not ``stack`` nor ``scatter``)."""
-        from monarch_tensor_engine import _collectives
-
-        return _collectives.reduce(self, dims, reduction, scatter, mesh, None, inplace=True)
+        return self._ctl.reduce(self, dims, reduction, scatter, mesh, None, inplace=True)
 
     def to_mesh(self, mesh: Any) -> "Tensor":
         """This tensor on ``mesh`` (same sizes): rank i's value goes to rank i of ``mesh``."""
-        from monarch_tensor_engine import _transfer
-
-        return _transfer.to_mesh(self, mesh)
+        return self._ctl.to_mesh(self, mesh)
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
         ctl = self.__dict__.get("_ctl")
@@ -134,11 +131,43 @@ class Tensor(torch.Tensor):
         # Passed to an actor's endpoint (call, broadcast, ...): each actor receives its own proc's tensor, as in
         # the reference.  The commands that make it are sent first; the handle is kept a while (_SENT), so that
         # its drop does not overtake the message.
-        from monarch_tensor_engine import _worker
-
         ctl = self._ctl
         if ctl.closed or ctl.workers is None:
             raise ctl.gone()
         ctl.flush()
         _SENT.append(self)
-        return (_worker.local_tensor, (ctl.workers._name, self._id, ctl.mesh_name))
+        return (local_tensor, (ctl.workers._name, self._id, ctl.mesh_name))
+
+
+def outside_mesh(func: Any, args: Any, kwargs: Any) -> Any:
+    """An operation on a distributed tensor with no mesh active: it runs on
+    the mesh of its distributed tensors, as if that mesh were active (the
+    reference's rule: the tensors' mesh is the mesh; the commands are sent
+    at once).  Metadata queries are answered from the fake; reading a value,
+    or tensors of two meshes, is an error."""
+    kwargs = kwargs or {}
+    flat, spec = tree_flatten((tuple(args), kwargs))
+    owners = {x._ctl for x in flat if isinstance(x, Tensor)}
+    name = getattr(func, "__name__", "")
+    if len(owners) == 1 and name not in VALUE_READS:
+        ctl = next(iter(owners))
+        if ctl.closed:
+            raise ctl.gone()
+        try:
+            return ctl.dispatch(func, tuple(args), dict(kwargs))
+        finally:
+            ctl.flush()
+    fakes = [x._fake if isinstance(x, Tensor) else x for x in flat]
+    name = getattr(func, "__name__", "")
+    if name not in VALUE_READS and not is_mutating(func):
+        ctl = next(iter(owners))
+        fargs, fkwargs = tree_unflatten(fakes, spec)
+        with ctl.fake_mode:
+            out = func(*fargs, **fkwargs)
+        if not any(isinstance(o, torch.Tensor) for o in tree_flatten(out)[0]):
+            return out
+    mesh = ", ".join(repr(c.mesh_name) for c in owners)
+    raise RuntimeError(
+        f"{op_name(func)}: a distributed tensor of mesh {mesh} was used outside `with mesh.activate():`; its values "
+        f"live on the procs: run the operation inside the mesh, or fetch a local value first with "
+        f"monarch_core.inspect(t, **coords) / fetch_shard(t, **coords).get()")
