@@ -198,7 +198,7 @@ class HostMesh(_Mesh):
         ``MONARCH_PROC_DEVICES``, ``MONARCH_DEVICE_DIMS``; docs/configuration.md).
         """
         if self._shared["shutdown"]:
-            raise RuntimeError(f"host mesh {self._name!r} has been shut down; allocate hosts again")
+            raise RuntimeError(f"HostMesh has already been shut down (host mesh {self._name!r}); allocate hosts again")
         per_host = _check_per_host(per_host, self._region_.labels)
         if self._allocation is not None:  # in use again: the client's end releases it
             self._allocation.stopped = False
@@ -378,7 +378,7 @@ class HostMesh(_Mesh):
         from monarch_core._launch import _code_sync
 
         if self._shared["shutdown"]:
-            raise RuntimeError(f"host mesh {self._name!r} has been shut down; allocate hosts again")
+            raise RuntimeError(f"HostMesh has already been shut down (host mesh {self._name!r}); allocate hosts again")
         cell = _code_sync.start(self._allocation, self.hosts, workspace, conda, auto_reload,
                                 attached=self._allocation is None, mesh=self._name, shared=self._shared)
         await Future._of(cell)
