@@ -90,10 +90,10 @@ def _limit() -> int:
 def _engine_active() -> bool:
     """Whether a tensor engine mesh is active in this thread (its procs make the tensors)."""
     try:
-        from monarch_tensor_engine import _controller
+        from monarch_tensor_engine import api
     except ImportError:
         return False
-    return _controller.active() is not None
+    return api.get_active_mesh() is not None
 
 
 def _too_big(name: str, args: tuple, kwargs: dict) -> bool:
@@ -150,10 +150,8 @@ def install() -> None:
     import torch
     import torch.distributed as dist
 
-    try:  # the tensor engine wraps set_default_device itself: ours goes outside its wrapper
-        from monarch_tensor_engine import _globals
-
-        _globals.install()
+    try:  # the tensor engine wraps set_default_device itself (when its api is loaded): ours goes outside its wrapper
+        import monarch_tensor_engine.api  # noqa: F401
     except ImportError:
         pass
 
