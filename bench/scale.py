@@ -2,6 +2,7 @@
 
     python bench/scale.py                          # procs N = 4,16,64,128,256; actors M = 1000,5000,10000,20000
     python bench/scale.py --procs 4,16 --actors 1000,5000 --md scale.md
+    python bench/scale.py --procs '' --actors '' --hosts 16,64,256   # worker loops over tls only
 
 Each measurement runs in a fresh client process (its own fork server and
 procs), so one size's leftovers or memory do not leak into the next.
@@ -17,6 +18,33 @@ first ``call()``), *call-all* (one more ``call()`` on every mesh, all issued
 before any is awaited), *stop*, *client RSS per actor* (the client's RSS
 growth from before the spawns to after the calls, divided by M), *left*.
 
+Hosts axis (``--hosts``): N worker loops on this machine, each a "host"
+started by address the way a user starts them on machines they own
+(``python -m monarch_core.worker --address tls://127.0.0.1:0 --ca --key``,
+one process group each, mutual TLS from a throwaway ``trustme`` CA), and a
+fresh client that attaches to all of them (``attach_to_workers``) with one
+proc per host and one actor per proc: *workers up* (the N worker loops
+started until every one printed its readiness line; the user's side),
+*attach* (``attach_to_workers`` until every worker loop answered),
+*spawn + first call*, ``call()`` *p50/p99* and the client's CPU per
+``call()`` (``time.process_time()``, all its threads, over ``--rounds``
+sequential calls), *idle CPU* (the client's CPU over 10 s of doing nothing
+while it heartbeats N hosts, as a share of one core), *host lost* (the last
+worker loop SIGKILLed during a 3 s ``call()`` to all: seconds until that
+call raised, and whether the message names the host), *rest* (a ``call()``
+to the other N-1 hosts afterwards), *stop* (``ProcMesh.stop()`` and
+``HostMesh.shutdown()``), *left* (worker loops, their fork servers and
+procs still running 15 s after the client ended).  The client runs with
+``MONARCH_CAST_TREE_MIN=--tree-min`` (default 8) so that every size goes
+through the cast tree, whose point is that the client's work per cast does
+not grow with N.
+
+SSH axis (``--ssh-hosts``, only when the testbed's namespace hosts run
+sshd: ``scripts/testbed/ssh-up.sh``): ``hosts_from_config`` over the ``ssh``
+scheduler to N namespace hosts, one proc each: *bring-up* (until every
+worker loop answered), *spawn + first call*, ``call()`` p50/p99, *stop*,
+*left* (processes of the run still on the hosts).
+
 The last row of each table is the growth exponent: the log-log slope of each
 column between the smallest and largest N (1 = linear; for a rate, 0 = constant).
 Nothing here is asserted: these are figures for docs/performance.md.
@@ -30,10 +58,14 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
+from pathlib import Path
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import _table as T  # noqa: E402
 
@@ -101,6 +133,447 @@ ACTORS = textwrap.dedent("""
                                   "left": left}), flush=True)
 """)
 
+HOSTS = textwrap.dedent("""
+    import json, os, resource, signal, statistics, sys, threading, time
+    import monarch_core.actor as api
+    from monarch_core.actor import Actor, enable_transport, endpoint
+    from monarch_core.worker import attach_to_workers
+
+    faults = []
+    api.unhandled_fault_hook = faults.append  # the lost host's proc: expected, counted
+
+    class A(Actor):
+        @endpoint
+        def pid(self) -> int:
+            return os.getpid()
+
+        @endpoint
+        def slow(self, s: float) -> int:
+            time.sleep(s)
+            return os.getpid()
+
+    def pct(xs, q):
+        xs = sorted(xs)
+        return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
+
+    cfg = json.load(open(sys.argv[1]))
+    n, rounds = len(cfg["addresses"]), cfg["rounds"]
+    enable_transport("tls://127.0.0.1:0")
+    t0 = time.perf_counter()
+    hm = attach_to_workers(cfg["addresses"], ca=cfg["ca"], private_key=cfg["key"], timeout=600)
+    t1 = time.perf_counter()
+    pm = hm.spawn_procs(per_host={"gpus": 1})
+    a = pm.spawn("a", A)
+    pids = list(a.pid.call().get(timeout=600).values())
+    t2 = time.perf_counter()
+    print("SPAWNED " + json.dumps(pids), flush=True)
+    sys.stdin.readline()  # the driver measures the hosts' memory meanwhile
+    for _ in range(5):
+        a.pid.call().get(timeout=600)
+    walls, cpus = [], []
+    for _ in range(rounds):
+        c0, w0 = time.process_time(), time.perf_counter()
+        got = a.pid.call().get(timeout=600)
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+        assert len(got.values()) == n
+    r0, c0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
+    time.sleep(10)
+    idle = (time.process_time() - c0) / (time.perf_counter() - w0)
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    # a host lost mid-call: the last worker loop is SIGKILLed while a 3 s call() to all runs
+    victim = cfg["pids"][-1]
+    fut = a.slow.call(3.0)
+    threading.Timer(1.0, os.kill, (victim, signal.SIGKILL)).start()
+    k0 = time.perf_counter()
+    try:
+        fut.get(timeout=120)
+        lost_msg, lost_s = None, None
+    except Exception as e:
+        lost_msg, lost_s = f"{type(e).__name__}: {e}", time.perf_counter() - k0 - 1.0
+    rest = a.slice(hosts=slice(0, n - 1))
+    rest_pids = list(rest.pid.call().get(timeout=600).values())
+    t3 = time.perf_counter()
+    pm.stop().get(timeout=600)
+    hm.shutdown().get(timeout=600)
+    t4 = time.perf_counter()
+    print("RESULT " + json.dumps({
+        "n": n, "attach_s": t1 - t0, "up_s": t2 - t1, "p50_ms": statistics.median(walls) * 1e3,
+        "p99_ms": pct(walls, 99) * 1e3, "cpu_ms": statistics.median(cpus) * 1e3,
+        "idle_cpu": idle, "idle_rusage_s": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime),
+        "lost_s": lost_s, "lost_msg": lost_msg, "faults": len(faults), "rest": len(rest_pids),
+        "stop_s": t4 - t3, "distinct": len(set(pids))}), flush=True)
+""")
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (from /proc)."""
+    kids: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    kids.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _pss_kib(pid: int) -> int:
+    """``pid``'s proportional set size (KiB; 0 once gone)."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith("Pss:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
+
+
+def _mem_available_mib() -> float:
+    with open("/proc/meminfo") as f:
+        return next(int(ln.split()[1]) for ln in f if ln.startswith("MemAvailable:")) / 1024
+
+
+#: the hosts axis gives up (killing its worker loops and client) below this much available memory:
+#: the machine is shared, and an out-of-memory kill would hit someone else's processes too
+MEM_FLOOR_MIB = 1500
+
+
+def _pki(d: str) -> dict[str, str]:
+    """A throwaway CA with a worker and a client identity (``trustme``) in ``d``."""
+    import trustme
+
+    ca = trustme.CA(organization_name="monarch scale bench")
+    paths = {"ca": os.path.join(d, "ca.pem")}
+    with open(paths["ca"], "wb") as f:
+        f.write(ca.cert_pem.bytes())
+    for name in ("worker", "client"):
+        leaf = ca.issue_cert("127.0.0.1", "localhost")
+        paths[name] = os.path.join(d, f"{name}.pem")
+        fd = os.open(paths[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(leaf.private_key_pem.bytes() + b"".join(b.bytes() for b in leaf.cert_chain_pems))
+    return paths
+
+
+def run_hosts(n: int, rounds: int, tree_min: int, timeout: float) -> dict[str, Any]:
+    """N tls worker loops started here, then the ``HOSTS`` client against them;
+    its RESULT plus *workers up* and *left*, or ``{"error": ...}``.  Every
+    worker loop's process group is killed at the end, whatever happened."""
+    import signal
+    import tempfile
+    import time
+
+    d = tempfile.mkdtemp(prefix="monarch-scale-hosts-")
+    pki = _pki(d)
+    env = {**os.environ, "MONARCH_LOG_LEVEL": "ERROR"}
+    workers: list[subprocess.Popen] = []
+    tracked: set[int] = set()
+    short: list[float] = []
+    done = threading.Event()
+
+    def guard() -> None:  # kill everything of this size when memory runs short
+        while not done.wait(0.5):
+            if _mem_available_mib() < MEM_FLOOR_MIB:
+                short.append(_mem_available_mib())
+                for w in list(workers):
+                    try:
+                        os.killpg(w.pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+                return
+
+    threading.Thread(target=guard, daemon=True).start()
+    try:
+        t0 = time.perf_counter()
+        for i in range(n):  # output to a file each: nobody has to drain a pipe
+            with open(os.path.join(d, f"worker{i}.out"), "w") as out:
+                workers.append(subprocess.Popen(
+                    [sys.executable, "-m", "monarch_core.worker", "--address", "tls://127.0.0.1:0", "--ca",
+                     pki["ca"], "--key", pki["worker"], "--log-level", "ERROR"],
+                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True))
+        addresses: list[str | None] = [None] * n
+        deadline = time.monotonic() + timeout
+        while None in addresses:  # the readiness line of each
+            for i, w in enumerate(workers):
+                if addresses[i] is None:
+                    with open(os.path.join(d, f"worker{i}.out")) as f:
+                        ready = [ln for ln in f if ln.startswith("monarch worker loop listening on ")]
+                    if ready:
+                        addresses[i] = ready[0].rsplit(" ", 1)[1].strip()
+                    elif short:
+                        return {"n": n, "error": f"less than {MEM_FLOOR_MIB} MiB available while the worker loops "
+                                                 f"started ({len(workers)} started): given up"}
+                    elif w.poll() is not None or time.monotonic() > deadline:
+                        with open(os.path.join(d, f"worker{i}.out")) as f:
+                            return {"n": n, "error": f"worker loop {w.pid} did not start (rc {w.returncode}): "
+                                                     f"{f.read()[-500:]!r}"}
+            time.sleep(0.2)
+        workers_s = time.perf_counter() - t0
+        for w in workers:
+            tracked.update(_tree(w.pid))
+        cfg = os.path.join(d, "hosts.json")
+        with open(cfg, "w") as f:
+            json.dump({"addresses": addresses, "pids": [w.pid for w in workers], "ca": pki["ca"],
+                       "key": pki["client"], "rounds": rounds}, f)
+        with open(os.path.join(d, "client.err"), "w") as err:
+            p = subprocess.Popen([sys.executable, "-c", HOSTS, cfg], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=err, text=True, env={**env, "MONARCH_CAST_TREE_MIN": str(tree_min)})
+        timer = threading.Timer(timeout, p.kill)
+        timer.start()
+        try:
+            assert p.stdin is not None and p.stdout is not None
+            lines = []
+            for line in p.stdout:
+                lines.append(line)
+                if line.startswith("SPAWNED "):  # every host holds one proc now: the memory of a host
+                    procs = json.loads(line[len("SPAWNED "):])
+                    tracked.update(procs)
+                    pss = {q: _pss_kib(q) for q in tracked}
+                    p.stdin.write("\n")
+                    p.stdin.flush()
+            p.wait()
+        finally:
+            timer.cancel()
+        res = next((json.loads(ln[len("RESULT "):]) for ln in lines if ln.startswith("RESULT ")), None)
+        if short:
+            return {"n": n, "error": f"less than {MEM_FLOOR_MIB} MiB available: given up (worker loops killed)"}
+        if res is None:
+            return {"n": n, "error": f"rc={p.returncode} (its stderr: {d}/client.err)"}
+        res["host_pss_mib"] = sum(pss.values()) / 1024 / n  # worker loop + fork server + proc
+        # the heartbeats' share of a call()'s CPU: what the client spends idle, over the call's duration
+        res["cpu_net_ms"] = res["cpu_ms"] - res["idle_cpu"] * res["p50_ms"]
+        end = time.monotonic() + 15
+        while any(_running(q) for q in tracked) and time.monotonic() < end:
+            time.sleep(0.1)
+        res.update(workers_s=workers_s, left=sum(_running(q) for q in tracked), tracked=len(tracked))
+        return res
+    finally:
+        done.set()
+        for w in workers:
+            try:
+                os.killpg(w.pid, signal.SIGKILL)  # (what is still running: a clean stop left nothing)
+            except OSError:
+                pass
+            w.wait(timeout=30)
+
+
+SSH = textwrap.dedent("""
+    import json, os, statistics, sys, time
+    from monarch_core.actor import Actor, endpoint, hosts_from_config
+
+    class A(Actor):
+        @endpoint
+        def where(self) -> list:
+            import socket
+            return [socket.gethostname(), os.getpid()]
+
+    rounds = int(sys.argv[1])
+    t0 = time.perf_counter()
+    hm = hosts_from_config("scale", timeout=600)
+    t1 = time.perf_counter()
+    pm = hm.spawn_procs(per_host={"gpus": 1})
+    a = pm.spawn("a", A)
+    first = list(a.where.call().get(timeout=600).values())
+    t2 = time.perf_counter()
+    for _ in range(5):
+        a.where.call().get(timeout=600)
+    walls, cpus = [], []
+    for _ in range(rounds):
+        c0, w0 = time.process_time(), time.perf_counter()
+        a.where.call().get(timeout=600)
+        walls.append(time.perf_counter() - w0)
+        cpus.append(time.process_time() - c0)
+    t3 = time.perf_counter()
+    pm.stop().get(timeout=600)
+    hm.shutdown().get(timeout=600)
+    t4 = time.perf_counter()
+    walls.sort()
+    print("RESULT " + json.dumps({
+        "bringup_s": t1 - t0, "up_s": t2 - t1, "p50_ms": statistics.median(walls) * 1e3,
+        "p99_ms": walls[min(len(walls) - 1, round(0.99 * (len(walls) - 1)))] * 1e3,
+        "cpu_ms": statistics.median(cpus) * 1e3, "stop_s": t4 - t3,
+        "hosts_seen": sorted({h for h, _ in first}), "procs": len(first)}), flush=True)
+""")
+
+#: the SSH axis's hosts start at this testbed index: h1..h7 belong to the test suite (which cuts
+#: links and kills processes there), so a run beside it uses hosts of its own
+SSH_FIRST = 8
+
+
+def _testbed(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", os.path.join(REPO, "scripts", "testbed", script), *args], capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+def ssh_unavailable() -> str | None:
+    """Why the SSH axis cannot run here (``None``: it can)."""
+    import shutil
+
+    if os.geteuid() != 0:
+        return "not root (the testbed's network namespaces need it)"
+    if shutil.which("ip") is None:
+        return "no iproute2"
+    if not os.path.exists("/usr/sbin/sshd"):
+        return "no OpenSSH server (scripts/testbed/install.sh)"
+    try:
+        import paramiko  # noqa: F401
+        import monarch_scheduler_ssh  # noqa: F401
+    except ImportError as e:
+        return f"the ssh scheduler is not installed ({e})"
+    return None
+
+
+def run_ssh(sizes: list[int], rounds: int, timeout: float) -> list[dict[str, Any]]:
+    """The SSH axis: namespace hosts h8.. with sshd (made here, and removed
+    at the end if this run made them), one fresh client per size."""
+    import fcntl
+    import time
+    import uuid
+
+    import scale_hosts as SH  # the SSH bench's helpers: processes on the hosts, the testbed's files
+
+    top = SSH_FIRST + max(sizes) - 1
+    state_file, lock_file = SH.RT / "netns-users.json", SH.RT / "netns-users.lock"
+    SH.RT.mkdir(parents=True, exist_ok=True)
+
+    def users(update: Any) -> None:  # the test suite's shared-state protocol (tests/_helpers/testbed.py)
+        with open(lock_file, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                state = json.loads(state_file.read_text())
+            except (OSError, ValueError):
+                state = {}
+            state["users"] = [p for p in state.get("users", []) if _running(p)]
+            update(state)
+            state_file.write_text(json.dumps(state))
+
+    before = set(subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split())
+    sshd_before = {f.name[:-4] for f in (SH.RT / "pids").glob("sshd-*.pid")} if (SH.RT / "pids").exists() else set()
+    users(lambda s: s["users"].append(os.getpid()))
+    rows: list[dict[str, Any]] = []
+    mine = [i for i in range(SSH_FIRST, top + 1) if f"rt-h{i}" not in before]
+    try:
+        t0 = time.perf_counter()
+        up = _testbed("netns-up.sh", str(top))
+        if up.returncode != 0:
+            return [{"n": n, "error": f"netns-up.sh {top} failed: {up.stderr[-300:]}"} for n in sizes]
+        t1 = time.perf_counter()
+        ssh = _testbed("ssh-up.sh", str(top))
+        if ssh.returncode != 0:
+            return [{"n": n, "error": f"ssh-up.sh {top} failed: {ssh.stderr[-300:]}"} for n in sizes]
+        made = {"netns_s": t1 - t0, "sshd_s": time.perf_counter() - t1, "made": len(mine)}
+        print(f"[scale] testbed: {top} namespace hosts and sshd up ({made})", file=sys.stderr, flush=True)
+        for n in sizes:
+            idx = list(range(SSH_FIRST, SSH_FIRST + n))
+            tag = uuid.uuid4().hex[:12]
+            d = Path(tempfile.mkdtemp(prefix="monarch-scale-ssh-"))
+            text = (SH.RT / "ssh" / "ssh_config").read_text().replace("Host *\n", f"Host *\n  SetEnv RT_TAG={tag}\n", 1)
+            (d / "ssh_config").write_text(text)
+            (d / "monarch.toml").write_text(
+                f'[hosts.scale]\nscheduler = "ssh"\nhosts = {json.dumps([f"h{i}" for i in idx])}\n'
+                f'ssh_config = "{d / "ssh_config"}"\nconnect_timeout = 10\nenv = {{ PYTHONPATH = "{SH.CODE}" }}\n')
+            env = {**os.environ, "MONARCH_CONFIG": str(d / "monarch.toml"), "PYTHONPATH": SH.CLIENT_CODE}
+            try:
+                p = subprocess.run([sys.executable, "-c", SSH, str(rounds)], capture_output=True, text=True,
+                                   timeout=timeout, env=env)
+                res = next((json.loads(ln[len("RESULT "):]) for ln in p.stdout.splitlines()
+                            if ln.startswith("RESULT ")), None)
+                r = res if res is not None else {"error": f"rc={p.returncode}: {p.stderr.strip()[-300:]}"}
+            except subprocess.TimeoutExpired:
+                r = {"error": f"timed out after {timeout:.0f}s"}
+            t = time.monotonic()
+            left: dict[int, list[int]] = {}
+            while time.monotonic() - t < 30:
+                left = {i: ps for i in idx for ps in [_tagged(tag, i)] if ps}
+                if not left:
+                    break
+                time.sleep(0.2)
+            for ps in left.values():
+                for q in ps:
+                    try:
+                        os.kill(q, 9)
+                    except OSError:
+                        pass
+            r.update(n=n, left=sum(len(v) for v in left.values()), **made)
+            print(f"[scale] ssh hosts {n}: {r}", file=sys.stderr, flush=True)
+            rows.append(r)
+        return rows
+    finally:
+        # what this run made goes: the sshd it started (by saved PID), then its namespaces
+        started = {f.name[:-4] for f in (SH.RT / "pids").glob("sshd-*.pid")} - sshd_before
+        if started:
+            subprocess.run(["bash", "-c", f'source "{REPO}/scripts/testbed/lib.sh"; stop_pid {" ".join(sorted(started))}'],
+                           capture_output=True, timeout=120, check=False)
+        if mine:
+            for i in mine:
+                for q in SH._ns_pids(i):
+                    try:
+                        os.kill(q, 9)
+                    except OSError:
+                        pass
+                subprocess.run(["ip", "netns", "del", f"rt-h{i}"], capture_output=True, check=False)
+                subprocess.run(["ip", "link", "del", f"rtv{i}"], capture_output=True, check=False)
+                shutil_rmtree(f"/etc/netns/rt-h{i}")
+            still = [ns for ns in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                 text=True).stdout.split() if ns.startswith("rt-h")]
+            if still:  # the names of the hosts that remain (netns-up.sh rewrites the /etc/hosts block)
+                _testbed("netns-up.sh", str(max(int(ns[4:]) for ns in still)))
+            else:
+                _testbed("netns-down.sh")
+        users(lambda s: s.__setitem__("users", [q for q in s["users"] if q != os.getpid()]))
+
+
+def shutil_rmtree(path: str) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _tagged(tag: str, i: int) -> list[int]:
+    """Live processes of namespace host ``i`` carrying ``RT_TAG=<tag>``."""
+    import scale_hosts as SH
+
+    needle = b"\\0RT_TAG=" + tag.encode() + b"\\0"
+    out = []
+    for q in SH._ns_pids(i):
+        try:
+            with open(f"/proc/{q}/environ", "rb") as f:
+                if needle in b"\\0" + f.read() + b"\\0" and _running(q):
+                    out.append(q)
+        except OSError:
+            pass
+    return out
+
+
+def ssh_table(rows: list[dict[str, Any]]) -> str:
+    headers = ["SSH hosts N", "bring-up (hosts_from_config), s", "spawn + first call, s", "call() p50, ms",
+               "call() p99, ms", "client CPU per call(), ms", "stop, s", "left after stop"]
+    body = []
+    for r in rows:
+        if "error" in r:
+            body.append([str(r["n"]), f"FAILED: {r['error']}"] + [T.DASH] * (len(headers) - 2))
+            continue
+        body.append([str(r["n"]), T.fmt(r["bringup_s"], "{:.2f}"), T.fmt(r["up_s"], "{:.2f}"),
+                     T.fmt(r["p50_ms"], "{:.1f}"), T.fmt(r["p99_ms"], "{:.1f}"), T.fmt(r["cpu_ms"], "{:.2f}"),
+                     T.fmt(r["stop_s"], "{:.2f}"), str(r["left"])])
+    body.append(["growth exponent", slope(rows, "bringup_s", "n"), slope(rows, "up_s", "n"), slope(rows, "p50_ms", "n"),
+                 slope(rows, "p99_ms", "n"), slope(rows, "cpu_ms", "n"), slope(rows, "stop_s", "n"), T.DASH])
+    return T.markdown(headers, body)
+
 
 def run(code: str, arg: int, timeout: float) -> dict[str, Any]:
     """``code`` in a fresh client with ``arg``; its RESULT, or ``{"error": ...}``."""
@@ -152,10 +625,46 @@ def actors_table(rows: list[dict[str, Any]]) -> str:
     return T.markdown(headers, body)
 
 
+def hosts_table(rows: list[dict[str, Any]]) -> str:
+    headers = ["hosts N", "workers up, s", "attach, s", "spawn + first call, s", "call() p50, ms", "call() p99, ms",
+               "client CPU per call(), ms", "… less idle background, ms", "client CPU idle, % of a core",
+               "PSS per host, MiB", "host lost: call failed after, s",
+               "rest answer", "stop, s", "left after stop"]
+    body = []
+    for r in rows:
+        if "error" in r:
+            body.append([str(r["n"]), f"FAILED: {r['error']}"] + [T.DASH] * (len(headers) - 2))
+            continue
+        msg = r["lost_msg"] or ""
+        if f"procs0-{r['n'] - 1}-" not in msg and f"'hosts': {r['n'] - 1}/{r['n']}" not in msg:
+            lost = " (does not name it)"
+        elif f"({r['n']} in all)" in msg:
+            lost = f" (its proc named as the cause; all {r['n']} ranks failed)"
+        else:
+            lost = " (names it; only its rank failed)"
+        body.append([str(r["n"]), T.fmt(r["workers_s"], "{:.1f}"), T.fmt(r["attach_s"], "{:.2f}"),
+                     T.fmt(r["up_s"], "{:.2f}"), T.fmt(r["p50_ms"], "{:.1f}"), T.fmt(r["p99_ms"], "{:.1f}"),
+                     T.fmt(r["cpu_ms"], "{:.2f}"), T.fmt(r["cpu_net_ms"], "{:.2f}"), T.fmt(r["idle_cpu"] * 100, "{:.2f}"),
+                     T.fmt(r["host_pss_mib"], "{:.0f}"),
+                     (T.fmt(r["lost_s"], "{:.2f}") + lost)
+                     if r["lost_s"] is not None else "NOT FAILED",
+                     f"{r['rest']}/{r['n'] - 1}", T.fmt(r["stop_s"], "{:.2f}"), f"{r['left']} of {r['tracked']}"])
+    body.append(["growth exponent", slope(rows, "workers_s", "n"), slope(rows, "attach_s", "n"),
+                 slope(rows, "up_s", "n"), slope(rows, "p50_ms", "n"), slope(rows, "p99_ms", "n"),
+                 slope(rows, "cpu_ms", "n"), slope(rows, "cpu_net_ms", "n"), slope(rows, "idle_cpu", "n"), slope(rows, "host_pss_mib", "n"), slope(rows, "lost_s", "n"), T.DASH,
+                 slope(rows, "stop_s", "n"), T.DASH])
+    return T.markdown(headers, body)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--procs", default="4,16,64,128,256", help="proc counts (comma-separated; '' skips)")
     ap.add_argument("--actors", default="1000,5000,10000,20000", help="actor counts (comma-separated; '' skips)")
+    ap.add_argument("--hosts", default="16,64,256", help="tls worker-loop host counts (comma-separated; '' skips)")
+    ap.add_argument("--ssh-hosts", default="8,16,32",
+                    help="SSH namespace-host counts (comma-separated; '' skips; skipped where the testbed cannot run)")
+    ap.add_argument("--rounds", type=int, default=50, help="sequential call()s timed per host count")
+    ap.add_argument("--tree-min", type=int, default=8, help="MONARCH_CAST_TREE_MIN of the hosts axis's client")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement (its client is killed)")
     ap.add_argument("--md", help="also write the tables to this Markdown file")
     args = ap.parse_args()
@@ -178,6 +687,21 @@ def main() -> int:
             print(f"[scale] actors {m}: {r}", file=sys.stderr, flush=True)
             rows.append(r)
         out.append(actors_table(rows))
+    hsizes = [int(x) for x in args.hosts.split(",") if x]
+    if hsizes:
+        rows = []
+        for n in hsizes:
+            r = run_hosts(n, args.rounds, args.tree_min, args.timeout)
+            print(f"[scale] hosts {n}: {r}", file=sys.stderr, flush=True)
+            rows.append(r)
+        out.append(hosts_table(rows))
+    ssizes = [int(x) for x in args.ssh_hosts.split(",") if x]
+    if ssizes:
+        why = ssh_unavailable()
+        if why is not None:
+            print(f"[scale] SSH axis skipped: {why}", file=sys.stderr, flush=True)
+        else:
+            out.append(ssh_table(run_ssh(ssizes, args.rounds, args.timeout)))
     text = "\n\n".join(out)
     print(text)
     if args.md:
