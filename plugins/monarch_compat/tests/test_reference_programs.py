@@ -34,7 +34,7 @@ def procs():  # type: ignore[no-untyped-def]
 
 def test_spawn_tensor_engine_then_exit_stops_the_workers_and_keeps_the_procs(procs) -> None:  # type: ignore[no-untyped-def]
     from monarch.mesh_controller import spawn_tensor_engine
-    from monarch_tensor_engine import _controller
+    from monarch_tensor_engine._client import _controller
 
     dm = spawn_tensor_engine(procs)
     assert dm is procs
