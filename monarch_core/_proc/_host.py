@@ -180,6 +180,8 @@ class ActorHost:
         self._incoming: collections.deque = collections.deque()  # from other threads
         #: supervision events (any thread), taken before the queued messages (``_take_control``)
         self._control: collections.deque = collections.deque()
+        #: the main task awaits the message being handled (an async endpoint suspended at an ``await``)
+        self._awaiting = False
         self._wake_scheduled = False
         self._serving = False  # this actor's loop is reading the proc's sockets
         self._closed = False
@@ -253,12 +255,21 @@ class ActorHost:
     def _take_control(self) -> None:
         """Put the control items that arrived ahead of the queued messages,
         after the message being handled (an awaiting one that started while
-        the actor was idle, ``_AWAIT``, counts as being handled); once a stop
+        the actor was idle, ``_AWAIT``, counts as being handled) -- or, while
+        that message is suspended at an ``await``, run them at once as tasks
+        beside it (an endpoint may be waiting for its ``__supervise__``, as in
+        the reference, where it runs on the actor's loop); once a stop
         is requested they are dropped: the stop stops the meshes this actor
         owns, and ``__supervise__`` does not run during it."""
         control = self._control
         if self._stop_requested:  # an event arriving once the stop is asked for is dropped (the reference's)
             control.clear()
+            return
+        if self._awaiting:  # the message being handled awaits: supervise now, beside it (it may wait for this)
+            while control:
+                t = self.loop.create_task(self._on_supervise(control.popleft()[1]))
+                self._concurrent.add(t)  # (cancelled by a stop, as the reference's pending __supervise__ is)
+                t.add_done_callback(self._concurrent.discard)
             return
         pending = self._pending
         at = 1 if pending and pending[0][0] is _AWAIT else 0
@@ -459,7 +470,11 @@ class ActorHost:
                 await self._stop(item[1], item[2])
                 return
             if h is _AWAIT:
-                await item[1]
+                self._awaiting = True
+                try:
+                    await item[1]
+                finally:
+                    self._awaiting = False
             elif h is _SUPERVISE:
                 await self._on_supervise(item[1])
             elif h is _UNDELIVERABLE:
@@ -467,7 +482,11 @@ class ActorHost:
             else:
                 rest = self._run_message(h, item[1], item[2])
                 if rest is not None:
-                    await rest
+                    self._awaiting = True
+                    try:
+                        await rest
+                    finally:
+                        self._awaiting = False
 
     async def _construct(self) -> None:
         init_reply, payload, buffers = self._init
@@ -583,7 +602,8 @@ class ActorHost:
         """A mesh this actor owns failed (any thread): handled by
         ``__supervise__`` once the message being handled is done, before the
         messages queued behind it (a backlog of busy endpoints does not delay
-        it; the reference's order)."""
+        it), or at once while that message is suspended at an ``await`` (it
+        may be waiting for this); the reference's order."""
         self._control.append((_SUPERVISE, failure, None))
         self._post((_CONTROL, None, None))  # wakes the actor's loop, which takes it first
 

@@ -84,3 +84,47 @@ def test_supervise_runs_before_the_backlog_of_busy_endpoints_drains(owner_class:
         assert events[events.index("supervise"):].count("busy") > 0, "__supervise__ ran only after the backlog drained"
     finally:
         procs.stop().get(timeout=120)
+
+
+class Failing(Actor):
+    @endpoint
+    def noop(self) -> None:
+        return None
+
+    @endpoint
+    def raise_exception(self) -> None:
+        raise Exception("the child fails on purpose")
+
+
+class WaitsForItsSupervise(Actor):
+    """An async endpoint that waits until ``__supervise__`` has seen its child fail."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.child = this_proc().spawn("waited_child", Failing)
+        self.failures: list[str] = []
+        self.faulted = asyncio.Event()
+
+    @endpoint
+    async def fail_child_and_wait(self) -> int:
+        import asyncio
+
+        await self.child.noop.call()
+        self.child.raise_exception.broadcast()  # no caller to report to: the child dies
+        await asyncio.wait_for(self.faulted.wait(), timeout=120)
+        return len(self.failures)
+
+    def __supervise__(self, failure) -> bool:  # type: ignore[no-untyped-def]
+        self.failures.append(str(failure))
+        self.faulted.set()
+        return True
+
+
+def test_supervise_runs_while_an_async_endpoint_awaits_it() -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        owner = procs.spawn("waits_for_supervise", WaitsForItsSupervise)
+        assert owner.fail_child_and_wait.call_one().get(timeout=240) == 1
+    finally:
+        procs.stop().get(timeout=120)
