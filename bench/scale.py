@@ -28,8 +28,12 @@ started until every one printed its readiness line; the user's side),
 *attach* (``attach_to_workers`` until every worker loop answered),
 *spawn + first call*, ``call()`` *p50/p99* and the client's CPU per
 ``call()`` (``time.process_time()``, all its threads, over ``--rounds``
-sequential calls), *idle CPU* (the client's CPU over 10 s of doing nothing
-while it heartbeats N hosts, as a share of one core), *host lost* (the last
+sequential calls; *less idle background*: minus the idle rate below times
+the call's p50, the heartbeats' share; *to 16 of them*: the same calls to a
+16-host slice while all N run, the machine's load at a fixed call size),
+*idle CPU* (the client's CPU over 10 s of doing nothing while it
+heartbeats N hosts, as a share of one core), *PSS per host* (worker loop,
+fork server and proc, summed, over N), *host lost* (the last
 worker loop SIGKILLed during a 3 s ``call()`` to all: seconds until that
 call raised, and whether the message names the host), *rest* (a ``call()``
 to the other N-1 hosts afterwards), *stop* (``ProcMesh.stop()`` and
@@ -41,9 +45,13 @@ not grow with N.
 
 SSH axis (``--ssh-hosts``, only when the testbed's namespace hosts run
 sshd: ``scripts/testbed/ssh-up.sh``): ``hosts_from_config`` over the ``ssh``
-scheduler to N namespace hosts, one proc each: *bring-up* (until every
-worker loop answered), *spawn + first call*, ``call()`` p50/p99, *stop*,
-*left* (processes of the run still on the hosts).
+scheduler to N namespace hosts h8..h(7+N) (h1..h7 are the test suite's),
+one proc each: *bring-up* (until every worker loop answered), *spawn +
+first call*, ``call()`` p50/p99 and client CPU (the default cast-tree
+threshold: direct sends), *stop*, *left* (processes of the run still on
+the hosts).  The run makes the namespaces and sshd it needs
+(``netns-up.sh``, ``ssh-up.sh``), registered as a user of the testbed like
+the test suite, and removes what it made.
 
 The last row of each table is the growth exponent: the log-log slope of each
 column between the smallest and largest N (1 = linear; for a rate, 0 = constant).
@@ -177,6 +185,14 @@ HOSTS = textwrap.dedent("""
         walls.append(time.perf_counter() - w0)
         cpus.append(time.process_time() - c0)
         assert len(got.values()) == n
+    # the same calls to 16 of the hosts, with all N up: what the machine's load (N hosts on its
+    # cores) does to a call() whose size does not change
+    few = a.slice(hosts=slice(0, min(16, n)))
+    cpus16 = []
+    for _ in range(rounds):
+        c0 = time.process_time()
+        few.pid.call().get(timeout=600)
+        cpus16.append(time.process_time() - c0)
     r0, c0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
     time.sleep(10)
     idle = (time.process_time() - c0) / (time.perf_counter() - w0)
@@ -200,7 +216,7 @@ HOSTS = textwrap.dedent("""
     print("RESULT " + json.dumps({
         "n": n, "attach_s": t1 - t0, "up_s": t2 - t1, "p50_ms": statistics.median(walls) * 1e3,
         "p99_ms": pct(walls, 99) * 1e3, "cpu_ms": statistics.median(cpus) * 1e3,
-        "idle_cpu": idle, "idle_rusage_s": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime),
+        "cpu16_ms": statistics.median(cpus16) * 1e3, "idle_cpu": idle, "idle_rusage_s": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime),
         "lost_s": lost_s, "lost_msg": lost_msg, "faults": len(faults), "rest": len(rest_pids),
         "stop_s": t4 - t3, "distinct": len(set(pids))}), flush=True)
 """)
@@ -627,7 +643,8 @@ def actors_table(rows: list[dict[str, Any]]) -> str:
 
 def hosts_table(rows: list[dict[str, Any]]) -> str:
     headers = ["hosts N", "workers up, s", "attach, s", "spawn + first call, s", "call() p50, ms", "call() p99, ms",
-               "client CPU per call(), ms", "… less idle background, ms", "client CPU idle, % of a core",
+               "client CPU per call(), ms", "… less idle background, ms",
+               "client CPU per call() to 16 of them, ms", "client CPU idle, % of a core",
                "PSS per host, MiB", "host lost: call failed after, s",
                "rest answer", "stop, s", "left after stop"]
     body = []
@@ -644,14 +661,16 @@ def hosts_table(rows: list[dict[str, Any]]) -> str:
             lost = " (names it; only its rank failed)"
         body.append([str(r["n"]), T.fmt(r["workers_s"], "{:.1f}"), T.fmt(r["attach_s"], "{:.2f}"),
                      T.fmt(r["up_s"], "{:.2f}"), T.fmt(r["p50_ms"], "{:.1f}"), T.fmt(r["p99_ms"], "{:.1f}"),
-                     T.fmt(r["cpu_ms"], "{:.2f}"), T.fmt(r["cpu_net_ms"], "{:.2f}"), T.fmt(r["idle_cpu"] * 100, "{:.2f}"),
+                     T.fmt(r["cpu_ms"], "{:.2f}"), T.fmt(r["cpu_net_ms"], "{:.2f}"),
+                     T.fmt(r["cpu16_ms"], "{:.2f}"), T.fmt(r["idle_cpu"] * 100, "{:.2f}"),
                      T.fmt(r["host_pss_mib"], "{:.0f}"),
                      (T.fmt(r["lost_s"], "{:.2f}") + lost)
                      if r["lost_s"] is not None else "NOT FAILED",
                      f"{r['rest']}/{r['n'] - 1}", T.fmt(r["stop_s"], "{:.2f}"), f"{r['left']} of {r['tracked']}"])
     body.append(["growth exponent", slope(rows, "workers_s", "n"), slope(rows, "attach_s", "n"),
                  slope(rows, "up_s", "n"), slope(rows, "p50_ms", "n"), slope(rows, "p99_ms", "n"),
-                 slope(rows, "cpu_ms", "n"), slope(rows, "cpu_net_ms", "n"), slope(rows, "idle_cpu", "n"), slope(rows, "host_pss_mib", "n"), slope(rows, "lost_s", "n"), T.DASH,
+                 slope(rows, "cpu_ms", "n"), slope(rows, "cpu_net_ms", "n"),
+                 slope(rows, "cpu16_ms", "n"), slope(rows, "idle_cpu", "n"), slope(rows, "host_pss_mib", "n"), slope(rows, "lost_s", "n"), T.DASH,
                  slope(rows, "stop_s", "n"), T.DASH])
     return T.markdown(headers, body)
 
