@@ -163,7 +163,7 @@ class PluginInfo:
 class PluginRegistry:
     """A pluggy manager plus the name tables resolved from it (once)."""
 
-    def __init__(self, *, load_entry_points: bool = True, resolved: list | None = None) -> None:
+    def __init__(self, *, load_entry_points: bool = True, resolved: tuple | None = None) -> None:
         """``resolved``: what :meth:`resolved` returned in a process with the
         same environment (a fork server's spawner): those plugins are loaded
         without scanning the installed distributions."""
@@ -568,8 +568,9 @@ def _blocked_dists(reg: PluginRegistry) -> set[str]:
 
     out = set()
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in reg.blocked and getattr(ep, "dist", None) is not None:
-            out.add(ep.dist.metadata["Name"])
+        dist = getattr(ep, "dist", None)
+        if ep.name in reg.blocked and dist is not None:
+            out.add(dist.metadata["Name"])
     return out
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import sys
 import types
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_core._actor._actor import Actor
 from monarch_core._actor._actor_mesh import ActorMesh  # noqa: F401 (what spawn returns; importable, not in __all__)
@@ -75,6 +75,8 @@ class _ActorModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _ActorModule
+if TYPE_CHECKING:  # what a type checker sees of that property (it cannot see the module's class)
+    unhandled_fault_hook: Callable[[MeshFailure], Any]
 
 
 def shutdown_context() -> Future[None]:

@@ -108,12 +108,12 @@ def _cmd_settings(args: argparse.Namespace) -> int:
     known = {s.name: s for s in settings.all_settings()}
     if args.all:
         rows = []
-        for s in known.values():
+        for each in known.values():
             try:
-                value, source = _setting_value(s)
+                value, source = _setting_value(each)
             except ConfigError:
-                value, source = _env_text(s.name), "environment: MALFORMED"
-            rows.append((s.name, value, source, s.owner))
+                value, source = _env_text(each.name), "environment: MALFORMED"
+            rows.append((each.name, value, source, each.owner))
         width = [max(len(r[i]) for r in rows) for i in range(3)]
         print("  ".join(h.ljust(w) for h, w in zip(("variable", "value", "from"), width)) + "  declared by")
         for r in rows:

@@ -77,7 +77,9 @@ def started() -> bool:
 def local_ref() -> tuple[str, str]:
     """``(proc_id, address)`` of this process, as other procs reach it."""
     rt = _start.runtime()
-    return rt.proc_id, rt.kernel.address
+    address = rt.kernel.address
+    assert address is not None  # (a runtime's kernel listens from its start)
+    return rt.proc_id, address
 
 
 def host_address(use_ipaddr: AddrType | None = None) -> str:

@@ -473,10 +473,10 @@ class _WatchedScheduler:
         if not _alloc._takes_launch(inner):  # the first contract, allocate(request): nothing to watch
             self.allocate = inner
         elif inspect.iscoroutinefunction(inner):
-            async def allocate(request, launch):
+            async def allocate_async(request, launch):
                 return await inner(request, watch(launch))
 
-            self.allocate = allocate
+            self.allocate = allocate_async
         else:
             def allocate(request, launch):
                 return inner(request, watch(launch))

@@ -21,9 +21,8 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 def _call_factory(factory: Callable[[], Any] | str) -> Any:
-    if isinstance(factory, str):
-        factory = _import_object(factory)
-    return factory()
+    fn = _import_object(factory) if isinstance(factory, str) else factory
+    return fn()
 
 
 def _import_object(spec: str) -> Any:

@@ -241,6 +241,7 @@ def actor_header(key: str, method: str, reply: tuple | None, rank: int, labels: 
         key, method, reply[0] if reply else None, reply[1] if reply else None, labels, sizes, sender,
         ret[0] if ret else None, ret[1] if ret else None, bool(explicit),
     )
+    rest: bytes | None
     if cache is None:
         rest = marshal.dumps(fields)
     else:

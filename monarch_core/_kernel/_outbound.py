@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import trio
@@ -244,7 +244,7 @@ class _Outbound:
              size: int = 0) -> None:
         with self.lock:
             self.seq += 1
-            parts = W.encode_message(kind, flags, self.seq, header, payload, buffers)
+            parts: Sequence[Any] = W.encode_message(kind, flags, self.seq, header, payload, buffers)
             if not buffers and len(payload) < DIRECT_JOIN_MAX:
                 # one bytes in a tuple: an entry the garbage collector stops tracking
                 # at its first look (a pipelined burst queues thousands)
@@ -380,7 +380,7 @@ class _Outbound:
                     return
                 self.last_error = err
                 if reader is not None:  # it took the connection: how far did it get?
-                    if reader.proven or (reader.greeted and not self.unacked):
+                    if reader.acked or (reader.greeted and not self.unacked):
                         # It answered what we sent (or had nothing to answer):
                         # the session was up, and starts afresh.
                         bound = BACKOFF_BASE
@@ -565,20 +565,22 @@ class _Outbound:
 
 class _SessionReader(W.FrameReader):
     """The reader of one outbound connection, noting how far the peer got:
-    ``greeted`` once its handshake reply arrived, ``proven`` once a frame
+    ``greeted`` once its handshake reply arrived, ``acked`` once a frame
     followed (an acknowledgement: it took what we sent).  ``_Outbound.run``
-    resets its backoff only for a connection the peer proved itself on."""
+    resets its backoff only for a connection the peer proved itself on.
+    (``acked``, not ``proven``: a slot of that name would hide
+    ``FrameReader.proven``, the trust the reader gives the peer's frames.)"""
 
-    __slots__ = ("greeted", "proven")
+    __slots__ = ("greeted", "acked")
 
     def __init__(self, stream: Stream) -> None:
         super().__init__(stream)
         self.greeted = False
-        self.proven = False
+        self.acked = False
 
     async def read_message(self) -> tuple:
         m = await super().read_message()
-        self.proven = True
+        self.acked = True
         return m
 
 

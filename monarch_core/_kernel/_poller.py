@@ -33,7 +33,7 @@ import logging
 import os
 import select
 import selectors
-import _signal
+import _signal  # type: ignore[import-not-found]  # (CPython's C module behind ``signal``; typeshed has no stub)
 import threading
 import time
 from typing import Any

@@ -49,7 +49,7 @@ from monarch_core._kernel._child_watch import ChildProcess, ChildWatch
 from monarch_core._kernel._inbound import InboundSession, SessionFence
 from monarch_core._kernel._outbound import HANDSHAKE_TIMEOUT, _grow_buffer, _Outbound, _raw_socket, _Window
 from monarch_core._kernel._poller import Poller
-from monarch_core._kernel._ports import PortHandler
+from monarch_core._kernel._ports import PortReceiver
 from monarch_core._kernel._upper import MailboxProtocol, ProcAgentProtocol
 from monarch_core.errors import (AuthenticationError, ProtocolError, SupervisionError, TransportError,
                                  UndeliverableMessageError)
@@ -104,7 +104,7 @@ class Kernel:
         self.token: trio.lowlevel.TrioToken | None = None
         self.thread_ident: int | None = None
         self.actors: dict[str, MailboxProtocol] = {}
-        self.ports: dict[int, PortHandler] = {}
+        self.ports: dict[int, PortReceiver] = {}
         self._port_ids = itertools.count(1)
         self.agent: ProcAgentProtocol | None = None  # the proc agent (see ``_upper``)
         self.dead: dict[str, str] = {}
@@ -305,7 +305,7 @@ class Kernel:
             await ev.wait()
 
     # ------------------------------------------------------------------ ports
-    def add_port(self, handler: PortHandler) -> int:
+    def add_port(self, handler: PortReceiver) -> int:
         """Register a port handler; returns its id (thread-safe)."""
         pid = next(self._port_ids)
         self.ports[pid] = handler
@@ -630,6 +630,11 @@ class Kernel:
     async def _serve_inbound(self, stream: Stream) -> None:
         peer = getattr(stream, "peer", "?")
         acker: _Acker | None = None
+        # (declared: the finally clause drops what they refer to)
+        leaf: BaseException | None
+        payload: Any
+        buffers: list | None
+        reader: W.FrameReader | None
         try:
             uid = W.foreign_peer_uid(stream)  # once per connection, before any byte is read
             if uid is not None:
@@ -680,13 +685,13 @@ class Kernel:
                             return
         except BaseExceptionGroup as eg:
             W.drop_frames(eg)  # frames of route() & co in these tracebacks hold the message being routed
-            e = first_leaf(eg, skip=(trio.Cancelled,))
-            if isinstance(e, (ProtocolError, AuthenticationError)):
-                _dropped.warning(peer, f"dropping connection from {peer}: {e}")
-            elif not isinstance(e, (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
+            leaf = first_leaf(eg, skip=(trio.Cancelled,))
+            if isinstance(leaf, (ProtocolError, AuthenticationError)):
+                _dropped.warning(peer, f"dropping connection from {peer}: {leaf}")
+            elif not isinstance(leaf, (TransportError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)):
                 raise
             else:
-                logger.debug("inbound connection from %s ended: %s", peer, str(e))
+                logger.debug("inbound connection from %s ended: %s", peer, str(leaf))
         except trio.TooSlowError:
             _dropped.warning(peer, f"connection from {peer} sent no handshake within {HANDSHAKE_TIMEOUT:.0f}s; dropped")
         except (ProtocolError, AuthenticationError) as e:
@@ -696,7 +701,7 @@ class Kernel:
         finally:
             # This frame can outlive the call in a traceback (trio's nursery errors form cycles that
             # only the cyclic GC frees): it must not keep a message's buffers or the read buffer.
-            e = payload = buffers = reader = None
+            leaf = payload = buffers = reader = None
             if acker is not None:
                 self._ackers.discard(acker)
             with trio.CancelScope(shield=True):

@@ -42,6 +42,10 @@ class MailboxProtocol(Protocol):
 class ProcAgentProtocol(Protocol):
     """The proc agent (``Kernel.agent``)."""
 
+    #: a worker loop's agent (``_launch._worker.WorkerLoopAgent``): the procs this
+    #: process starts tell it where they listen (the launch layer reads it)
+    is_host: bool
+
     def handle_control(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         """Handle one control message (``h[0]`` is the op name; ``_control.decode(h)`` its message); on the kernel loop."""
 

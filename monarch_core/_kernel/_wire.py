@@ -210,7 +210,7 @@ def _new_bytes_writable(n: int) -> tuple[bytes, memoryview] | None:
         return None
     b = _PyBytes_New(None, n)
     arr = (ctypes.c_char * n).from_address(id(b) + _BYTES_DATA_OFFSET)
-    arr.owner = b  # the view keeps the memory alive
+    arr.owner = b  # type: ignore[attr-defined]  # (a ctypes instance takes any attribute) the view keeps the memory alive
     return b, memoryview(arr).cast("B")
 
 
@@ -258,14 +258,17 @@ class _BufferPool:
         # else: dropped; the mapping goes when the view's last export does
 
 
+#: CPython's ``PyBytes_FromStringAndSize(NULL, n)``: a new, uninitialised ``bytes`` (None elsewhere)
+_PyBytes_New: Callable[[None, int], bytes] | None
 try:
     import ctypes
 
     if _sys.implementation.name != "cpython":  # pragma: no cover
         raise ImportError
-    _PyBytes_New = ctypes.pythonapi.PyBytes_FromStringAndSize
-    _PyBytes_New.restype = ctypes.py_object
-    _PyBytes_New.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+    _new = ctypes.pythonapi.PyBytes_FromStringAndSize
+    _new.restype = ctypes.py_object
+    _new.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
+    _PyBytes_New = _new
     _BYTES_DATA_OFFSET = bytes.__basicsize__ - 1  # PyBytesObject.ob_sval
 except (ImportError, AttributeError):  # pragma: no cover
     _PyBytes_New = None
@@ -320,7 +323,7 @@ class FrameReader:
         self._buf = bytearray()
         self._pos = 0
         self._proven = _authenticated(stream) if trusted is None else trusted
-        self._proof: tuple[Any, Any] | None = None
+        self._proof: Callable[[], bool] | None = None
         self._trust = self._proven  # of the message under way
         self._held = 0  # bytes charged to the unproven limits for the message under way
 
@@ -479,6 +482,7 @@ class FrameReader:
         made = _new_bytes_writable(n)
         if made is None:  # pragma: no cover
             return bytes(await self._read_big(n))
+        out: bytes | None
         out, mv = made
         made = None
         try:
@@ -488,6 +492,7 @@ class FrameReader:
             raise
         finally:
             mv.release()
+        assert out is not None  # (set to None only on the way out with an exception)
         return out
 
     async def _read_into(self, mv: memoryview) -> None:
@@ -519,6 +524,7 @@ class FrameReader:
         outer = _sys.exc_info()[1]  # what the caller was handling: not this read's business
         payload: Any = b""
         bufs: list = []
+        x: Any  # (declared: the except clause drops what it refers to)
         try:
             await self._fill(FIXED_SIZE)
             kind, flags, nbufs, hlen, plen, seq = FIXED.unpack_from(self._buf, self._pos)
@@ -556,7 +562,8 @@ class FrameReader:
             _release(payload)
             for x in bufs:
                 _release(x)
-            payload = bufs = x = None
+            payload = x = None
+            bufs = []
             drop_frames(e, outer)
             outer = None
             raise

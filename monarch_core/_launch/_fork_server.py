@@ -302,9 +302,9 @@ class _Zygote:
             os.close(f)
         if op == "exit":
             _op, pid, rc = msg
-            child = self.children.pop(pid, None)
-            if child is not None:
-                child._exited(rc)
+            ended = self.children.pop(pid, None)
+            if ended is not None:
+                ended._exited(rc)
             if self.retiring and not self.children and not self.pending:
                 self._shut(kill=False)
         elif op in ("failed", "info"):

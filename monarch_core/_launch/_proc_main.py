@@ -107,6 +107,7 @@ def main() -> None:
         kernel.send(status[0], status[1], W.K_PORT, 0, marshal.dumps((status[2], spec.rank, W.S_VALUE)),
                     payload, bufs)
         if worker_loop:  # our parent process, which heartbeats us, hears our address from us
+            assert kernel.address is not None  # (set once the kernel listens)
             kernel.send(worker_loop[0], worker_loop[1], W.K_CONTROL, 0,
                         C.encode(C.ChildHello(kernel.proc_id, kernel.address)), b"", [])
         kernel.on_proc_failed.append(_exit_if_parent(parent[0]))

@@ -80,7 +80,10 @@ async def start_proc(kernel: Kernel, spec: ProcSpec, *, bind_spec: str | None) -
     argv, cpus = apply_bind(cmd.argv(), spec.bind)
     # A worker loop is its procs' parent but not their spawner's address
     # book: they tell it where they listen (for its heartbeats).
-    worker_loop = (kernel.proc_id, kernel.address, os.getpid()) if kernel.agent.is_host else None
+    worker_loop = None
+    if kernel.agent is not None and kernel.agent.is_host:
+        assert kernel.address is not None  # (set once the kernel listens)
+        worker_loop = (kernel.proc_id, kernel.address, os.getpid())
     spec = dataclasses.replace(spec, command=cmd, bind_spec=bind_spec, parent_pid=os.getpid(), cpus=cpus,
                                worker_loop=worker_loop, devices=devices)
     zygote = _fork_server(kernel, cmd, argv, env)
@@ -453,4 +456,4 @@ def _signal(kernel: Kernel, s: ProcSlot, sig_name: str) -> None:
     if child is not None:
         getattr(child, sig_name)()
     elif s.host is not None:
-        _send.control(kernel, host_proc_id(s.host), s.host, C.HostKill([s.proc_id], sig_name))
+        _send.control(kernel, host_proc_id(s.host), s.host, C.HostKill((s.proc_id,), sig_name))

@@ -98,7 +98,7 @@ class ProcSpec:
 def _conform(value: Any, hint: Any, where: str) -> Any:
     """``value`` (decoded JSON) as type ``hint``: lists become tuples, dicts
     dataclasses; ``ValueError`` naming ``where`` when it does not fit."""
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         if not isinstance(value, dict):
             raise ValueError(f"{BOOTSTRAP_ENV}: {where} must be an object, got {value!r}")
         # (ProcSpec's and BootstrapCommand's modules leave annotations as objects: no evaluation)

@@ -40,6 +40,7 @@ forked; ``MONARCH_FORK_SERVER=0`` turns the fork server off.
 from __future__ import annotations
 
 import importlib
+import io
 import logging
 import marshal
 import os
@@ -280,7 +281,7 @@ def _become_proc(fds: list[int], targets: list[int], env_set: dict, env_unset: l
                 pass
     for f in moved:
         os.close(f)
-    if sys.stdout is not None:
+    if isinstance(sys.stdout, io.TextIOWrapper):
         try:
             sys.stdout.reconfigure(line_buffering=os.isatty(1))
         except Exception:  # noqa: BLE001, S110

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from monarch_core._mesh._checks import _as_count, _as_int, _check_label, _dense_strides, _unknown_dim
 
@@ -67,7 +67,7 @@ def sliced(
                 f"{type(sel).__name__} ({sel!r})"
             )
         else:
-            i = operator.index(sel)  # type: ignore[call-overload]
+            i = operator.index(sel)  # type: ignore[arg-type]  # (an __index__ type: checked above, which mypy cannot narrow by)
             j = i + size if i < 0 else i
             if not 0 <= j < size:
                 raise IndexError(
@@ -84,7 +84,7 @@ def renamed(region: Any, kwargs: Mapping[str, object], owner: str) -> tuple[str,
         if old not in region.extent:
             _unknown_dim(owner, old, region.labels)
         _check_label(new, f"{owner}.rename: new name for dimension {old!r}")
-    labels = tuple(kwargs.get(label, label) for label in region.labels)
+    labels = tuple(cast(str, kwargs.get(label, label)) for label in region.labels)  # (new names: checked above)
     if len(set(labels)) != len(labels):
         dups = sorted({lab for lab in labels if labels.count(lab) > 1})
         raise ValueError(

@@ -31,7 +31,7 @@ class AddrType(enum.Enum):
     IPv6 = enum.auto()
 
 
-def _families(use_ipaddr: AddrType | None) -> tuple[int, ...]:
+def _families(use_ipaddr: AddrType | None) -> tuple[socket.AddressFamily, ...]:
     if use_ipaddr is None or use_ipaddr is AddrType.Default:
         return (socket.AF_INET6, socket.AF_INET)
     if use_ipaddr is AddrType.IPv4:

@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import MutableMapping
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 
 from monarch_core import settings
@@ -147,12 +147,17 @@ class ProcAgent:
                              C.encode(C.RegisterOwner(self.kernel.proc_id, owner[:2])), b"", [])
 
     def _on_stop_actor(self, m: C.StopActor, payload: Any, buffers: list, sender: str) -> None:
-        host = self.kernel.actors.get(m.key)
+        host = self._host(m.key)
         if host is None:  # never here, or stopped already (it may have stopped itself): stopped, for its rank
             if m.reply:
                 send_to_port(m.reply, self.stopped_ranks.get(m.key, -1), W.S_VALUE, None)
             return
         host.request_stop(m.reason, m.reply)
+
+    def _host(self, key: str) -> ActorHost | None:
+        """This proc's actor ``key``: the kernel's mailbox of that key, which
+        this agent made (``_on_spawn``), an ``ActorHost``."""
+        return cast("ActorHost | None", self.kernel.actors.get(key))
 
     def _on_init(self, m: C.Init, payload: Any, buffers: list, sender: str) -> None:
         reply, rank = m.reply, m.rank
@@ -496,7 +501,7 @@ class ProcAgent:
             with self.owned_lock:
                 owned = list(self.owned)
                 self.owned.clear()
-            hosts = list(self.kernel.actors.values())
+            hosts = [cast("ActorHost", h) for h in self.kernel.actors.values()]  # (see ``_host``)
             for host in hosts:
                 owned.extend(host.owned)
                 host.owned.clear()

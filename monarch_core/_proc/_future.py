@@ -24,8 +24,10 @@ if TYPE_CHECKING:
 R = TypeVar("R")
 
 _PENDING = object()
-#: ``Cell._decode`` while one observer decodes (the others wait for it).
-_DECODING = object()
+def _DECODING(*args: Any) -> Any:  # noqa: N802 - a sentinel
+    """``Cell._decode`` while one observer decodes (the others wait for it):
+    a sentinel (compared by identity), never called."""
+    raise AssertionError("the decoding sentinel is never called")
 
 #: The locks of every cell, striped: a cell takes ``_STRIPES[id(cell) >> 4 &
 #: _MASK]`` (a lock per cell was one more object per call for the garbage

@@ -113,7 +113,9 @@ class Recipients:
         n = len(members)
         if n < _tree.TREE_MIN:
             send = self.send_one  # (below TREE_MIN: one frame each, the proc's id back)
-            return [send(kernel, i, call) for i in (range(region.nelements) if indices is None else indices)]
+            # (below TREE_MIN ``send_one`` sends directly and returns a proc id, never a tuple)
+            return [send(kernel, i, call)  # type: ignore[misc]
+                    for i in (range(region.nelements) if indices is None else indices)]
         fanout = _tree.FANOUT
         if indices is None and self._whole_view():
             targets = None  # every member: each forwarder works out its children

@@ -76,7 +76,7 @@ def path(x: int, fanout: int) -> list[int]:
 
 def subtree(r: int, n: int, fanout: int) -> list[int]:
     """``r`` and every member below it, in index order."""
-    out = []
+    out: list[int] = []
     level = range(r, r + 1)
     while level:
         out.extend(level)

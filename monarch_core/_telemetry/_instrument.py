@@ -193,6 +193,9 @@ class TimedOneReply(OneReply):
     context ``ctx``, ``parent`` and meta ``m``) when the reply (or failure) arrives."""
 
     __slots__ = ("ctx", "parent", "m")
+    ctx: bytes  # the call's trace context
+    parent: int  # its parent span's id (0: none)
+    m: Optional[tuple]  # the client span's meta (``_spans.meta``); None once recorded
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         m = self.m

@@ -49,7 +49,7 @@ def error_type(payload: Any) -> str:
         data = bytes(memoryview(payload)[:4096])
         strings: list[str] = []
         for op, arg, _pos in pickletools.genops(io.BytesIO(data)):
-            if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE") and isinstance(arg, str):
                 strings.append(arg)
             elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
                 name = strings[-1]

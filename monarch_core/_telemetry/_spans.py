@@ -109,7 +109,7 @@ def meta(name: str, kind: str, attrs: tuple = ()) -> tuple:
     return m
 
 
-def record(m: tuple, trace: bytes, span_id: int, parent: Optional[int], t0: int, dt: int,
+def record(m: tuple, trace: bytes, span_id: Optional[int], parent: Optional[int], t0: int, dt: int,
            error: Optional[str] = None) -> None:
     """Record a finished span: ``m`` from :func:`meta`, ``t0`` its start
     (``perf_counter_ns``), ``dt`` its duration.  ``parent`` None: ``trace`` is
@@ -190,7 +190,7 @@ def traced(fn: Any = None, /, *, name: Optional[str] = None) -> Any:
     def deco(f: Callable[..., Any]) -> Callable[..., Any]:
         if not callable(f):
             raise TypeError(f"@traced decorates a function; got {f!r}. Use @traced or @traced(name='...').")
-        span = name or getattr(f, "__name__", "span")
+        span: str = name or str(getattr(f, "__name__", "span"))
         if inspect.iscoroutinefunction(f):
 
             @functools.wraps(f)

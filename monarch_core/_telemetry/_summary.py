@@ -106,11 +106,11 @@ def read(path: str) -> list[EndpointMetrics]:
                 f"(monarch summary reads what record_trace / MONARCH_TRACE_FILE or record_events / "
                 f"MONARCH_TELEMETRY_JSONL wrote)")
         spans = []
-        for e in trace:
-            args = e.get("args") or {}
-            if e.get("ph") == "X" and e.get("cat") in ("client", "server") and "endpoint" in args:
-                spans.append((e["cat"], str(args.get("mesh")), str(args["endpoint"]), str(e.get("pid")),
-                              int(float(e.get("dur", 0)) * 1000), args.get("error"), args.get("rank")))
+        for ev in trace:
+            args = ev.get("args") or {}
+            if ev.get("ph") == "X" and ev.get("cat") in ("client", "server") and "endpoint" in args:
+                spans.append((ev["cat"], str(args.get("mesh")), str(args["endpoint"]), str(ev.get("pid")),
+                              int(float(ev.get("dur", 0)) * 1000), args.get("error"), args.get("rank")))
         return _from_spans(spans)
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
