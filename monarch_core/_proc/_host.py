@@ -128,6 +128,8 @@ class ActorHost:
         self.mesh_extent = Extent(labels, sizes)
         self.rank = Point(rank, self.mesh_extent)
         self.class_name = class_name
+        #: ``module.Qualname`` of its class once known (the reference's failure reports name it so)
+        self.class_path: str | None = None
         self.display_name = f"{mesh_name}{_coords(self.rank)}"
         self.actor_id = f"{agent.kernel.proc_id}.{mesh_name}[{rank}]"
         self.proc_id = agent.kernel.proc_id
@@ -505,6 +507,7 @@ class ActorHost:
             _construction.take(self.display_name)
             cls, args, kwargs = _serial.loads_importing(payload, buffers)
             self.class_name = cls.__qualname__
+            self.class_path = f"{cls.__module__}.{cls.__qualname__}"
             instance = cls.__new__(cls)
             self.instance = instance
             self._busy = "__init__"

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import threading
 from typing import Any, Callable
@@ -57,10 +58,14 @@ def make_report(
     category: str,
     chain: list[dict] | None = None,
     host: str | None = None,
+    class_path: str | None = None,
 ) -> dict:
     """One failure event.  ``chain`` holds the events that caused it, the
-    first failure of the cascade first; ``host`` is the machine the proc ran on."""
+    first failure of the cascade first; ``host`` is the machine the proc ran
+    on; ``class_path`` the class as ``module.Qualname``, when known."""
+    extra = {"class_path": class_path} if class_path else {}
     return {
+        **extra,
         "mesh_key": mesh_key,
         "mesh_name": mesh_name,
         "class_name": class_name,
@@ -107,6 +112,26 @@ def _describe(ev: dict) -> str:
     return f"{where} on {proc} [{ev['category']} error]: {ev['cause'].strip()}"
 
 
+_KILLED = re.compile(r"was killed by (SIG[A-Z0-9]+|signal (\d+))")
+
+
+def reference_summary(first: dict) -> str:
+    """The first failure in the reference's (torchmonarch 0.7.0) words, which
+    programs written for it match: ``The actor <module.Class> <actor> and all
+    its descendants have failed: <why>``, ``<why>`` being ``the process this
+    actor was running on failed: Killed(sig=9)`` for a proc killed by a
+    signal, else the last line of the cause."""
+    cause = first["cause"].strip()
+    m = _KILLED.search(cause)
+    if m:
+        num = m.group(2) or getattr(signal.Signals, m.group(1), None)
+        why = f"the process this actor was running on failed: Killed(sig={int(num) if num is not None else m.group(1)})"
+    else:
+        why = cause.splitlines()[-1] if cause else "unknown"
+    what = first.get("class_path") or first["class_name"]
+    return f"The actor {what} {first['actor']} and all its descendants have failed: {why}"
+
+
 def cascade(events: list[dict]) -> str:
     """``First failure: ...`` then one ``Which then failed ...`` line per later
     event: how a failure travelled up the ownership tree."""
@@ -122,7 +147,8 @@ class MeshFailure:
     does not), ``mesh_name`` its name, ``ranks`` the failed ranks' coordinates,
     ``category`` ``"user"``, ``"system"`` or ``"infrastructure"``.  ``report()``
     (and ``str()``) gives the first failure of the cascade first, then how it
-    propagated.
+    propagated, then the first failure again in the reference's words
+    (:func:`reference_summary`).
     """
 
     def __init__(self, mesh: Any, report: dict) -> None:
@@ -148,7 +174,8 @@ class MeshFailure:
             return f"notice for host mesh {self.mesh_name!r}{where}: {self._report['cause']}"
         evs = self.events
         ranks = ", ".join("its only rank" if r == "{}" else r for r in self.ranks)
-        return f"actor mesh {self.mesh_name!r} failed on rank(s) {ranks} ({self.category} error).\n" + cascade(evs)
+        return (f"actor mesh {self.mesh_name!r} failed on rank(s) {ranks} ({self.category} error).\n" + cascade(evs)
+                + "\n" + reference_summary(evs[0]))
 
     def __str__(self) -> str:
         return self.report()

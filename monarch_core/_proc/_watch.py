@@ -112,6 +112,7 @@ class ProcWatch:
             mesh_key=host.key,
             mesh_name=host.name,
             class_name=host.class_name,
+            class_path=getattr(host, "class_path", None),
             rank=host.rank.rank,
             coords=str(host.rank),
             actor=host.display_name,
