@@ -49,6 +49,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from monarch_core.errors import ConfigError
 from monarch_debugger import _settings
 from monarch_debugger._errors import DebuggerError
 
@@ -95,8 +96,6 @@ def server_port() -> int:
 
 def check_port(port: int, what: str) -> None:
     if not 0 <= port <= 65535:
-        from monarch_core.errors import ConfigError
-
         raise ConfigError(f"{what} must be a TCP port (0-65535), got {port}")
 
 

@@ -42,7 +42,7 @@ import traceback
 from types import FrameType, TracebackType
 from typing import Any
 
-from monarch_core.actor import context
+from monarch_core.actor import context, get_or_spawn_controller
 from monarch_debugger import _state
 from monarch_debugger._protocol import CONTROLLER_NAME
 
@@ -366,8 +366,8 @@ def _get_controller(start: bool = True) -> Any:
     global _controller
     with _lock:
         if _controller is None and start:
+            # lazy: the controller's module (its TCP server) is needed only where a breakpoint is first hit
             from monarch_debugger._controller import DebugController
-            from monarch_core.actor import get_or_spawn_controller
 
             try:
                 _controller = get_or_spawn_controller(CONTROLLER_NAME, DebugController).get(

@@ -25,6 +25,6 @@ def monarch_proc_stopping(why: str) -> None:
 
 @hookimpl
 def monarch_settings() -> list:
-    from monarch_debugger import _settings
+    from monarch_debugger import _settings  # lazy: the hooks of every proc's start stay import-light
 
     return _settings.SETTINGS

@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from monarch_core.actor import Extent, Future, ValueMesh
 from monarch_tensor_engine._client import _controller
 from monarch_tensor_engine._client._ops import flatten, func_ref, op_name, unflatten
 from monarch_tensor_engine._client._streams import get_active_stream
@@ -71,8 +72,6 @@ def _results(ctl: Any, fn: Callable[..., Any], args: tuple, kwargs: dict, ranks:
 
 def call(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """``remote(fn).call(...)``: a future of the ``ValueMesh`` of every proc's result."""
-    from monarch_core.actor import Extent, Future, ValueMesh
-
     ctl = _active(f"remote({getattr(fn, '__name__', fn)}).call()")
     futures = _results(ctl, fn, args, kwargs, list(range(len(ctl.ranks))))
     extent = Extent(list(ctl.labels), list(ctl.sizes.values()))

@@ -8,6 +8,8 @@ from monarch_core.hookspecs import hookimpl
 
 @hookimpl
 def monarch_tensor_engine() -> object:
+    # lazy, as this whole module: the plugin registry loads it in every process, torch and the engine only
+    # where the engine is asked for
     try:
         import torch  # noqa: F401
     except ImportError as e:
@@ -19,6 +21,6 @@ def monarch_tensor_engine() -> object:
 
 @hookimpl
 def monarch_settings() -> list:
-    from monarch_tensor_engine import _settings
+    from monarch_tensor_engine import _settings  # lazy: this hook module stays import-light (see the module docstring)
 
     return _settings.SETTINGS

@@ -47,7 +47,8 @@ import weakref
 from typing import Any, Callable
 
 import torch
-from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensor
+from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException, FakeTensor,
+                                           FakeTensorMode)
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -127,8 +128,6 @@ class Controller:
     default_dtype: Any = None
 
     def __init__(self, mesh: Any) -> None:
-        from torch._subclasses.fake_tensor import FakeTensorMode
-
         self.proc_ids = list(mesh.proc_ids)
         #: how errors tell this mesh from another part of the same mesh (``where``)
         self.ranks_text = _ranks_text(mesh)

@@ -34,6 +34,8 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from monarch_tensor_engine._client._active import active
@@ -111,8 +113,6 @@ def run_remote(fn: Callable[..., Any], args: tuple, kwargs: dict, propagate: Any
 
 def _mocked(ctl: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
     """A propagation that runs ``fn`` in the client on zero tensors shaped like the fakes."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     def run(*fargs: Any, **fkwargs: Any) -> Any:
         def real(x: Any) -> Any:
             if not isinstance(x, FakeTensor):
@@ -123,8 +123,6 @@ def _mocked(ctl: Any, fn: Callable[..., Any]) -> Callable[..., Any]:
             return torch.zeros(tuple(x.shape), dtype=x.dtype, device=x.device).requires_grad_(x.requires_grad)
 
         with torch._C.DisableTorchFunction():
-            from torch.utils._python_dispatch import _disable_current_modes
-
             with _disable_current_modes():
                 a, k = tree_map(real, (fargs, fkwargs))
                 out = fn(*a, **k)
