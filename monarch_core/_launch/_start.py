@@ -64,6 +64,7 @@ def build_runtime(*, proc_id: str, kernel_name: str, transport: Any, bind_spec: 
     from monarch_core._kernel._runtime import Kernel  # (lazily: importing the API loads no trio)
     from monarch_core._proc._agent import ProcAgent
 
+    raise_fd_limit()
     kernel = Kernel(proc_id=proc_id, name=kernel_name, transport=transport, bind_spec=bind_spec)
     kernel.agent = proc_agent = (agent or ProcAgent)(kernel)
     if fields["is_client"]:
@@ -75,6 +76,37 @@ def build_runtime(*, proc_id: str, kernel_name: str, transport: Any, bind_spec: 
         proc_agent.proc_ready.set()
     _state.set_runtime(rt)
     return rt
+
+
+#: The soft ``RLIMIT_NOFILE`` a runtime asks for when its hard limit is unlimited.
+FD_LIMIT_WANTED = 1 << 16
+
+
+def raise_fd_limit() -> None:
+    """Raise this process's soft limit of open files to its hard limit (at
+    most :data:`FD_LIMIT_WANTED` when that is unlimited); never lowers it.
+
+    A client holds a connection (a socket) to every proc and worker loop it
+    talks to, and a proc or worker loop to its peers, children and fork
+    server: with the common default soft limit of 1024, a client of a few
+    hundred hosts of several procs each would fail with ``OSError: [Errno
+    24] Too many open files`` while the hard limit allows far more.  The
+    kernel polls with epoll, so descriptors above 1024 are fine.  Children
+    inherit the raised limit.  Where it cannot be raised (no ``resource``
+    module, a refusal), nothing changes."""
+    try:
+        import resource
+    except ImportError:  # (not a POSIX system)
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = FD_LIMIT_WANTED if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError) as e:
+            logger.debug("could not raise the open-file limit from %d to %d: %s", soft, want, e)
+        else:
+            logger.debug("raised the open-file limit from %d to %d", soft, want)
 
 
 def _start_client() -> None:
