@@ -20,6 +20,7 @@ loop's agent overrides).  The agent's methods of the same names delegate to it.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from collections.abc import MutableMapping
@@ -36,6 +37,9 @@ if TYPE_CHECKING:
     from monarch_core._proc._host import ActorHost
 
 logger = logging.getLogger("monarch.proc")
+
+#: how many of the meshes it stopped a process remembers, to tell a failure the stop caused (``ProcWatch._released``)
+RELEASED_KEPT = 4096
 
 #: Seconds between heartbeats a parent sends its child procs, and how long a
 #: child may go without answering before it is declared hung and killed.
@@ -88,6 +92,8 @@ class ProcWatch:
         self._gone = gone
         #: actor mesh key -> what this process, its owner, knows of it
         self.supervised: dict[str, Supervised] = {}
+        #: the last RELEASED_KEPT meshes this process stopped (unregister_supervised), oldest first
+        self._released: collections.OrderedDict[str, None] = collections.OrderedDict()
         self.proc_owners: dict[str, set[tuple]] = {}  # child proc id -> other owners of meshes on it
         self._return_port: tuple | None = None
         self._heartbeat_started = False
@@ -144,7 +150,14 @@ class ProcWatch:
         self.supervised[rec.key] = rec
 
     def unregister_supervised(self, key: str) -> None:
-        self.supervised.pop(key, None)
+        """This process stops (and so gives up) the mesh ``key``: a failure of
+        one of its actors reported from now on is a consequence of the stop
+        (:meth:`handle_report`)."""
+        if self.supervised.pop(key, None) is not None:
+            released = self._released
+            released[key] = None
+            if len(released) > RELEASED_KEPT:
+                released.popitem(last=False)
 
     def handle_report(self, report: dict) -> None:
         """A mesh this process owns lost a rank (any thread): mark it, and hand
@@ -156,6 +169,13 @@ class ProcWatch:
             if report.get("init"):  # its callers were told (a mesh stopped since: the client ending, say)
                 logger.info("failure in __init__ of actor %s, whose mesh this process does not own (any more)",
                             report["actor"])
+                return
+            if report["mesh_key"] in self._released:
+                # this process stopped the mesh: its actors fail as their peers stop first (a job's kill, a
+                # host mesh's shutdown); the failure is no news to whoever asked for the stop
+                cause = report["cause"].strip().splitlines()
+                logger.info("failure of actor %s while this process stopped its mesh: %s", report["actor"],
+                            cause[-1] if cause else "")
                 return
             logger.warning(
                 "failure of actor %s, whose mesh this process does not own (any more):\n%s",

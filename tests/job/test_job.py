@@ -265,3 +265,54 @@ def test_enable_admin_without_the_dashboard_says_what_to_install(client_script: 
     out = client_script("from monarch_core.job import LocalJob\nLocalJob().enable_admin().state(cached_path=None)\n",
                         env={"MONARCH_DISABLED_PLUGINS": "dashboard"}, timeout=TIMEOUT)
     assert out.returncode != 0 and "MONARCH_DISABLED_PLUGINS turns off" in out.stderr, out.stderr[-3000:]
+
+
+KILL_WHILE_CALLING = '''
+import asyncio, time
+from monarch_core.actor import Actor, endpoint
+from monarch_core.job import ProcessJob
+
+class Waiter(Actor):
+    def __init__(self):
+        self.asked = 0
+
+    @endpoint
+    async def ask(self, i: int) -> int:
+        self.asked += 1
+        return i
+
+    @endpoint
+    async def count(self) -> int:
+        return self.asked
+
+class Caller(Actor):
+    @endpoint
+    async def run(self, waiter) -> None:
+        i = 0
+        while True:  # until its proc stops: a call to the waiter stopped first raises here
+            await waiter.ask.call_one(i)
+            i += 1
+            await asyncio.sleep(0.005)
+
+job = ProcessJob({"hosts": 1})
+hosts = job.state(cached_path=None).hosts
+waiter = hosts.spawn_procs(name="w").spawn("waiter", Waiter)
+callers = hosts.spawn_procs(per_host={"r": 3}, name="c").spawn("callers", Caller)
+callers.run.broadcast(waiter)
+deadline = time.monotonic() + 120
+while waiter.count.call_one().get(timeout=60) < 30 and time.monotonic() < deadline:
+    time.sleep(0.1)
+job.kill()
+print("killed", flush=True)
+'''
+
+
+def test_kill_while_actors_call_each_other_reports_no_failure(client_script: Any) -> None:
+    # the reference's dining_philosophers.py: job.kill() stops every proc at once; an actor whose peer's
+    # proc stopped first fails calling it, and that failure, a consequence of the kill, is no news to
+    # the program that asked for the kill (no warning, no traceback in its output)
+    out = client_script(KILL_WHILE_CALLING, timeout=TIMEOUT)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-6000:]
+    assert "killed" in out.stdout
+    assert "Traceback" not in text and "failure of actor" not in text, text[-6000:]
