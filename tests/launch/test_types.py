@@ -32,13 +32,6 @@ REMAINING: dict[str, int] = {
     "plugins/monarch_compat": 2,  # owned by the compat work
     "plugins/tensor_engine": 13,  # being restructured
     "plugins/debugger": 6,  # being restructured
-    "plugins/transport_tcp": 4,
-    "plugins/scheduler_slurm": 3,
-    "plugins/scheduler_ssh": 1,
-    "plugins/transport_rdma": 6,
-    "plugins/telemetry_otel": 3,
-    "plugins/dashboard": 2,
-    "plugins/spmd": 2,
 }
 
 _ERROR = re.compile(r"^(?P<path>[^:\s]+\.pyi?):(?P<line>\d+): error: ", re.M)

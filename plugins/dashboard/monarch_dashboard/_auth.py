@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import hmac
 from http.cookies import SimpleCookie
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, MutableMapping
 from urllib.parse import parse_qs
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict]]
-Send = Callable[[dict], Awaitable[None]]
+# (ASGI's types, as Starlette declares them)
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 LOOPBACK_PEERS = frozenset({"127.0.0.1", "::1"})
@@ -86,7 +87,7 @@ class LoopbackTokenGuard:
     def _with_cookie(self, send: Send, token: str) -> Send:
         value = f"{self.cookie}={token}; Path=/; HttpOnly; SameSite=Strict".encode("latin-1")
 
-        async def wrapped(message: dict) -> None:
+        async def wrapped(message: MutableMapping[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", value)]}
             await send(message)

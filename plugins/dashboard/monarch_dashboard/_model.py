@@ -292,11 +292,11 @@ class JobModel:
             self.procs[pid] = Proc(pid, mesh, a.get("rank"), str(a.get("coords", "")), str(a.get("host_name", "")),
                                    a.get("os_pid"), "running", ts)
         elif name in ("proc.stopped", "proc.failed"):
-            p = self.procs.get(str(a.get("proc_id")))
-            if p is not None:
-                p.state = "stopped" if name == "proc.stopped" else "failed"
-                p.end_ns = ts
-                p.reason = str(a.get("reason", ""))
+            ended = self.procs.get(str(a.get("proc_id")))
+            if ended is not None:
+                ended.state = "stopped" if name == "proc.stopped" else "failed"
+                ended.end_ns = ts
+                ended.reason = str(a.get("reason", ""))
         elif name == "actor_mesh.spawned":
             key = str(a.get("mesh_key") or mesh)
             self.actor_meshes[key] = ActorMesh(key, mesh, str(a.get("class_name", "")), str(a.get("proc_mesh", "")),

@@ -97,7 +97,7 @@ def main(argv: list[str]) -> int:
     warn = getattr(signal, "SIG" + argv[2]) if len(argv) == 3 else None
     node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     say("hello", node, os.environ.get("SLURM_STEP_ID", "?"), os.getpid())
-    warned = []
+    warned: list[int] = []
     child: list[subprocess.Popen | _Forked] = []
 
     def on_warning(signum: int, frame: object) -> None:

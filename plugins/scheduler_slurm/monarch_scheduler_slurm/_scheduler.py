@@ -152,7 +152,7 @@ class SlurmAllocation(Allocation):
         if info is not None and info.finished:
             return
         requeued = info is not None and (info.waiting or (self.step is not None and self.step.requeued))
-        if self.requeue and requeued:
+        if self.requeue and requeued and info is not None:  # (requeued implies info)
             logger.warning("Slurm job %s was requeued (%s) and is kept (requeue = true): a restarted client attaches "
                            "to it with job_id = %s or MONARCH_SLURM_JOB_ID=%s; `scancel %s` ends it",
                            self.job_id, info.describe(), self.job_id, self.job_id, self.job_id)

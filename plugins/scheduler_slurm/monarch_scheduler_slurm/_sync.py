@@ -287,6 +287,7 @@ class SlurmSync:
         have = self._step(nodes, HASHES, {"nodes": listing, "home": home}, "hashes") if entries else {}
         lacking = sorted(n for n, a in have.items() if not a.get("home", True))
         if lacking:
+            assert env is not None  # (a node lacks ``home`` only when a venv's was asked for)
             raise AllocationError(
                 f"Slurm job {self.job_id}: sync_workspace(conda=True) ships the virtual environment {env.prefix}, whose "
                 f"interpreter is the base Python in {home} (pyvenv.cfg's home), and node(s) {lacking} have no such "

@@ -105,7 +105,7 @@ def resolve(entry: HostEntry, params: SshParams, cfg: paramiko.SSHConfig | None,
     if jump_spec and jump_spec.lower() != "none":
         if _depth > 4:
             raise AllocationError(f"{params.source}: host {entry.name!r}: ProxyJump chain longer than 5 hosts (a loop?)")
-        chain = []
+        chain: list[Target] = []
         for j, spec in enumerate(s.strip() for s in jump_spec.split(",")):
             spec = spec.removeprefix("ssh://")
             je = _entry(spec, params.source, f"ProxyJump of {entry.name}")

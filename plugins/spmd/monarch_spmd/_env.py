@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, MutableMapping
 
 from monarch_core.runtime import ProcDevices
 
@@ -106,7 +106,7 @@ def torchrun_env(layout: Layout, master_addr: str, master_port: int, *, role: st
     }
 
 
-def apply(env: dict[str, str], environ: dict[str, str] | Mapping[str, str] | None = None, *,
+def apply(env: dict[str, str], environ: MutableMapping[str, str] | None = None, *,
           devices: ProcDevices | None = None) -> None:
     """Set ``env`` in ``os.environ`` (or ``environ``), and, as torchrun does
     when a host runs more than one proc, ``OMP_NUM_THREADS=1`` unless it is set.
@@ -123,19 +123,19 @@ def apply(env: dict[str, str], environ: dict[str, str] | Mapping[str, str] | Non
     import os
 
     own = environ is None
-    target = os.environ if own else environ
+    target: MutableMapping[str, str] = os.environ if environ is None else environ
     if own and devices is None:
         from monarch_core.runtime import proc_devices
 
         devices = proc_devices()
-    target.update(env)  # type: ignore[union-attr]
+    target.update(env)
     if int(env["LOCAL_WORLD_SIZE"]) > 1 and "OMP_NUM_THREADS" not in target:
-        target["OMP_NUM_THREADS"] = "1"  # type: ignore[index]
+        target["OMP_NUM_THREADS"] = "1"
     if devices is not None:
-        _host_devices(target, devices, own, env.get("LOCAL_RANK"))  # type: ignore[arg-type]
+        _host_devices(target, devices, own, env.get("LOCAL_RANK"))
 
 
-def _host_devices(target: dict[str, str], devices: ProcDevices, own: bool, local_rank: str | None) -> None:
+def _host_devices(target: MutableMapping[str, str], devices: ProcDevices, own: bool, local_rank: str | None) -> None:
     """``CUDA_VISIBLE_DEVICES`` in ``target`` back to the host's (see :func:`apply`)."""
     before = target.get(CUDA_ENV)
     if devices.host_visible is None:

@@ -178,12 +178,14 @@ def launch(host_mesh: Any, argv: Sequence[str], *, nproc_per_node: int = 1, role
                 if stream_output:
                     procs.logging_option(stream_to_client=True, aggregate_window_sec=None)
                 actors = procs.spawn(ACTOR_NAME, SPMDActor)
-                master = (master_addr, master_port)
+                master: tuple[str, Any]  # (address, port: None lets rank 0 pick one)
                 if master_addr is None:
                     first = dict.fromkeys(procs.extent.labels, 0)
                     master = actors.slice(**first).get_host_port.call_one(use_ipaddr).get(timeout=STEP_TIMEOUT_S)
                     if local_addr is not None:
                         master = (local_addr, master[1])
+                else:
+                    master = (master_addr, master_port)
                 logger.info("%s: attempt %d of %d on %d rank(s), rendezvous at %s:%s", name, attempt + 1,
                             max_restarts + 1, len(_coords(procs.extent)), master[0], master[1])
                 run = _Attempt(procs, actors)

@@ -110,7 +110,7 @@ class OtelSink(TelemetrySink):
         if r is None:
             from opentelemetry.sdk.resources import Resource
 
-            own = {"monarch.proc": str(proc), "monarch.proc_name": str(a.get("proc_name")),
+            own: dict[str, str | int] = {"monarch.proc": str(proc), "monarch.proc_name": str(a.get("proc_name")),
                    "host.name": str(a.get("host")), "process.pid": int(a.get("pid") or 0)}
             r = self._resources[proc] = self.tracer_provider.resource.merge(Resource(own))
         return r
@@ -127,7 +127,7 @@ class OtelSink(TelemetrySink):
         if a.get("parent_id"):
             parent = SpanContext(trace_id, int(a["parent_id"], 16), is_remote=True,
                                  trace_flags=TraceFlags(TraceFlags.SAMPLED))
-        kind = {"client": SpanKind.CLIENT, "server": SpanKind.SERVER}.get(a.get("span_kind"), SpanKind.INTERNAL)
+        kind = {"client": SpanKind.CLIENT, "server": SpanKind.SERVER}.get(str(a.get("span_kind")), SpanKind.INTERNAL)
         attrs = _attrs(a, _IDENT + _IDS)
         if a.get("thread"):
             attrs["thread.name"] = str(a["thread"])
@@ -175,7 +175,7 @@ class OtelSink(TelemetrySink):
         last = self._last.get(key) or {}
         self._last[key] = dict(a)
         ins = self._meters()
-        attrs = {"monarch.side": str(a.get("side")), "monarch.mesh": str(a.get("mesh")),
+        attrs: dict[str, str | int] = {"monarch.side": str(a.get("side")), "monarch.mesh": str(a.get("mesh")),
                  "monarch.endpoint": str(a.get("endpoint")), "monarch.adverb": str(a.get("adverb") or ""),
                  "monarch.proc": str(a.get("proc")), "host.name": str(a.get("host"))}
         if a.get("rank") is not None:

@@ -123,7 +123,7 @@ class TlsSocket:
                         if n:
                             parts.append(data)
                     else:
-                        n = ssl_read(want - got, into[got:want])
+                        n = ssl_read(want - got, into[got:want])  # type: ignore[assignment]  # (with a buffer, read returns the count; typeshed says bytes)
                 except ssl.SSLWantReadError:
                     if got:
                         break

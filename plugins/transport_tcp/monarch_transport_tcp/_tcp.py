@@ -126,7 +126,7 @@ def _resolves_only_to_loopback(host: str) -> bool:
         infos = _stdsocket.getaddrinfo(host, None)
     except OSError:
         return False
-    addrs = {ipaddress.ip_address(i[4][0].split("%", 1)[0]) for i in infos}
+    addrs = {ipaddress.ip_address(str(i[4][0]).split("%", 1)[0]) for i in infos}
     return bool(addrs) and all(a.is_loopback for a in addrs)
 
 
@@ -143,6 +143,10 @@ class _TcpBase(Transport):
 
     def default_bind_spec(self) -> str:
         return f"{self.scheme}://*:0"
+
+    async def _wrap_accepted(self, stream: Stream) -> Stream:
+        """The stream an accepted connection is served as (each transport says)."""
+        raise NotImplementedError
 
     def prepare(self) -> None:
         """Import what listening, dialing and accepting need (trio, the socket
@@ -514,7 +518,7 @@ class _TlsStream(Stream):
         self._handshaken = True
 
     @property
-    def authenticated(self) -> bool:
+    def authenticated(self) -> bool:  # type: ignore[override]  # (read-only: only the handshake sets it)
         """The peer presented a certificate of our CA (the handshake is done)."""
         return self._handshaken
 

@@ -302,9 +302,11 @@ def _user_stacklevel() -> int:
     """The ``stacklevel`` of the first caller outside monarch_core (for warnings)."""
     import os
     import sys
+    import types
 
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    f, level = sys._getframe(1), 1
+    f: types.FrameType | None = sys._getframe(1)
+    level = 1
     while f is not None and os.path.abspath(f.f_code.co_filename).startswith(here + os.sep):
         f, level = f.f_back, level + 1
     return level

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from monarch_core import runtime
 from monarch_core.runtime import Future
 from monarch_transport_rdma._buffers import _backends, _transfer
 from monarch_transport_rdma._buffers._handle import Handle
 from monarch_transport_rdma._buffers._memory import local_memory
+
+if TYPE_CHECKING:
+    from monarch_transport_rdma._buffers._service import Registration
 
 __all__ = ["RDMABuffer", "RDMAAction", "get_rdma_backend", "is_ibverbs_available", "is_rdma_available"]
 
@@ -42,6 +45,8 @@ class RDMABuffer:
     """
 
     __slots__ = ("_h", "_reg", "__weakref__")
+    _h: Handle
+    _reg: Registration | None  # the owner's registration (None in a copy received from elsewhere)
 
     def __init__(self, data: Any) -> None:
         from monarch_transport_rdma._buffers import _service

@@ -112,7 +112,7 @@ class _Chunks(PortHandler):
         off = i * CHUNK
         m = min(CHUNK, self.n - off)
         req = (self.op, self.rid, self.key, self.offset + off, m, self.ref, i)
-        bufs = [self.view[off:off + m]] if self.op == "w" else []
+        bufs = [self.view[off:off + m]] if self.op == "w" else []  # type: ignore[index]  # (a view: n > 0 to send)
         c = self.conn
         runtime.send_to_port(c.proc_id, c.address, c.port, marshal.dumps(req), bufs, reply_port=self.port_id)
 

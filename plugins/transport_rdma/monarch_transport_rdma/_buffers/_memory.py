@@ -76,7 +76,7 @@ class Local:
     def view(self, offset: int, nbytes: int) -> memoryview:
         """A writable (or read-only) byte view of host memory ``[offset, offset+nbytes)``."""
         arr = (ctypes.c_char * nbytes).from_address(self.region.addr + offset)
-        arr._keep = self.keep  # type: ignore[attr-defined] - the view keeps the memory alive
+        arr._keep = self.keep  # type: ignore[attr-defined]  # (a ctypes instance takes any attribute) the view keeps the memory alive
         mv = memoryview(arr).cast("B")
         return mv if self.region.writable else mv.toreadonly()
 

@@ -272,7 +272,7 @@ class Service(PortHandler):
             except Exception as e:  # noqa: BLE001 - a backend's bug: tell the holder
                 _proto.error(tuple(ref), tag, E_RDMA, f"the {name} backend of this proc failed: {type(e).__name__}: {e}")
                 return
-            reply(tuple(ref), tag, OK, marshal.dumps(answer))
+            reply(tuple(ref), tag, OK, marshal.dumps(dict(answer)))
         else:
             logger.warning("RDMA service: unknown request %r dropped", op)
 
