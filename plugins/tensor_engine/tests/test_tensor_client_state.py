@@ -227,3 +227,35 @@ def test_a_remote_functions_traceback_names_its_source_file(mesh) -> None:  # ty
     assert isinstance(err, TensorOpError) and "ZeroDivisionError" in str(err)
     assert 'File "/home/user/train_script.py", line 2, in boom' in str(err), str(err)
     assert "<dynamic-code>" not in str(err)
+
+
+# ---------------------------------------------------------------- F: one cast per batch
+
+def test_each_batch_of_commands_is_one_cast_to_the_whole_mesh(mesh) -> None:  # type: ignore[no-untyped-def]
+    """Issue 40: a batch reaches the procs as one broadcast of the workers'
+    mesh (the cast path), not one send per proc: the client-side metrics of
+    the workers' ``run`` endpoint count one whole-mesh broadcast per batch,
+    and none to a single rank."""
+    from monarch_core import telemetry
+
+    with mesh.activate():
+        x = torch.zeros(4)
+        monarch.inspect(x)
+        ctl = _controller.active()
+        name = ctl.workers._name
+
+        def runs() -> dict:
+            got: dict = {}
+            for r in telemetry.endpoint_metrics(mesh=name, endpoint="run", side="client", refresh=False):
+                got[(r.rank, r.adverb)] = got.get((r.rank, r.adverb), 0) + r.calls
+            return got
+
+        before = runs()
+        for _ in range(5):
+            x = x + 1
+            ctl.flush()  # one batch each
+        after = runs()
+        assert monarch.inspect(x, dp=1, tp=1).tolist() == [5.0] * 4
+    sent = {k: after.get(k, 0) - before.get(k, 0) for k in set(after) | set(before)}
+    sent = {k: v for k, v in sent.items() if v}
+    assert sent == {(None, "broadcast"): 5}, f"the batches went out as {sent} (rank, adverb): one cast each expected"

@@ -28,7 +28,7 @@ Failures: a collective's outcome is the same on every member.  A poisoned
 input on one member poisons every member's result, naming that member and
 its failed op (a poisoned flag per member travels with the data: in the
 buffer of a small all-reduce, in a tiny all-reduce beside a bigger collective).  A member that the client knows is dead (it
-marks deaths in the store, :func:`mark_dead`) fails every group it belongs
+marks deaths in the store, ``_store.StoreLink.mark_dead``) fails every group it belongs
 to on every living member, at once: before the command is sent, while the
 group forms (:func:`arrive`, :func:`form`) or while the collective runs
 (:func:`watch`); a group of living procs is not concerned.

@@ -10,7 +10,8 @@ Contract:
   tensors of its arguments: its errors (a shape mismatch, a wrong dtype)
   are raised at once, in the client, and its results give the new handles'
   metadata.  Operations that produce or change tensors become a command
-  ``(op, function, arguments with Refs, result ids, grad mode)``; queries
+  (``_protocol.Op``: the function, the arguments with ``Ref`` s, the result ids,
+  the grad mode); queries
   that only read metadata (``t.shape``, ``t.dim()``) are answered locally.
 * Commands are sent in batches, in order, to every proc: one cast of the
   batch to the workers' mesh (``ActorMesh.run.broadcast``: a message per proc

@@ -32,7 +32,7 @@ def _nbytes(shape: tuple, dtype: torch.dtype) -> int:
 
 
 #: the distributed tensors last pickled for an actor: kept alive a while, so that their drop reaches the
-#: procs well after the actor took them (see ``_worker.local_tensor``)
+#: procs well after the actor took them (see ``_worker._env.local_tensor``)
 _SENT: collections.deque = collections.deque(maxlen=256)
 
 

@@ -20,15 +20,17 @@ Contract:
   result).  A group with a dead member poisons every living member's result
   at once, whether the client knew of the death when it sent the command or
   learns of it while the group forms or the collective runs
-  (``_collectives.run_reduce``); a death elsewhere in the mesh does not
+  (``_worker._collectives.run_reduce``); a death elsewhere in the mesh does not
   concern the group.
-* Streams: ``("stream", key)`` switches the stream the following commands
+* Commands are the typed records of ``_protocol``; :attr:`Worker.HANDLERS`
+  maps each command type to the method that runs it.
+* Streams: ``SetStream(key)`` switches the stream the following commands
   belong to.  The ``main`` stream's commands run in ``run`` itself; every
   other stream's run in order on a thread of its own, so that streams
-  overlap.  A borrow is two pairs of commands: ``lend`` (on the lender's
-  stream) / ``take`` (on the borrower's: it waits for the ``lend``), and at
-  the drop ``give_back`` (borrower) / ``wait_back`` (lender: it waits for
-  the ``give_back``).  Each waits only for a command issued before it, so
+  overlap.  A borrow is two pairs of commands: ``Lend`` (on the lender's
+  stream) / ``Take`` (on the borrower's: it waits for the ``Lend``), and at
+  the drop ``GiveBack`` (borrower) / ``WaitBack`` (lender: it waits for
+  the ``GiveBack``).  Each waits only for a command issued before it, so
   the streams cannot deadlock.
 """
 
