@@ -223,7 +223,7 @@ class WorkerLoopAgent(ProcAgent):
         :meth:`heartbeat_tick` declares it lost."""
         window = 3 * max(self.client_gap.get(client, HEARTBEAT_INTERVAL), HEARTBEAT_INTERVAL)
         self.client_recheck[client] = (now + HEARTBEAT_INTERVAL, now + HEARTBEAT_INTERVAL + window, silence)
-        logger.warning(
+        logger.info(  # (a suspended machine does this too: the loss, if any, is the warning)
             "worker loop %s did not hear from client %s for %.0fs, more than a client waits for its host (%gs, "
             "MONARCH_HOST_HEARTBEAT_TIMEOUT): it may have declared this host lost; its procs end unless it "
             "heartbeats again within %.0fs", self.kernel.address, client, silence, LOSS_DEADLINE,

@@ -14,8 +14,11 @@ which waited that long, fails the bounded wait).  Host 1 keeps answering.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from _helpers.clients import child_env, describe
@@ -109,3 +112,75 @@ def test_a_host_thawed_after_it_was_declared_lost_ends_its_worker_loop_and_procs
     assert len(result["other"]) == 2 and not set(result["other"]) & set(thawed["frozen"]), result
     assert set(result["other"]) <= set(thawed["procs"]), result  # host 1's procs, still the same
     assert "the client declared this host lost" in err, err[-4000:]
+
+
+SUSPENDED = r"""
+import json, os, sys
+import monarch_core.actor as api
+from monarch_core.actor import Actor, endpoint, hosts_from_config
+
+failures = []
+api.unhandled_fault_hook = failures.append
+
+class Where(Actor):
+    @endpoint
+    def where(self):
+        return os.getpid()
+
+hm = hosts_from_config("two", timeout=120)
+pm = hm.spawn_procs(per_host={"gpus": 1})
+w = pm.spawn("w", Where)
+before = sorted(w.where.call().get(timeout=120).values())
+print("UP " + json.dumps(before), flush=True)
+sys.stdin.readline()  # the test freezes this client and its hosts, then thaws them
+after = sorted(w.where.call().get(timeout=120).values())
+hm.shutdown().get(timeout=120)
+print("RESULT " + json.dumps({"before": before, "after": after, "failures": [f.report() for f in failures]}),
+      flush=True)
+"""
+
+
+def test_a_machine_suspended_as_a_whole_keeps_its_hosts_and_procs(tmp_path: Path) -> None:
+    """The client and its hosts all stopped past the loss deadline, then all
+    continued (a suspended machine): the client declared nothing lost, so it
+    still heartbeats, and the worker loops' recheck keeps every proc."""
+    from _helpers.procs import descendants
+
+    write_hosts_config(tmp_path, "two", hosts=2)
+    env = child_env({
+        "MONARCH_CONFIG": str(tmp_path / "monarch.toml"),
+        "MONARCH_HEARTBEAT_INTERVAL": "1",
+        "MONARCH_HOST_HEARTBEAT_TIMEOUT": "3",
+        "MONARCH_DELIVERY_TIMEOUT": "300",
+    })
+    p = subprocess.Popen([sys.executable, "-c", SUSPENDED], cwd=tmp_path, env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    frozen: list[int] = []
+    try:
+        assert p.stdout is not None and p.stdin is not None
+        line = ""
+        while not line.startswith("UP "):
+            line = p.stdout.readline()
+            assert line, f"the client ended early:\n{p.stderr.read() if p.stderr else ''}"
+        frozen = [p.pid] + descendants(p.pid)
+        for q in frozen:
+            os.kill(q, signal.SIGSTOP)
+        time.sleep(8)  # past the 3 s loss deadline, for everyone
+        for q in reversed(frozen):
+            os.kill(q, signal.SIGCONT)
+        frozen = []
+        time.sleep(8)  # past every recheck window (1 s + 3 intervals of 1 s)
+        p.stdin.write("\n")
+        p.stdin.flush()
+        out, err = p.communicate(timeout=240)
+    finally:
+        for q in frozen:
+            os.kill(q, signal.SIGCONT)
+        if p.poll() is None:
+            p.kill()
+            p.communicate(timeout=30)
+    res = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    assert p.returncode == 0, describe(res)
+    result = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESULT "))[len("RESULT "):])
+    assert result["after"] == result["before"] and result["failures"] == [], result
+    assert "the client declared this host lost" not in err, err[-4000:]
