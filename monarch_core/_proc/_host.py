@@ -97,7 +97,6 @@ class UndeliverableMessage:
 
 _AWAIT = object()
 _SUPERVISE = object()
-_CONTROL = object()  # in the FIFO: control items (``_control``) arrived
 _UNDELIVERABLE = object()
 CLEANUP_TIMEOUT = 10.0
 
@@ -250,9 +249,7 @@ class ActorHost:
         while incoming:
             if control:  # (a message handled right here may take long: control goes first)
                 self._take_control()
-            item = incoming.popleft()
-            if item[0] is not _CONTROL:
-                put(item)
+            put(incoming.popleft())
 
     def _take_control(self) -> None:
         """Put the control items that arrived ahead of the queued messages,
@@ -264,6 +261,8 @@ class ActorHost:
         is requested they are dropped: the stop stops the meshes this actor
         owns, and ``__supervise__`` does not run during it."""
         control = self._control
+        if not control:  # (taken already, by the drain or the main loop)
+            return
         if self._stop_requested:  # an event arriving once the stop is asked for is dropped (the reference's)
             control.clear()
             return
@@ -283,6 +282,15 @@ class ActorHost:
         if w is not None and not w.done():
             w.set_result(None)
 
+    def _orphan_control(self) -> None:
+        """Log the failures that reached an actor whose thread has ended."""
+        while True:
+            try:
+                failure = self._control.popleft()[1]
+            except IndexError:
+                return
+            logger.warning("failure of %s arrived after its owner %s ended", failure.mesh_name, self.display_name)
+
     def _orphan_incoming(self) -> None:
         """Answer items that reached an actor whose thread has ended."""
         while True:
@@ -295,11 +303,6 @@ class ActorHost:
                 self._finish_stop()
             elif type(h) is tuple:
                 self.agent.reply_gone(h, self)
-            elif h is _CONTROL:
-                while self._control:
-                    failure = self._control.popleft()[1]
-                    logger.warning("failure of %s arrived after its owner %s ended", failure.mesh_name,
-                                   self.display_name)
             elif h is _UNDELIVERABLE:
                 logger.warning("undeliverable message for ended actor %s: %s", self.display_name, item[1])
 
@@ -434,6 +437,7 @@ class ActorHost:
                 self.loop.close()
                 self._closed = True
                 self._orphan_incoming()
+                self._orphan_control()
 
     def _put(self, item: tuple) -> None:
         """A mailbox item arrived (on the actor's loop)."""
@@ -608,7 +612,16 @@ class ActorHost:
         it), or at once while that message is suspended at an ``await`` (it
         may be waiting for this); the reference's order."""
         self._control.append((_SUPERVISE, failure, None))
-        self._post((_CONTROL, None, None))  # wakes the actor's loop, which takes it first
+        if self._closed:
+            self._orphan_control()
+            return
+        try:  # the actor's loop takes it (``_take_control``), before the queued messages
+            if _get_ident() == self._ident:
+                self.loop.call_soon(self._take_control, context=self._ctx)
+            else:
+                self.loop.call_soon_threadsafe(self._take_control, context=self._ctx)
+        except RuntimeError:  # the loop is closed: the actor thread is gone
+            self._orphan_control()
 
     async def _on_supervise(self, failure: Any) -> None:
         if self.failure is not None or self.stopped or self.instance is None:

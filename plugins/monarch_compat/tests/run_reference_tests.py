@@ -141,6 +141,8 @@ class missing:
         self._what = f"{module}.{name} is not provided by monarch-core"
 
     def __getattr__(self, attr):
+        if attr.startswith("__") or attr == "_what":  # (pickling, copying: no recursion through _what)
+            raise AttributeError(attr)
         raise ImportError(self._what)
 
     def __call__(self, *args, **kwargs):
