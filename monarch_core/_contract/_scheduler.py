@@ -14,7 +14,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any, Callable
 
 from monarch_core._contract._common import _call_factory, hookspec
@@ -419,9 +419,10 @@ class Scheduler(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def allocate(self, request: AllocationRequest, launch: WorkerLaunch) -> Allocation:
+    def allocate(self, request: AllocationRequest, launch: WorkerLaunch) -> Allocation | Awaitable[Allocation]:
         """Start the worker loops and return their addresses (see the class
-        docstring; may block, or be ``async def``)."""
+        docstring; may block, or be ``async def``: then what it returns is
+        awaited)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,7 +28,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 REMAINING: dict[str, int] = {
     "monarch_core/_actor": 26,  # owned by the actor-behaviour work (in progress)
     "monarch_core/_proc": 2,  # _proc/_host.py, owned by the actor-behaviour work (in progress)
-    "monarch_core/job": 1,  # owned by the compat work
     "plugins/monarch_compat": 2,  # owned by the compat work
     "plugins/tensor_engine": 13,  # being restructured
     "plugins/debugger": 6,  # being restructured
