@@ -198,7 +198,8 @@ class HostMesh(_Mesh):
         ``MONARCH_PROC_DEVICES``, ``MONARCH_DEVICE_DIMS``; docs/configuration.md).
         """
         if self._shared["shutdown"]:
-            raise RuntimeError(f"HostMesh has already been shut down (host mesh {self._name!r}); allocate hosts again")
+            raise RuntimeError(f"HostMesh has already been shut down (host mesh {self._name!r} has been shut down "
+                               "and its hosts given back): allocate hosts again")
         per_host = _check_per_host(per_host, self._region_.labels)
         if self._allocation is not None:  # in use again: the client's end releases it
             self._allocation.stopped = False
@@ -310,8 +311,12 @@ class HostMesh(_Mesh):
         return Future._of(_all_done([p._stop_owned("its host mesh was stopped", grace)._ensure() for p in procs]))
 
     def shutdown(self) -> Future[None]:
-        """Stop every proc and give the hosts back; the mesh is unusable after."""
+        """Stop every proc and give the hosts back; the mesh is unusable after
+        (a second ``shutdown()`` raises ``RuntimeError``, as the reference's does)."""
         _owner_check(self, "shut down")
+        if self._shared["shutdown"]:
+            raise RuntimeError(f"HostMesh has already been shut down (host mesh {self._name!r} has been shut down "
+                               "and its hosts given back): nothing to do")
         return self._end(detach=False)
 
     def _end(self, *, detach: bool) -> Future[None]:
@@ -378,7 +383,8 @@ class HostMesh(_Mesh):
         from monarch_core._launch import _code_sync
 
         if self._shared["shutdown"]:
-            raise RuntimeError(f"HostMesh has already been shut down (host mesh {self._name!r}); allocate hosts again")
+            raise RuntimeError(f"HostMesh has already been shut down (host mesh {self._name!r} has been shut down "
+                               "and its hosts given back): allocate hosts again")
         cell = _code_sync.start(self._allocation, self.hosts, workspace, conda, auto_reload,
                                 attached=self._allocation is None, mesh=self._name, shared=self._shared)
         await Future._of(cell)
