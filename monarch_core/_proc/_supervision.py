@@ -146,7 +146,7 @@ class MeshFailure:
     ``mesh`` is the failed mesh (a reference: slicing it works, stopping it
     does not), ``mesh_name`` its name, ``ranks`` the failed ranks' coordinates,
     ``category`` ``"user"``, ``"system"`` or ``"infrastructure"``.  ``report()``
-    (and ``str()``) gives the first failure of the cascade first, then how it
+    (and ``str()``, after ``repr()``) gives the first failure of the cascade first, then how it
     propagated, then the first failure again in the reference's words
     (:func:`reference_summary`).
     """
@@ -178,7 +178,8 @@ class MeshFailure:
                 + "\n" + reference_summary(evs[0]))
 
     def __str__(self) -> str:
-        return self.report()
+        """``repr()`` (``MeshFailure(mesh_name=...)``, as the reference's ``str()`` starts), then the report."""
+        return f"{self!r}:\n{self.report()}"
 
     def __repr__(self) -> str:
         extra = ", notice=True" if self.notice else ""

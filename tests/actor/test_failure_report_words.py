@@ -76,3 +76,22 @@ def test_a_nested_proc_killed_by_sigkill_is_reported_in_the_references_words() -
     report = _run("kill_leaf", "owner_kill")
     assert re.search(r"leaf\{'a_dim': 0/1\}", report), report
     assert "the process this actor was running on failed: Killed(sig=9)" in report, report
+
+
+
+class StrOwner(Owner):
+    def __supervise__(self, failure) -> bool:  # type: ignore[no-untyped-def]
+        self.reports.append(str(failure))
+        return True
+
+
+def test_str_of_a_failure_names_its_type_then_gives_the_report() -> None:
+    procs = this_host().spawn_procs(per_host={"gpus": 1})
+    try:
+        owner = procs.spawn("owner_str", StrOwner)
+        owner.fail_leaf.call_one().get(timeout=120)
+        text = _first_report(owner)
+    finally:
+        procs.stop().get(timeout=120)
+    assert text.startswith("MeshFailure(mesh_name='leaf'"), text  # as the reference's str() starts
+    assert "actor mesh 'leaf' failed" in text and "ValueError: Error." in text
