@@ -239,7 +239,7 @@ class Controller:
             if not self.pending:
                 return
             batch, self.pending = self.pending, []
-            data = runtime.dumps(batch)  # once, not once per proc
+            data = runtime.dumps(P.encode(batch))  # once, not once per proc; plain tuples pickle fast
             if not self.dead:
                 try:  # one cast to the whole mesh (the cast tree's fanout messages from here on a large one)
                     self.workers.run.broadcast(data)

@@ -101,7 +101,13 @@ class Worker(Actor):
             logger.exception("tensor engine: a batch of commands could not be read on %s", self.where)
             self.lost = f"a batch of commands could not be read on the proc at {self.where}: {type(e).__name__}: {e}"
             return
-        for cmd in batch:
+        for item in batch:
+            try:
+                cmd = P.decode(item)
+            except (IndexError, TypeError) as e:  # noqa: BLE001 - a broadcast endpoint must never raise
+                logger.error("tensor engine: a command of an unknown kind on %s (a client of another version?): %s",
+                             self.where, e)
+                continue
             q = self.queue
             if q is None or type(cmd) is P.SetStream:
                 self._exec(cmd)
