@@ -114,6 +114,7 @@ def record(m: tuple, trace: bytes, span_id: Optional[int], parent: Optional[int]
     """Record a finished span: ``m`` from :func:`meta`, ``t0`` its start
     (``perf_counter_ns``), ``dt`` its duration.  ``parent`` None: ``trace`` is
     a whole 24-byte context (:func:`new_context`) holding trace and parent.
+    ``span_id`` None: a client span, whose id is in ``trace`` (the context it sent).
     The span's :data:`SPAN_FIELDS` items are appended to ``state.spans`` in one
     ``extend`` (atomic; the tuple is freed at once)."""
     spans = state.spans
