@@ -60,6 +60,7 @@ class Tensor(torch.Tensor):
     @staticmethod
     def __new__(cls, fake: torch.Tensor | None, ident: int, ctl: Any, stream: Any, key: tuple | None = None) -> "Tensor":
         if key is None:
+            assert fake is not None, "a handle needs its fake or its metadata"
             key = meta_key(fake)
         shape, stride, dtype, device, requires_grad = key
         with torch._C.DisableTorchFunction():
@@ -86,7 +87,8 @@ class Tensor(torch.Tensor):
         return outside_mesh(func, args, kwargs)
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (),  # type: ignore[override]
+                           kwargs: Any = None) -> Any:
         raise RuntimeError(f"a distributed tensor reached torch's dispatcher ({func}): this is a bug of the tensor "
                            f"engine, please report it with the operation that led here")
 
@@ -119,7 +121,7 @@ class Tensor(torch.Tensor):
         """This tensor on ``mesh`` (same sizes): rank i's value goes to rank i of ``mesh``."""
         return self._ctl.to_mesh(self, mesh)
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    def __repr__(self, *, tensor_contents: Any = None) -> str:  # type: ignore[override]
         ctl = self.__dict__.get("_ctl")
         where = f" on mesh {ctl.mesh_name!r} {ctl.sizes}" if ctl is not None else ""
         return (f"monarch Tensor(shape={tuple(self.shape)}, dtype={self.dtype}, device={self.device}{where}; "

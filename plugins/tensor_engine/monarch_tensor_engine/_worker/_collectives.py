@@ -106,7 +106,8 @@ def _group(worker: Any, names: tuple[str, ...], device: torch.device, view: tupl
     base = worker.store.watcher()
     if backend == "nccl":
         arrive(store, size, base, members, view)
-        pg = form(lambda: torch.distributed.ProcessGroupNCCL(store, rank, size), base, members, view)
+        pg = form(lambda: torch.distributed.ProcessGroupNCCL(store, rank, size),  # type: ignore[call-arg]  # options default
+                  base, members, view)
     else:
         pg = gloo_group(store, rank, size, base, members, view)
     groups[key] = got = Group(pg, rank, size, store, members)
@@ -229,7 +230,7 @@ def gloo_group(store: Any, rank: int, size: int, base: Any, members: tuple[int, 
     reach this one at (not whatever the host name resolves to), once its
     members have all arrived (:func:`arrive`), formed under :func:`form`."""
     arrive(store, size, base, members, view)
-    opts = torch.distributed.ProcessGroupGloo._Options()
+    opts = torch.distributed.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # not in torch's stubs
     opts._timeout = datetime.timedelta(seconds=TIMEOUT_S)
     opts._devices = [torch.distributed.ProcessGroupGloo.create_device(hostname=host_address())]
     return form(lambda: torch.distributed.ProcessGroupGloo(store, rank, size, opts), base, members, view)
