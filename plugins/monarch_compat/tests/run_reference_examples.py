@@ -8,7 +8,9 @@ nothing of it is copied here.  The programs are the 23 that can run on one
 machine with CPUs only (issue 39); those written for CUDA run under
 ``python -m monarch_compat.cpu`` (CUDA devices are the CPU, nccl is gloo:
 docs/compat.md).  Each runs in its own directory with its stdin a pipe (as
-from a terminal), in a process group of its own, with a time limit:
+from a terminal), in a process group of its own, SIGINT at its default
+action (as from a terminal, even when the runner itself runs in the
+background with SIGINT ignored), with a time limit:
 
 * ``exit`` programs pass when they exit 0 within the limit and printed what
   they should;
@@ -103,6 +105,16 @@ def _pump(stream, sink, seen: list[str]) -> None:  # type: ignore[no-untyped-def
         seen.append(line)
 
 
+def _as_from_a_terminal() -> None:
+    """In the child before its program starts: SIGINT at its default action,
+    as a program started from a terminal has it.  A runner started in the
+    background of a non-interactive shell (``cmd &``, ``nohup``) has SIGINT
+    ignored, which its children would inherit: Python then installs no
+    KeyboardInterrupt handler, nor asyncio.run its own, and the Ctrl+C the
+    runner sends would be ignored."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_one(ex: Example, checkout: str, log_path: str) -> tuple[bool, str, float]:
     """Run ``ex`` from ``checkout``; (passed, why, seconds), its output in ``log_path``."""
     script = os.path.join(checkout, ex.path)
@@ -114,7 +126,8 @@ def run_one(ex: Example, checkout: str, log_path: str) -> tuple[bool, str, float
     seen: list[str] = []
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, cwd=os.path.dirname(script), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+                                stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
+                                preexec_fn=_as_from_a_terminal)
         pump = threading.Thread(target=_pump, args=(proc.stdout, log, seen), daemon=True)
         pump.start()
         assert proc.stdin is not None

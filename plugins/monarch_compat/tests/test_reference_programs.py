@@ -211,5 +211,15 @@ def test_the_runner_judges_what_an_interrupted_program_prints_on_the_way_out(tmp
         results[name] = runner.run_one(ex, str(tmp_path), str(tmp_path / f"{name}.log"))
     assert results["polite.py"][:2] == (True, "")
     assert results["silent.py"][0] is False and "Shutting down" in results["silent.py"][1]
+    # a runner started in the background (`cmd &`, nohup) has SIGINT ignored: its programs still get Ctrl+C
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ex = runner.Example("polite.py", "interrupt", timeout_s=60, run_s=1, grace_s=20, expect=("ready",),
+                            after=("Shutting down",))
+        assert runner.run_one(ex, str(tmp_path), str(tmp_path / "ignored.log"))[:2] == (True, "")
+    finally:
+        signal.signal(signal.SIGINT, previous)
     inbound = next(e for e in runner.EXAMPLES if "inbound_ordering" in e.path)
     assert inbound.mode == "interrupt" and inbound.after == ("Shutting down",)
