@@ -99,8 +99,9 @@ def validate_proc_bind(proc_bind: Any, nprocs: int) -> list[dict[str, str]] | No
         raise TypeError(f"proc_bind must be a list of dicts (one per proc), got {type(proc_bind).__name__}")
     if len(proc_bind) != nprocs:
         raise ValueError(
-            f"proc_bind has {len(proc_bind)} entries but {nprocs} procs are being spawned per host; "
-            "give exactly one dict per proc (math.prod(per_host.values()))"
+            f"proc_bind has {len(proc_bind)} entries but {nprocs} procs are being spawned per host (proc_bind "
+            f"length ({len(proc_bind)}) must equal procs_per_host ({nprocs})); give exactly one dict per proc "
+            "(math.prod(per_host.values()))"
         )
     out = []
     for i, d in enumerate(proc_bind):

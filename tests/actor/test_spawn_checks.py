@@ -184,3 +184,8 @@ def test_an_init_that_raises_is_reported_once_by_the_call_and_the_client_goes_on
     # told once: no second report of the traceback, no interrupt
     assert "KeyboardInterrupt" not in err and "unhandled supervision failure" not in err, describe(res)
     assert (out + err).count('raise ValueError(f"learning rate') == 1, describe(res)
+
+
+def test_a_proc_bind_of_the_wrong_length_says_so_in_the_references_words_too() -> None:
+    with pytest.raises(ValueError, match=r"proc_bind length \(1\) must equal procs_per_host \(4\).*one dict per proc"):
+        this_host().spawn_procs(per_host={"gpus": 4}, proc_bind=[{"cpunodebind": "0"}])
