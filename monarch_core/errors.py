@@ -7,7 +7,7 @@ arguments, ``IndexError``/``TypeError`` for bad slicing, ``TimeoutError`` for
 ``Future.get(timeout=...)``, ``RuntimeError`` for lifecycle misuse)::
 
     Exception
-    ├── ActorError                       a remote endpoint raised (user code)
+    ├── ActorError                       a remote endpoint, __init__ or proc bootstrap raised (user code)
     ├── MonarchError
     │   ├── PluginError                  an unknown or broken plugin name
     │   │   ├── UnknownTransportError    (also a ValueError)

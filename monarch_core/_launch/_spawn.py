@@ -36,7 +36,7 @@ from monarch_core._kernel._ports import PortHandler
 from monarch_core._launch import _devices
 from monarch_core._launch._children import start_child
 from monarch_core._launch._spec import ProcSpec
-from monarch_core.errors import SupervisionError
+from monarch_core.errors import ActorError, SupervisionError
 
 from monarch_core._launch._bootstrap import (
     BOOTSTRAP_ENV,
@@ -213,6 +213,8 @@ class Launch(PortHandler):
         self.lock = threading.Lock()
         #: the first failure's message, once one came (guarded by ``lock``)
         self.first_failure: str | None = None
+        #: the first failure itself (an ``ActorError`` when a proc's ``bootstrap=`` raised)
+        self.first_exc: BaseException | None = None
         #: rank -> how its proc was started (:func:`start_method`), for the failure report
         self.methods: dict[int, str] = {}
         #: the spawn's proc mesh name, for the failure report
@@ -348,6 +350,7 @@ class Launch(PortHandler):
             if self.first_failure is not None or self.cell.done():
                 return
             self.first_failure = str(exc)
+            self.first_exc = exc
         self.kernel.call_soon(self.kernel.start_task, self._settle)
 
     def _failed_ranks(self) -> list[int]:
@@ -366,13 +369,28 @@ class Launch(PortHandler):
         methods = sorted({self.methods.get(r, "") for r in failed} - {""})
         how = "; ".join(methods) if methods else "start method unknown"
         which = f"ranks {compress_ranks(failed)}" if failed else "rank unknown"
+        first = self.first_exc
+        # a bootstrap that raised: its ActorError carries the remote traceback once (_spawn_error)
+        cause = (f"{first.message} ({first.where()}): {type(first.exception).__name__}: {first.exception}"
+                 if type(first) is ActorError else self.first_failure)
         msg = (f"{max(1, len(failed))} of {len(self.slots)} procs of proc mesh {self.mesh_name!r} failed while "
-               f"starting ({which}); they were {how}; the first failure: {self.first_failure}")
+               f"starting ({which}); they were {how}; the first failure: {cause}")
         # procs stopped on purpose while they were starting (their mesh was stopped: the program ended) are no news
         quiet = bool(failed) and all(self.slots[r].stopped is not None for r in failed)
         logger.log(logging.DEBUG if quiet else logging.ERROR, "%s", msg)
         self.close()
-        self.cell.set_exception(SupervisionError(msg))
+        self.cell.set_exception(self._spawn_error(msg))
+
+    def _spawn_error(self, msg: str) -> BaseException:
+        """The error :attr:`cell` fails with, ``msg`` being the spawn's report:
+        ``ActorError`` when the first failure was the user's ``bootstrap=``
+        raising (user code, as for an actor's ``__init__``; the remote
+        exception and traceback kept), ``SupervisionError`` otherwise (a proc
+        that could not start, died, or whose host was lost)."""
+        first = self.first_exc
+        if type(first) is ActorError:  # (only a proc's bootstrap sends one to this port: ProcAgent._on_init)
+            return ActorError(first.exception, msg, remote_traceback=first.remote_traceback)
+        return SupervisionError(msg)
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
         for s in self.slots:
