@@ -24,6 +24,18 @@ background with SIGINT ignored), with a time limit:
 Extra NAMEs run only the programs whose name contains one of them.  The exit
 status is the number of failures.  Programs' output goes to ``--logs`` (a
 folder; default a temporary one), named in the table.
+
+``--python PATH`` runs the programs under another interpreter (default: the
+one running this), with the same selection and the same judging: e.g. a
+virtual environment holding the reference itself, to compare.  When that
+interpreter cannot import ``monarch_compat``, the CUDA programs still run
+under ``python -m monarch_compat.cpu``: the runner writes a small package
+``monarch_compat`` into ``LOGS/_cpu_shim`` and puts it first on their
+``PYTHONPATH``; it copies nothing, its ``__path__`` reaches this repository's
+``monarch_compat`` folder (``cpu.py``, ``_cpu.py`` and ``_cpu_site`` as they
+are, none of which imports ``monarch``) and only its ``_settings`` (the two
+``MONARCH_COMPAT_CPU*`` variables, read from the environment with the same
+defaults instead of through monarch-core's settings) is its own.
 """
 
 from __future__ import annotations
@@ -115,13 +127,61 @@ def _as_from_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run_one(ex: Example, checkout: str, log_path: str) -> tuple[bool, str, float]:
-    """Run ``ex`` from ``checkout``; (passed, why, seconds), its output in ``log_path``."""
+#: this repository's ``monarch_compat`` package (the CPU substitution the shim reaches)
+_COMPAT_PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "monarch_compat")
+
+_SHIM_INIT = '''"""Written by run_reference_examples.py for an interpreter without monarch-core:
+monarch-compat's CPU substitution from {package!r}, unchanged (nothing copied),
+with this folder's ``_settings`` (read from the environment) first."""
+__path__.append({package!r})
+'''
+
+_SHIM_SETTINGS = '''"""monarch-compat's two CPU-substitution settings, read from the environment with
+monarch-compat's defaults (written by run_reference_examples.py; monarch-core's
+settings registry is not installed beside this interpreter)."""
+import os
+
+
+def get(name):
+    value = os.environ.get(name, "").strip()
+    if name == "MONARCH_COMPAT_CPU":
+        return value.lower() in ("1", "true", "yes", "on")
+    if name == "MONARCH_COMPAT_CPU_TENSOR_MB":
+        return float(value) if value else 1024.0
+    raise KeyError(f"{{name}} is not one of monarch-compat's CPU settings")
+'''
+
+
+def cpu_shim(python: str, folder: str) -> str | None:
+    """The folder to put first on ``PYTHONPATH`` so that ``python -m monarch_compat.cpu``
+    runs under ``python``: None when ``python`` imports ``monarch_compat`` itself,
+    else ``folder/_cpu_shim``, written there (see the module docstring)."""
+    probe = subprocess.run([python, "-c", "import importlib.util, sys; "
+                            "sys.exit(importlib.util.find_spec('monarch_compat') is None)"],
+                           capture_output=True, timeout=120)
+    if probe.returncode == 0:
+        return None
+    shim = os.path.join(folder, "_cpu_shim")
+    os.makedirs(os.path.join(shim, "monarch_compat"), exist_ok=True)
+    with open(os.path.join(shim, "monarch_compat", "__init__.py"), "w") as f:
+        f.write(_SHIM_INIT.format(package=_COMPAT_PACKAGE))
+    with open(os.path.join(shim, "monarch_compat", "_settings.py"), "w") as f:
+        f.write(_SHIM_SETTINGS)
+    return shim
+
+
+def run_one(ex: Example, checkout: str, log_path: str, python: str | None = None,
+            cpu_path: str | None = None) -> tuple[bool, str, float]:
+    """Run ``ex`` from ``checkout`` under ``python`` (default: this interpreter), ``cpu_path``
+    first on ``PYTHONPATH`` for the CUDA programs (:func:`cpu_shim`); (passed, why, seconds),
+    its output in ``log_path``."""
     script = os.path.join(checkout, ex.path)
     if not os.path.exists(script):
         return False, f"not in the checkout: {ex.path}", 0.0
-    cmd = [sys.executable, *(["-m", "monarch_compat.cpu"] if ex.cpu else []), script]
+    cmd = [python or sys.executable, *(["-m", "monarch_compat.cpu"] if ex.cpu else []), script]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if ex.cpu and cpu_path:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [cpu_path, os.environ.get("PYTHONPATH")]))
     start = time.monotonic()
     seen: list[str] = []
     with open(log_path, "w") as log:
@@ -196,14 +256,19 @@ def main(argv: list[str]) -> int:
     parser.add_argument("checkout", help="a checkout of the reference's repository (meta-pytorch/monarch)")
     parser.add_argument("names", nargs="*", help="run only the programs whose name contains one of these")
     parser.add_argument("--logs", help="folder for the programs' output (default: a temporary folder)")
+    parser.add_argument("--python", default=sys.executable,
+                        help="the interpreter that runs the programs (default: this one)")
     args = parser.parse_args(argv)
     logs = args.logs or tempfile.mkdtemp(prefix="reference-examples-")
     os.makedirs(logs, exist_ok=True)
+    cpu_path = cpu_shim(args.python, logs)
+    print(f"interpreter: {args.python}" + (f" (CUDA programs: monarch_compat.cpu through {cpu_path})"
+                                           if cpu_path else ""), flush=True)
     chosen = [ex for ex in EXAMPLES if not args.names or any(n in ex.path for n in args.names)]
     rows = []
     for ex in chosen:
         log_path = os.path.join(logs, ex.name.replace("/", "_") + ".log")
-        ok, why, secs = run_one(ex, args.checkout, log_path)
+        ok, why, secs = run_one(ex, args.checkout, log_path, args.python, cpu_path)
         rows.append((ex.name, ok, why, secs, log_path))
         print(f"{'PASS' if ok else 'FAIL'} {ex.name} ({secs:.0f}s) {why}", flush=True)
     width = max(len(r[0]) for r in rows)

@@ -62,6 +62,12 @@ here; such tests are listed in ``EXPECTED_DIFFERENT`` with the difference, count
 counted apart too (the last line gives the pass rate without them).
 
 A test that skips itself (a tool this machine lacks, such as ``numactl``) is listed and not counted.
+
+``--python PATH`` runs the tests under another interpreter (default: the one running this).  When
+that interpreter cannot import ``monarch_compat`` (e.g. a virtual environment holding the reference
+itself, to compare), the selection is the same (it is made as above) but nothing is rewritten: the
+reference's files run as it ships them, its private paths and all, and only the selected tests run
+(by node id).
 Prints each failure, then ``passed P failed F total T`` and the rate without the tests of kept
 differences; the exit status is 0 when that rate is at least 95%.
 """
@@ -390,7 +396,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", default=None, help="write the tests here (kept) instead of a temporary folder")
     ap.add_argument("--timeout", type=int, default=240, help="per test, seconds (default 240)")
     ap.add_argument("-n", default="0", help="pytest-xdist workers (default 0)")
+    ap.add_argument("--python", default=sys.executable,
+                    help="the interpreter that runs the tests (default: this one; see the module docstring)")
     args = ap.parse_args(argv)
+    as_shipped = subprocess.run([args.python, "-c", "import importlib.util, sys; "
+                                 "sys.exit(importlib.util.find_spec('monarch_compat') is not None)"],
+                                capture_output=True, timeout=120).returncode == 0
+    print(f"interpreter: {args.python}" + (" (the reference's files as shipped, the selected tests by node id)"
+                                           if as_shipped else ""), flush=True)
 
     work = args.keep or tempfile.mkdtemp(prefix="monarch-reftests-")
     os.makedirs(work, exist_ok=True)
@@ -410,8 +423,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"missing from the reference: {name}")
             continue
         new, selected, excluded = select(open(path).read(), public)
-        with open(os.path.join(run_dir, name), "w") as f:
-            f.write(new)
+        if not as_shipped:
+            with open(os.path.join(run_dir, name), "w") as f:
+                f.write(new)
         total_sel += [f"{name}::{t}" for t in selected]
         if args.list:
             print(f"== {name}: {len(selected)} selected, {len(excluded)} excluded")
@@ -424,10 +438,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     junit = os.path.join(work, "junit.xml")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [run_dir, os.environ.get("PYTHONPATH")])))
-    cmd = [sys.executable, "-m", "pytest", "-p", "_monarch_core_async", "-o", "addopts=", "--rootdir", run_dir,
+    targets = ([os.path.join(run_dir, t) for t in total_sel] if as_shipped else
+               [os.path.join(run_dir, n) for n in FILES if os.path.exists(os.path.join(run_dir, n))])
+    cmd = [args.python, "-m", "pytest", "-p", "_monarch_core_async", "-o", "addopts=", "--rootdir", run_dir,
            "-p", "no:cacheprovider", f"--timeout={args.timeout}", "-q", "-rN", "--junitxml", junit,
-           "-n", args.n, *(["-k", args.k] if args.k else []), *[os.path.join(run_dir, n) for n in FILES
-                                                                   if os.path.exists(os.path.join(run_dir, n))]]
+           "-n", args.n, *(["-k", args.k] if args.k else []), *targets]
     subprocess.run(cmd, cwd=run_dir, env=env)
     passed: list[str] = []
     failed: list[tuple[str, str]] = []
