@@ -144,7 +144,7 @@ class ActorMesh(_Mesh, Generic[T]):
         text = f"{head} failed on {_ranks_where(self, ranks)}"
         stops = {members[region.root_rank(r)].stopped for r in ranks} - {None}
         if stops:
-            text += " (" + "; ".join(sorted(stops)) + ")"
+            text += " (" + "; ".join(sorted(stops)) + ")"  # type: ignore[arg-type]  # (None taken out above)
         return text
 
     def __getattr__(self, attr: str) -> Any:

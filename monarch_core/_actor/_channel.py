@@ -28,5 +28,7 @@ class Channel(Generic[R]):
     @staticmethod
     def open_ranked(once: bool = False) -> tuple[Port[R], RankedPortReceiver[R]]:
         """Like :meth:`open`, but the receiver yields ``(rank, value)``."""
+        port: Port[R]
+        recv: PortReceiver[R]
         port, recv = Channel.open(once)
         return port, recv.ranked()

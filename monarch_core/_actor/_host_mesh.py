@@ -9,11 +9,12 @@ import logging
 import math
 import sys
 import uuid
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Literal
 
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
-    from monarch_core.hookspecs import Allocation, HostHandle
+    from monarch_core._launch._alloc import AllocationRecord
+    from monarch_core.hookspecs import HostHandle
 
 from monarch_core import settings
 from monarch_core._launch import _devices, _start
@@ -54,7 +55,7 @@ class HostMesh(_Mesh):
         region: Region,
         *,
         owner: bool,
-        allocation: Allocation | None = None,
+        allocation: AllocationRecord | None = None,
         python_executable: str | None = None,
         name: str = "hosts",
         shared: dict | None = None,
@@ -67,7 +68,7 @@ class HostMesh(_Mesh):
         self._python = python_executable
         self._name = name
         # state shared by views of the same host mesh
-        self._shared = shared if shared is not None else {"procs": [], "shutdown": False, "lost": {}}
+        self._shared: dict[str, Any] = shared if shared is not None else {"procs": [], "shutdown": False, "lost": {}}
         if owner and shared is None:
             self._watch_hosts()
 
@@ -411,7 +412,7 @@ class HostMesh(_Mesh):
         return f"<HostMesh {self._name!r} {self._region_.extent}>"
 
 
-def _output_mode(remote: bool) -> str:
+def _output_mode(remote: bool) -> Literal["direct", "stream", "file"]:
     """Where procs' output goes by default (``ProcSpec.output``): see :attr:`HostMesh.stream_logs`."""
     if settings.get("MONARCH_STREAM_LOGS"):  # (default: every proc streams, as Ray's workers do)
         return "stream"

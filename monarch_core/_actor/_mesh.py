@@ -137,7 +137,7 @@ def _scheduler_params(scheduler: Any, cfg: Any) -> dict[str, Any]:
     params = dict(cfg.params)
     if accepted is None:
         return params
-    from_defaults = getattr(cfg, "defaults_keys", frozenset())
+    from_defaults: frozenset[str] = getattr(cfg, "defaults_keys", frozenset())
     dropped = sorted(k for k in params if k not in accepted and k in from_defaults)
     if dropped:
         logger.debug("%s: [defaults] key(s) %s are not parameters of scheduler %r; not passed to it",
@@ -146,7 +146,7 @@ def _scheduler_params(scheduler: Any, cfg: Any) -> dict[str, Any]:
 
 
 def _check_params(scheduler: Any, request: Any) -> None:
-    accepted = getattr(scheduler, "params", None)
+    accepted: Any = getattr(scheduler, "params", None)
     unknown = sorted(k for k in request.params if accepted is not None and k not in accepted)
     if unknown:
         raise ConfigError(

@@ -99,7 +99,7 @@ def register_engine(factory: EngineFactory) -> None:
         _engines[host] = [factory, None]
 
 
-def _engine_class(cls: type, factory: EngineFactory) -> type:
+def _engine_class(cls: type[Any], factory: EngineFactory) -> type:
     """A subclass of ``cls`` (same names) whose ``__init__`` registers ``factory`` first."""
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:

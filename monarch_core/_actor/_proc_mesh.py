@@ -293,7 +293,7 @@ def _rebuild_proc_mesh(name: str, refs: list, region: Region) -> ProcMesh:
 
 
 
-def _bind_constructor(name: str, Class: type, args: tuple, kwargs: dict) -> None:
+def _bind_constructor(name: str, Class: type[Any], args: tuple, kwargs: dict) -> None:
     """``TypeError`` naming the class and the argument if ``Class(*args,
     **kwargs)`` would not bind to ``Class.__init__`` 's signature (checked
     here, before anything is sent: the actors would all fail in ``__init__``)."""

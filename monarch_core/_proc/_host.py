@@ -137,7 +137,7 @@ class ActorHost:
         self.failure: BaseException | None = None
         self.stopped = False
         self.owned: list[Any] = []  # meshes spawned by this actor (stopped with it)
-        self._init = (init_reply, payload, buffers)
+        self._init: tuple[Any, Any, Any] = (init_reply, payload, buffers)  # (reply port, payload, buffers)
         self._init_trace = trace  # the spawn's trace context (``__init__`` records under it)
         self._init_reply: tuple | None = init_reply
         self._extents: dict[tuple, Extent] = {(labels, sizes): self.mesh_extent}
@@ -166,6 +166,7 @@ class ActorHost:
         if getattr(kernel, "threaded_inbound", False) and getattr(kernel, "inbound_poller", None) is not None:
             poller = kernel.inbound_poller()
             sel = poller.attach()
+        self.loop: asyncio.AbstractEventLoop
         if sel is not None:
             self.loop = asyncio.SelectorEventLoop(sel)
             self.loop.add_reader(poller.fileno(), self._serve_sockets)

@@ -25,13 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 #: Packages with type errors still to fix: package -> how many mypy finds now
 #: (a package: ``monarch_core/<subpackage>``, ``monarch_core/<module>.py``, or
 #: ``plugins/<plugin>``).  Only ever lower these numbers.
-REMAINING: dict[str, int] = {
-    "monarch_core/_actor": 26,  # owned by the actor-behaviour work (in progress)
-    "monarch_core/_proc": 2,  # _proc/_host.py, owned by the actor-behaviour work (in progress)
-    "plugins/monarch_compat": 2,  # owned by the compat work
-    "plugins/tensor_engine": 13,  # being restructured
-    "plugins/debugger": 6,  # being restructured
-}
+REMAINING: dict[str, int] = {}
 
 _ERROR = re.compile(r"^(?P<path>[^:\s]+\.pyi?):(?P<line>\d+): error: ", re.M)
 _CHECKED = re.compile(r"(?:Success: no issues found in|checked) (?P<n>\d+) source files?")

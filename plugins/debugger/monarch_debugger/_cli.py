@@ -144,7 +144,7 @@ class DebugCli(cmd.Cmd):
     def emptyline(self) -> bool:  # cmd would repeat the last command
         return False
 
-    def default(self, line: str) -> bool:
+    def default(self, line: str) -> bool:  # type: ignore[override]  # (onecmd returns it: False goes on)
         word = line.split()[0] if line.split() else line
         self.say(f"*** unknown command {word!r}; commands: attach, cast, continue (c), help, list, quit")
         return False

@@ -80,7 +80,7 @@ class Span:
         return s if self.step is None else f"{s}:{self.step}"
 
 
-Item = int | Span  # type: ignore[operator,misc] - (3.10 union of classes)
+Item = int | Span  # type: ignore[operator,misc]  # (3.10 union of classes)
 
 
 @dataclasses.dataclass(frozen=True)

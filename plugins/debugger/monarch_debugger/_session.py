@@ -161,8 +161,8 @@ class RemotePdb(pdb.Pdb):
 
     def __init__(self, link: _Link, endpoint_frame: FrameType | None, post_mortem: bool = False) -> None:
         self._out = _Output()
-        super().__init__(stdin=_Input(self), stdout=self._out, skip=["monarch_core.*", "monarch_debugger.*"], nosigint=True,
-                         readrc=False)
+        super().__init__(stdin=_Input(self), stdout=self._out,  # type: ignore[arg-type]  # (pdb uses only their readline/write/flush)
+                         skip=["monarch_core.*", "monarch_debugger.*"], nosigint=True, readrc=False)
         self.prompt = "(Pdb) "
         self._link = link
         self._endpoint_frame = endpoint_frame
@@ -285,9 +285,9 @@ class RemotePdb(pdb.Pdb):
                 owner._out.write(data)
 
         saved = sys.stdout
-        sys.stdout = self._out  # type: ignore[assignment] - what the code prints
+        sys.stdout = self._out  # type: ignore[assignment]  # (what the code prints)
         try:
-            Console({**self.curframe.f_globals, **self.curframe_locals}).interact(
+            Console({**self.curframe.f_globals, **self.curframe_locals}).interact(  # type: ignore[union-attr]  # (stopped at a frame)
                 "*interactive* (Ctrl-D or exit() returns to pdb)", exitmsg="")
         except SystemExit:
             pass
