@@ -27,7 +27,9 @@ folder; default a temporary one), named in the table.
 
 ``--python PATH`` runs the programs under another interpreter (default: the
 one running this), with the same selection and the same judging: e.g. a
-virtual environment holding the reference itself, to compare.  When that
+virtual environment holding the reference itself, to compare.  Either way the
+interpreter's folder is first on the programs' ``PATH``, as in its activated
+virtual environment (``torchrun``).  When that
 interpreter cannot import ``monarch_compat``, the CUDA programs still run
 under ``python -m monarch_compat.cpu``: the runner writes a small package
 ``monarch_compat`` into ``LOGS/_cpu_shim`` and puts it first on their
@@ -179,7 +181,9 @@ def run_one(ex: Example, checkout: str, log_path: str, python: str | None = None
     if not os.path.exists(script):
         return False, f"not in the checkout: {ex.path}", 0.0
     cmd = [python or sys.executable, *(["-m", "monarch_compat.cpu"] if ex.cpu else []), script]
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # the interpreter's folder first on PATH, as in its activated virtual environment (``torchrun``)
+    env = dict(os.environ, PYTHONUNBUFFERED="1",
+               PATH=os.pathsep.join(filter(None, [os.path.dirname(cmd[0]), os.environ.get("PATH")])))
     if ex.cpu and cpu_path:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [cpu_path, os.environ.get("PYTHONPATH")]))
     start = time.monotonic()

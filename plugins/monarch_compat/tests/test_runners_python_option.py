@@ -81,9 +81,11 @@ def test_examples_runner_runs_a_cuda_program_under_another_interpreter_through_t
                                capture_output=True, text=True, timeout=120)
         print("child", child.stdout.strip(), child.stderr[-300:], flush=True)
         print("gloo" if getattr(dist.init_process_group, "_monarch_compat_cpu", False) else "nccl", flush=True)
+        first = os.environ["PATH"].split(os.pathsep)[0]  # the interpreter's folder, as in its activated venv
+        print("path", "first" if first == os.path.dirname(os.environ["PYTHON_WITHOUT_COMPAT"]) else first)
     """))
     monkeypatch.setenv("PYTHON_WITHOUT_COMPAT", python)  # the program's own child processes use it too
-    ex = runner.Example("gpu.py", cpu=True, timeout_s=120, expect=("client cpu", "child cpu", "gloo"))
+    ex = runner.Example("gpu.py", cpu=True, timeout_s=120, expect=("client cpu", "child cpu", "gloo", "path first"))
     log = tmp_path / "gpu.log"
     ok, why, _ = runner.run_one(ex, str(tmp_path), str(log), python, shim)
     assert (ok, why) == (True, ""), log.read_text()
