@@ -314,6 +314,8 @@ class Launch(PortHandler):
         except Exception as e:
             msg, status = e, W.S_ERROR
         if status == W.S_ERROR:
+            if 0 <= rank < len(self.slots) and not self.slots[rank].failed:
+                self.slots[rank].failed = str(msg)  # its bootstrap raised: the one report counts and names it
             self._fail(msg if isinstance(msg, BaseException) else RuntimeError(str(msg)))
             return
         if msg[0] == "hello":

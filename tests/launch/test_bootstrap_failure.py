@@ -31,6 +31,8 @@ def test_bootstrap_that_raises_fails_initialized_with_actor_error_every_time(mes
     assert str(errors[0]) == str(errors[1])
     text = str(errors[0])
     assert "procs of proc mesh" in text and "failed while starting" in text, text
+    assert "2 of 2 procs" in text and "(ranks 0-1)" in text, text  # which ranks, not "rank unknown"
+    assert "start method unknown" not in text, text
     assert f"ValueError: {BOOT_FAILURE}" in text, text
     assert "in failing_bootstrap" in text, text  # the remote traceback, once
     assert text.count("Traceback of where the remote call failed") == 1, text
