@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from monarch_core.errors import MonarchError
+
 __all__ = ["StatusDirError", "Record", "current", "directory", "format_records", "publish_url", "read_all",
            "start", "stop", "withdraw_url"]
 
@@ -50,7 +52,7 @@ VERSION = 1
 KEEP_STOPPED = 8
 
 
-class StatusDirError(OSError):
+class StatusDirError(MonarchError, OSError):
     """The status directory is not this user's private directory."""
 
 

@@ -14,6 +14,7 @@ arguments, ``IndexError``/``TypeError`` for bad slicing, ``TimeoutError`` for
     │   │   └── UnknownSchedulerError    (also a ValueError)
     │   ├── ConfigError                  hosts_from_config problems (also a ValueError)
     │   ├── AllocationError              a scheduler could not provide ready hosts
+    │   │   └── SlurmCommandError        monarch-scheduler-slurm: a Slurm command failed
     │   ├── TransportError               a channel could not be opened / broke
     │   │   ├── ConnectError             could not reach an address
     │   │   ├── ConnectionClosed         the peer went away
@@ -26,6 +27,8 @@ arguments, ``IndexError``/``TypeError`` for bad slicing, ``TimeoutError`` for
     │   │   ├── TensorOpError            an op on a distributed tensor failed on a proc (also a RuntimeError)
     │   │   ├── MeshMismatch             a tensor of one mesh used inside another (also a RuntimeError)
     │   │   └── MemberDied               a collective's group lost a member, on the procs (also a RuntimeError)
+    │   ├── ScriptError                  monarch-spmd: a rank's script failed (also a RuntimeError)
+    │   ├── JobFailed                    monarch-spmd: a launch whose ranks did not all succeed (also a RuntimeError)
     │   └── DebuggerError                monarch-debugger (monarch_debugger._errors): monarch debug's errors
     │       ├── RankSpecError            a bad attach/cast rank argument (also a ValueError)
     │       ├── CommandError             the debug server refused a command

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import monarch_core.actor as _api
-from monarch_core.errors import ActorError, SupervisionError, UndeliverableMessageError
+from monarch_core.errors import ActorError, MonarchError, SupervisionError, UndeliverableMessageError
 from monarch_core.runtime import AddrType
 from monarch_spmd._actor import ACTOR_NAME, SPMDActor, check_master
 from monarch_spmd._env import DEFAULT_ROLE
@@ -66,7 +66,7 @@ class RankFailure:
         return f"rank {self.rank} {self.coords}: exit status {self.exit_code}: {first}"
 
 
-class JobFailed(RuntimeError):
+class JobFailed(MonarchError, RuntimeError):
     """A ``launch`` whose ranks did not all succeed: ``first`` (the
     :class:`RankFailure` that started it), ``failures`` (every rank that
     failed, first first), ``exit_code`` (``first.exit_code``) and

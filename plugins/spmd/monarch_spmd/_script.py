@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence, Union
 
+from monarch_core.errors import MonarchError
 from monarch_spmd._child import RankProcess, register, unregister
 from monarch_spmd._env import apply
 
@@ -50,7 +51,7 @@ PROC_ONLY = ("MONARCH_PROC_BOOTSTRAP", "MONARCH_PROC_ID")
 RUN_PATH = "import runpy, sys\nsys.argv = sys.argv[1:]\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
 
 
-class ScriptError(RuntimeError):
+class ScriptError(MonarchError, RuntimeError):
     """A rank's script failed: ``rank``, ``exit_code`` (its process's exit
     status; ``128 + N`` for a signal N), ``argv``, ``host``, ``failed_at``
     (the rank's ``time.time()``) and ``collective`` (True when the failure
