@@ -1,7 +1,12 @@
 """The ``monarch_core.actor`` API: the names of the reference ``monarch.actor``.
 
-A façade: the work lives in the private ``_actor``, ``_mesh`` and ``_kernel``
-packages.  ``__all__`` is exactly the reference's documented names.
+A façade: the work lives in private packages, and this module imports from
+``_actor`` (actors, endpoints, meshes, context, channels, attach),
+``_proc`` (``Future``, ``Port``/``PortReceiver``, ``MeshFailure``,
+``returns_future``, ``ChannelTransport``), ``_launch`` (``BootstrapCommand``;
+the runtime, lazily, for ``shutdown_context``), ``_mesh`` (``Extent``,
+``Point``, ``ValueMesh``), ``_telemetry`` (``traced``), ``_workspace`` and
+``errors``.  ``__all__`` is exactly the reference's documented names.
 ``ChannelTransport``, ``BootstrapCommand`` and ``Workspace`` (types named in
 the reference's signatures) are importable from here too, and from
 ``monarch_core``; so are ``attach_to_workers``, ``run_worker_loop_forever``
