@@ -282,11 +282,11 @@ class WorkerLoopAgent(ProcAgent):
         child.kill()
 
 
-_HOSTPORT = re.compile(r"^(?:\[(?P<v6>[^\]]*)\]|(?P<host>[^\[\]:/@]*)):\d+$")
+_HOSTPORT = re.compile(r"^(?:\[(?P<v6>[^\]]*)\]|(?P<host>[^\[\]:/@]*)):(?:\d+|fd\d+)$")  # (fdN: an inherited socket)
 
 
 def _tcp_host(url: str) -> str | None:
-    """The host of ``tcp://HOST:PORT``; ``None`` when it is not of that form."""
+    """The host of ``tcp://HOST:PORT`` (or ``tcp://HOST:fdN``); ``None`` when it is not of that form."""
     if not url.startswith("tcp://"):
         return None
     m = _HOSTPORT.match(url[len("tcp://"):])

@@ -31,6 +31,7 @@ REFUSED = {
     "ip": ("tcp://192.0.2.7:29500", "'192.0.2.7'"),
     "hostname": ("tcp://h1.example:29500", "'h1.example'"),
     "alias-binding-everything": ("tcp://127.0.0.1:29500@tcp://*:29500", "every interface"),
+    "inherited-socket-on-every-interface": ("tcp://*:fd3", "every interface"),
 }
 
 
@@ -154,3 +155,54 @@ def test_opt_in_on_loopback_changes_nothing(workers) -> None:  # type: ignore[no
     w = workers(f"tcp://127.0.0.1:{port}", args=["--insecure-tcp"])
     assert listening_on(port) == ["127.0.0.1"]
     assert "INSECURE" not in w.output(), w.output()
+
+
+FD_WORKER = """
+import socket, subprocess, sys
+sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+sock.bind(({bind!r}, 0))
+port, fd = sock.getsockname()[1], sock.fileno()
+code = ("from monarch_core.worker import run_worker_loop_forever; "
+        f"run_worker_loop_forever(address='tcp://{host}:fd{{fd}}')")
+p = subprocess.Popen([sys.executable, "-c", code], pass_fds=(fd,))
+sock.close()  # the worker loop owns it now
+print("PORT", port, flush=True)
+sys.exit(p.wait())
+"""
+
+
+def _fd_worker(bind: str, host: str) -> tuple[subprocess.Popen, LineReader]:
+    popen = subprocess.Popen([PY, "-c", FD_WORKER.format(bind=bind, host=host)], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(), cwd="/",
+                             start_new_session=True)
+    return popen, LineReader(popen.stdout, "fd-worker")
+
+
+def test_a_worker_loop_listens_on_an_inherited_bound_socket() -> None:
+    """``tcp://HOST:fdN`` (the reference's fd bootstrap): the worker loop
+    listens on descriptor N, bound by its parent, and advertises its port."""
+    popen, out = _fd_worker("127.0.0.1", "127.0.0.1")
+    try:
+        _, m = out.wait_for(LISTENING.match, 60)
+        port = int(out.text().split("PORT ", 1)[1].split()[0])
+        assert m.group(1) == f"tcp://127.0.0.1:{port}", out.text()
+        assert listening_on(port) == ["127.0.0.1"]
+        got = run_client(LOOPBACK_CLIENT.format(address=f"tcp://127.0.0.1:{port}"))
+        assert got["listens"] == [["127.0.0.1"], ["127.0.0.1"]], got
+    finally:
+        kill_tree(popen)
+        out.join(5)
+
+
+def test_an_inherited_socket_bound_elsewhere_than_its_address_says_is_refused() -> None:
+    """The address names where the socket listens (the loopback rule reads
+    it): a socket bound to every interface given as ``127.0.0.1:fdN`` is refused."""
+    popen, out = _fd_worker("0.0.0.0", "127.0.0.1")
+    try:
+        assert popen.wait(timeout=60) != 0, out.text()
+        out.join(5)
+        text = out.text()
+        assert "is bound to 0.0.0.0, not 127.0.0.1; name the address it is bound to" in text, text
+    finally:
+        kill_tree(popen)

@@ -52,10 +52,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("monarch.transport.tcp")
 
-FORMS = "{s}://host:port, {s}://*:port, {s}://[::1]:port, {s}://PUBLIC:PORT@{s}://BIND:PORT"
+FORMS = "{s}://host:port, {s}://*:port, {s}://[::1]:port, {s}://PUBLIC:PORT@{s}://BIND:PORT, {s}://host:fdN"
 CONNECT_TIMEOUT: float = _settings.get("MONARCH_CONNECT_TIMEOUT")
 TLS_HANDSHAKE_TIMEOUT: float = _settings.get("MONARCH_TLS_HANDSHAKE_TIMEOUT")
 _HOSTPORT = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.%a-zA-Z]+)\]|(?P<host>[^\[\]:/@]*)):(?P<port>\d{1,5})$")
+#: ``HOST:fdN``: listen on the socket this process inherited as descriptor N (bound already, to HOST)
+_HOSTFD = re.compile(r"^(?:\[(?P<v6>[0-9A-Fa-f:.%a-zA-Z]+)\]|(?P<host>[^\[\]:/@]*)):fd(?P<fd>\d{1,9})$")
 _warned_loopback = False
 _warn_lock = threading.Lock()
 
@@ -69,6 +71,7 @@ class TcpSpec:
     bind_port: int
     adv_host: str | None  # None = decide at bind time (this host's name)
     adv_port: int | None  # None = the bound port
+    fd: int | None = None  # listen on this inherited, bound socket (``HOST:fdN``) instead of binding
 
 
 def _split_hostport(scheme: str, text: str, url: str) -> tuple[str, int]:
@@ -105,6 +108,14 @@ def parse(url: str, scheme: str) -> TcpSpec:
         if ph == "*":
             raise ValueError(f"{scheme} alias address {url!r}: the advertised (left) host cannot be '*'")
         return TcpSpec(scheme, "" if bh == "*" else bh, bp, ph, pp if pp else None)
+    m = _HOSTFD.match(rest)
+    if m is not None:
+        host = m.group("v6") if m.group("v6") is not None else m.group("host")
+        if host == "":
+            raise ValueError(f"{scheme} address {url!r} has no host; use '*' for a socket bound to every interface")
+        if host == "*":
+            return TcpSpec(scheme, "", 0, None, None, fd=int(m.group("fd")))
+        return TcpSpec(scheme, host, 0, host, None, fd=int(m.group("fd")))
     host, port = _split_hostport(scheme, rest, url)
     if host == "*":
         return TcpSpec(scheme, "", port, None, None)
@@ -136,6 +147,57 @@ def _is_ip(host: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+def _inherited_socket(spec: TcpSpec, bind_spec: str) -> _stdsocket.socket:
+    """The listening socket of ``HOST:fdN``: descriptor N, which this process
+    inherited (``subprocess.Popen(pass_fds=...)``), must be a TCP socket
+    already bound to HOST (any address for ``*``), so that what the address
+    says is where it listens (the worker loop's loopback rule reads HOST).
+    It is put in listening mode; this transport owns it from then on."""
+    fd = spec.fd
+    assert fd is not None
+    try:
+        sock = _stdsocket.socket(fileno=fd)
+    except OSError as e:
+        raise TransportError(f"cannot listen on {bind_spec}: descriptor {fd} is not an open socket of this process "
+                             f"({e.strerror or e}); pass it to the process (pass_fds) and bind it first") from None
+    try:
+        if sock.type != _stdsocket.SOCK_STREAM or sock.family not in (_stdsocket.AF_INET, _stdsocket.AF_INET6):
+            raise TransportError(f"cannot listen on {bind_spec}: descriptor {fd} is not a TCP socket")
+        bound, port = sock.getsockname()[:2]
+        if port == 0:
+            raise TransportError(f"cannot listen on {bind_spec}: descriptor {fd} is not bound; bind it to "
+                                 f"{spec.bind_host or '0.0.0.0'}:PORT before passing it")
+        if spec.bind_host and not _same_address(spec.bind_host, str(bound)):
+            raise TransportError(f"cannot listen on {bind_spec}: descriptor {fd} is bound to {bound}, not "
+                                 f"{spec.bind_host}; name the address it is bound to "
+                                 f"({_url_host(str(bound))}:fd{fd}, or *:fd{fd} for a socket bound to every interface)")
+        sock.setblocking(False)
+        sock.listen(1024)
+    except TransportError:
+        sock.close()
+        raise
+    except OSError as e:
+        sock.close()
+        raise TransportError(f"cannot listen on {bind_spec}: {e.strerror or e}") from None
+    return sock
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _same_address(host: str, bound: str) -> bool:
+    """Whether ``bound`` (an address) is ``host`` (an address or a name resolved here)."""
+    try:
+        want = {ipaddress.ip_address(host.split("%", 1)[0])}
+    except ValueError:
+        try:
+            want = {ipaddress.ip_address(str(i[4][0]).split("%", 1)[0]) for i in _stdsocket.getaddrinfo(host, None)}
+        except OSError:
+            return False
+    return ipaddress.ip_address(bound.split("%", 1)[0]) in want
 
 
 class _TcpBase(Transport):
@@ -195,6 +257,9 @@ class _TcpBase(Transport):
                             self.scheme,
                             self.scheme,
                         )
+        if spec.fd is not None:
+            sock = trio.socket.from_stdlib_socket(_inherited_socket(spec, bind_spec))
+            return self._make_listener(sock, _format(self.scheme, adv, sock.getsockname()[1]))
         bind_host = spec.bind_host
         family = _stdsocket.AF_INET6 if ":" in bind_host else _stdsocket.AF_INET
         sock = trio.socket.socket(family, _stdsocket.SOCK_STREAM)
