@@ -10,6 +10,7 @@ the runtime, lazily, for ``shutdown_context``), ``_mesh`` (``Extent``,
 ``ChannelTransport``, ``BootstrapCommand`` and ``Workspace`` (types named in
 the reference's signatures) are importable from here too, and from
 ``monarch_core``; so are ``attach_to_workers``, ``run_worker_loop_forever``
+(and ``run_worker_loop_until_shutdown``, the reference's name for the same loop)
 (also in :mod:`monarch_core.worker`) and ``returns_future``, which programs
 written for the reference import from ``monarch.actor``.
 """
@@ -23,7 +24,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from monarch_core._actor._actor import Actor
 from monarch_core._actor._actor_mesh import ActorMesh  # noqa: F401 (what spawn returns; importable, not in __all__)
-from monarch_core._actor._attach import attach_to_workers, run_worker_loop_forever  # noqa: F401 (importable, not in __all__)
+from monarch_core._actor._attach import (  # noqa: F401 (importable, not in __all__)
+    attach_to_workers,
+    run_worker_loop_forever,
+    run_worker_loop_until_shutdown,
+)
 from monarch_core._launch._bootstrap import BootstrapCommand, default_bootstrap_cmd  # noqa: F401 (importable, not in __all__)
 from monarch_core._actor._context import Context, context, current_actor_name, current_rank, current_size
 from monarch_core._actor._endpoint import (

@@ -59,6 +59,21 @@ def run_worker_loop_forever(
                                     exit_with_parent=exit_with_parent)
 
 
+def run_worker_loop_until_shutdown(
+    address: str,
+    ca: str | None = None,
+    private_key: str | None = None,
+    *,
+    cert: str | None = None,
+    insecure_tcp: bool = False,
+) -> None:
+    """The reference's name for a worker loop that returns once its owning
+    ``HostMesh`` shuts it down: :func:`run_worker_loop_forever` does (it
+    never ends the process), so this is the same loop, with the same
+    arguments (``address`` may carry a service id: ``ID@tcp://...``)."""
+    run_worker_loop_forever(address, ca, private_key, cert=cert, insecure_tcp=insecure_tcp)
+
+
 def attach(
     workers: Any, *, ca: str | None, private_key: str | None, cert: str | None, timeout: float | None
 ) -> HostMesh:
@@ -70,7 +85,15 @@ def attach(
             "attach_to_workers(workers=[...]) takes a non-empty list of worker addresses such as "
             "['tls://h1:29500', 'tls://h2:29500']"
         )
-    addrs = list(workers)
+    from monarch_core._launch._worker import split_service_id
+
+    expected: dict[str, str] = {}  # address -> the service id the caller named for it (``ID@address``)
+    addrs = []
+    for w in workers:
+        sid, a = split_service_id(w) if isinstance(w, str) else (None, w)
+        if sid is not None:
+            expected[a] = sid
+        addrs.append(a)
     schemes = set()
     for a in addrs:
         if not isinstance(a, str) or "://" not in a:
@@ -109,6 +132,14 @@ def attach(
             + a
             + "` running there, and reachable from this host? (MONARCH_ATTACH_TIMEOUT sets the wait)"
         )
+    for a, sid in expected.items():
+        told = answers[a].get("service")
+        if told != sid:
+            raise ConnectError(
+                f"worker {sid}@{a}: the worker loop at {a} is "
+                + (f"service {told}" if told else "one started without a service id")
+                + f", not {sid}: attach to the address it was started with (python -m monarch_core.worker "
+                "--address ID@ADDRESS, or run_worker_loop_forever('ID@ADDRESS'))")
     from monarch_core.hookspecs import HostHandle
 
     hosts = [HostHandle(name=str(answers[a].get("hostname", a)), address=a) for a in addrs]

@@ -67,6 +67,8 @@ class WorkerLoopAgent(ProcAgent):
         self.client_gap: dict[str, float] = {}
         #: exit once the last heartbeating client is lost (a worker loop started for one allocation)
         self.exit_without_client = False
+        #: the service id it was started with (``ID@scheme://...``), told to whoever attaches; None: none
+        self.service_id: str | None = None
         #: client proc id -> (a heartbeat arriving after this counts, lost if none by then, the silence):
         #: clients silent for longer than they wait for a host, which may have declared this one lost
         self.client_recheck: dict[str, tuple[float, float, float]] = {}
@@ -90,7 +92,8 @@ class WorkerLoopAgent(ProcAgent):
 
         send_to_port(
             m.reply, -1, W.S_VALUE,
-            {"hostname": socket.gethostname(), "pid": os.getpid(), "address": self.kernel.address},
+            {"hostname": socket.gethostname(), "pid": os.getpid(), "address": self.kernel.address,
+             "service": self.service_id},
         )
 
     def _on_host_spawn(self, m: C.HostSpawn, payload: Any, buffers: list, sender: str) -> None:
@@ -282,6 +285,28 @@ class WorkerLoopAgent(ProcAgent):
         child.kill()
 
 
+#: ``ID@scheme://...``: a worker address carrying the worker's service id
+#: (the reference's ``new_service_proc_id()``), which attaching checks
+_SERVICE_ADDRESS = re.compile(r"^(?P<id>[A-Za-z0-9][A-Za-z0-9_.-]*)@(?P<address>[a-z][a-z0-9+.-]*://.+)$")
+
+
+def split_service_id(address: str) -> tuple[str | None, str]:
+    """``(service id, address)`` of ``ID@scheme://...``; ``(None, address)``
+    for a plain address (the alias form ``tcp://PUBLIC:P@tcp://BIND:P`` is one:
+    its left side is an address, not an id)."""
+    m = _SERVICE_ADDRESS.match(address)
+    if m is None:
+        return None, address
+    return m.group("id"), m.group("address")
+
+
+def new_service_id() -> str:
+    """A fresh service id for a worker loop (``ID@tls://host:port``): unique, URL-safe."""
+    import secrets
+
+    return f"service-{secrets.token_hex(8)}"
+
+
 _HOSTPORT = re.compile(r"^(?:\[(?P<v6>[^\]]*)\]|(?P<host>[^\[\]:/@]*)):(?:\d+|fd\d+)$")  # (fdN: an inherited socket)
 
 
@@ -389,6 +414,7 @@ def run_worker_loop_forever(
 
     if not isinstance(address, str) or "://" not in address:
         raise ValueError(f"run_worker_loop_forever(address=...): expected a URL such as 'tls://host:29500', got {address!r}")
+    service_id, address = split_service_id(address)
     scheme = address.split("://", 1)[0]
     child_bind = _check_tcp_bind(address, insecure_tcp)
     transport = registry().transport(scheme)
@@ -418,6 +444,7 @@ def run_worker_loop_forever(
     )
     kernel, agent = rt.kernel, rt.agent
     agent.exit_without_client = exit_with_parent
+    agent.service_id = service_id
 
     async def start() -> None:
         logger.info("monarch worker loop listening on %s (pid %d)", kernel.address, os.getpid())

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from monarch_core.job._local import LocalJob
+from monarch_core.job._service import new_service_proc_id
 from monarch_core.job._observe import MeshAdminConfig, TelemetryConfig
 from monarch_core.job._process import ProcessJob
 from monarch_core.job._slurm import SlurmJob
@@ -51,6 +52,7 @@ __all__ = [
     "job_load",
     "job_loads",
     "load_current_job",
+    "new_service_proc_id",
     "set_current_job",
 ]
 
