@@ -96,7 +96,10 @@ def test_a_live_job_in_a_real_browser(job: Any, browser: Any, screenshots: Path)
         rank6.locator("td.rank-error summary").click()
         expect(rank6.locator("pre.traceback").first).to_contain_text('raise ValueError(f"bad batch {i}")')
         expect(rank6.locator("pre.traceback").first).to_be_visible()
-        eps.wait_for_timeout(1500)  # two live updates: what was opened stays open
+        # a live update (new calls change the figures) re-renders the page: what was opened stays open
+        version = eps.evaluate("document.body.dataset.version || ''")
+        job.do("calls 5")
+        eps.wait_for_function("v => (document.body.dataset.version || '') !== v", arg=version, timeout=30000)
         expect(rank6.locator("pre.traceback").first).to_be_visible()
         flaky.locator("li.raised-item summary").first.click()
         expect(flaky.locator("li.raised-item pre.traceback").first).to_contain_text("ValueError: bad batch 11")
