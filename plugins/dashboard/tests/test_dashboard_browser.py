@@ -30,6 +30,19 @@ def _expect() -> Any:
     return expect
 
 
+
+def _element_screenshot(page: Any, locator: Any, path: Path, tries: int = 5) -> None:
+    """An element's screenshot on a live page: a live update may replace the
+    element while it is taken ("not attached to the DOM"); take it again."""
+    for i in range(tries):
+        try:
+            locator.screenshot(path=str(path))
+            return
+        except Exception as e:  # playwright's Error
+            if "not attached" not in str(e) or i == tries - 1:
+                raise
+            page.wait_for_timeout(200)
+
 def test_a_live_job_in_a_real_browser(job: Any, browser: Any, screenshots: Path) -> None:
     expect = _expect()
     context = browser.new_context(viewport={"width": 1360, "height": 900})
@@ -103,7 +116,7 @@ def test_a_live_job_in_a_real_browser(job: Any, browser: Any, screenshots: Path)
         expect(rank6.locator("pre.traceback").first).to_be_visible()
         flaky.locator("li.raised-item summary").first.click()
         expect(flaky.locator("li.raised-item pre.traceback").first).to_contain_text("ValueError: bad batch 11")
-        flaky.screenshot(path=str(screenshots / "dashboard-endpoint-errors.png"))
+        _element_screenshot(eps, flaky, screenshots / "dashboard-endpoint-errors.png")
         flaky.locator("tr.row").click()  # closed again for the endpoints screenshot
         even.locator("tr.row").click()
         eps.screenshot(path=str(screenshots / "dashboard-endpoints.png"), full_page=True)
