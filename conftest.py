@@ -20,6 +20,7 @@ Every test is in exactly one tier, selected with ``-m``:
   so that the fixture is set up once, not once per worker.
 
 ``scripts/test.sh`` runs the whole suite in parallel with ``--dist loadgroup``.
+The fixtures every folder shares are in ``tests/_helpers/fixtures.py``.
 """
 
 from __future__ import annotations
@@ -27,8 +28,18 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+# The suite's helpers (the ``_helpers`` package in ``tests/``) and its shared
+# fixtures (``_helpers.fixtures``, loaded as a pytest plugin) serve every test
+# folder alike: ``tests/`` and each plugin's ``plugins/<name>/tests/``.
+_TESTS = str(Path(__file__).resolve().parent / "tests")
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
+pytest_plugins = ["_helpers.fixtures"]
 
 # A suite started in the background of a non-interactive shell (``pytest ... &``,
 # ``nohup``, some CI runners) inherits SIGINT *ignored*, and so would every

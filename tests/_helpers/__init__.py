@@ -1,7 +1,7 @@
 """Helpers shared by the whole test suite.
 
-Import them as ``from _helpers import ...`` (``tests/conftest.py`` puts the
-``tests`` folder on ``sys.path``); never import a ``conftest`` module: pytest
+Import them as ``from _helpers import ...`` (the root ``conftest.py`` puts
+the ``tests`` folder on ``sys.path``, for ``plugins/*/tests`` too); never import a ``conftest`` module: pytest
 loads every folder's ``conftest.py`` under the same module name, so which one
 ``import conftest`` finds depends on the collection order.
 
@@ -12,6 +12,8 @@ loads every folder's ``conftest.py`` under the same module name, so which one
 * :mod:`_helpers.faults`: the recording ``unhandled_fault_hook``.
 * :mod:`_helpers.config`: configured host meshes (``MONARCH_CONFIG``).
 * :mod:`_helpers.transport`: the multi-host transport suite (netns hosts, TLS).
+* :mod:`_helpers.fixtures`: the fixtures every test folder shares (a pytest
+  plugin the root ``conftest.py`` loads).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The recording ``unhandled_fault_hook``.
 
 The default hook ends the client process; the suite installs this recorder
-for the whole session (``tests/conftest.py``, the documented way: assign
+for the whole session (``_helpers.fixtures``, the documented way: assign
 ``monarch_core.actor.unhandled_fault_hook``) so that a test which makes an
 actor fail on purpose cannot take pytest down, and tests can wait for the
 failures they expect.
@@ -71,7 +71,7 @@ class FaultRecorder:
                 self._cond.wait(left)
 
 
-#: the session's recorder (installed by ``tests/conftest.py``)
+#: the session's recorder (installed by ``_helpers.fixtures``)
 RECORDER = FaultRecorder()
 
 

@@ -1,5 +1,8 @@
-"""Fixtures shared by the whole suite; the helpers behind them live in the
-``_helpers`` package (import it, never a ``conftest`` module).
+"""Fixtures shared by the whole suite (``tests/`` and ``plugins/*/tests``):
+a pytest plugin that the root ``conftest.py`` loads (``pytest_plugins``), so
+that a plugin's own test folder has them as much as ``tests/`` has.  The
+helpers behind them live in the ``_helpers`` package (import it, never a
+``conftest`` module).
 
 * ``faults``: the session's recording ``unhandled_fault_hook`` (installed
   for every test, so failures made on purpose cannot end pytest).
@@ -21,7 +24,8 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-HERE = str(Path(__file__).resolve().parent)
+#: the ``tests`` folder, which holds the ``_helpers`` package
+HERE = str(Path(__file__).resolve().parents[1])
 if HERE not in sys.path:  # whatever the import mode: ``import _helpers`` works everywhere
     sys.path.insert(0, HERE)
 from _helpers.clients import code_roots  # noqa: E402
