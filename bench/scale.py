@@ -77,6 +77,9 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import _table as T  # noqa: E402
 
+#: the procs and actors axes' scripts use only the public API that monarch-core and torchmonarch
+#: share (``monarch_core.actor`` here; ``--reference-python`` runs them with ``monarch.actor``), so
+#: the same lines measure both.  A failure prints ``ERROR <its first line>`` and ends the client.
 PROCS = textwrap.dedent("""
     import json, os, sys, time
     from monarch_core.actor import Actor, endpoint, this_host
@@ -86,22 +89,29 @@ PROCS = textwrap.dedent("""
         def pid(self) -> int:
             return os.getpid()
 
-    n = int(sys.argv[1])
-    t0 = time.perf_counter()
-    pm = this_host().spawn_procs(per_host={"p": n})
-    a = pm.spawn("a", A)
-    pids = list(a.pid.call().get(timeout=600).values())
-    t1 = time.perf_counter()
-    a.pid.call().get(timeout=600)
-    t2 = time.perf_counter()
-    pm.stop().get(timeout=600)
-    t3 = time.perf_counter()
-    end = time.monotonic() + 15
-    while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < end:
-        time.sleep(0.05)
-    left = sum(os.path.exists(f"/proc/{p}") for p in pids)
-    print("RESULT " + json.dumps({"n": n, "up_s": t1 - t0, "call_s": t2 - t1, "stop_s": t3 - t2,
-                                  "distinct": len(set(pids)), "left": left}), flush=True)
+    def main() -> None:
+        n = int(sys.argv[1])
+        t0 = time.perf_counter()
+        pm = this_host().spawn_procs(per_host={"p": n})
+        a = pm.spawn("a", A)
+        pids = list(a.pid.call().get(timeout=600).values())
+        t1 = time.perf_counter()
+        a.pid.call().get(timeout=600)
+        t2 = time.perf_counter()
+        pm.stop().get(timeout=600)
+        t3 = time.perf_counter()
+        end = time.monotonic() + 15
+        while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < end:
+            time.sleep(0.05)
+        left = sum(os.path.exists(f"/proc/{p}") for p in pids)
+        print("RESULT " + json.dumps({"n": n, "up_s": t1 - t0, "call_s": t2 - t1, "stop_s": t3 - t2,
+                                      "distinct": len(set(pids)), "left": left}), flush=True)
+
+    try:
+        main()
+    except BaseException as e:
+        print("ERROR " + json.dumps((f"{type(e).__name__}: {e}".strip().splitlines() or ["?"])[0]), flush=True)
+        os._exit(1)
 """)
 
 ACTORS = textwrap.dedent("""
@@ -117,29 +127,46 @@ ACTORS = textwrap.dedent("""
         def ping(self) -> int:
             return 1
 
-    m = int(sys.argv[1])
-    pm = this_host().spawn_procs(per_host={"p": 8})
-    pm.initialized.get(timeout=600)
-    pids = [s.pid for s in pm._slots]
-    r0 = rss()
-    t0 = time.perf_counter()
-    meshes = [pm.spawn(f"m{i}", A) for i in range(m // 8)]
-    got = sum(sum(f.get(timeout=600).values()) for f in [x.ping.call() for x in meshes])
-    t1 = time.perf_counter()
-    got2 = sum(sum(f.get(timeout=600).values()) for f in [x.ping.call() for x in meshes])
-    t2 = time.perf_counter()
-    r1 = rss()
-    pm.stop().get(timeout=600)
-    t3 = time.perf_counter()
-    end = time.monotonic() + 15
-    while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < end:
-        time.sleep(0.05)
-    left = sum(os.path.exists(f"/proc/{p}") for p in pids)
-    assert got == got2 == m // 8 * 8, (got, got2)
-    print("RESULT " + json.dumps({"m": got, "rate": got / (t1 - t0), "up_s": t1 - t0, "call_s": t2 - t1,
-                                  "stop_s": t3 - t2, "rss_per_actor_kib": (r1 - r0) / got / 1024,
-                                  "left": left}), flush=True)
+        @endpoint
+        def pid(self) -> int:
+            return os.getpid()
+
+    def main() -> None:
+        m = int(sys.argv[1])
+        pm = this_host().spawn_procs(per_host={"p": 8})
+        pids = list(pm.spawn("probe", A).pid.call().get(timeout=600).values())  # the 8 procs are up
+        r0 = rss()
+        t0 = time.perf_counter()
+        meshes = [pm.spawn(f"m{i}", A) for i in range(m // 8)]
+        got = sum(sum(f.get(timeout=600).values()) for f in [x.ping.call() for x in meshes])
+        t1 = time.perf_counter()
+        got2 = sum(sum(f.get(timeout=600).values()) for f in [x.ping.call() for x in meshes])
+        t2 = time.perf_counter()
+        r1 = rss()
+        pm.stop().get(timeout=600)
+        t3 = time.perf_counter()
+        end = time.monotonic() + 15
+        while any(os.path.exists(f"/proc/{p}") for p in pids) and time.monotonic() < end:
+            time.sleep(0.05)
+        left = sum(os.path.exists(f"/proc/{p}") for p in pids)
+        assert got == got2 == m // 8 * 8, (got, got2)
+        print("RESULT " + json.dumps({"m": got, "rate": got / (t1 - t0), "up_s": t1 - t0, "call_s": t2 - t1,
+                                      "stop_s": t3 - t2, "rss_per_actor_kib": (r1 - r0) / got / 1024,
+                                      "left": left}), flush=True)
+
+    try:
+        main()
+    except BaseException as e:
+        print("ERROR " + json.dumps((f"{type(e).__name__}: {e}".strip().splitlines() or ["?"])[0]), flush=True)
+        os._exit(1)
 """)
+
+
+def for_reference(code: str) -> str:
+    """``code`` (a procs or actors script) for torchmonarch: its ``monarch.actor`` instead of ours."""
+    assert "from monarch_core.actor import " in code
+    return code.replace("from monarch_core.actor import ", "from monarch.actor import ")
+
 
 HOSTS = textwrap.dedent("""
     import json, os, resource, signal, statistics, sys, threading, time
@@ -591,16 +618,81 @@ def ssh_table(rows: list[dict[str, Any]]) -> str:
     return T.markdown(headers, body)
 
 
-def run(code: str, arg: int, timeout: float) -> dict[str, Any]:
-    """``code`` in a fresh client with ``arg``; its RESULT, or ``{"error": ...}``."""
+def run(code: str, arg: int, timeout: float, python: str | None = None) -> dict[str, Any]:
+    """``code`` in a fresh client (``python``, default this interpreter) with
+    ``arg``; its RESULT, or ``{"error": <one line>}`` (its ``ERROR`` line, a
+    timeout, a client that died, memory running short).  Never raises for
+    the client's sake: every process the client started (found from /proc
+    each second, since torchmonarch's procs sit in process groups of their
+    own) is SIGKILLed at the end if it still runs, and at once when less
+    than ``MEM_FLOOR_MIB`` is available."""
+    import signal
+    import time
+
+    d = tempfile.mkdtemp(prefix="monarch-scale-run-")
+    tracked: set[int] = set()
+    short: list[float] = []
+    done = threading.Event()
+
+    def kill_all() -> None:
+        for q in sorted(tracked):
+            if _running(q):
+                try:
+                    os.kill(q, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    with open(os.path.join(d, "stderr"), "w") as err:  # a file: nobody has to drain a pipe
+        # (cwd: a directory of its own, so that no ``monarch`` folder in ours shadows the reference's)
+        p = subprocess.Popen([python or sys.executable, "-c", code, str(arg)], stdout=subprocess.PIPE,
+                             stderr=err, stdin=subprocess.DEVNULL, text=True, cwd=d, start_new_session=True)
+
+    def guard() -> None:
+        while not done.wait(1.0):
+            tracked.update(_tree(p.pid))
+            if _mem_available_mib() < MEM_FLOOR_MIB:
+                short.append(_mem_available_mib())
+                kill_all()
+                return
+
+    threading.Thread(target=guard, daemon=True).start()
     try:
-        p = subprocess.run([sys.executable, "-c", code, str(arg)], capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f}s"}
-    for line in p.stdout.splitlines():
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            tracked.update(_tree(p.pid))
+            kill_all()
+            p.kill()
+            p.communicate(timeout=60)
+            return {"error": f"timed out after {timeout:.0f}s"}
+    finally:
+        done.set()
+        time.sleep(0.2)
+        kill_all()  # (what the client left running: its own "left" counted it already)
+    if short:
+        return {"error": f"less than {MEM_FLOOR_MIB} MiB available ({min(short):.0f}): given up, its processes killed"}
+    for line in out.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    return {"error": f"rc={p.returncode}: {p.stderr.strip().splitlines()[-1:] or ''}"}
+    for line in out.splitlines():
+        if line.startswith("ERROR "):
+            return {"error": json.loads(line[len("ERROR "):])}
+    with open(os.path.join(d, "stderr")) as f:
+        last = [ln.strip() for ln in f.read().splitlines() if ln.strip()][-1:] or [""]
+    how = f"killed by {signal.Signals(-p.returncode).name}" if p.returncode < 0 else f"rc={p.returncode}"
+    return {"error": f"client died ({how}): {last[0][:200]}"}
+
+
+def ratio_cell(ours: float | None, theirs: float | None, higher_is_better: bool) -> str:
+    """``ours ÷ theirs`` and which is better (for a rate ``higher_is_better``, for a time not)."""
+    if ours is None or theirs is None or ours <= 0 or theirs <= 0:
+        return T.DASH
+    q = ours / theirs
+    ours_better = q > 1 if higher_is_better else q < 1
+    k = q if q >= 1 else 1 / q
+    if abs(k - 1) < 0.005:
+        return f"{q:.2f} (same)"
+    return f"{q:.2f} ({'ours' if ours_better else 'torchmonarch'} {k:.1f}× better)"
 
 
 def slope(rows: list[dict[str, Any]], key: str, size: str) -> str:
@@ -612,33 +704,75 @@ def slope(rows: list[dict[str, Any]], key: str, size: str) -> str:
     return f"{math.log(b[key] / a[key]) / math.log(b[size] / a[size]):.2f}"
 
 
-def procs_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["procs N", "spawn + first call, s", "call() to all, ms", "stop, s", "left after stop"]
+#: (column title, RESULT key, format, multiplier, higher is better) of the procs and actors axes
+PROCS_COLUMNS = [("spawn + first call, s", "up_s", "{:.2f}", 1.0, False),
+                 ("call() to all, ms", "call_s", "{:.1f}", 1e3, False),
+                 ("stop, s", "stop_s", "{:.2f}", 1.0, False)]
+ACTORS_COLUMNS = [("spawn rate, actors/s", "rate", "{:,.0f}", 1.0, True),
+                  ("call-all, s", "call_s", "{:.2f}", 1.0, False),
+                  ("stop, s", "stop_s", "{:.2f}", 1.0, False),
+                  ("client RSS per actor, KiB", "rss_per_actor_kib", "{:.1f}", 1.0, False)]
+
+
+def failed(r: dict[str, Any]) -> str:
+    """A failed row's cell: ``failed: <first line>``."""
+    return "failed: " + (str(r["error"]).strip().splitlines() or ["?"])[0].replace("|", "\\|")
+
+
+def axis_table(size_title: str, size_key: str, size_fmt: str, columns: list[tuple[str, str, str, float, bool]],
+               rows: list[dict[str, Any]], ref: list[dict[str, Any]] | None = None) -> str:
+    """One row per size with each column's figure, the growth exponents last.
+    With ``ref`` (torchmonarch's rows, same sizes in the same order) each
+    column is three: ours, torchmonarch's, and ours ÷ torchmonarch saying
+    which is better; a failed size shows ``failed: <first line>`` in its
+    implementation's first cell and dashes in the rest."""
+    headers = [size_title]
+    for title, _, _, _, _ in columns:
+        headers += [f"{title}: ours", f"{title}: torchmonarch",
+                    f"{title}: ours ÷ torchmonarch"] \
+            if ref is not None else [title]
+    headers += ["left after stop: ours / torchmonarch" if ref is not None else "left after stop"]
+
+    def cells(r: dict[str, Any] | None, i: int) -> list[str]:
+        out = []
+        for j, (_, key, spec, mult, _) in enumerate(columns):
+            if r is None:
+                out.append(T.DASH)
+            elif "error" in r:
+                out.append(failed(r) if j == 0 and i == 0 else T.DASH)
+            else:
+                out.append(T.fmt(r[key] * mult, spec))
+        return out
+
     body = []
-    for r in rows:
-        if "error" in r:
-            body.append([str(r["n"]), f"FAILED: {r['error']}", T.DASH, T.DASH, T.DASH])
+    for k, r in enumerate(rows):
+        size = size_fmt.format(r[size_key])
+        if ref is None:
+            body.append([size] + [failed(r) if "error" in r and j == 0 else c
+                                  for j, c in enumerate(cells(r, 0))] + [T.DASH if "error" in r else str(r["left"])])
             continue
-        body.append([str(r["n"]), T.fmt(r["up_s"], "{:.2f}"), T.fmt(r["call_s"] * 1e3, "{:.1f}"),
-                     T.fmt(r["stop_s"], "{:.2f}"), str(r["left"])])
-    body.append(["growth exponent", slope(rows, "up_s", "n"), slope(rows, "call_s", "n"),
-                 slope(rows, "stop_s", "n"), T.DASH])
+        t = ref[k] if k < len(ref) else None
+        ours, theirs = cells(r, 0), cells(t, 0)
+        row = [size]
+        for j, (_, key, _, _, better) in enumerate(columns):
+            both = "error" not in r and t is not None and "error" not in t
+            row += [ours[j], theirs[j], ratio_cell(r[key], t[key], better) if both and t is not None else T.DASH]
+        left = [T.DASH if x is None or "error" in x else str(x["left"]) for x in (r, t)]
+        body.append(row + [" / ".join(left)])
+    growth = ["growth exponent"]
+    for _, key, _, _, _ in columns:
+        growth += [slope(rows, key, size_key), slope(ref, key, size_key), T.DASH] if ref is not None \
+            else [slope(rows, key, size_key)]
+    body.append(growth + [T.DASH])
     return T.markdown(headers, body)
 
 
-def actors_table(rows: list[dict[str, Any]]) -> str:
-    headers = ["actors M (8 procs)", "spawn rate, actors/s", "call-all, s", "stop, s", "client RSS per actor, KiB",
-               "left after stop"]
-    body = []
-    for r in rows:
-        if "error" in r:
-            body.append([str(r["m"]), f"FAILED: {r['error']}"] + [T.DASH] * 4)
-            continue
-        body.append([f"{r['m']:,}", T.fmt(r["rate"], "{:,.0f}"), T.fmt(r["call_s"], "{:.2f}"),
-                     T.fmt(r["stop_s"], "{:.2f}"), T.fmt(r["rss_per_actor_kib"], "{:.1f}"), str(r["left"])])
-    body.append(["growth exponent", slope(rows, "rate", "m"), slope(rows, "call_s", "m"),
-                 slope(rows, "stop_s", "m"), slope(rows, "rss_per_actor_kib", "m"), T.DASH])
-    return T.markdown(headers, body)
+def procs_table(rows: list[dict[str, Any]], ref: list[dict[str, Any]] | None = None) -> str:
+    return axis_table("procs N", "n", "{}", PROCS_COLUMNS, rows, ref)
+
+
+def actors_table(rows: list[dict[str, Any]], ref: list[dict[str, Any]] | None = None) -> str:
+    return axis_table("actors M (8 procs)", "m", "{:,}", ACTORS_COLUMNS, rows, ref)
 
 
 def hosts_table(rows: list[dict[str, Any]]) -> str:
@@ -675,6 +809,38 @@ def hosts_table(rows: list[dict[str, Any]]) -> str:
     return T.markdown(headers, body)
 
 
+def reference_unavailable(python: str) -> str | None:
+    """Why ``python`` cannot run the reference side (``None``: it can)."""
+    try:
+        p = subprocess.run([python, "-c", "import monarch.actor as a; a.Actor, a.endpoint, a.this_host"],
+                           capture_output=True, text=True, timeout=300, cwd=tempfile.gettempdir())
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"cannot run it ({e})"
+    if p.returncode != 0:
+        return f"it cannot import torchmonarch's monarch.actor: {p.stderr.strip().splitlines()[-1:]}"
+    return None
+
+
+def measure(code: str, size_key: str, sizes: list[int], timeout: float,
+            ref_python: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """Each size in a fresh client of ours, then (with ``ref_python``) in a
+    fresh torchmonarch client right after it: our rows and the reference's."""
+    rows: list[dict[str, Any]] = []
+    ref: list[dict[str, Any]] | None = [] if ref_python else None
+    for n in sizes:
+        r = run(code, n, timeout)
+        r.setdefault(size_key, n)
+        print(f"[scale] {code is PROCS and 'procs' or 'actors'} {n} (ours): {r}", file=sys.stderr, flush=True)
+        rows.append(r)
+        if ref is not None:
+            t = run(for_reference(code), n, timeout, python=ref_python)
+            t.setdefault(size_key, n)
+            print(f"[scale] {code is PROCS and 'procs' or 'actors'} {n} (torchmonarch): {t}", file=sys.stderr,
+                  flush=True)
+            ref.append(t)
+    return rows, ref
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--procs", default="4,16,64,128,256", help="proc counts (comma-separated; '' skips)")
@@ -686,26 +852,30 @@ def main() -> int:
     ap.add_argument("--tree-min", type=int, default=8, help="MONARCH_CAST_TREE_MIN of the hosts axis's client")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement (its client is killed)")
     ap.add_argument("--md", help="also write the tables to this Markdown file")
+    ap.add_argument("--reference-python", metavar="PYTHON",
+                    help="an interpreter with torchmonarch installed: the procs and actors axes run each size "
+                         "with it too (the same script on monarch.actor), side by side")
+    ap.add_argument("--idle", type=float, default=20.0,
+                    help="seconds of the hosts axis's idle window (the client's CPU with N hosts attached)")
+    ap.add_argument("--idle-profile", metavar="DIR",
+                    help="hosts axis: also profile the client's threads (cProfile) over the idle window and "
+                         "write DIR/idle-<N>.txt (a separate diagnostic: the profiler costs CPU itself)")
     args = ap.parse_args()
     out = []
     sizes = [int(x) for x in args.procs.split(",") if x]
+    ref_python = args.reference_python
+    if ref_python is not None:
+        why = reference_unavailable(ref_python)
+        if why is not None:
+            print(f"[scale] --reference-python {ref_python}: {why}", file=sys.stderr, flush=True)
+            return 2
     if sizes:
-        rows = []
-        for n in sizes:
-            r = run(PROCS, n, args.timeout)
-            r.setdefault("n", n)
-            print(f"[scale] procs {n}: {r}", file=sys.stderr, flush=True)
-            rows.append(r)
-        out.append(procs_table(rows))
+        rows, ref = measure(PROCS, "n", sizes, args.timeout, ref_python)
+        out.append(procs_table(rows, ref))
     counts = [int(x) for x in args.actors.split(",") if x]
     if counts:
-        rows = []
-        for m in counts:
-            r = run(ACTORS, m, args.timeout)
-            r.setdefault("m", m)
-            print(f"[scale] actors {m}: {r}", file=sys.stderr, flush=True)
-            rows.append(r)
-        out.append(actors_table(rows))
+        rows, ref = measure(ACTORS, "m", counts, args.timeout, ref_python)
+        out.append(actors_table(rows, ref))
     hsizes = [int(x) for x in args.hosts.split(",") if x]
     if hsizes:
         rows = []
