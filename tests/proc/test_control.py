@@ -1,4 +1,4 @@
-"""Control messages (``_kernel/_control.py``): every one round-trips through
+"""Control messages (``monarch_core._proc._control``): every one round-trips through
 its wire form, a malformed one is refused by ``decode`` and dropped (with a
 warning) by the agent, and no module builds a control header by hand."""
 
@@ -157,4 +157,4 @@ def test_no_control_header_is_built_by_hand() -> None:
     root = pathlib.Path(C.__file__).resolve().parents[1]
     hits = [f"{p.relative_to(root)}:{i}" for p in sorted(root.rglob("*.py"))
             for i, line in enumerate(p.read_text().splitlines(), 1) if 'marshal.dumps(("' in line]
-    assert hits == [], "control messages are built with _kernel._control.encode, not tuple literals"
+    assert hits == [], "control messages are built with _proc._control.encode, not tuple literals"
