@@ -129,14 +129,15 @@ _PROBES_ALLOWED = {"torch", "asyncio", "__main__"}
 _COMPUTED_PROBES_ALLOWED = {"_proc/_construction.py", "_proc/_serial.py"}
 
 
-def _hidden_up_calls(path: pathlib.Path) -> list[str]:
-    """Module-level reaches that the import checker cannot see in ``path``:
+def _hidden_up_calls(path: pathlib.Path, package: pathlib.Path = ROOT / "monarch_core") -> list[str]:
+    """Module-level reaches that the import checker cannot see in ``path``
+    (a module of the ``monarch_core`` package whose folder is ``package``):
     ``sys.modules`` lookups of monarch modules (or of a computed name),
     ``importlib.import_module``/``__import__`` outside the allowed places, and
     assignments to attributes of another monarch module (slot filling)."""
     import ast
 
-    rel = str(path.relative_to(ROOT / "monarch_core"))
+    rel = path.relative_to(package).as_posix()
     tree = ast.parse(path.read_text(), str(path))
     modules: set[str] = set()  # local names bound to monarch modules
     for node in ast.walk(tree):
@@ -191,18 +192,27 @@ def test_no_hidden_up_calls_sys_modules_probes_or_slot_filling_in_monarch_core()
 
 
 def test_the_hidden_up_call_check_catches_each_kind(tmp_path: pathlib.Path) -> None:
-    bad = ROOT / "monarch_core" / "_probe_example_for_test.py"
+    """The check finds each kind of hidden reach in a module of a throwaway
+    ``monarch_core`` folder under ``tmp_path`` (never in the installed
+    package, where a parallel test could import it)."""
+    package = tmp_path / "monarch_core"
+    package.mkdir()
+    bad = package / "_probe_example_for_test.py"
     bad.write_text(
         "import sys\nfrom monarch_core._launch import _fork_server\n"
         "x = sys.modules.get('monarch_core.actor')\ny = sys.modules[name]\n"
         "_fork_server.warm_modules = ()\n"
         "import importlib\nz = importlib.import_module('monarch_core._actor._mesh')\n"
     )
-    try:
-        found = _hidden_up_calls(bad)
-    finally:
-        bad.unlink()
-    assert len(found) == 4, found
+    found = _hidden_up_calls(bad, package)
+    assert sorted(f.split(": ", 1)[1] for f in found) == sorted([
+        "sys.modules.get('monarch_core.actor')",
+        "sys.modules[name]",
+        "assigns _fork_server.warm_modules (another module's slot)",
+        "importlib.import_module(...)",
+    ]), found
+    assert all(f.startswith("_probe_example_for_test.py:") for f in found), found
+    assert not (ROOT / "monarch_core" / bad.name).exists()
 
 
 def test_the_contracts_over_plugins_are_kept() -> None:
