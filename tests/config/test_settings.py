@@ -29,7 +29,7 @@ def _block(text: str, tag: str) -> str:
 
 
 def write_readme_tables() -> None:
-    """Regenerate the README blocks (run this module: python tests/kernel/test_settings.py)."""
+    """Regenerate the README blocks (run this module: python tests/config/test_settings.py)."""
     path = REPO / "README.md"
     text = path.read_text()
     for tag, public in (("user", True), ("internal", False)):
@@ -41,7 +41,7 @@ def write_readme_tables() -> None:
 def test_readme_tables_are_generated_from_the_declarations() -> None:
     text = (REPO / "README.md").read_text()
     assert _block(text, "user") == settings.markdown_table(True), (
-        "README.md's settings table drifted from monarch_core/settings.py: run python tests/kernel/test_settings.py"
+        "README.md's settings table drifted from monarch_core/settings.py: run python tests/config/test_settings.py"
     )
     assert _block(text, "internal") == settings.markdown_table(False)
 
