@@ -170,9 +170,71 @@ def for_reference(code: str) -> str:
 
 HOSTS = textwrap.dedent("""
     import json, os, resource, signal, statistics, sys, threading, time
+
+    cfg = json.load(open(sys.argv[1]))
+    profiles = {}  # thread name -> its cProfile.Profile (--idle-profile only)
+    if cfg.get("profile"):
+        import cProfile
+
+        def _profile_thread(frame, event, arg):  # each new thread's first event: a profiler of its own
+            prof = cProfile.Profile()
+            profiles[f"{threading.current_thread().name} (tid {threading.get_native_id()})"] = prof
+            prof.enable()  # (replaces this function as the thread's profile hook)
+
+        threading.setprofile(_profile_thread)
+
     import monarch_core.actor as api
     from monarch_core.actor import Actor, enable_transport, endpoint
     from monarch_core.worker import attach_to_workers
+
+    TICK = os.sysconf("SC_CLK_TCK")
+
+    def stat_cpu(path="/proc/self/stat"):
+        with open(path) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime, s
+
+    def thread_cpu():
+        names = {t.native_id: t.name for t in threading.enumerate()}
+        out = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    comm = f.read().strip()
+                out[f"{names.get(int(tid), comm)} (tid {tid})"] = stat_cpu(f"/proc/self/task/{tid}/stat")
+            except OSError:
+                pass
+        return out
+
+    def idle_window(seconds):
+        # the client's CPU over `seconds` of doing nothing, as shares of one core
+        for prof in profiles.values():
+            prof.clear()
+        r0, c0, s0, th0, w0 = (resource.getrusage(resource.RUSAGE_SELF), time.process_time(), stat_cpu(),
+                               thread_cpu(), time.perf_counter())
+        time.sleep(seconds)
+        w = time.perf_counter() - w0
+        c1, s1, th1, r1 = time.process_time(), stat_cpu(), thread_cpu(), resource.getrusage(resource.RUSAGE_SELF)
+        if profiles:
+            import io, pstats
+            with open(cfg["profile"], "w") as f:
+                for name, prof in sorted(profiles.items()):
+                    for key in ("tottime", "cumulative"):
+                        buf = io.StringIO()
+                        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(40)
+                        f.write(f"===== thread {name}, idle window {w:.1f}s, by {key}\\n{buf.getvalue()}\\n")
+        return {"idle_cpu": (c1 - c0) / w, "idle_stat_cpu": (s1 - s0) / w, "idle_s": w,
+                "idle_rusage_s": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime),
+                "idle_threads": {k: round((v - th0.get(k, 0.0)) / w, 5) for k, v in th1.items()
+                                 if v - th0.get(k, 0.0) > 0}}
+
+    if not cfg["addresses"]:  # the floor: the same client, its runtime started, no host attached
+        os.environ.update(MONARCH_TLS_CA=cfg["ca"], MONARCH_TLS_KEY=cfg["key"])  # (attach's ca=/private_key=)
+        enable_transport("tls://127.0.0.1:0")
+        api.context()
+        time.sleep(1.0)
+        print("RESULT " + json.dumps({"n": 0, **idle_window(cfg["idle"])}), flush=True)
+        sys.exit(0)
 
     faults = []
     api.unhandled_fault_hook = faults.append  # the lost host's proc: expected, counted
@@ -191,7 +253,6 @@ HOSTS = textwrap.dedent("""
         xs = sorted(xs)
         return xs[min(len(xs) - 1, int(round(q / 100 * (len(xs) - 1))))]
 
-    cfg = json.load(open(sys.argv[1]))
     n, rounds = len(cfg["addresses"]), cfg["rounds"]
     enable_transport("tls://127.0.0.1:0")
     t0 = time.perf_counter()
@@ -220,10 +281,7 @@ HOSTS = textwrap.dedent("""
         c0 = time.process_time()
         few.pid.call().get(timeout=600)
         cpus16.append(time.process_time() - c0)
-    r0, c0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), time.perf_counter()
-    time.sleep(10)
-    idle = (time.process_time() - c0) / (time.perf_counter() - w0)
-    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    idle = idle_window(cfg["idle"])  # N hosts attached, heartbeated and supervised; nothing asked of them
     # a host lost mid-call: the last worker loop is SIGKILLed while a 3 s call() to all runs
     victim = cfg["pids"][-1]
     fut = a.slow.call(3.0)
@@ -243,7 +301,7 @@ HOSTS = textwrap.dedent("""
     print("RESULT " + json.dumps({
         "n": n, "attach_s": t1 - t0, "up_s": t2 - t1, "p50_ms": statistics.median(walls) * 1e3,
         "p99_ms": pct(walls, 99) * 1e3, "cpu_ms": statistics.median(cpus) * 1e3,
-        "cpu16_ms": statistics.median(cpus16) * 1e3, "idle_cpu": idle, "idle_rusage_s": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime),
+        "cpu16_ms": statistics.median(cpus16) * 1e3, **idle,
         "lost_s": lost_s, "lost_msg": lost_msg, "faults": len(faults), "rest": len(rest_pids),
         "stop_s": t4 - t3, "distinct": len(set(pids))}), flush=True)
 """)
@@ -312,10 +370,15 @@ def _pki(d: str) -> dict[str, str]:
     return paths
 
 
-def run_hosts(n: int, rounds: int, tree_min: int, timeout: float) -> dict[str, Any]:
+def run_hosts(n: int, rounds: int, tree_min: int, timeout: float, idle: float = 20.0,
+              profile: str | None = None) -> dict[str, Any]:
     """N tls worker loops started here, then the ``HOSTS`` client against them;
     its RESULT plus *workers up* and *left*, or ``{"error": ...}``.  Every
-    worker loop's process group is killed at the end, whatever happened."""
+    worker loop's process group is killed at the end, whatever happened.
+    ``n == 0``: the floor, the same client with its runtime started and no
+    host attached, measured over the same idle window (``idle`` s) only.
+    ``profile``: a file the client writes its threads' cProfile of the idle
+    window to."""
     import signal
     import tempfile
     import time
@@ -371,7 +434,7 @@ def run_hosts(n: int, rounds: int, tree_min: int, timeout: float) -> dict[str, A
         cfg = os.path.join(d, "hosts.json")
         with open(cfg, "w") as f:
             json.dump({"addresses": addresses, "pids": [w.pid for w in workers], "ca": pki["ca"],
-                       "key": pki["client"], "rounds": rounds}, f)
+                       "key": pki["client"], "rounds": rounds, "idle": idle, "profile": profile}, f)
         with open(os.path.join(d, "client.err"), "w") as err:
             p = subprocess.Popen([sys.executable, "-c", HOSTS, cfg], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  stderr=err, text=True, env={**env, "MONARCH_CAST_TREE_MIN": str(tree_min)})
@@ -396,6 +459,8 @@ def run_hosts(n: int, rounds: int, tree_min: int, timeout: float) -> dict[str, A
             return {"n": n, "error": f"less than {MEM_FLOOR_MIB} MiB available: given up (worker loops killed)"}
         if res is None:
             return {"n": n, "error": f"rc={p.returncode} (its stderr: {d}/client.err)"}
+        if n == 0:
+            return res
         res["host_pss_mib"] = sum(pss.values()) / 1024 / n  # worker loop + fork server + proc
         # the heartbeats' share of a call()'s CPU: what the client spends idle, over the call's duration
         res["cpu_net_ms"] = res["cpu_ms"] - res["idle_cpu"] * res["p50_ms"]
@@ -642,10 +707,12 @@ def run(code: str, arg: int, timeout: float, python: str | None = None) -> dict[
                 except OSError:
                     pass
 
-    with open(os.path.join(d, "stderr"), "w") as err:  # a file: nobody has to drain a pipe
-        # (cwd: a directory of its own, so that no ``monarch`` folder in ours shadows the reference's)
-        p = subprocess.Popen([python or sys.executable, "-c", code, str(arg)], stdout=subprocess.PIPE,
-                             stderr=err, stdin=subprocess.DEVNULL, text=True, cwd=d, start_new_session=True)
+    # files, not pipes: nobody has to drain them, and a process the client leaves behind holding
+    # them cannot keep the wait for its end open; cwd a directory of its own, so that no ``monarch``
+    # folder of ours shadows the reference's
+    with open(os.path.join(d, "stdout"), "w") as out, open(os.path.join(d, "stderr"), "w") as err:
+        p = subprocess.Popen([python or sys.executable, "-c", code, str(arg)], stdout=out, stderr=err,
+                             stdin=subprocess.DEVNULL, cwd=d, start_new_session=True)
 
     def guard() -> None:
         while not done.wait(1.0):
@@ -658,12 +725,12 @@ def run(code: str, arg: int, timeout: float, python: str | None = None) -> dict[
     threading.Thread(target=guard, daemon=True).start()
     try:
         try:
-            out, _ = p.communicate(timeout=timeout)
+            p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             tracked.update(_tree(p.pid))
             kill_all()
             p.kill()
-            p.communicate(timeout=60)
+            p.wait(timeout=60)
             return {"error": f"timed out after {timeout:.0f}s"}
     finally:
         done.set()
@@ -671,10 +738,12 @@ def run(code: str, arg: int, timeout: float, python: str | None = None) -> dict[
         kill_all()  # (what the client left running: its own "left" counted it already)
     if short:
         return {"error": f"less than {MEM_FLOOR_MIB} MiB available ({min(short):.0f}): given up, its processes killed"}
-    for line in out.splitlines():
+    with open(os.path.join(d, "stdout")) as f:
+        lines = f.read().splitlines()
+    for line in lines:
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    for line in out.splitlines():
+    for line in lines:
         if line.startswith("ERROR "):
             return {"error": json.loads(line[len("ERROR "):])}
     with open(os.path.join(d, "stderr")) as f:
@@ -697,7 +766,7 @@ def ratio_cell(ours: float | None, theirs: float | None, higher_is_better: bool)
 
 def slope(rows: list[dict[str, Any]], key: str, size: str) -> str:
     """log-log slope of ``key`` against ``size`` between the first and last good rows."""
-    good = [r for r in rows if "error" not in r and r.get(key, 0) > 0]
+    good = [r for r in rows if "error" not in r and (r.get(key) or 0) > 0 and r.get(size, 0) > 0]
     if len(good) < 2 or good[0][size] == good[-1][size]:
         return T.DASH
     a, b = good[0], good[-1]
@@ -715,8 +784,9 @@ ACTORS_COLUMNS = [("spawn rate, actors/s", "rate", "{:,.0f}", 1.0, True),
 
 
 def failed(r: dict[str, Any]) -> str:
-    """A failed row's cell: ``failed: <first line>``."""
-    return "failed: " + (str(r["error"]).strip().splitlines() or ["?"])[0].replace("|", "\\|")
+    """A failed row's cell: ``failed: <first line>`` (its first 200 characters)."""
+    first = (str(r["error"]).strip().splitlines() or ["?"])[0]
+    return "failed: " + (first if len(first) <= 200 else first[:199] + "…").replace("|", "\\|")
 
 
 def axis_table(size_title: str, size_key: str, size_fmt: str, columns: list[tuple[str, str, str, float, bool]],
@@ -809,6 +879,30 @@ def hosts_table(rows: list[dict[str, Any]]) -> str:
     return T.markdown(headers, body)
 
 
+def idle_table(rows: list[dict[str, Any]], floor: dict[str, Any] | None) -> str:
+    """The client's CPU while idle with N hosts attached (heartbeats and
+    supervision only), against ``floor`` (the same client, no host)."""
+    headers = ["hosts N", "idle window, s", "client CPU idle (process_time), % of a core",
+               "client CPU idle (/proc/self/stat utime+stime), % of a core",
+               "above the floor, per host, µs of CPU per s", "its busiest thread, % of a core"]
+    base = floor.get("idle_cpu") if floor is not None and "error" not in floor else None
+    body = []
+    for r in ([floor] if floor is not None else []) + rows:
+        size = "0 (floor: no host attached)" if r["n"] == 0 else str(r["n"])
+        if "error" in r:
+            body.append([size, failed(r)] + [T.DASH] * (len(headers) - 2))
+            continue
+        threads = r.get("idle_threads") or {}
+        busiest = max(threads.items(), key=lambda kv: kv[1]) if threads else None
+        per_host = (r["idle_cpu"] - base) / r["n"] * 1e6 if base is not None and r["n"] > 0 else None
+        body.append([size, T.fmt(r.get("idle_s"), "{:.1f}"), T.fmt(r["idle_cpu"] * 100, "{:.2f}"),
+                     T.fmt(r.get("idle_stat_cpu", math.nan) * 100, "{:.2f}"), T.fmt(per_host, "{:.0f}"),
+                     f"{busiest[1] * 100:.2f} ({busiest[0].split(' (tid')[0]})" if busiest else T.DASH])
+    body.append(["growth exponent", T.DASH, slope(rows, "idle_cpu", "n"), slope(rows, "idle_stat_cpu", "n"),
+                 T.DASH, T.DASH])
+    return T.markdown(headers, body)
+
+
 def reference_unavailable(python: str) -> str | None:
     """Why ``python`` cannot run the reference side (``None``: it can)."""
     try:
@@ -878,12 +972,18 @@ def main() -> int:
         out.append(actors_table(rows, ref))
     hsizes = [int(x) for x in args.hosts.split(",") if x]
     if hsizes:
+        floor = run_hosts(0, args.rounds, args.tree_min, args.timeout, args.idle)
+        print(f"[scale] hosts 0 (the idle floor): {floor}", file=sys.stderr, flush=True)
         rows = []
         for n in hsizes:
-            r = run_hosts(n, args.rounds, args.tree_min, args.timeout)
+            prof = os.path.join(args.idle_profile, f"idle-{n}.txt") if args.idle_profile else None
+            if prof is not None:
+                os.makedirs(args.idle_profile, exist_ok=True)
+            r = run_hosts(n, args.rounds, args.tree_min, args.timeout, args.idle, prof)
             print(f"[scale] hosts {n}: {r}", file=sys.stderr, flush=True)
             rows.append(r)
         out.append(hosts_table(rows))
+        out.append(idle_table(rows, floor))
     ssizes = [int(x) for x in args.ssh_hosts.split(",") if x]
     if ssizes:
         why = ssh_unavailable()
