@@ -13,7 +13,9 @@ network, no daemon:
   directory someone else made, or one open to others, is refused: nothing is
   recorded and the reader says why);
 * the record: ``<pid>.json`` (0600), written whole (to a temporary file, then
-  renamed) at each change: the process (``pid``, its start ``started``, its
+  renamed) after changes -- at once after a quiet spell, else coalesced
+  (:data:`WRITE_GAP`: a program spawning thousands of meshes rewrites it a few
+  times a second, not once per mesh) -- : the process (``pid``, its start ``started``, its
   command line ``argv``, ``cwd``), its meshes (host meshes: hosts and state;
   proc meshes: procs, how many run, failed or stopped, state, the host mesh
   and the actor meshes spawned on them) and the URLs its services publish
@@ -50,6 +52,11 @@ logger = logging.getLogger("monarch.status")
 VERSION = 1
 #: Stopped proc and actor meshes kept in a record (the newest), besides the running ones.
 KEEP_STOPPED = 8
+#: Seconds at least between two writes of a record; changes meanwhile are written
+#: together at the end of the gap.  A write that took longer than a tenth of this
+#: widens the gap to ten times its duration, so the record costs its process at
+#: most ~10 % of a core however many meshes it lists.
+WRITE_GAP = 0.2
 
 
 class StatusDirError(MonarchError, OSError):
@@ -112,13 +119,17 @@ def _alive(record: dict[str, Any]) -> bool:
 
 
 class Record:
-    """The record of this process: what :func:`start` made.  Thread-safe; each
-    change rewrites the file (a few hundred bytes)."""
+    """The record of this process: what :func:`start` made.  Thread-safe; a
+    change rewrites the file at once, or within :data:`WRITE_GAP` seconds
+    when it was written less than that ago (see :meth:`_write`)."""
 
     def __init__(self, path: Path, proc_id: str) -> None:
         self.path = path
         self._lock = threading.Lock()
         self._failed = False
+        self._written = 0.0  # when the file was last written (monotonic)
+        self._gap = WRITE_GAP  # seconds until the next write may happen (widened by a slow write)
+        self._timer: Optional[threading.Timer] = None  # the coalesced write, when one is due
         self.data: dict[str, Any] = {
             "version": VERSION, "pid": os.getpid(), "pid_start": _proc_start(os.getpid()), "started": time.time(),
             "argv": list(sys.argv), "cwd": os.getcwd(), "proc_id": proc_id, "host_meshes": {}, "proc_meshes": {},
@@ -223,14 +234,35 @@ class Record:
                 self.data["stopped_meshes"] += 1
 
     def _write(self) -> None:
-        if self._failed:
+        """Write the record now if the last write is :attr:`_gap` old, else
+        once at the end of the gap (one timer for all changes meanwhile).
+        Called with the lock held."""
+        if self._failed or self._timer is not None:
             return
+        wait = self._written + self._gap - time.monotonic()
+        if wait <= 0:
+            self._write_now()
+            return
+        self._timer = threading.Timer(wait, self._write_later)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _write_later(self) -> None:
+        with self._lock:
+            self._timer = None
+            if not self._failed:
+                self._write_now()
+
+    def _write_now(self) -> None:
+        t0 = time.monotonic()
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
                 json.dump(self.data, f)
             os.replace(tmp, self.path)
+            self._written = time.monotonic()
+            self._gap = max(WRITE_GAP, 10 * (self._written - t0))
         except OSError as e:
             self._failed = True
             logger.debug("cannot write the status record %s (monarch status will not list this process): %s",
@@ -242,6 +274,9 @@ class Record:
             return
         with self._lock:
             self._failed = True  # no write after this
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
             for p in (self.path, self.path.with_name(f".{self.path.name}.tmp")):
                 try:
                     p.unlink()
