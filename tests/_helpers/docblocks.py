@@ -8,7 +8,7 @@ opening fence (invisible on the rendered page):
   page, and some test file (under ``tests/`` or ``plugins/*/tests/``) names
   both the page (``workspace.md``) and the block (``"NAME"``, ``'NAME'`` or
   ``run: NAME``); :func:`block` gets it by that name.  ``NAME`` may also be
-  the path of the test file that runs it (``run: tests/debug/test_debug_guide.py``):
+  the path of the test file that runs it (``run: plugins/debugger/tests/test_debug_guide.py``):
   that file must exist and name the page.
 * ``<!-- cluster: TEST_FILE ... -->``: run by ``TEST_FILE`` on a testbed's
   cluster (the file must exist).

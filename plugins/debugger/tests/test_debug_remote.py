@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from _helpers.debugger import PDB, Cli, cast_lines, debug_env, run_program
+from debugger_helpers import PDB, Cli, cast_lines, debug_env, run_program
 from _helpers.transport import ROOT_ADDR, free_port, host_addr
 
 pytest.importorskip("pexpect")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from _helpers.debugger import Cli, debug_env, run_program
+from debugger_helpers import Cli, debug_env, run_program
 
 pytest.importorskip("pexpect")
 pytest.importorskip("lark")

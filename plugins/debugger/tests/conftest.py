@@ -1,5 +1,5 @@
 """Fixtures of the debugger suite: the multi-host ones come from
-``_helpers.transport`` (tests import helpers from ``_helpers.debugger``)."""
+``_helpers.transport`` (tests import helpers from ``debugger_helpers``)."""
 
 from __future__ import annotations
 

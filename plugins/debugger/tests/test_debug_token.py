@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from _helpers import poll_until
-from _helpers.debugger import debug_env, run_program
+from debugger_helpers import debug_env, run_program
 from monarch_debugger import _protocol
 
 pytest.importorskip("pexpect")

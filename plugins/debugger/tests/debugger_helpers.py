@@ -1,4 +1,4 @@
-"""The debugger suite's helpers (``tests/debug``): a monarch program that
+"""The debugger suite's helpers (``plugins/debugger/tests``): a monarch program that
 stops at breakpoints, and the real ``monarch debug`` CLI driven through a
 pseudo-terminal (pexpect), as a person would type at it.
 
@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from _helpers.clients import LineReader, child_env
 from _helpers.procs import kill_tree
 
-PROGRAMS = Path(__file__).resolve().parents[1] / "debug" / "programs"
+PROGRAMS = Path(__file__).resolve().parent / "programs"
 PY = sys.executable
 PROMPT = "monarch_dbg> "
 PDB = "(Pdb) "

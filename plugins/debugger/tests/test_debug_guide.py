@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from _helpers.debugger import PDB, Cli, Program, cast_lines, debug_env, line_of
+from debugger_helpers import PDB, Cli, Program, cast_lines, debug_env, line_of
 
 pytest.importorskip("pexpect")
 pytest.importorskip("lark")
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "debugging.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "debugging.md"
 HOST = socket.gethostname()
 
 

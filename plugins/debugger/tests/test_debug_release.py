@@ -16,7 +16,7 @@ import stat
 import pytest
 
 from _helpers import poll_until
-from _helpers.debugger import PDB, PROGRAMS, Cli, cast_lines, debug_env, line_of, run_program
+from debugger_helpers import PDB, PROGRAMS, Cli, cast_lines, debug_env, line_of, run_program
 from _helpers.procs import descendants, wait_pids_gone
 
 pytest.importorskip("pexpect")
