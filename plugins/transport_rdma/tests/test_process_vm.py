@@ -1,6 +1,6 @@
 """The ``process_vm`` backend against this very process (process_vm_readv of
 one's own pid works): tickets, pid checks, messages.  Between real procs it
-is exercised by ``tests/rdma``."""
+is exercised by ``test_rdma_*.py`` beside this file."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "rdma.md"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "rdma.md"
 
 
 def test_the_example_of_docs_rdma_md_runs(client_script) -> None:

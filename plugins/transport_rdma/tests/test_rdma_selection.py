@@ -145,7 +145,7 @@ def test_with_no_other_backend_the_channel_serves_and_warns_once(client_script) 
         print("warnings", len(fallback))
         print("says", "channel fallback" in str(fallback[0].message), fallback[0].filename.endswith("client.py"))
         procs.stop().get(timeout=30)
-    """), path=[_tests_rdma()], timeout=120)
+    """), path=[_this_folder()], timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "best channel" in out.stdout and out.stdout.count("backend channel") == 2
     assert "warnings 1" in out.stdout and "says True True" in out.stdout
@@ -175,7 +175,7 @@ def test_the_hookspec_example_backend_is_used_when_forced(client_script) -> None
     assert "backend same_process" in out.stdout and "ok True b'hello'" in out.stdout
 
 
-def _tests_rdma() -> str:
+def _this_folder() -> str:
     import os
 
     return os.path.dirname(os.path.abspath(__file__))
