@@ -81,81 +81,92 @@ _M_DICT = ord("{")
 _M_NULL = ord("0")
 _M_REF = ord("r")
 _M_LONG = ord("l")
+_I32 = struct.Struct("<i")
 
 
 def check_marshal(data: bytes, peer: str, what: str) -> None:
     """Reject marshal data outside the small subset monarch uses, or whose
     announced sizes exceed the bytes present, *before* ``marshal.loads`` can
-    allocate for them."""
+    allocate for them.
+
+    One pass over the type codes, with a stack of the items still expected
+    at each nesting level (-1: inside a dict).  The codes of a routing
+    header's every field (fixed-size values, short strings, small tuples,
+    back-references) are skipped inline; the others by :func:`_skip_wide`.
+    Reading past the end (an index or a ``struct`` read out of range) means
+    the data is truncated."""
     n = len(data)
     pos = 0
     stack = [1]  # items still expected at each nesting level
     nrefs = 0
-    while stack:
-        top = stack[-1]
-        if top == 0:
-            stack.pop()
-            continue
-        if top == -1:  # inside a dict: key/value pairs until the NULL code
-            if pos >= n:
-                raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
-            if data[pos] & 0x7F == _M_NULL:
-                pos += 1
+    try:
+        while stack:
+            top = stack[-1]
+            if top == 0:
                 stack.pop()
-            else:
-                stack.append(2)
-            continue
-        stack[-1] -= 1
-        if pos >= n:
-            raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
-        code = data[pos]
-        flag = code & 0x80
-        code &= 0x7F
-        pos += 1
-        if flag:
-            nrefs += 1
-        if code in _M_FIXED:
-            pos += _M_FIXED[code]
-        elif code in _M_SIZED1:
-            if pos >= n:
-                raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
-            pos += 1 + data[pos]
-        elif code in _M_SIZED4 or code == _M_LONG:
-            if pos + 4 > n:
-                raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
-            size = struct.unpack_from("<i", data, pos)[0]
-            width = 1
-            if code == _M_LONG:
-                size, width = abs(size), 2
-            if size < 0 or pos + 4 + size * width > n:
-                raise ProtocolError(f"peer {peer} sent a malformed {what} (bad length {size})")
-            pos += 4 + size * width
-        elif code in _M_SEQ1:
-            if pos >= n:
-                raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
-            stack.append(data[pos])
+                continue
+            if top == -1:  # inside a dict: key/value pairs until the NULL code
+                if data[pos] & 0x7F == _M_NULL:
+                    pos += 1
+                    stack.pop()
+                else:
+                    stack.append(2)
+                continue
+            stack[-1] = top - 1
+            code = data[pos]
             pos += 1
-        elif code in _M_SEQ4:
-            if pos + 4 > n:
-                raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
-            count = struct.unpack_from("<i", data, pos)[0]
-            if count < 0 or count > n - pos:
-                raise ProtocolError(f"peer {peer} sent a malformed {what} (sequence of {count} items)")
-            stack.append(count)
-            pos += 4
-        elif code == _M_DICT:
-            stack.append(-1)
-        elif code == _M_REF:
-            if pos + 4 > n:
-                raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
-            idx = struct.unpack_from("<i", data, pos)[0]
-            if idx < 0 or idx >= nrefs:
-                raise ProtocolError(f"peer {peer} sent a malformed {what} (bad reference)")
-            pos += 4
+            if code & 0x80:  # FLAG_REF: the object may be referred to later
+                nrefs += 1
+                code &= 0x7F
+            if code in _M_FIXED:
+                pos += _M_FIXED[code]
+            elif code in _M_SIZED1:
+                pos += 1 + data[pos]
+            elif code in _M_SEQ1:
+                stack.append(data[pos])
+                pos += 1
+            elif code == _M_REF:
+                idx = _I32.unpack_from(data, pos)[0]
+                if idx < 0 or idx >= nrefs:
+                    raise ProtocolError(f"peer {peer} sent a malformed {what} (bad reference)")
+                pos += 4
+            else:
+                pos = _skip_wide(data, pos, code, stack, peer, what)
+            if pos > n:
+                break
         else:
-            raise ProtocolError(f"peer {peer} sent a malformed {what} (unsupported type code {code!r})")
-        if pos > n:
-            raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
+            return
+    except (IndexError, struct.error):
+        pass
+    raise ProtocolError(f"peer {peer} sent a malformed {what} (truncated)")
+
+
+def _skip_wide(data: bytes, pos: int, code: int, stack: list[int], peer: str, what: str) -> int:
+    """For :func:`check_marshal`: the position after the object of type
+    ``code`` whose body starts at ``pos`` -- a string, bytes or long with a
+    4-byte length (its announced size checked against the data), a tuple,
+    list or set with a 4-byte count, or a dict (their items are pushed on
+    ``stack``: counted, or -1 for a dict's pairs up to its NULL code).
+    Raises ``ProtocolError`` for a type monarch never sends (and
+    ``IndexError``/``struct.error`` past the end of ``data``)."""
+    if code in _M_SIZED4 or code == _M_LONG:
+        size = _I32.unpack_from(data, pos)[0]
+        width = 1
+        if code == _M_LONG:
+            size, width = abs(size), 2
+        if size < 0 or pos + 4 + size * width > len(data):
+            raise ProtocolError(f"peer {peer} sent a malformed {what} (bad length {size})")
+        return pos + 4 + size * width
+    if code in _M_SEQ4:
+        count = _I32.unpack_from(data, pos)[0]
+        if count < 0 or count > len(data) - pos:
+            raise ProtocolError(f"peer {peer} sent a malformed {what} (sequence of {count} items)")
+        stack.append(count)
+        return pos + 4
+    if code == _M_DICT:
+        stack.append(-1)
+        return pos
+    raise ProtocolError(f"peer {peer} sent a malformed {what} (unsupported type code {code!r})")
 
 
 def encode_message(

@@ -264,15 +264,9 @@ class InboundSession:
         except (BlockingIOError, InterruptedError):
             return True
         except OSError as e:
-            if poller is not None:
-                poller.remove(self)
-            self.end(ConnectionClosed(f"connection from {self.reader.peer} broke: {e.strerror or e}"))
-            return False
+            return self._leave(poller, ConnectionClosed(f"connection from {self.reader.peer} broke: {e.strerror or e}"))
         if not chunk:
-            if poller is not None:
-                poller.remove(self)
-            self.end(ConnectionClosed(f"connection from {self.reader.peer} closed"))
-            return False
+            return self._leave(poller, ConnectionClosed(f"connection from {self.reader.peer} closed"))
         reader = self.reader
         if reader._pos and reader._pos == len(reader._buf):
             reader._buf = bytearray(chunk)
@@ -310,24 +304,40 @@ class InboundSession:
                 pos = end
                 reader._pos = pos
                 if self._deliver(kind, flags, seq, header, payload, []):
-                    if poller is not None:
-                        poller.remove(self)
-                    self.end(None)
-                    return False
+                    return self._leave(poller, None)
         except BaseException as e:
-            if poller is not None:
-                poller.remove(self)
-            self._failed(e)
-            return False
+            return self._leave(poller, e)
         if pos:
             del buf[:pos]
             reader._pos = 0
         if acks.last > acks.acked:
-            if acks.last - acks.acked >= ACK_EVERY or self.eager:
-                self.ack_now(poller)
-            if acks.last > acks.acked and poller is not None and not self.ack_due:
-                poller.ack_later(self)
+            self._acknowledge(poller)
         return True
+
+    def _acknowledge(self, poller: Any) -> None:
+        """Acknowledge what was delivered and not yet acknowledged: now when
+        ``ACK_EVERY`` messages are waiting or the sender asked for prompt
+        acknowledgements (``eager``), else within ``ACK_DELAY`` through
+        ``poller`` (unless a delayed one is due already; before the session
+        joins the poller, ``start`` acknowledges)."""
+        acks = self.acks
+        if acks.last - acks.acked >= ACK_EVERY or self.eager:
+            self.ack_now(poller)
+        if acks.last > acks.acked and poller is not None and not self.ack_due:
+            poller.ack_later(self)
+
+    def _leave(self, poller: Any, error: BaseException | None) -> bool:
+        """The session is over: leave ``poller`` (None: not joined yet) and
+        end, orderly (``error`` None: the peer said BYE) or with ``error``
+        (logged unless it is a protocol, authentication or connection
+        error).  Returns False, a reader's answer for an ended session."""
+        if poller is not None:
+            poller.remove(self)
+        if error is None:
+            self.end(None)
+        else:
+            self._failed(error)
+        return False
 
     def ack_now(self, poller: Any) -> None:
         """Acknowledge everything delivered, now (``poller``: the one this
@@ -367,15 +377,9 @@ class InboundSession:
             try:
                 bye = self._deliver(kind, flags, seq, header, payload, buffers)
             except BaseException as e:
-                if poller is not None:
-                    poller.remove(self)
-                self._failed(e)
-                return False
+                return self._leave(poller, e)
             if bye:
-                if poller is not None:
-                    poller.remove(self)
-                self.end(None)
-                return False
+                return self._leave(poller, None)
             acks = self.acks
             acks.nbytes += len(payload) + sum(memoryview(b).nbytes for b in buffers)
             if acks.nbytes >= ACK_BYTES and acks.last > acks.acked:  # free the sender's copies soon
@@ -383,8 +387,5 @@ class InboundSession:
             return self._deliver_buffered(poller)
         except BaseException as e:
             self._large = None
-            if poller is not None:
-                poller.remove(self)
-            self._failed(e)
-            return False
+            return self._leave(poller, e)
         return True  # waiting for more bytes

@@ -276,32 +276,40 @@ class _Outbound:
             seq = self.seq + 1
             parts = W.encode_message(kind, flags, seq, header, payload, buffers)
             small = not buffers and len(payload) < DIRECT_JOIN_MAX
+            sent: Sequence[Any]
             if small:  # one contiguous write is cheapest for small frames
                 data = b"".join(parts)
                 total = len(data)
+                sent = (data,)
             else:
                 total = W.total_size(parts)
+                sent = parts
             try:
                 n = sock.send(data) if small else sock.sendmsg(parts)
-            except (BlockingIOError, InterruptedError):
-                return False
-            except OSError:
-                return False  # the loop's reader will see the broken connection
-            self.seq = seq
-            if not self.unacked:
-                self.last_ack_time = time.monotonic()
-            self.unacked.append((seq, (data,) if small else parts, port_id))
-            self.sizes.append(size)
-            if n != total:
-                # a partial write: the rest must go next, ahead of anything else
-                rest = [memoryview(data)[n:]] if small else W.skip_bytes(parts, n)
-                self.queue.appendleft((None, rest, None))
-                self.kernel.call_soon(self.wake.set)
-            elif self.flushed is not None and self.flushed():
-                # (TLS) all taken, but records wait in the layer: the loop's write sends them
-                self.queue.appendleft((None, [b""], None))
-                self.kernel.call_soon(self.wake.set)
+            except OSError:  # (BlockingIOError and InterruptedError included)
+                return False  # a broken connection: the loop's reader will see it
+            self._written(seq, sent, port_id, size, n, total)
             return True
+
+    def _written(self, seq: int, sent: Sequence[Any], port_id: int | None, size: int, n: int, total: int) -> None:
+        """Account for a direct write (holding ``lock``) of message ``seq``
+        (``sent``, ``total`` bytes of which the socket took ``n``): it is in
+        flight until acknowledged (``unacked``, and the acknowledgement clock
+        starts if nothing else was); what the socket did not take is queued
+        to go next, ahead of anything else; and when all was taken by a
+        record layer (TLS) that still holds records, an empty write is queued
+        that makes the loop flush them."""
+        self.seq = seq
+        if not self.unacked:
+            self.last_ack_time = time.monotonic()
+        self.unacked.append((seq, sent, port_id))
+        self.sizes.append(size)
+        if n != total:
+            self.queue.appendleft((None, W.skip_bytes(list(sent), n), None))
+            self.kernel.call_soon(self.wake.set)
+        elif self.flushed is not None and self.flushed():
+            self.queue.appendleft((None, [b""], None))
+            self.kernel.call_soon(self.wake.set)
 
     def trim(self, acked: int) -> None:
         u = self.unacked
@@ -337,99 +345,168 @@ class _Outbound:
         self.kernel._fail_pending(self.proc_id, exc, ports)
 
     async def run(self) -> None:
+        """The session's life: connect to the proc's address, serve the
+        session (:meth:`_session`) until its connection breaks, and reconnect
+        after a backoff (:class:`_Reconnects`) until the proc is known dead,
+        its address cannot be used, or it stayed unreachable past the
+        delivery timeout -- each of which fails the session."""
         k = self.kernel
         with self.cancel:
-            bound = BACKOFF_BASE  # the longest the next wait may be
-            down_since: float | None = None
-            was_connected = False
-            refusals = 0
+            tries = _Reconnects()
             while True:
                 address = await k._wait_address(self.proc_id)
                 if address is None:  # the proc died before it ever listened
                     self.fail(k._dead_error(self.proc_id))
                     return
-                stream = None
-                reader: _SessionReader | None = None
                 try:
                     transport = k.transport_for(address)
                 except Exception as e:  # an address no transport can use: it will never work
                     self.fail(UndeliverableMessageError(f"cannot deliver to proc {self.proc_id!r}: bad address {address!r} ({e})"))
                     return
-                try:
-                    stream = await transport.connect(address)
-                    refusals = 0
-                    was_connected = True
-                    reader = _SessionReader(stream)
-                    await self._session(stream, address, reader)
+                broken = await self._connect(transport, address, tries)
+                if broken is None or not await self._after_break(address, tries, *broken):
                     return
-                except (TransportError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
-                    err: BaseException = e
-                except (ValueError, TypeError, AttributeError) as e:  # a malformed address
-                    self.fail(UndeliverableMessageError(f"cannot deliver to proc {self.proc_id!r} at {address!r}: {e}"))
-                    return
-                except BaseExceptionGroup as eg:
-                    err = first_leaf(eg, skip=(trio.Cancelled,))
-                    if not isinstance(err, (TransportError, OSError, trio.BrokenResourceError)):
-                        raise
-                finally:
-                    if stream is not None:
-                        with trio.CancelScope(shield=True):
-                            await stream.aclose()
-                if self.proc_id in k.dead:
-                    self.fail(k._dead_error(self.proc_id))
-                    return
-                self.last_error = err
-                if reader is not None:  # it took the connection: how far did it get?
-                    if reader.acked or (reader.greeted and not self.unacked):
-                        # It answered what we sent (or had nothing to answer):
-                        # the session was up, and starts afresh.
-                        bound = BACKOFF_BASE
-                        down_since = None
-                    else:
-                        # It dropped the connection before proving itself (in
-                        # the TLS or monarch handshake, or instead of
-                        # acknowledging): the time counts as down, and it will
-                        # likely do the same next time.
-                        bound = max(bound, BACKOFF_REJECTED)
-                if isinstance(err, ConnectError) and err.refused:
-                    refusals += 1
-                    if was_connected and refusals >= REFUSALS_FOR_DEAD:
-                        # It was there, its connection broke, and now nothing
-                        # listens at its address: the proc is gone.  Give its
-                        # parent a moment to tell us how it ended (exit status,
-                        # or a stop) before we say it ourselves.  When this
-                        # kernel is its parent, the exit comes from its watcher:
-                        # a proc that closed its listener may still be running
-                        # its interpreter's finalization (a stopped proc is gone
-                        # only once it exited).
-                        grace = DEAD_VERDICT_GRACE if k.child(self.proc_id) is None else k.delivery_timeout
-                        with trio.move_on_after(grace):
-                            await k.wait_dead(self.proc_id)
-                        k.proc_failed(
-                            self.proc_id,
-                            f"proc {self.proc_id} is gone: its connection closed and nothing listens at "
-                            f"{address} any more (its exit status is known only to its parent)",
-                        )
-                        self.fail(k._dead_error(self.proc_id))
-                        return
-                now = time.monotonic()
-                if down_since is None:
-                    down_since = now
-                    logger.info("session to %s at %s broke (%s); reconnecting", self.proc_id, address, err)
-                if now - down_since > k.delivery_timeout:
-                    why = (
-                        f"could not deliver to proc {self.proc_id!r} at {address}: no connection for "
-                        f"{k.delivery_timeout:.0f}s (last error: {err}). Set MONARCH_DELIVERY_TIMEOUT "
-                        "to wait longer."
-                    )
-                    self.fail(UndeliverableMessageError(why))
-                    if was_connected:  # it was there and has been unreachable ever since
-                        k.proc_failed(self.proc_id, why)
-                    return
-                await trio.sleep(random.random() * bound)
-                bound = min(bound * 2, BACKOFF_CAP)
+
+    async def _connect(self, transport: Transport, address: str,
+                       tries: _Reconnects) -> tuple[BaseException, _SessionReader | None] | None:
+        """Connect to ``address`` once and serve the session over the
+        connection, closing it at the end.  The connection broke: its error,
+        and its reader when the transport connected (None when it did not);
+        None when it is over for good (the address is malformed: the session
+        failed)."""
+        stream = None
+        reader: _SessionReader | None = None
+        try:
+            stream = await transport.connect(address)
+            tries.refusals = 0
+            tries.was_connected = True
+            reader = _SessionReader(stream)
+            await self._session(stream, address, reader)
+            return None  # (not reached: a session ends by an exception or cancellation)
+        except (TransportError, OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
+            return e, reader
+        except (ValueError, TypeError, AttributeError) as e:  # a malformed address
+            self.fail(UndeliverableMessageError(f"cannot deliver to proc {self.proc_id!r} at {address!r}: {e}"))
+            return None
+        except BaseExceptionGroup as eg:
+            err = first_leaf(eg, skip=(trio.Cancelled,))
+            if not isinstance(err, (TransportError, OSError, trio.BrokenResourceError)):
+                raise
+            return err, reader
+        finally:
+            if stream is not None:
+                with trio.CancelScope(shield=True):
+                    await stream.aclose()
+
+    async def _after_break(self, address: str, tries: _Reconnects, err: BaseException,
+                           reader: _SessionReader | None) -> bool:
+        """The connection to ``address`` broke (or could not be made) with
+        ``err``: True after waiting the backoff, to try again; False when the
+        session failed instead (the proc is dead, or gone, or unreachable for
+        longer than the delivery timeout)."""
+        k = self.kernel
+        if self.proc_id in k.dead:
+            self.fail(k._dead_error(self.proc_id))
+            return False
+        self.last_error = err
+        if reader is not None:  # it took the connection: how far did it get?
+            tries.judge(reader.acked or (reader.greeted and not self.unacked))
+        if isinstance(err, ConnectError) and err.refused:
+            tries.refusals += 1
+            if tries.was_connected and tries.refusals >= REFUSALS_FOR_DEAD:
+                await self._declare_gone(address)
+                return False
+        if self._unreachable_too_long(address, tries, err):
+            return False
+        await trio.sleep(tries.next_wait())
+        return True
+
+    async def _declare_gone(self, address: str) -> None:
+        """The proc was there, its connection broke, and now nothing listens
+        at its address: it is gone.  Give its parent a moment to tell us how
+        it ended (exit status, or a stop) before we say it ourselves, then
+        fail the session.  When this kernel is its parent, the exit comes from
+        its watcher: a proc that closed its listener may still be running its
+        interpreter's finalization (a stopped proc is gone only once it
+        exited)."""
+        k = self.kernel
+        grace = DEAD_VERDICT_GRACE if k.child(self.proc_id) is None else k.delivery_timeout
+        with trio.move_on_after(grace):
+            await k.wait_dead(self.proc_id)
+        k.proc_failed(
+            self.proc_id,
+            f"proc {self.proc_id} is gone: its connection closed and nothing listens at "
+            f"{address} any more (its exit status is known only to its parent)",
+        )
+        self.fail(k._dead_error(self.proc_id))
+
+    def _unreachable_too_long(self, address: str, tries: _Reconnects, err: BaseException) -> bool:
+        """Note that the session is down (logged once per outage) and, when
+        it has been for longer than the delivery timeout, fail it (and the
+        proc, when it was ever reached): True then."""
+        k = self.kernel
+        now = time.monotonic()
+        if tries.down_since is None:
+            tries.down_since = now
+            logger.info("session to %s at %s broke (%s); reconnecting", self.proc_id, address, err)
+        if now - tries.down_since <= k.delivery_timeout:
+            return False
+        why = (
+            f"could not deliver to proc {self.proc_id!r} at {address}: no connection for "
+            f"{k.delivery_timeout:.0f}s (last error: {err}). Set MONARCH_DELIVERY_TIMEOUT "
+            "to wait longer."
+        )
+        self.fail(UndeliverableMessageError(why))
+        if tries.was_connected:  # it was there and has been unreachable ever since
+            k.proc_failed(self.proc_id, why)
+        return True
 
     async def _session(self, stream: Stream, address: str, reader: _SessionReader) -> None:
+        """Serve one connection until it breaks (raises): shake hands, resend
+        what the peer has not acknowledged, then write the queue as it fills,
+        while :meth:`_read_acks` trims what the peer acknowledges and
+        :meth:`_watchdog` watches for a peer that stopped acknowledging.
+        While the queue is empty, other threads may write directly
+        (:meth:`try_direct`) to a plain socket."""
+        await self._handshake(stream, address, reader)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_acks, reader)
+                nursery.start_soon(self._watchdog, address)
+                await self._resend(stream)
+                direct = _raw_socket(stream)
+                if direct is not None:
+                    _grow_buffer(direct, socket.SO_SNDBUF)
+                    self.flushed = getattr(direct, "pending_output", None)
+                while True:
+                    with self.lock:
+                        if not self.queue:
+                            self.busy = False
+                            self.sock = direct
+                    while not self.queue:
+                        if self.wake.is_set():
+                            self.wake = trio.Event()
+                        await self.wake.wait()
+                    parts = self._take_batch()
+                    if direct is not None and W.total_size(parts) >= THREAD_WRITE_MIN:
+                        # A large write: from a thread, blocking, rather than
+                        # one pass of the trio scheduler per socket buffer
+                        # the peer drains (hundreds for 64 MiB).
+                        await trio.to_thread.run_sync(self._write_blocking, direct, parts)
+                    else:
+                        await W.write_parts(stream, parts)
+        except BaseExceptionGroup as eg:
+            raise first_leaf(eg, skip=(trio.Cancelled,)) from None
+        finally:
+            with self.lock:
+                self.sock = None
+                self.busy = False
+
+    async def _handshake(self, stream: Stream, address: str, reader: _SessionReader) -> None:
+        """Exchange handshakes over a new connection and drop what the peer
+        says it has already received.  Raises ``ConnectError`` when the peer
+        sends none in time, or answers in TLS (a TLS port dialled without
+        TLS: the message says how to dial it)."""
         k = self.kernel
         await stream.send_all(
             W.encode_handshake({"proc": k.proc_id, "session": self.session_id, "address": k.address or ""})
@@ -452,55 +529,33 @@ class _Outbound:
             raise
         reader.greeted = True
         self.trim(int(hello.get("last", 0)))
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(self._read_acks, reader)
-                nursery.start_soon(self._watchdog, address)
-                with self.lock:
-                    # partial direct writes of the broken connection are moot:
-                    # their messages are in ``unacked`` and go again below
-                    self.queue = collections.deque(i for i in self.queue if i[0] is not None)
-                if self.unacked:  # retransmit what the peer has not acknowledged
-                    self.last_ack_time = time.monotonic()
-                    parts = [p for _s, ps, _p in list(self.unacked) for p in ps]
-                    await W.write_parts(stream, parts)
-                direct = _raw_socket(stream)
-                if direct is not None:
-                    _grow_buffer(direct, socket.SO_SNDBUF)
-                    self.flushed = getattr(direct, "pending_output", None)
-                while True:
-                    with self.lock:
-                        if not self.queue:
-                            self.busy = False
-                            self.sock = direct
-                    while not self.queue:
-                        if self.wake.is_set():
-                            self.wake = trio.Event()
-                        await self.wake.wait()
-                    with self.lock:
-                        self.busy = True
-                        batch = self.queue
-                        self.queue = collections.deque()
-                        if not self.unacked:
-                            self.last_ack_time = time.monotonic()
-                        self.unacked.extend(i for i in batch if i[0] is not None)
-                    if len(batch) == 1:
-                        parts = batch[0][1]
-                    else:
-                        parts = [p for _s, ps, _p in batch for p in ps]
-                    if direct is not None and W.total_size(parts) >= THREAD_WRITE_MIN:
-                        # A large write: from a thread, blocking, rather than
-                        # one pass of the trio scheduler per socket buffer
-                        # the peer drains (hundreds for 64 MiB).
-                        await trio.to_thread.run_sync(self._write_blocking, direct, parts)
-                    else:
-                        await W.write_parts(stream, parts)
-        except BaseExceptionGroup as eg:
-            raise first_leaf(eg, skip=(trio.Cancelled,)) from None
-        finally:
-            with self.lock:
-                self.sock = None
-                self.busy = False
+
+    async def _resend(self, stream: Stream) -> None:
+        """On a new connection, before anything else: retransmit every
+        message the peer has not acknowledged, and forget the partial-write
+        tails of the broken connection (their messages are among those)."""
+        with self.lock:
+            self.queue = collections.deque(i for i in self.queue if i[0] is not None)
+        if self.unacked:
+            self.last_ack_time = time.monotonic()
+            parts = [p for _s, ps, _p in list(self.unacked) for p in ps]
+            await W.write_parts(stream, parts)
+
+    def _take_batch(self) -> list:
+        """Take everything queued (the session's writer, on the loop): its
+        messages count as unacknowledged from now on (the acknowledgement
+        clock starts if nothing else was), and direct writes stop until the
+        queue is empty again.  Returns the parts to write, in order."""
+        with self.lock:
+            self.busy = True
+            batch = self.queue
+            self.queue = collections.deque()
+            if not self.unacked:
+                self.last_ack_time = time.monotonic()
+            self.unacked.extend(i for i in batch if i[0] is not None)
+        if len(batch) == 1:
+            return batch[0][1]
+        return [p for _s, ps, _p in batch for p in ps]
 
     def _write_blocking(self, sock: Any, parts: list) -> None:
         """Write ``parts`` to the non-blocking ``sock`` (a worker thread); give
@@ -561,6 +616,40 @@ class _Outbound:
             if kind != W.K_ACK:
                 raise ProtocolError(f"peer {reader.peer} sent kind {kind} on an outbound session")
             self.trim(seq)
+
+
+class _Reconnects:
+    """The reconnect state of an outbound session (``_Outbound.run``): the
+    backoff bound -- exponential with full jitter, see ``BACKOFF_BASE`` --,
+    since when the session is down (None: it is up), whether the proc was
+    ever reached, and the refused attempts in a row since."""
+
+    __slots__ = ("bound", "down_since", "was_connected", "refusals")
+
+    def __init__(self) -> None:
+        self.bound = BACKOFF_BASE  # the longest the next wait may be
+        self.down_since: float | None = None
+        self.was_connected = False
+        self.refusals = 0
+
+    def judge(self, proven: bool) -> None:
+        """A connection the peer took has ended.  ``proven``: it answered
+        what we sent (or had nothing to answer): the session was up, and
+        starts afresh.  Otherwise it dropped the connection before proving
+        itself (in the TLS or monarch handshake, or instead of
+        acknowledging): the time counts as down, and it will likely do the
+        same next time."""
+        if proven:
+            self.bound = BACKOFF_BASE
+            self.down_since = None
+        else:
+            self.bound = max(self.bound, BACKOFF_REJECTED)
+
+    def next_wait(self) -> float:
+        """Seconds to wait before the next attempt (and double the bound)."""
+        wait = random.random() * self.bound
+        self.bound = min(self.bound * 2, BACKOFF_CAP)
+        return wait
 
 
 class _SessionReader(W.FrameReader):

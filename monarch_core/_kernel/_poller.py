@@ -244,18 +244,11 @@ class Poller:
         Returns ``cell``'s state, or None when this thread cannot lead (the
         poller's own thread, a thread already serving an event, a closed
         poller): the caller then waits the plain way."""
-        if self._closed or getattr(_tls, "handling", False):
+        st = self._leader()
+        if st is None:
             return None
-        ident = threading.get_ident()
-        if ident == self._ident:
-            return None
-        st = getattr(_tls, "lead", None)
-        if st is None or st.poller is not self:
-            try:
-                st = _tls.lead = _Leader(self)
-            except (OSError, ValueError):  # out of descriptors, or closed meanwhile
-                return None
-        if ident == _MAIN_IDENT:
+        main = st.ident == _MAIN_IDENT
+        if main:
             deliver_cancellation()  # (a Ctrl-C that came while this thread did not wait)
         with cell._lock:
             if cell._done:
@@ -264,51 +257,85 @@ class Poller:
                 cell._waiters = [st]
             else:
                 cell._waiters.append(st)
-        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
-        waiting = self._waiting
-        restore = _guard_sigint() if ident == _MAIN_IDENT else None
-        guard = restore is not None
+        restore = _guard_sigint() if main else None
         try:
-            lep, efd = st.ep, st.efd
-            while not cell._done:
-                if self._closed:
-                    return None
-                t = LEAD_SLICE
-                now = time.monotonic()
-                if deadline is not None:
-                    t = min(t, deadline - now)
-                    if t <= 0:
-                        return False
-                if self._ack_due:
-                    t = max(0.0, min(t, self._ack_due - now))
-                waiting.add(ident)
-                try:
-                    ready = lep.poll(t)
-                finally:
-                    waiting.discard(ident)
-                    self._left = time.monotonic()
-                for fd, _ev in ready:
-                    if fd == efd:
-                        try:
-                            os.eventfd_read(efd)
-                        except OSError:  # pragma: no cover - drained already
-                            pass
-                self.service()
-                if guard and _sigint_pending:
-                    _raise_pending_sigint()
-            return True
+            return self._wait_leading(cell, st, timeout, restore is not None)
         except (OSError, ValueError):  # the poller closed under us
             return None
         finally:
-            if guard:
-                _signal.signal(_SIGINT, restore)
-                if _sigint_pending:
-                    _raise_pending_sigint()
-            with cell._lock:
-                if cell._waiters is not None and st in cell._waiters:
-                    cell._waiters.remove(st)
-            if self._followers and not self._waiting:
-                self._wake_standby()  # someone else waits for a message: read for them now
+            self._stop_leading(cell, st, restore)
+
+    def _leader(self) -> _Leader | None:
+        """The calling thread's means to lead this poller (made on its first
+        wait), or None when it cannot lead: the poller is closed, the thread
+        is serving an event already, it is the poller's own thread, or it is
+        out of descriptors."""
+        if self._closed or getattr(_tls, "handling", False):
+            return None
+        if threading.get_ident() == self._ident:
+            return None
+        st = getattr(_tls, "lead", None)
+        if st is None or st.poller is not self:
+            try:
+                st = _tls.lead = _Leader(self)
+            except (OSError, ValueError):  # out of descriptors, or closed meanwhile
+                return None
+        return st
+
+    def _wait_leading(self, cell: Any, st: _Leader, timeout: float | None, guard: bool) -> bool | None:
+        """The wait of :meth:`lead`, ``st`` registered as a waiter of ``cell``:
+        block in ``st``'s epoll (woken by a readable session or by ``cell``'s
+        resolution) and serve what is ready, until ``cell`` is done (True),
+        ``timeout`` has passed (False) or the poller closed (None).  Each wait
+        is bounded by ``LEAD_SLICE`` and by the next delayed acknowledgement.
+        ``guard``: SIGINT is deferred (main thread): one that came while an
+        event was served is raised between events."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        waiting = self._waiting
+        ident = st.ident
+        lep, efd = st.ep, st.efd
+        while not cell._done:
+            if self._closed:
+                return None
+            t = LEAD_SLICE
+            now = time.monotonic()
+            if deadline is not None:
+                t = min(t, deadline - now)
+                if t <= 0:
+                    return False
+            if self._ack_due:
+                t = max(0.0, min(t, self._ack_due - now))
+            waiting.add(ident)
+            try:
+                ready = lep.poll(t)
+            finally:
+                waiting.discard(ident)
+                self._left = time.monotonic()
+            for fd, _ev in ready:
+                if fd == efd:
+                    try:
+                        os.eventfd_read(efd)
+                    except OSError:  # pragma: no cover - drained already
+                        pass
+            self.service()
+            if guard and _sigint_pending:
+                _raise_pending_sigint()
+        return True
+
+    def _stop_leading(self, cell: Any, st: _Leader, restore: Any) -> None:
+        """The end of :meth:`lead`'s wait: put SIGINT's handler back
+        (``restore``, None when it was not replaced) and raise a SIGINT
+        deferred meanwhile, drop ``st`` from ``cell``'s waiters, and wake the
+        poller's thread when some other wait now depends on it to read."""
+        if restore is not None:
+            _signal.signal(_SIGINT, restore)
+            if _sigint_pending:
+                _raise_pending_sigint()
+        with cell._lock:
+            if cell._waiters is not None and st in cell._waiters:
+                cell._waiters.remove(st)
+        if self._followers and not self._waiting:
+            self._wake_standby()  # someone else waits for a message: read for them now
 
     # ------------------------------------------------------------ attached actor loop
     def attach(self) -> Any:

@@ -514,6 +514,32 @@ class FrameReader:
                 raise ConnectionClosed(f"connection from {self.peer} closed mid-message")
             have += got
 
+    async def _read_lengths(self, nbufs: int, plen: int) -> list[int]:
+        """Read the ``nbufs`` buffer lengths of a message whose payload is
+        ``plen`` bytes; raise ``ProtocolError`` when the whole would exceed
+        ``MAX_MESSAGE``.  Each length keeps its ``BYTES_BIT`` (the buffer is
+        delivered as ``bytes``) for :meth:`_read_buffers`."""
+        lens = struct.unpack(f"<{nbufs}Q", await self.read_exactly(8 * nbufs))
+        total = sum(n & ~BYTES_BIT for n in lens) + plen
+        if total > MAX_MESSAGE:
+            raise ProtocolError(
+                f"peer {self.peer} announced a {total}-byte message (limit {MAX_MESSAGE}); "
+                "raise MONARCH_MAX_MESSAGE_BYTES if this is intended"
+            )
+        return list(lens)
+
+    async def _read_buffers(self, lens: list[int], bufs: list) -> None:
+        """Read a message's out-of-band buffers, of the lengths ``lens`` (as
+        :meth:`_read_lengths` returned them), appending each to ``bufs`` as it
+        completes (so that the caller releases what was read when a later
+        one fails): ``bytes`` where ``BYTES_BIT`` is set, else a writable
+        buffer (a ``bytearray`` when small, else received in place)."""
+        for n in lens:
+            if n & BYTES_BIT:
+                bufs.append(await self._read_bytes(n & ~BYTES_BIT))
+            else:
+                bufs.append(await self._read_big(n) if n >= _BIG else bytearray(await self.read_exactly(n)))
+
     async def read_message(self) -> tuple[int, int, int, bytes, Any, list]:
         """Return ``(kind, flags, seq, header, payload, buffers)``.
 
@@ -536,27 +562,16 @@ class FrameReader:
                     f"{nbufs} buffers; limits {MAX_HEADER} B, {MAX_MESSAGE} B, {MAX_BUFS})"
                 )
             self._pos += FIXED_SIZE
-            lens: tuple[int, ...] = ()
+            lens: list[int] = []
             if nbufs:
-                raw = await self.read_exactly(8 * nbufs)
-                lens = struct.unpack(f"<{nbufs}Q", raw)
-                kinds = [n & BYTES_BIT for n in lens]
-                lens = tuple(n & ~BYTES_BIT for n in lens)
-                if sum(lens) + plen > MAX_MESSAGE:
-                    raise ProtocolError(
-                        f"peer {self.peer} announced a {sum(lens) + plen}-byte message (limit {MAX_MESSAGE}); "
-                        "raise MONARCH_MAX_MESSAGE_BYTES if this is intended"
-                    )
+                lens = await self._read_lengths(nbufs, plen)
             header = await self.read_exactly(hlen) if hlen else b""
             if plen >= _BIG:
                 payload = await self._read_big(plen)
             elif plen:
                 payload = await self.read_exactly(plen)
-            for i, n in enumerate(lens):
-                if kinds[i]:
-                    bufs.append(await self._read_bytes(n))
-                else:
-                    bufs.append(await self._read_big(n) if n >= _BIG else bytearray(await self.read_exactly(n)))
+            if lens:
+                await self._read_buffers(lens, bufs)
             return kind, flags, seq, header, payload, bufs
         except BaseException as e:
             _release(payload)
