@@ -47,10 +47,10 @@ from typing import Any, Callable
 from monarch_core._actor import _mesh  # noqa: F401 - a client runtime started from here has the mesh API's hooks
 from monarch_core._launch import _devices, _start
 from monarch_core._launch._devices import ProcDevices
-from monarch_core._proc import _lifecycle, _send, _state
+from monarch_core._proc import _lifecycle, _state
 from monarch_core._proc._address import AddrType, free_port, master_address, transport_host
 from monarch_core._proc._future import Cell, Future, format_duration
-from monarch_core._proc._port import PortHandler
+from monarch_core._proc._port import PortHandler, send_raw_to_port
 from monarch_core._status import publish_url, withdraw_url
 
 __all__ = [
@@ -66,7 +66,7 @@ __all__ = [
 def start() -> None:
     """This process's runtime: a proc's own, or the client's (started now if
     it was not: its kernel, its agent, its listener)."""
-    _start.runtime()
+    _start.ensure_runtime()
 
 
 def started() -> bool:
@@ -76,7 +76,8 @@ def started() -> bool:
 
 def local_ref() -> tuple[str, str]:
     """``(proc_id, address)`` of this process, as other procs reach it."""
-    rt = _start.runtime()
+    _start.ensure_runtime()
+    rt = _state.current()
     address = rt.kernel.address
     assert address is not None  # (a runtime's kernel listens from its start)
     return rt.proc_id, address
@@ -97,7 +98,8 @@ def host_address(use_ipaddr: AddrType | None = None) -> str:
 
 def process_name() -> str:
     """This process's name, as messages name it (``"client"``, a proc's name)."""
-    return str(_start.runtime().name)
+    _start.ensure_runtime()
+    return str(_state.current().name)
 
 
 def current_actor() -> tuple[str, str] | None:
@@ -122,13 +124,15 @@ def proc_devices() -> ProcDevices | None:
 
 def open_port(handler: PortHandler) -> int:
     """Register ``handler`` for messages to a new port of this process; its id."""
-    return int(_start.runtime().kernel.add_port(handler))
+    _start.ensure_runtime()
+    return int(_state.current().kernel.add_port(handler))
 
 
 def close_port(port_id: int, peer: str | None = None) -> None:
     """Unregister ``port_id``; ``peer``: the proc it waited on replies from
     (``send_to_port(..., reply_port=port_id)``), which stops watching it."""
-    kernel = _start.runtime().kernel
+    _start.ensure_runtime()
+    kernel = _state.current().kernel
     kernel.remove_port(port_id)
     if peer is not None:
         kernel.reply_done(peer, port_id)
@@ -138,8 +142,8 @@ def send_to_port(proc_id: str, address: str | None, port_id: int, payload: bytes
                  rank: int = 0, status: int = 0, reply_port: int | None = None) -> None:
     """Send one port message to ``port_id`` of proc ``proc_id`` at
     ``address`` (any thread; see the module docstring)."""
-    _send.to_port(_start.runtime().kernel, proc_id, address, port_id, payload, buffers or [], rank, status,
-                  reply_port)
+    _start.ensure_runtime()
+    send_raw_to_port((proc_id, address, port_id), rank, status, payload, buffers or [], None, reply_port)
 
 
 def proc_death(proc_id: str) -> str | None:

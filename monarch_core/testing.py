@@ -551,7 +551,8 @@ def check_scheduler(
             assert source in str(e), f"validate()'s ConfigError does not name the source {source!r}: {e}"
         else:
             raise AssertionError(f"validate({bad_params!r}) accepted bad parameters instead of raising ConfigError")
-    rt = _start.runtime()
+    _start.ensure_runtime()
+    rt = _state.current()
     t0 = time.monotonic()
     reports: list = []
     reported = threading.Event()

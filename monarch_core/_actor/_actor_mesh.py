@@ -112,18 +112,6 @@ class ActorMesh(_Mesh, Generic[T]):
             return None
         return _failed_ranks_error(self, ep.name, failed)
 
-    def _refused(self, ep: Endpoint[Any, Any], err: SupervisionError, adverb: str,
-                 index: int | None = None) -> SupervisionError:
-        """Count a call refused by :meth:`_failed_error` on the endpoint's
-        client-side stat (a failed call, as the caller saw it: the dashboard's
-        **caller** badge) and return ``err``.  Only the refusal path calls it."""
-        tm = ep._tm
-        if tm is None:
-            tm = ep._tm = _start.runtime().observer.client_side(ep)
-        if tm:
-            tm.refused(self._region_, index, adverb, type(err).__name__)
-        return err
-
     def _describe_call(self, endpoint: str, adverb: str, ranks: list[int] | None, proc_id: str | None,
                        exc: BaseException) -> str | None:
         """How a failed call of ``endpoint`` on this view reads: the adverb, the
@@ -177,23 +165,42 @@ class ActorMesh(_Mesh, Generic[T]):
         return self._name
 
     # ------------------------------------------------------------- sending
-    def _pack(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> tuple[Any, list]:
-        try:
-            return _serial.dumps((args, kwargs))
-        except Exception as e:
-            raise TypeError(f"arguments of {ep._describe()} could not be pickled: {e}") from e
-
-    def _call_one(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, index: int,
-                  adverb: str = "call_one") -> Cell:
-        err = self._failed_error(ep)
-        if err is not None:
-            return Future._failed(self._refused(ep, err, adverb, index))._ensure()
-        payload, bufs = self._pack(ep, args, kwargs)
-        rt = _start.runtime()
-        kernel = rt.kernel
+    def _prologue(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, adverb: str,
+                  index: int | None = None) -> tuple[_state.ProcRuntime, Any, Any, list]:
+        """The send prologue every adverb runs before it sends: this process's
+        runtime (a client's started on first use), the endpoint's client-side
+        telemetry (``Observer.client_side``, kept on the endpoint; falsy when
+        off), the refusal of a call to a view with failed ranks (counted on
+        that telemetry as a failed call of ``adverb`` -- of rank ``index`` for
+        a ``call_one`` -- then raised: a ``SupervisionError``), and the
+        arguments pickled (``TypeError`` when they cannot be).  Returns
+        ``(runtime, telemetry, payload, buffers)``."""
+        rt = _state.current_runtime_or_none()
+        if rt is None:
+            _start.ensure_runtime()
+            rt = _state.current()
         tm = ep._tm
         if tm is None:
             tm = ep._tm = rt.observer.client_side(ep)
+        if self._health:
+            err = self._failed_error(ep)
+            if err is not None:
+                if tm:
+                    tm.refused(self._region_, index, adverb, type(err).__name__)
+                raise err
+        try:
+            payload, bufs = _serial.dumps((args, kwargs))
+        except Exception as e:
+            raise TypeError(f"arguments of {ep._describe()} could not be pickled: {e}") from e
+        return rt, tm, payload, bufs
+
+    def _call_one(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, index: int,
+                  adverb: str = "call_one") -> Cell:
+        try:
+            rt, tm, payload, bufs = self._prologue(ep, args, kwargs, adverb, index)
+        except SupervisionError as err:
+            return Future._failed(err)._ensure()
+        kernel = rt.kernel
         if tm:
             h, trace = tm.one(kernel, self._region_, index, adverb, payload, bufs, ep)
         else:
@@ -205,44 +212,35 @@ class ActorMesh(_Mesh, Generic[T]):
         return h.cell
 
     def _call_all(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> Cell:
-        err = self._failed_error(ep)
-        if err is not None:
-            return Future._failed(self._refused(ep, err, "call"))._ensure()
-        payload, bufs = self._pack(ep, args, kwargs)
-        rt = _start.runtime()
+        try:
+            rt, tm, payload, bufs = self._prologue(ep, args, kwargs, "call")
+        except SupervisionError as err:
+            return Future._failed(err)._ensure()
         kernel = rt.kernel
-        region = self._region_
-        tm = ep._tm
-        if tm is None:
-            tm = ep._tm = rt.observer.client_side(ep)
         if tm:
-            h = tm.gather(kernel, region.extent, ValueMesh, "call", payload, bufs, ep)
+            h = tm.gather(kernel, self._region_.extent, ValueMesh, "call", payload, bufs, ep)
             trace = tm.trace_bytes(h.sp)
         else:
-            h, trace = GatherReplies(kernel, region.extent, ep, ValueMesh), None
+            h, trace = GatherReplies(kernel, self._region_.extent, ep, ValueMesh), None
         call = Call(ep.name, payload, bufs, (rt.proc_id, kernel.address, h.port_id), h.port_id, None,
                     ep.explicit_response_port, _sender_name(), trace)
         h.procs = self._recipients.cast(kernel, None, call, gather=h)
         return h.cell
 
     def _call_stream(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> StreamIterator[Any]:
-        err = self._failed_error(ep)
-        payload, bufs = self._pack(ep, args, kwargs)
-        rt = _start.runtime()
+        n = self._region_.nelements
+        try:
+            rt, tm, payload, bufs = self._prologue(ep, args, kwargs, "stream")
+        except SupervisionError as err:
+            refused = StreamReplies(_state.current().kernel, n, "")
+            refused.fail(err)
+            return StreamIterator(refused)
         kernel = rt.kernel
-        region = self._region_
-        if err is not None:
-            h = StreamReplies(kernel, region.nelements, "")
-            h.fail(self._refused(ep, err, "stream"))
-            return StreamIterator(h)
-        tm = ep._tm
-        if tm is None:
-            tm = ep._tm = rt.observer.client_side(ep)
         if tm:
-            h = tm.stream(kernel, region.nelements, payload, bufs, ep)
+            h = tm.stream(kernel, n, payload, bufs, ep)
             trace = tm.trace_bytes(h.sp)
         else:
-            h, trace = StreamReplies(kernel, region.nelements, ep), None
+            h, trace = StreamReplies(kernel, n, ep), None
         call = Call(ep.name, payload, bufs, (rt.proc_id, kernel.address, h.port_id), h.port_id, None,
                     ep.explicit_response_port, _sender_name(), trace)
         h.procs = self._recipients.cast(kernel, None, call)
@@ -250,21 +248,13 @@ class ActorMesh(_Mesh, Generic[T]):
 
     def _cast(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, port: Any, only: int | None,
               adverb: str = "broadcast") -> None:
-        err = self._failed_error(ep)
-        if err is not None:
-            raise self._refused(ep, err, adverb)
-        payload, bufs = self._pack(ep, args, kwargs)
-        rt = _start.runtime()
-        region = self._region_
+        rt, tm, payload, bufs = self._prologue(ep, args, kwargs, adverb)
         reply = port._ref if port is not None else None
         host = _state.current_actor.get()
         ret = None
         if reply is None:
             ret = host.return_ref() if host is not None else rt.agent.return_ref()
-        tm = ep._tm
-        if tm is None:
-            tm = ep._tm = rt.observer.client_side(ep)
-        sp = tm.cast(adverb, region.nelements if only is None else 1, payload, bufs) if tm else None
+        sp = tm.cast(adverb, self._region_.nelements if only is None else 1, payload, bufs) if tm else None
         call = Call(ep.name, payload, bufs, reply, None, ret, ep.explicit_response_port,
                     host.display_name if host is not None else "client",
                     tm.trace_bytes(sp) if sp is not None else None)
@@ -283,7 +273,8 @@ class ActorMesh(_Mesh, Generic[T]):
         if self._stopped:
             return Future._resolved(None)
         self._stopped = True
-        rt = _start.runtime()
+        _start.ensure_runtime()
+        rt = _state.current()
         h = GatherReplies(rt.kernel, self._region_.extent, "", lambda e, v: None)
         h.procs = self._recipients.stop(rt.kernel, reason, _sender_name(), h)
         _release(rt, self)

@@ -111,7 +111,8 @@ def attach(
         transport.normalize(a)
     if _state.current_runtime_or_none() is None and _transport.enabled_choice() is None:
         _transport.enable_transport(scheme)
-    rt = _start.runtime()
+    _start.ensure_runtime()
+    rt = _state.current()
     if rt.transport != transport.name:
         raise RuntimeError(
             f"attach_to_workers: the workers speak {transport.name!r} but this process enabled {rt.transport!r}; "

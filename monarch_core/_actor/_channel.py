@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Generic, TypeVar
 
 from monarch_core._launch import _start
+from monarch_core._proc import _state
 from monarch_core._proc._port import Port, PortReceiver, RankedPortReceiver, QueueHandler
 
 __all__ = ["Channel"]
@@ -19,7 +20,8 @@ class Channel(Generic[R]):
     @staticmethod
     def open(once: bool = False) -> tuple[Port[R], PortReceiver[R]]:
         """Open a channel.  With ``once=True`` the port accepts one message."""
-        kernel = _start.runtime().kernel
+        _start.ensure_runtime()
+        kernel = _state.current().kernel
         h = QueueHandler(once)
         h.port_id = kernel.add_port(h)
         port: Port[R] = Port((kernel.proc_id, kernel.address, h.port_id), None, None)

@@ -99,7 +99,8 @@ def context() -> Context:
     if host is not None:
         rank = _state.current_message_rank.get()
         return Context(_instance(host), host.rank if rank is None else rank)
-    rt = _start.runtime()
+    _start.ensure_runtime()
+    rt = _state.current()
     inst = rt.caches.get("client_instance")
     if inst is None:
         inst = rt.caches["client_instance"] = ClientInstance(rt)

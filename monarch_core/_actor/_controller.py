@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from monarch_core._launch import _start
-from monarch_core._proc import _send, _serial
+from monarch_core._proc import _send, _serial, _state
 from monarch_core._actor._actor import Actor
 from monarch_core._actor._actor_mesh import ActorMesh
 from monarch_core._actor._endpoint import _map_future
@@ -28,7 +28,8 @@ def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any
             f"get_or_spawn_controller({name!r}, {getattr(Class, '__name__', Class)!r}): the class must subclass Actor"
         )
     payload, bufs = _serial.dumps((Class, args, kwargs))
-    rt = _start.runtime()
+    _start.ensure_runtime()
+    rt = _state.current()
     kernel = rt.kernel
     h = OneReply(kernel, "")
     reply = (rt.proc_id, kernel.address, h.port_id)

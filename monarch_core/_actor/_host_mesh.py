@@ -123,7 +123,8 @@ class HostMesh(_Mesh):
         if not remote:
             return
         try:
-            rt = _start.runtime()
+            _start.ensure_runtime()
+            rt = _state.current()
         except RuntimeError:  # the monarch context was shut down: nothing to watch with
             return
 
@@ -219,7 +220,8 @@ class HostMesh(_Mesh):
         except Exception as e:
             raise TypeError(f"bootstrap callable could not be pickled: {e}") from e
         name = name or f"procs{next(_names)}"
-        rt = _start.runtime()
+        _start.ensure_runtime()
+        rt = _state.current()
         extent = Extent(self._region_.labels + tuple(per_host), self._region_.sizes + tuple(per_host.values()))
         launch = Launch(rt)
         try:
@@ -333,7 +335,8 @@ class HostMesh(_Mesh):
         remote = [h.address for h in self._hosts if h.address is not None]
         if alloc is None and not remote:
             return _lifecycle_when_done(fut, "host_mesh.stopped", mesh=self._name, shutdown=True)
-        rt = _start.runtime()
+        _start.ensure_runtime()
+        rt = _state.current()
         out = Cell()
 
         async def release() -> None:

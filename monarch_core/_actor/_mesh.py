@@ -34,7 +34,8 @@ logger = logging.getLogger("monarch.mesh")
 
 def this_proc() -> ProcMesh:
     """The proc this code runs in (the client's own process on the client)."""
-    rt = _start.runtime()
+    _start.ensure_runtime()
+    rt = _state.current()
     pm = rt.caches.get("this_proc")
     if pm is None:
         slot = _ProcSlot(rt.proc_id, rt.kernel.address)
@@ -108,7 +109,7 @@ def allocate_entry(cfg: Any, *, timeout: float | None = None, wrap: Any = None) 
     _check_params(scheduler, request)
     _alloc.prepare_transport(scheduler, request)
     # the client's runtime starts while the scheduler starts the hosts
-    record = _alloc.allocate(scheduler, request, _start.runtime, timeout)
+    record = _alloc.allocate(scheduler, request, _start.ensure_runtime, timeout)
     return host_mesh_of(record, cfg.name)
 
 
@@ -117,14 +118,15 @@ def host_mesh_of(record: Any, name: str) -> HostMesh:
     region = Extent(list(record.labels), list(record.sizes)).region
     hm = HostMesh(list(record.hosts), region, owner=True, allocation=record, name=name)
     hm._shared["owner"] = _state.current_actor.get()  # who hears its notices (None: this process)
-    _start.runtime().observer.lifecycle("host_mesh.spawned", mesh=name, hosts=[h.name for h in record.hosts],
+    _start.ensure_runtime()
+    _state.current().observer.lifecycle("host_mesh.spawned", mesh=name, hosts=[h.name for h in record.hosts],
                                         scheduler=getattr(record.scheduler, "name", None))
     record.on_lost = hm._host_lost
     for host_name, reason in list(record.lost.items()):  # reported while allocating
         hm._host_lost(host_name, reason)
     for host_name, message in record.listen_notices(hm._host_notice):  # reported while allocating
         hm._host_notice(host_name, message)
-    _start.runtime().agent.register_owned(hm)
+    _state.current().agent.register_owned(hm)
     return hm
 
 

@@ -65,7 +65,8 @@ class ProcMesh(_Mesh):
         #: released when this mesh stops
         self._actor_meshes: dict[str, ActorMesh] = {} if actor_meshes is None else actor_meshes
         if owner and host_mesh is not None:
-            _start.runtime().observer.register_procs(name, slots, region.extent, getattr(host_mesh, "_name", ""))
+            _start.ensure_runtime()
+            _state.current().observer.register_procs(name, slots, region.extent, getattr(host_mesh, "_name", ""))
 
     def _with_region(self, region: Region) -> ProcMesh:
         return ProcMesh(self._name, self._slots, region, self._host_mesh, self._init_cell, False, self._actor_meshes)
@@ -120,7 +121,8 @@ class ProcMesh(_Mesh):
             payload, bufs = _serial.dumps((Class, args, kwargs))
         except Exception as e:
             raise TypeError(f"constructor arguments of {Class.__qualname__} could not be pickled: {e}") from e
-        rt = _start.runtime()
+        _start.ensure_runtime()
+        rt = _state.current()
         kernel = rt.kernel
         region = self._region_
         key = f"{name}-{uuid.uuid4().hex[:10]}"
@@ -162,7 +164,8 @@ class ProcMesh(_Mesh):
         from monarch_core._proc._agent import STOP_GRACE
 
         cell = self._stopped = Cell()
-        rt = _start.runtime()
+        _start.ensure_runtime()
+        rt = _state.current()
         _release(rt, self)
         if self._host_mesh is not None:
             self._host_mesh._forget_procs(self)
@@ -232,7 +235,8 @@ class ProcMesh(_Mesh):
         if self._stopped is not None:
             raise RuntimeError(f"proc mesh {self._name!r} has been stopped; spawn procs again")
         slots = [self._slots[r] for r in self._region_.root_ranks()]
-        _start.runtime().observer.log_option(self._name, slots, stream_to_client, level, aggregate_window_sec,
+        _start.ensure_runtime()
+        _state.current().observer.log_option(self._name, slots, stream_to_client, level, aggregate_window_sec,
                                              START_TIMEOUT)
         return Applied()
 

@@ -199,9 +199,9 @@ def allocate(scheduler: Any, request: Any, rt: Any, timeout: float | None = None
         issue_credentials=getattr(t, "worker_credentials", None),
     )
     deadline = time.monotonic() + limit
-    allocation, started = _run_allocate(scheduler, request, launch, record, limit, meanwhile=start)
-    if start is not None:
-        rt = started
+    allocation, _started = _run_allocate(scheduler, request, launch, record, limit, meanwhile=start)
+    if start is not None:  # (the starter started it)
+        rt = _state.current()
     record.allocation = allocation
     with _live_lock:
         _live[id(record)] = record

@@ -561,7 +561,7 @@ def _take_early() -> _Zygote | None:
 
 
 def runtime_with_fork_server(warm_modules: tuple[str, ...]) -> Any:
-    """This process's runtime (``_start.runtime()``), with a fork server
+    """This process's runtime (started by ``_start.ensure_runtime()``), with a fork server
     on its way for the procs this host will start (``this_host()``): a
     zygote started before the runtime (:func:`start_early`, importing
     ``warm_modules`` too: :func:`warm`), adopted by its kernel (:func:`prestart`),
@@ -569,11 +569,13 @@ def runtime_with_fork_server(warm_modules: tuple[str, ...]) -> Any:
     the caller's work before its first spawn.  Nothing starts before this
     is called: importing the API starts no process."""
     from monarch_core._launch import _start
+    from monarch_core._proc import _state
 
     warm(warm_modules)
     start_early()
     try:
-        rt = _start.runtime()
+        _start.ensure_runtime()
+        rt = _state.current()
     except BaseException:  # no runtime: the zygote started for it goes too
         z = _take_early()
         if z is not None:

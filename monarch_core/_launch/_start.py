@@ -1,8 +1,10 @@
 """Starting and stopping this process's runtime in a client.
 
-:func:`runtime` is what the mesh API's entry points call: the runtime of this
-process, starting the client's (its kernel thread, its proc agent, its
-observer -- telemetry, whose hub the procs report to) on first use.
+:func:`ensure_runtime` is what the mesh API's entry points call first: it
+starts this process's runtime when it has none -- a client's (its kernel
+thread, its proc agent, its observer -- telemetry, whose hub the procs
+report to), on first use.  The runtime is read with ``_proc._state.current()``,
+the one accessor.
 :func:`shutdown` stops it (``shutdown_context``, interpreter exit).
 :func:`build_runtime` assembles a runtime, in the one place it is: the
 client's here, a proc's in :mod:`._proc_main`, a worker loop's in
@@ -24,26 +26,35 @@ from monarch_core._launch import _client_status
 from monarch_core._proc import _state, _transport
 from monarch_core._telemetry import _reporting
 
-__all__ = ["build_runtime", "runtime", "shutdown"]
+__all__ = ["build_runtime", "ensure_runtime", "shutdown"]
 
 logger = logging.getLogger("monarch.actor")
 
 
-def runtime() -> _state.ProcRuntime:
-    """This process's runtime, starting the client kernel on first use."""
-    rt = _state.current_runtime_or_none()
-    if rt is not None:
-        return rt
+def ensure_runtime() -> None:
+    """Start this process's runtime if it has none: a client's, on first use
+    (its kernel thread, its proc agent, its observer).  What the mesh API's
+    entry points call first (``this_proc()``, ``this_host()``,
+    ``hosts_from_config()``, ``context()``, ``monarch_core.runtime``...);
+    the runtime itself is read with ``_state.current()``, the one accessor.
+    Raises ``RuntimeError`` once the monarch context was shut down."""
+    if _state.current_runtime_or_none() is not None:
+        return
     with _state.runtime_lock:
-        rt = _state.current_runtime_or_none()
-        if rt is not None:
-            return rt
+        if _state.current_runtime_or_none() is not None:
+            return
         if _state.is_shut_down():
             raise RuntimeError(
                 "the monarch context was shut down (shutdown_context() or interpreter exit); "
                 "no new meshes can be created in this process"
             )
         _start_client()
+
+
+def runtime() -> _state.ProcRuntime:
+    """:func:`ensure_runtime`, then ``_state.current()``: kept for the tests
+    that still call it (monarch_core itself does not)."""
+    ensure_runtime()
     return _state.current()
 
 

@@ -16,7 +16,8 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterator, Protocol, TypeVar
 
-from monarch_core._proc import _serial, _state
+from monarch_core._proc import _portmsg, _serial, _state
+from monarch_core._proc._portmsg import decode_batch
 from monarch_core._proc._future import Cell, Future
 from monarch_core._kernel import _wire as W
 from monarch_core._kernel._ports import PortHandler
@@ -39,18 +40,20 @@ def _decode_value(status: int, payload: Any, buffers: list) -> Any:
     return obj
 
 
-def send_to_port(ref: tuple, rank: int | None, status: int, obj: Any) -> None:
-    """Send ``obj`` to the port ``ref = (proc_id, address, port_id)``."""
+def send_to_port(ref: tuple, rank: int | None, status: int, obj: Any, kernel: Kernel | None = None) -> None:
+    """Send ``obj`` (pickled) to the port ``ref = (proc_id, address, port_id)``:
+    :func:`send_raw_to_port` with the object's pickle."""
     payload, bufs = _serial.dumps(obj)
-    send_raw_to_port(ref, rank, status, payload, bufs)
+    _portmsg.send(kernel or _state.current().kernel, ref, rank, status, payload, bufs)
 
 
-def send_raw_to_port(ref: tuple, rank: int | None, status: int, payload: Any, bufs: list) -> None:
-    proc_id, address, port_id = ref
-    if not isinstance(proc_id, str) or not isinstance(port_id, int) or not (address is None or isinstance(address, str)):
-        raise ValueError(f"malformed port reference {ref!r}")
-    header = W.port_header(port_id, -1 if rank is None else rank, status)
-    _state.current().kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, header, payload, bufs)
+def send_raw_to_port(ref: tuple, rank: int | None, status: int, payload: Any, bufs: list,
+                     kernel: Kernel | None = None, reply_port: int | None = None) -> None:
+    """Send ``payload`` and ``bufs`` (already serialized) to the port ``ref``
+    through ``kernel`` (None: this process's): :func:`._portmsg.send`, the one
+    way a port message is sent (its contract: ``rank``, ``status``,
+    ``reply_port``, a malformed ``ref``)."""
+    _portmsg.send(kernel or _state.current().kernel, ref, rank, status, payload, bufs, reply_port)
 
 
 def wrap_exception(e: BaseException, where: str = "") -> ActorError:
@@ -428,8 +431,6 @@ class GatherReplies(PortHandler):
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         if status == W.S_BATCH:  # replies gathered by a cast tree
-            from monarch_core._proc._tree import decode_batch
-
             for item in decode_batch("a cast-tree forwarder", payload, buffers):
                 if item[1] == W.S_BATCH:
                     continue  # batches do not nest

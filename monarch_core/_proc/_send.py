@@ -8,8 +8,10 @@ routing headers and hand the frames to the kernel:
 * :meth:`Recipients.cast` -- one message to many members, one frame each, or
   through the cast tree for a mesh of ``_tree.TREE_MIN`` members or more;
 * :meth:`Recipients.stop` -- the owner's stop of every member;
-* :func:`control` -- a control message (``_control``) to a proc's agent;
-* :func:`to_port` -- a port message.
+* :func:`control` -- a control message (``_control``) to a proc's agent.
+
+A port message (a reply, a channel's message) goes out through
+``_port.send_raw_to_port``, the one way to send one.
 
 Any thread, as ``Kernel.send``: FIFO per calling thread and destination, and
 the calling thread waits for room when a destination's send window is full.
@@ -20,7 +22,7 @@ in the cast tree's header), which the kernel forwards without reading.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from monarch_core._kernel import _wire as W
@@ -107,7 +109,10 @@ class Recipients:
         the cast tree for a mesh of ``_tree.TREE_MIN`` members or more; the
         procs a reply to ``call.reply_port`` now waits on.  ``gather``: the
         port handler of a ``call()``, whose replies the tree's forwarders
-        gather into one batch per subtree (it hears of members known dead at once)."""
+        gather into one batch per subtree (it hears of members known dead at once).
+
+        Through the tree: the targets (:meth:`_tree_targets`), the plan
+        (``_tree.plan``), then one message per hop (:meth:`_send_hop`)."""
         region = self.region
         members = self.members
         n = len(members)
@@ -117,53 +122,69 @@ class Recipients:
             return [send(kernel, i, call)  # type: ignore[misc]
                     for i in (range(region.nelements) if indices is None else indices)]
         fanout = _tree.FANOUT
-        if indices is None and self._whole_view():
-            targets = None  # every member: each forwarder works out its children
-        else:
-            targets = [(region.root_rank(i), i) for i in (range(region.nelements) if indices is None else indices)]
+        targets = self._tree_targets(indices)
         dead_procs = kernel.dead
 
         def dead(m: int) -> bool:
             return members[m].proc_id in dead_procs
 
         _here, _rank, groups = _tree.plan(-1, n, fanout, targets, dead)
-        view = self._view_id()
         # A cast to every member carries the member table only the first time (and after
         # a death): the forwarders keep it, so the next ones cost this process fanout
         # small messages whatever the size of the mesh.
         carry = targets is not None or self._tree_sent != (kernel, len(dead_procs))
-        reply_port, ret = call.reply_port, call.ret
-        msg = (self.key, call.method, call.reply, region.labels, region.sizes, call.sender, ret, bool(call.explicit),
-               call.trace)
-        procs: list[str] = []
         if gather is not None:
             for m in _tree.skipped_dead(-1, n, fanout, targets, dead):
                 gather.deliver(m, W.S_ERROR, *_serial.dumps(kernel._dead_error(members[m].proc_id)))
+        msg = (self.key, call.method, call.reply, region.labels, region.sizes, call.sender, call.ret,
+               bool(call.explicit), call.trace)
+        view = self._view_id()
+        procs: list[str] = []
         for hop, sub in groups.items():
-            nodes = _tree.touched(hop, sub, n, fanout) if carry or reply_port is not None else (hop,)
-            # The addresses every forwarder below needs (waits for procs still starting); a member
-            # known to be dead goes without one, so that forwarders route around it too.
-            table = {}
-            for m in nodes:
-                table[m] = (members[m].proc_id, _tree.DEAD) if dead(m) else members[m].ref()
-            header = _tree.encode(msg, n, fanout, hop, sub, table if carry else None, view, gather is not None)
-            proc_id, address = table[hop]
-            if ret is not None:
-                kernel.send(proc_id, address, W.K_ACTOR, W.F_TREE, header, call.payload, call.bufs, ret[2],
-                            track=False)
-            else:
-                kernel.send(proc_id, address, W.K_ACTOR, W.F_TREE, header, call.payload, call.bufs, reply_port)
-            if reply_port is not None:
-                # The loss of any proc on the way fails the call at once (this process hears of a
-                # death first when it spawned the proc; a forwarder only sees a broken connection).
-                for m in nodes:
-                    p, a = table[m]
-                    if a != _tree.DEAD:
-                        kernel.expect_reply(p, reply_port)
-                        procs.append(p)
+            self._send_hop(kernel, call, msg, hop, sub, carry, view, gather is not None, dead, procs)
         if targets is None:
             self._tree_sent = (kernel, len(dead_procs))
         return procs
+
+    def _tree_targets(self, indices: Sequence[int] | None) -> list[tuple[int, int]] | None:
+        """The cast tree's targets for the view's ranks ``indices`` (None:
+        all): ``[(member, rank), ...]``, or None for every member of a whole
+        view (each forwarder then works out its children)."""
+        region = self.region
+        if indices is None and self._whole_view():
+            return None
+        return [(region.root_rank(i), i) for i in (range(region.nelements) if indices is None else indices)]
+
+    def _send_hop(self, kernel: Kernel, call: Call, msg: tuple, hop: int, sub: list | None, carry: bool, view: str,
+                  gather: bool, dead: Callable[[int], bool], procs: list[str]) -> None:
+        """Send ``call`` (its header part ``msg``) to member ``hop`` of the tree
+        for its targets ``sub``, with the addresses every forwarder below it
+        needs when the message must ``carry`` the member table (waits for
+        procs still starting; a member known to be ``dead`` goes without one,
+        so that forwarders route around it too).  A call with replies also
+        waits on every proc on the way: their ids are added to ``procs``."""
+        members = self.members
+        n = len(members)
+        fanout = _tree.FANOUT
+        reply_port, ret = call.reply_port, call.ret
+        nodes = _tree.touched(hop, sub, n, fanout) if carry or reply_port is not None else (hop,)
+        table = {}
+        for m in nodes:
+            table[m] = (members[m].proc_id, _tree.DEAD) if dead(m) else members[m].ref()
+        header = _tree.encode(msg, n, fanout, hop, sub, table if carry else None, view, gather)
+        proc_id, address = table[hop]
+        if ret is not None:
+            kernel.send(proc_id, address, W.K_ACTOR, W.F_TREE, header, call.payload, call.bufs, ret[2], track=False)
+        else:
+            kernel.send(proc_id, address, W.K_ACTOR, W.F_TREE, header, call.payload, call.bufs, reply_port)
+        if reply_port is not None:
+            # The loss of any proc on the way fails the call at once (this process hears of a
+            # death first when it spawned the proc; a forwarder only sees a broken connection).
+            for m in nodes:
+                p, a = table[m]
+                if a != _tree.DEAD:
+                    kernel.expect_reply(p, reply_port)
+                    procs.append(p)
 
     def stop(self, kernel: Kernel, reason: str, sender: str, replies: Any) -> list[str]:
         """Stop every actor of the view (``reason``: why); ``replies`` (a
@@ -220,12 +241,3 @@ def control(kernel: Kernel, proc_id: str, address: str | None, msg: Any, payload
     that proc (failed if it dies first or the message is undeliverable).
     Control messages never wait for room in a send window."""
     kernel.send(proc_id, address, W.K_CONTROL, 0, C.encode(msg), payload, bufs or [], reply_port)
-
-
-def to_port(kernel: Kernel, proc_id: str, address: str | None, port_id: int, payload: Any, bufs: list,
-            rank: int = -1, status: int = W.S_VALUE, reply_port: int | None = None) -> None:
-    """Send one port message (``payload`` and ``bufs``, as ``rank`` with
-    ``status``) to port ``port_id`` of proc ``proc_id``; ``reply_port``: a
-    local port that also waits on that proc."""
-    kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, W.port_header(port_id, rank, status), payload, bufs,
-                reply_port=reply_port)

@@ -1,7 +1,8 @@
 """Process-wide runtime state: the kernel, this proc's identity, the context.
 
-In the client the runtime is created on first use (``_launch._start.runtime()``,
-starting the kernel thread); in a proc ``_launch._proc_main`` creates it
+:func:`current` is the one accessor of this process's runtime.  In the
+client the runtime is created on first use (``_launch._start.ensure_runtime()``,
+which the mesh API's entry points call, starting the kernel thread); in a proc ``_launch._proc_main`` creates it
 before the loop starts; both through ``_start.build_runtime``.  This module holds the state only: it imports
 nothing of the runtime above it.
 """
@@ -129,11 +130,17 @@ def set_runtime(rt: ProcRuntime) -> None:
 
 
 def current() -> ProcRuntime:
-    """This process's runtime; ``RuntimeError`` if it has none (yet, or any
-    more).  Code that may be the first to need one in a client --
-    the mesh API's entry points -- calls ``_launch._start.runtime()``, which starts it."""
+    """This process's runtime: the one accessor, for every layer.
+    ``RuntimeError`` if it has none (yet, or any more).  Code that may be the
+    first to need one in a client -- the mesh API's entry points -- calls
+    ``_launch._start.ensure_runtime()`` first, which starts it."""
     rt = _runtime
     if rt is None:
+        if _shutdown_done:
+            raise RuntimeError(
+                "the monarch context was shut down (shutdown_context() or interpreter exit); "
+                "no new meshes can be created in this process"
+            )
         raise RuntimeError(
             "this process has no monarch runtime: the monarch context was shut down, or nothing started it "
             "(this_proc(), this_host() or hosts_from_config() start it in a client)"

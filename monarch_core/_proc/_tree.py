@@ -37,7 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 from monarch_core import settings
 from monarch_core._kernel import _wire as W
-from monarch_core.errors import ProtocolError
+from monarch_core._proc import _portmsg, _serial
+from monarch_core._proc._portmsg import decode_batch, encode_batch
+from monarch_core.errors import ProtocolError, SupervisionError
 
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
@@ -184,34 +186,7 @@ def count(hop: int, sub: list | None, n: int, fanout: int) -> int:
 
 
 # ---------------------------------------------------------------- gathered replies
-def encode_batch(items: list) -> tuple[bytes, list]:
-    """``[(rank, status, payload, buffers), ...]`` as one port message: a
-    marshal list of ``(rank, status, payload bytes, number of buffers)`` and
-    every item's buffers, in order, as the message's out-of-band parts."""
-    rows, flat = [], []
-    for rank, status, payload, buffers in items:
-        rows.append((rank, status, bytes(payload), len(buffers)))
-        flat.extend(buffers)
-    return marshal.dumps(rows), flat
-
-
-def decode_batch(peer: str, payload: Any, buffers: list) -> list:
-    data = bytes(payload)
-    W.check_marshal(data, peer, "batch of replies")
-    try:
-        rows = marshal.loads(data)
-    except (ValueError, EOFError, TypeError) as e:
-        raise ProtocolError(f"peer {peer} sent a malformed batch of replies: {e}") from None
-    if not isinstance(rows, list) or not all(
-        isinstance(r, tuple) and len(r) == 4 and type(r[0]) is int and type(r[1]) is int
-        and isinstance(r[2], bytes) and type(r[3]) is int and r[3] >= 0 for r in rows
-    ) or sum(r[3] for r in rows) != len(buffers):
-        raise ProtocolError(f"peer {peer} sent a malformed batch of replies")
-    out, i = [], 0
-    for rank, status, p, nb in rows:
-        out.append((rank, status, p, list(buffers[i:i + nb])))
-        i += nb
-    return out
+# (one port message of status ``W.S_BATCH``: ``_portmsg.encode_batch`` / ``_portmsg.decode_batch``)
 
 
 class SubtreeGather:
@@ -256,8 +231,6 @@ class SubtreeGather:
         self._send_up(batch)
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
-        from monarch_core._proc import _serial
-
         with self.lock:
             if self.closed:
                 return
@@ -273,8 +246,7 @@ class SubtreeGather:
 
     def _send_up(self, items: list) -> None:
         payload, bufs = encode_batch(items)
-        proc_id, address, port_id = self.up
-        self.kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, W.port_header(port_id, -1, W.S_BATCH), payload, bufs)
+        _portmsg.send(self.kernel, self.up, -1, W.S_BATCH, payload, bufs)
         self.kernel.tree_batches += 1
 
 
@@ -301,19 +273,10 @@ def decode(peer: str, header: bytes) -> tuple:
     h = W.decode_header(peer, header)
     try:
         msg, n, fanout, at, targets, table, view, gather = h
-        key, method, reply, labels, sizes, _sender, ret, _explicit, trace = msg
         ok = (
-            type(msg) is tuple and type(gather) is bool and (trace is None or type(trace) is bytes) and
-            isinstance(key, str) and isinstance(method, str) and isinstance(labels, tuple)
-            and isinstance(sizes, tuple) and type(n) is int and type(fanout) is int and type(at) is int
-            and 0 <= at < n and fanout >= 2 and (table is None or isinstance(table, dict)) and isinstance(view, str)
-            and (reply is None or (isinstance(reply, tuple) and len(reply) == 3))
-            and (ret is None or (isinstance(ret, tuple) and len(ret) == 3))
-            and (targets is None or (isinstance(targets, list) and all(
-                isinstance(t, tuple) and len(t) == 2 and type(t[0]) is int and type(t[1]) is int
-                and 0 <= t[0] < n for t in targets)))
-            and (table is None or all(type(k) is int and isinstance(v, tuple) and len(v) == 2
-                                      for k, v in table.items()))
+            type(gather) is bool and isinstance(view, str) and type(n) is int and type(fanout) is int
+            and type(at) is int and 0 <= at < n and fanout >= 2
+            and _message_ok(msg) and _targets_ok(targets, n) and _table_ok(table)
         )
     except (TypeError, ValueError):
         ok = False
@@ -322,28 +285,57 @@ def decode(peer: str, header: bytes) -> tuple:
     return h
 
 
+def _message_ok(msg: Any) -> bool:
+    """``msg`` is the message part of a header, ``(key, method, reply, labels,
+    sizes, sender, ret, explicit, trace)`` with fields of the right types (one
+    of another length raises ``ValueError``, which :func:`decode` turns into a
+    ``ProtocolError``)."""
+    key, method, reply, labels, sizes, _sender, ret, _explicit, trace = msg
+    return (
+        type(msg) is tuple and (trace is None or type(trace) is bytes) and isinstance(key, str)
+        and isinstance(method, str) and isinstance(labels, tuple) and isinstance(sizes, tuple)
+        and _port_ref_ok(reply) and _port_ref_ok(ret)
+    )
+
+
+def _port_ref_ok(ref: Any) -> bool:
+    """``ref`` is None or a port reference's shape, a 3-tuple (its fields are
+    checked where a message is sent to it: ``_portmsg.send``)."""
+    return ref is None or (isinstance(ref, tuple) and len(ref) == 3)
+
+
+def _targets_ok(targets: Any, n: int) -> bool:
+    """``targets`` is None (a whole subtree) or a list of ``(member, rank)``
+    int pairs naming members of a mesh of ``n``."""
+    return targets is None or (isinstance(targets, list) and all(
+        isinstance(t, tuple) and len(t) == 2 and type(t[0]) is int and type(t[1]) is int and 0 <= t[0] < n
+        for t in targets))
+
+
+def _table_ok(table: Any) -> bool:
+    """``table`` is None (the receiver keeps one) or a dict member -> ``(proc_id, address)``."""
+    return table is None or (isinstance(table, dict) and all(
+        type(k) is int and isinstance(v, tuple) and len(v) == 2 for k, v in table.items()))
+
+
 # ---------------------------------------------------------------- a member's proc
 def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_proc: str) -> None:
     """A tree message arrived at this proc (the thread that read it): deliver
-    it to the local member if it is a target, and send it on below."""
+    it to the local member if it is a target, and send it on below.
+
+    The steps: the member table (:func:`_member_table`), the plan
+    (:func:`plan`), the subtree's reply gatherer of a ``call``
+    (:func:`_gather_subtree`), the messages below (:func:`_send_below`),
+    then the local member's delivery."""
     msg, n, fanout, at, targets, table, view, gather = decode(sender_proc, header)
-    key, method, reply, labels, sizes, sender, ret, explicit, trace = msg
-    dead_procs = kernel.dead
-    cache_key = (key, view)
     carried = table is not None
-    if carried:
-        known = kernel.tree_tables.get(cache_key)
-        if known is None:
-            kernel.tree_tables[cache_key] = dict(table)
-        else:
-            known.update(table)
-    else:
-        table = kernel.tree_tables.get(cache_key)
-        if table is None:  # never sent, or forgotten: the sender must not wait for nothing
-            logger.error("cast-tree message from %s for %s.%s without a member table this proc knows; "
-                         "its targets are answered with an error", sender_proc, key, method)
-            _fail_targets(kernel, at, n, fanout, targets, reply, method)
-            return
+    table = _member_table(kernel, (msg[0], view), table)
+    if table is None:  # never sent, or forgotten: the sender must not wait for nothing
+        logger.error("cast-tree message from %s for %s.%s without a member table this proc knows; "
+                     "its targets are answered with an error", sender_proc, msg[0], msg[1])
+        _fail_targets(kernel, at, n, fanout, targets, msg[2], msg[1])
+        return
+    dead_procs = kernel.dead
 
     def dead(member: int) -> bool:
         entry = table.get(member)
@@ -353,15 +345,53 @@ def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_p
     for hop in groups:
         if hop not in table:
             raise ProtocolError(f"peer {sender_proc} sent a cast-tree message without the address of member {hop}")
-    g = None
+    g: SubtreeGather | None = None
     passed: list[int] = []
-    if gather and reply is not None and groups:
-        # Replies of this subtree come here and go up as one batch.
-        passed = skipped_dead(at, n, fanout, targets, dead)
-        expected = int(here) + len(passed) + sum(count(hop, sub, n, fanout) for hop, sub in groups.items())
-        g = SubtreeGather(kernel, tuple(reply), expected)
-        reply = g.ref()
-        msg = (key, method, reply, *msg[3:])
+    if gather and msg[2] is not None and groups:
+        g, passed = _gather_subtree(kernel, tuple(msg[2]), here, at, n, fanout, targets, groups, dead)
+        msg = (msg[0], msg[1], g.ref(), *msg[3:])
+    _send_below(kernel, msg, n, fanout, groups, table, carried, view, gather, payload, buffers, g)
+    if g is not None:
+        for m in passed:  # nobody below answers for a dead member
+            g.deliver(m, W.S_ERROR, *_serial.dumps(kernel._dead_error(table[m][0])))
+    if here:
+        key, method, reply, labels, sizes, sender, ret, explicit, trace = msg
+        h = (key, method, reply, rank_here, labels, sizes, sender, ret, int(explicit))
+        kernel.route_actor(h if trace is None else (*h, trace), payload, buffers, sender_proc)
+
+
+def _member_table(kernel: Kernel, cache_key: tuple, carried: dict | None) -> dict | None:
+    """The member table for ``cache_key`` (``(key, view)``): the one the
+    message ``carried`` (merged into what this proc keeps for the next
+    messages, which may come without it), else the one this proc kept; None
+    when it has none."""
+    tables = kernel.tree_tables
+    if carried is None:
+        return tables.get(cache_key)
+    known = tables.get(cache_key)
+    if known is None:
+        tables[cache_key] = dict(carried)
+    else:
+        known.update(carried)
+    return carried
+
+
+def _gather_subtree(kernel: Kernel, up: tuple, here: bool, at: int, n: int, fanout: int, targets: list | None,
+                    groups: dict[int, list | None], dead: Callable[[int], bool]) -> tuple[SubtreeGather, list[int]]:
+    """The port the replies of this subtree to a ``call`` come to, to go ``up``
+    as one batch (it expects one from the local member if it is a target,
+    one per dead member it routes around, and those of every hop below); and
+    those dead members (their errors are delivered once the message went on)."""
+    passed = skipped_dead(at, n, fanout, targets, dead)
+    expected = int(here) + len(passed) + sum(count(hop, sub, n, fanout) for hop, sub in groups.items())
+    return SubtreeGather(kernel, up, expected), passed
+
+
+def _send_below(kernel: Kernel, msg: tuple, n: int, fanout: int, groups: dict[int, list | None], table: dict,
+                carried: bool, view: str, gather: bool, payload: Any, buffers: list, g: SubtreeGather | None) -> None:
+    """Send the message on to each hop of ``groups`` (hop -> its targets),
+    with the part of the member table below it when the message ``carried``
+    one; ``g``: the subtree's gatherer, which then waits on each hop's proc."""
     for hop, sub in groups.items():
         entry = table[hop]
         sub_table = {m: table[m] for m in touched(hop, sub, n, fanout) if m in table} if carried else None
@@ -372,14 +402,6 @@ def forward(kernel: Kernel, header: bytes, payload: Any, buffers: list, sender_p
         else:
             kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers)
         kernel.tree_forwarded += 1
-    if g is not None:
-        from monarch_core._proc import _serial
-
-        for m in passed:  # nobody below answers for a dead member
-            g.deliver(m, W.S_ERROR, *_serial.dumps(kernel._dead_error(table[m][0])))
-    if here:
-        h = (key, method, reply, rank_here, labels, sizes, sender, ret, int(explicit))
-        kernel.route_actor(h if trace is None else (*h, trace), payload, buffers, sender_proc)
 
 
 def _fail_targets(kernel: Kernel, at: int, n: int, fanout: int, targets: list | None, reply: tuple | None,
@@ -388,21 +410,13 @@ def _fail_targets(kernel: Kernel, at: int, n: int, fanout: int, targets: list | 
     cannot route)."""
     if reply is None:
         return
-    from monarch_core._proc import _serial
-    from monarch_core.errors import SupervisionError
-
     err = SupervisionError(
         f"{method} could not be routed through the cast tree at proc {kernel.proc_id}: it has no member table "
         "for this mesh (send the call again; a new table goes with the next cast)"
     )
     ranks = subtree(at, n, fanout) if targets is _ALL else [r for _m, r in targets]
     for r in ranks:
-        try:  # what ``_port.send_to_port`` does (that module imports this one)
-            proc_id, address, port_id = reply
-            if not isinstance(proc_id, str) or not isinstance(port_id, int) or not (
-                    address is None or isinstance(address, str)):
-                raise ValueError(f"malformed port reference {reply!r}")
-            payload, bufs = _serial.dumps(err)
-            kernel.send(proc_id, address, W.K_PORT, W.F_PACKED, W.port_header(port_id, r, W.S_ERROR), payload, bufs)
+        try:
+            _portmsg.send(kernel, reply, r, W.S_ERROR, *_serial.dumps(err))
         except Exception:  # noqa: BLE001 - best effort: the sender may be gone
             logger.debug("could not report an unroutable cast to %s", reply, exc_info=True)
