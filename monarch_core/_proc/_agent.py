@@ -510,6 +510,8 @@ class ProcAgent:
             from monarch_core._proc._future import Cell
 
             for host in hosts:
+                if host.stop_if_idle(reason):  # nothing to run: stopped without waking its thread
+                    continue
                 c = Cell()
                 host_reply = _LocalSignal(c)
                 pid = self.kernel.add_port(host_reply)

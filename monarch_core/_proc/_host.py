@@ -331,6 +331,35 @@ class ActorHost:
             except RuntimeError:  # the kernel is shutting down: the proc ends anyway
                 pass
 
+    def stop_if_idle(self, reason: str) -> bool:
+        """Stop now, on the calling thread, if stopping has nothing to run:
+        the actor is constructed and idle (no message being handled or
+        queued, no concurrent task, no failure being cleaned up), has no
+        ``__cleanup__`` and owns no mesh.  Its thread is not woken: it stays
+        parked, refusing whatever still reaches it, until the process ends --
+        so this is for a stopping proc only (``ProcAgent.stop_everything``),
+        where waking thousands of idle actor threads one by one is what a
+        stop would otherwise cost.  Returns False (nothing changed) when the
+        actor must stop on its own thread (:meth:`request_stop`)."""
+        instance = self.instance
+        if (instance is None or self._poller is not None or self._busy is not None or self.owned
+                or self._concurrent or self._after_death_task is not None
+                or getattr(instance, "__cleanup__", None) is not None):
+            return False
+        with self._stop_lock:
+            if self._finished or self._stop_requested or not self._idle or self._pending or self._incoming \
+                    or self._control or self._current_reply is not None:
+                return False
+            self.stopped = True  # a message taken from now on is refused (``_run_message`` checks after taking it)
+            if self._current_reply is not None or self._pending or self._incoming or self._control:
+                self.stopped = False  # one was taken meanwhile: the actor stops on its thread, after it
+                return False
+            self._stop_requested = True
+            self._stop_reason = reason
+        self.agent.actor_stopped(self, reason)
+        self._finish_stop()
+        return True
+
     async def _stop_watchdog(self, grace: float) -> None:
         """On the kernel loop: if the stop has not completed after ``grace``
         seconds (``MONARCH_STOP_GRACE``), stop without the actor's thread.  A
@@ -767,15 +796,18 @@ class ActorHost:
         if method_name == _tree.STOP_METHOD:  # a stop that came through a cast tree, in order
             self.request_stop(str(_serial.loads(payload, buffers)), tuple(reply) if reply is not None else None)
             return None
+        reply_ref = tuple(reply) if reply is not None else None
+        # Taken before the check: a stop that completes without this thread
+        # (``stop_if_idle``) sets ``stopped`` and then reads ``_current_reply``.
+        self._current_reply = (reply_ref, rank, method_name)
         if self.init_error is not None or self.failure is not None or self.stopped:
+            self._current_reply = None
             self._refuse_msg(h)
             return None
-        reply_ref = tuple(reply) if reply is not None else None
         extent = self._extent(labels, sizes)
         point = Point._make(rank, extent) if type(rank) is int and 0 <= rank < extent.nelements else Point(rank, extent)
         token = _state.current_message_rank.set(point)
         explicit = bool(explicit_flag)
-        self._current_reply = (reply_ref, rank, method_name)
         # the observer's: the endpoint's stat, its span when the call is traced
         stat = self._stats.get(method_name)
         if stat is None:
