@@ -146,7 +146,6 @@ class Record:
                 m["hosts"] = hosts
             if scheduler is not None:
                 m["scheduler"] = scheduler
-            self._trim("host_meshes")
             self._write()
 
     def proc_mesh_spawned(self, name: str, proc_ids: list[str], host_mesh: str, extent: dict[str, int]) -> None:
@@ -193,8 +192,6 @@ class Record:
                 for a in self.data["actor_meshes"].values():
                     if a["proc_mesh"] == name and a["state"] != "stopped":
                         a["state"] = "stopped"
-                self._trim("proc_meshes")
-                self._trim("actor_meshes")
             self._write()
 
     def actor_mesh(self, key: str, state: str, name: Optional[str] = None, class_name: Optional[str] = None,
@@ -207,8 +204,6 @@ class Record:
                 a = self.data["actor_meshes"][key] = {"name": name, "class": class_name or "",
                                                       "proc_mesh": proc_mesh or "", "extent": extent or {}}
             a["state"] = state
-            if state == "stopped":
-                self._trim("actor_meshes")
             self._write()
 
     def url(self, name: str, url: Optional[str]) -> None:
@@ -255,6 +250,8 @@ class Record:
 
     def _write_now(self) -> None:
         t0 = time.monotonic()
+        for which in ("host_meshes", "proc_meshes", "actor_meshes"):  # (here: once per write, not per change)
+            self._trim(which)
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
