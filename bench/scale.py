@@ -172,16 +172,6 @@ HOSTS = textwrap.dedent("""
     import json, os, resource, signal, statistics, sys, threading, time
 
     cfg = json.load(open(sys.argv[1]))
-    profiles = {}  # thread name -> its cProfile.Profile (--idle-profile only)
-    if cfg.get("profile"):
-        import cProfile
-
-        def _profile_thread(frame, event, arg):  # each new thread's first event: a profiler of its own
-            prof = cProfile.Profile()
-            profiles[f"{threading.current_thread().name} (tid {threading.get_native_id()})"] = prof
-            prof.enable()  # (replaces this function as the thread's profile hook)
-
-        threading.setprofile(_profile_thread)
 
     import monarch_core.actor as api
     from monarch_core.actor import Actor, enable_transport, endpoint
@@ -207,22 +197,33 @@ HOSTS = textwrap.dedent("""
         return out
 
     def idle_window(seconds):
-        # the client's CPU over `seconds` of doing nothing, as shares of one core
-        for prof in profiles.values():
-            prof.clear()
+        # the client's CPU over `seconds` of doing nothing, as shares of one core; with cfg["profile"],
+        # a cProfile of its kernel thread (where the heartbeats run) over the window, started and ended
+        # on that thread (cProfile profiles the thread that enables it)
+        prof, on_loop = None, None
+        if cfg.get("profile"):
+            import cProfile
+            from monarch_core._proc import _state
+            prof, on_loop = cProfile.Profile(), _state.current().kernel.call_soon
+            started = threading.Event()
+            on_loop(lambda: (prof.enable(), started.set()))
+            started.wait(60)
         r0, c0, s0, th0, w0 = (resource.getrusage(resource.RUSAGE_SELF), time.process_time(), stat_cpu(),
                                thread_cpu(), time.perf_counter())
         time.sleep(seconds)
         w = time.perf_counter() - w0
         c1, s1, th1, r1 = time.process_time(), stat_cpu(), thread_cpu(), resource.getrusage(resource.RUSAGE_SELF)
-        if profiles:
+        if prof is not None and on_loop is not None:
             import io, pstats
+            ended = threading.Event()
+            on_loop(lambda: (prof.disable(), ended.set()))
+            ended.wait(60)
             with open(cfg["profile"], "w") as f:
-                for name, prof in sorted(profiles.items()):
-                    for key in ("tottime", "cumulative"):
-                        buf = io.StringIO()
-                        pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(40)
-                        f.write(f"===== thread {name}, idle window {w:.1f}s, by {key}\\n{buf.getvalue()}\\n")
+                for key in ("tottime", "cumulative"):
+                    buf = io.StringIO()
+                    pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(45)
+                    f.write(f"===== the kernel thread, idle window {w:.1f}s, {len(cfg['addresses'])} hosts, "
+                            f"by {key}\\n{buf.getvalue()}\\n")
         return {"idle_cpu": (c1 - c0) / w, "idle_stat_cpu": (s1 - s0) / w, "idle_s": w,
                 "idle_rusage_s": (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime),
                 "idle_threads": {k: round((v - th0.get(k, 0.0)) / w, 5) for k, v in th1.items()
@@ -377,7 +378,7 @@ def run_hosts(n: int, rounds: int, tree_min: int, timeout: float, idle: float = 
     worker loop's process group is killed at the end, whatever happened.
     ``n == 0``: the floor, the same client with its runtime started and no
     host attached, measured over the same idle window (``idle`` s) only.
-    ``profile``: a file the client writes its threads' cProfile of the idle
+    ``profile``: a file the client writes its kernel thread's cProfile of the idle
     window to."""
     import signal
     import tempfile
@@ -952,7 +953,7 @@ def main() -> int:
     ap.add_argument("--idle", type=float, default=20.0,
                     help="seconds of the hosts axis's idle window (the client's CPU with N hosts attached)")
     ap.add_argument("--idle-profile", metavar="DIR",
-                    help="hosts axis: also profile the client's threads (cProfile) over the idle window and "
+                    help="hosts axis: also profile the client's kernel thread (cProfile) over the idle window and "
                          "write DIR/idle-<N>.txt (a separate diagnostic: the profiler costs CPU itself)")
     args = ap.parse_args()
     out = []
