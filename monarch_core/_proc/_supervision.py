@@ -30,6 +30,7 @@ handles is logged at WARNING and dropped: a notice never ends anything.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import re
@@ -259,6 +260,11 @@ def _run_hook(failure: MeshFailure) -> None:
         hook(failure)
     except BaseException as e:  # noqa: BLE001 - any exception means "unhandled"
         obs.supervision_handled(failure.mesh_name, "unhandled_fault_hook", False)
+        with _ending_lock:
+            already, _ending[0] = _ending[0], True
+        if already:  # the client is ending for an earlier one: summed up, not reported again in full
+            _also_failed(failure)
+            return
         logger.error(
             "unhandled supervision failure (%s); ending the client with exit code 1:\n%s",
             type(e).__name__,
@@ -270,6 +276,45 @@ def _run_hook(failure: MeshFailure) -> None:
         return
     obs.supervision_handled(failure.mesh_name, "unhandled_fault_hook", True)
     logger.warning("supervision failure dropped by unhandled_fault_hook:\n%s", failure.report())
+
+
+#: set once an unhandled failure ends the client: the failures after it (a lost
+#: proc fails every actor mesh it held -- thousands, at scale) are summed up
+#: in one ERROR line a moment later instead of a full report each.
+_ending = [False]
+_ending_lock = threading.Lock()
+_more: list[MeshFailure] = []
+#: seconds the summary waits for more failures to arrive before it is logged
+SUMMARY_DELAY = 0.5
+
+
+def _also_failed(failure: MeshFailure) -> None:
+    with _ending_lock:
+        _more.append(failure)
+        if len(_more) > 1:  # a summary is already due: it will name this one too
+            return
+    t = threading.Timer(SUMMARY_DELAY, _log_more)
+    t.daemon = True
+    t.start()
+
+
+def _log_more() -> None:
+    """Log the failures gathered since the last summary (a timer's, and at exit: the client may end first)."""
+    with _ending_lock:
+        batch = list(_more)
+        _more.clear()
+    if not batch:
+        return
+    names = [f.mesh_name for f in batch]
+    shown = ", ".join(repr(n) for n in names[:10]) + (f" and {len(names) - 10} more" if len(names) > 10 else "")
+    first = batch[0].events[0] if batch[0].events else {}
+    cause = str(first.get("cause", "")).strip().splitlines()
+    logger.error(
+        "%d more actor mesh(es) failed while the client was ending for the failure above: %s (the first: %s: %s)",
+        len(batch), shown, first.get("actor", "?"), cause[-1] if cause else "?")
+
+
+atexit.register(_log_more)
 
 
 def _run_notice_hook(hook: Any, failure: MeshFailure) -> None:
