@@ -219,6 +219,12 @@ HOSTS = textwrap.dedent("""
             on_loop(lambda: (prof.disable(), ended.set()))
             ended.wait(60)
             with open(cfg["profile"], "w") as f:
+                try:  # (a private table, read for this diagnostic only: one watchdog task per session)
+                    sessions = list(_state.current().kernel._sender.sessions.values())
+                    f.write(f"outbound sessions of the client: {len(sessions)} "
+                            f"({sum(o.failed is None for o in sessions)} not failed)\\n")
+                except Exception as e:
+                    f.write(f"outbound sessions of the client: unknown ({e!r})\\n")
                 for key in ("tottime", "cumulative"):
                     buf = io.StringIO()
                     pstats.Stats(prof, stream=buf).sort_stats(key).print_stats(45)
