@@ -506,22 +506,28 @@ class ProcAgent:
                 owned.extend(host.owned)
                 host.owned.clear()
             _stop_meshes(owned, timeout)
-            cells = []
-            from monarch_core._proc._future import Cell
-
-            for host in hosts:
-                if host.stop_if_idle(reason):  # nothing to run: stopped without waking its thread
-                    continue
-                c = Cell()
-                host_reply = _LocalSignal(c)
-                pid = self.kernel.add_port(host_reply)
-                host.request_stop(reason, (self.kernel.proc_id, self.kernel.address, pid))
-                cells.append(c)
-            deadline = time.monotonic() + timeout
-            for c in cells:
-                c.wait(max(0.0, deadline - time.monotonic()))
+            _stop_actors(self.kernel, hosts, reason, timeout)
         finally:
             _lifecycle.emit("proc_stopped", why=reason)
+
+
+def _stop_actors(kernel: Kernel, hosts: list[ActorHost], reason: str, timeout: float) -> None:
+    """Stop ``hosts`` and wait (at most ``timeout`` seconds) until they have:
+    the idle ones at once, without waking their threads (``stop_if_idle``),
+    the others each on its own thread, all at the same time."""
+    from monarch_core._proc._future import Cell
+
+    cells = []
+    for host in hosts:
+        if host.stop_if_idle(reason):  # nothing to run: stopped without waking its thread
+            continue
+        c = Cell()
+        pid = kernel.add_port(_LocalSignal(c))
+        host.request_stop(reason, (kernel.proc_id, kernel.address, pid))
+        cells.append(c)
+    deadline = time.monotonic() + timeout
+    for c in cells:
+        c.wait(max(0.0, deadline - time.monotonic()))
 
 
 class _LocalSignal:

@@ -1,4 +1,4 @@
-"""Lifecycle events of this process: the proc runtime's one extension point.
+"""Lifecycle events of this process, on the runtime's event bus.
 
 The proc runtime announces what happens to it here -- an actor stopped, an
 endpoint raised, the process begins to stop, it stopped -- and never calls up into the
@@ -13,6 +13,11 @@ layers above it or into plugins by name.  Two kinds of listeners:
   makes its first host allocation).  Subscribing is an explicit call made by
   the code that needs it, never an import-time side effect.
 
+The listeners of both kinds hear an event through one
+:class:`~monarch_core._kernel._events.EventBus` (:data:`bus`; the kernel's
+own events, ``kernel.events``, are another instance of it): the core's
+subscribers first, then the plugins' hook implementations.
+
 Events are rare (never per message).  The plugin hooks' implementations are
 looked up once per process, so an event nobody listens to costs a tuple
 check; ``endpoint_raised`` calls the implementations directly.  A listener
@@ -21,12 +26,12 @@ that raises is logged with its name and the event goes on to the others.
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
-__all__ = ["EVENTS", "emit", "endpoint_raised", "subscribe"]
+from monarch_core._kernel._events import EventBus, call
 
-logger = logging.getLogger("monarch.lifecycle")
+__all__ = ["EVENTS", "bus", "emit", "endpoint_raised", "subscribe"]
+
 
 #: event name -> the plugin hook that announces it to plugins.
 EVENTS = {
@@ -36,7 +41,8 @@ EVENTS = {
     "endpoint_raised": "monarch_endpoint_raised",
 }
 
-_subscribers: dict[str, list[Callable[..., None]]] = {e: [] for e in EVENTS}
+#: this process's lifecycle events and the core's subscribers to them
+bus = EventBus(EVENTS)
 #: event -> ((plugin name, function), ...) of the installed plugins, found
 #: once per plugin registry (tests make new ones).
 _hooks: dict[str, tuple[tuple[str, Callable[..., None]], ...]] = {}
@@ -46,9 +52,7 @@ _hooks_of: list[Any] = [None]
 def subscribe(event: str, fn: Callable[..., None]) -> None:
     """Call ``fn(**arguments of the event)`` on every ``event`` from now on
     (once, however often it subscribes).  ``KeyError`` for an unknown event."""
-    subs = _subscribers[event]
-    if fn not in subs:
-        subs.append(fn)
+    bus.subscribe(event, fn)
 
 
 def _plugin_hooks(event: str) -> tuple[tuple[str, Callable[..., None]], ...]:
@@ -68,16 +72,12 @@ def _plugin_hooks(event: str) -> tuple[tuple[str, Callable[..., None]], ...]:
 
 def emit(event: str, **kwargs: Any) -> None:
     """Announce ``event`` to the core's subscribers, then to plugins."""
-    listeners = [(getattr(fn, "__qualname__", repr(fn)), fn) for fn in _subscribers[event]]
-    listeners.extend(_plugin_hooks(event))
-    for name, fn in listeners:
-        try:
-            fn(**kwargs)
-        except Exception:  # noqa: BLE001 - one listener must not stop the others, or the event
-            logger.exception("the %s listener %s raised", event, name)
+    bus.emit(event, **kwargs)
+    for name, fn in _plugin_hooks(event):
+        call(event, name, fn, kwargs)
 
 
 def endpoint_raised(exc: BaseException) -> None:
     """An endpoint raised ``exc`` (the actor's thread): tell the listeners."""
-    if _plugin_hooks("endpoint_raised") or _subscribers["endpoint_raised"]:
+    if _plugin_hooks("endpoint_raised") or bus.listeners("endpoint_raised"):
         emit("endpoint_raised", exc=exc)
