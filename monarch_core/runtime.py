@@ -158,7 +158,7 @@ def on_proc_failed(fn: Callable[[str, str, bool], None]) -> None:
     happens when no runtime runs here."""
     rt = _state.current_runtime_or_none()
     if rt is not None:
-        rt.kernel.on_proc_failed.append(fn)
+        rt.kernel.events.subscribe("proc_failed", fn)
 
 
 def subscribe(event: str, fn: Callable[..., Any]) -> None:

@@ -8,7 +8,7 @@ monarch-core has two extension mechanisms, and only two:
   proc failed, an actor stopped, an endpoint raised, this process is
   stopping.  A listener subscribes by event name at run time (an explicit
   call by the code that needs it, never an import-time side effect) and is
-  called with the event's keyword arguments.
+  called with the event's arguments.
 
 An :class:`EventBus` is a scope, not a new mechanism: each kernel holds one
 for its own events (``kernel.events``: ``proc_failed``), and the process has
@@ -73,16 +73,17 @@ class EventBus:
         self._check(event)
         return self._listeners[event]
 
-    def emit(self, event: str, **kwargs: Any) -> None:
-        """Call each listener of ``event`` with ``kwargs``; one that raises is
-        logged and the others still run."""
+    def emit(self, event: str, *args: Any, **kwargs: Any) -> None:
+        """Call each listener of ``event`` with ``args`` and ``kwargs`` (each
+        event's documentation says which); one that raises is logged and the
+        others still run."""
         for fn in self.listeners(event):
-            call(event, getattr(fn, "__qualname__", repr(fn)), fn, kwargs)
+            call(event, getattr(fn, "__qualname__", repr(fn)), fn, kwargs, args)
 
 
-def call(event: str, name: str, fn: Callable[..., None], kwargs: dict[str, Any]) -> None:
+def call(event: str, name: str, fn: Callable[..., None], kwargs: dict[str, Any], args: tuple = ()) -> None:
     """Run one listener ``fn`` (called ``name`` in the log) of ``event``; log what it raises."""
     try:
-        fn(**kwargs)
+        fn(*args, **kwargs)
     except Exception:  # noqa: BLE001 - one listener must not stop the others, or the event
         logger.exception("the %s listener %s raised", event, name)

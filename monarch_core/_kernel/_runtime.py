@@ -56,6 +56,7 @@ from monarch_core._kernel._accept import InboundServer
 from monarch_core._kernel._acker import _Acker, _dropped  # noqa: F401  (tests patch them here)
 from monarch_core._kernel._addresses import AddressBook
 from monarch_core._kernel._child_watch import ChildProcess, ChildWatch
+from monarch_core._kernel._events import EventBus
 from monarch_core._kernel._inbound import SessionFence
 from monarch_core._kernel._outbound import _grow_buffer, _Outbound, _raw_socket, _Window
 from monarch_core._kernel._poller import Poller
@@ -121,12 +122,11 @@ class Kernel:
         self.agent: ProcAgentProtocol | None = None  # the proc agent (see ``_upper``)
         #: proc id -> why it is gone (later sends to it fail at once)
         self.dead: dict[str, str] = {}
-        #: called ``(proc_id, reason, stopped)`` on the loop when a proc is found gone
-        self.on_proc_failed: list[Callable[[str, str, bool], None]] = []
+        #: this kernel's events (``_events``): ``proc_failed``, emitted ``(proc_id, reason,
+        #: stopped)`` on the loop when a proc is found gone
+        self.events = EventBus(("proc_failed",))
         self._dead_events: dict[str, trio.Event] = {}
         self._pending: dict[str, set[int]] = {}  # proc id -> reply ports waiting on it
-        #: Forwards cast-tree messages (set by the proc agent; see ``_proc._tree``).
-        self.tree_handler: Callable[..., None] | None = None
         self.tree_forwarded = 0  # cast-tree messages this proc sent on (tests and benchmarks read it)
         self.tree_batches = 0  # batches of gathered replies this proc sent up a cast tree
         #: (actor mesh key, sender's view id) -> member -> (proc_id, address): the addresses a
@@ -419,11 +419,7 @@ class Kernel:
         self._book.give_up(proc_id)
         if not self._sender.fail_session(proc_id, exc):
             self._fail_pending(proc_id, exc, set())
-        for cb in list(self.on_proc_failed):
-            try:
-                cb(proc_id, reason, stopped)
-            except Exception:
-                logger.exception("proc-failure listener raised")
+        self.events.emit("proc_failed", proc_id, reason, stopped)
         # What only a live proc needs goes (``dead`` stays: later sends fail at once; its
         # window goes with its session, ``SendPath._run_session``).
         self._server.forget(proc_id)
@@ -487,10 +483,10 @@ class Kernel:
             self._server.ack_soon(sender)
         if not flags & W.F_TREE:
             return False
-        handler = self.tree_handler
-        if kind != _K_ACTOR or handler is None:
+        agent = self.agent
+        if kind != _K_ACTOR or agent is None:
             raise ProtocolError(f"peer {sender} sent a cast-tree message this proc cannot forward")
-        handler(self, header, payload, buffers, sender)
+        agent.forward_tree(self, header, payload, buffers, sender)
         return True
 
     def _route_control(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:

@@ -49,6 +49,10 @@ class ProcAgentProtocol(Protocol):
     def handle_control(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         """Handle one control message (``h[0]`` is the op name; ``_control.decode(h)`` its message); on the kernel loop."""
 
+    def forward_tree(self, kernel: Any, header: bytes, payload: Any, buffers: list, sender: str) -> None:
+        """Forward a cast-tree message this proc is on the way of (and deliver
+        its own part); on the thread that read it (``_proc._tree.forward``)."""
+
     def no_such_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         """An actor message for an actor this proc does not (yet) run; any
         thread.  Raises ``ProtocolError`` for a header of the wrong shape, as

@@ -110,7 +110,7 @@ def main() -> None:
             assert kernel.address is not None  # (set once the kernel listens)
             kernel.send(worker_loop[0], worker_loop[1], W.K_CONTROL, 0,
                         C.encode(C.ChildHello(kernel.proc_id, kernel.address)), b"", [])
-        kernel.on_proc_failed.append(_exit_if_parent(parent[0]))
+        kernel.events.subscribe("proc_failed", _exit_if_parent(parent[0]))
         kernel.start_task(_watch_parent_pid, spec.parent_pid)
         kernel.start_task(_reporting.ship_loop, kernel)
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 
 
 from monarch_core import settings
-from monarch_core._proc import _lifecycle, _serial, _state
+from monarch_core._proc import _lifecycle, _serial, _state, _tree
 from monarch_core._proc._port import send_to_port, wrap_exception
 from monarch_core._proc._watch import ProcWatch, Supervised
 from monarch_core._proc import _control as C
@@ -47,10 +47,7 @@ class ProcAgent:
     actor's host calls back (``_proc._host.HostAgent``)."""
 
     def __init__(self, kernel: Kernel) -> None:
-        from monarch_core._proc import _tree
-
         self.kernel = kernel
-        kernel.tree_handler = _tree.forward  # this proc forwards cast-tree messages it is on the way of
         self.runtime: Any = None
         self.proc_ready = threading.Event()
         self.init_error: BaseException | None = None
@@ -74,7 +71,7 @@ class ProcAgent:
         self.is_host = False
         #: supervision, proc deaths and heartbeats (``_watch``)
         self.watch = ProcWatch(kernel, self.gone, self)
-        kernel.on_proc_failed.append(self._on_proc_failed)
+        kernel.events.subscribe("proc_failed", self._on_proc_failed)
         self._control = self.control_handlers()
         #: seconds an actor's stop may take before it completes without the actor's thread
         self.stop_grace: float = STOP_GRACE
@@ -341,13 +338,17 @@ class ProcAgent:
         loop checks on its clients here."""
 
     def _on_proc_failed(self, proc_id: str, reason: str, stopped: bool) -> None:
-        """A proc died or was cut off (the kernel's ``on_proc_failed``)."""
+        """A proc died or was cut off (the kernel's ``proc_failed`` event)."""
         self.watch.on_proc_failed(proc_id, reason, stopped)
 
     def _on_ping(self, m: C.Ping, payload: Any, buffers: list, sender: str) -> None:
         self.watch.on_ping(m, payload, buffers, sender)
 
     # ---------------------------------------------------------------- undeliverable
+    def forward_tree(self, kernel: Kernel, header: bytes, payload: Any, buffers: list, sender: str) -> None:
+        """Forward a cast-tree message this proc is on the way of (``_tree.forward``)."""
+        _tree.forward(kernel, header, payload, buffers, sender)
+
     def no_such_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         """A message for an actor this proc does not (yet) have: refuse it if
         the actor is gone, else hold it until the spawn arrives (any thread).

@@ -111,7 +111,7 @@ def test_the_kernel_holds_one_of_each_component_and_keeps_the_attributes_other_l
     assert isinstance(k._sender, _sending.SendPath)
     assert isinstance(k._server, _accept.InboundServer)
     # state the layers above, the benchmarks and the tests read on the kernel (plain or through a property)
-    for name in ("actors", "ports", "dead", "on_proc_failed", "agent", "tree_handler", "tree_tables",
+    for name in ("actors", "ports", "dead", "events", "agent", "tree_tables",
                  "proc_id", "address", "delivery_timeout", "send_window_msgs", "send_window_bytes",
                  "_outbound", "_tx", "_windows", "_addresses", "_poller", "_ackers"):
         assert hasattr(k, name), name

@@ -327,7 +327,7 @@ def test_proc_failed_fails_pending_reply_ports_with_supervision_error_naming_the
             bystander = Recorder()
             a.add_port(bystander)  # not waiting on b: must not be failed
             seen: list = []
-            a.on_proc_failed.append(lambda pid, why, stopped: seen.append((pid, why)))
+            a.events.subscribe("proc_failed", lambda pid, why, stopped: seen.append((pid, why)))
             a.proc_failed(b.proc_id, REASON)
             for r in replies:
                 await r.trio_failed.wait()

@@ -224,7 +224,7 @@ def test_tree_messages_are_refused_by_a_proc_without_a_forwarder() -> None:
     from monarch_core._kernel._runtime import Kernel
 
     k = Kernel.__new__(Kernel)
-    k.tree_handler = None
+    k.agent = None  # (no proc agent: nobody to forward it)
     with pytest.raises(ProtocolError):
         Kernel.route(k, W.K_ACTOR, W.F_TREE, b"", b"", [], "peer")
 

@@ -120,7 +120,9 @@ def test_decode_refuses_a_malformed_message(h: Any) -> None:
 
 
 def _fake_kernel() -> Any:
-    return types.SimpleNamespace(tree_handler=None, on_proc_failed=[], proc_id="test-proc")
+    from monarch_core._kernel._events import EventBus
+
+    return types.SimpleNamespace(events=EventBus(("proc_failed",)), proc_id="test-proc")
 
 
 def test_every_message_has_a_receiver() -> None:

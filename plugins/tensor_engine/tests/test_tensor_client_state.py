@@ -114,7 +114,7 @@ def _engine_listeners() -> int:
     from monarch_core._proc import _state
 
     kernel = _state.current_runtime_or_none().kernel
-    return sum(1 for cb in kernel.on_proc_failed
+    return sum(1 for cb in kernel.events.listeners("proc_failed")
                if getattr(cb, "__module__", "") == _controller.__name__
                or type(getattr(cb, "__self__", None)) is _controller.Controller)
 
