@@ -1,5 +1,5 @@
 """docs/job.md stays true: its runnable examples run as written, and every
-other Python block is a cluster example that tests/schedulers runs (it
+other Python block is a cluster example that the scheduler plugins' testbed suites run (it
 must at least compile)."""
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ checks, where it is importable, and who copies -- nothing for this machine's
 hosts (``this_host()``, ``local``), a clear ``NotImplementedError`` naming
 the scheduler for one that cannot (the documented third-party scheduler),
 and for worker loops this client did not start.  Real worker loops on this
-machine; copying over SSH is tested in tests/schedulers/ssh."""
+machine; copying over SSH is tested in plugins/scheduler_ssh/tests."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "schedulers" / "ssh"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "scheduler_ssh" / "tests"))
 import ssh_helpers as H  # noqa: E402 - the SSH suite's helpers (tagged processes, the client)
 
 from _helpers.procs import pid_running, wait_pids_gone  # noqa: E402

@@ -2,7 +2,7 @@
 run here as the real process Slurm would start, with ``SLURMD_NODENAME`` set
 as slurmstepd sets it.  Its "worker" is a small Python program standing in
 for ``python -m monarch_core.worker`` (the real one runs in the cluster
-suite, ``tests/schedulers/slurm``)."""
+suite, the ``test_slurm_*.py`` beside this file)."""
 
 from __future__ import annotations
 

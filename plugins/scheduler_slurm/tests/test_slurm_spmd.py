@@ -20,7 +20,7 @@ import slurm_helpers as H
 pytest.importorskip("hostlist")
 pytest.importorskip("torch")
 
-PROGRAMS = Path(__file__).resolve().parents[2] / "spmd" / "programs"
+PROGRAMS = Path(__file__).resolve().parents[3] / "plugins" / "spmd" / "tests" / "programs"
 TRAIN = str(PROGRAMS / "train_ddp.py")
 MONARCH = Path(sys.executable).parent / "monarch"
 

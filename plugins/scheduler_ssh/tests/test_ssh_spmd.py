@@ -19,7 +19,7 @@ import ssh_helpers as H
 pytest.importorskip("torch")
 
 HOSTS = ("h1", "h2", "h3")
-PROGRAMS = Path(__file__).resolve().parents[2] / "spmd" / "programs"
+PROGRAMS = Path(__file__).resolve().parents[3] / "plugins" / "spmd" / "tests" / "programs"
 TRAIN = str(PROGRAMS / "train_ddp.py")
 
 PRELUDE = r'''

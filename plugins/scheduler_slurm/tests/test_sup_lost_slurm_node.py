@@ -14,14 +14,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "schedulers" / "slurm"))
 import slurm_helpers as H  # noqa: E402 - the Slurm suite's helpers
 
 from _helpers.clients import PY, LineReader  # noqa: E402

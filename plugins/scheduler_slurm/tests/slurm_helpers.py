@@ -1,4 +1,4 @@
-"""Helpers of the Slurm suite (``tests/schedulers/slurm``): real ``sbatch``,
+"""Helpers of the Slurm suite (``plugins/scheduler_slurm/tests``): real ``sbatch``,
 ``salloc`` and ``srun`` against the testbed's cluster (slurmctld in the root
 namespace, slurmd in ``h5..h7``, :data:`NODES`; see ``_helpers.testbed``).
 
