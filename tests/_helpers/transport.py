@@ -56,6 +56,21 @@ def host_addr(i: int) -> str:
 # ---------------------------------------------------------------- environment of child processes
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
+            s.bind(("::1", 0))
+            s.listen(1)
+            with socket.create_connection(("::1", s.getsockname()[1]), timeout=5):
+                return True
+    except OSError:
+        return False
+
+
+#: mark for a test case that needs a working IPv6 loopback (``::1``)
+NEEDS_V6 = pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no working IPv6 loopback (::1)")
+
+
 def child_env(extra: dict[str, str | None] | None = None) -> dict[str, str]:
     """This environment without MONARCH_* settings, with the suite's folder
     on PYTHONPATH (so ``transport_actors`` imports everywhere) ahead of this

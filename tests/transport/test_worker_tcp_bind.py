@@ -18,8 +18,7 @@ import textwrap
 
 import pytest
 
-from _helpers.transport import LISTENING, PY, LineReader, child_env, free_port, kill_tree, run_client
-from test_tcp_tls_local import NEEDS_V6
+from _helpers.transport import LISTENING, NEEDS_V6, PY, LineReader, child_env, free_port, kill_tree, run_client
 from transport_actors import listening_on
 
 USER = getpass.getuser()

@@ -14,22 +14,10 @@ import subprocess
 
 import pytest
 
-from _helpers.transport import PY, child_env, run_client_full, tls_env
-
-
-def _ipv6_loopback() -> bool:
-    try:
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-            s.bind(("::1", 0))
-            s.listen(1)
-            with socket.create_connection(("::1", s.getsockname()[1]), timeout=5):
-                return True
-    except OSError:
-        return False
+from _helpers.transport import NEEDS_V6, PY, child_env, run_client_full, tls_env
 
 
 HOSTNAME = socket.gethostname()
-NEEDS_V6 = pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no working IPv6 loopback (::1)")
 
 PAIR = """
 import json, os
