@@ -2,7 +2,7 @@
 run here as the real process Slurm would start, with ``SLURMD_NODENAME`` set
 as slurmstepd sets it.  Its "worker" is a small Python program standing in
 for ``python -m monarch_core.worker`` (the real one runs in the cluster
-suite, the ``test_slurm_*.py`` beside this file)."""
+suite beside this file, ``test_slurm_inside.py`` ...)."""
 
 from __future__ import annotations
 
