@@ -52,6 +52,8 @@ PER_CALL_PATH: dict[str, str] = {
     "Kernel.send": "monarch_core._kernel._runtime",
     "Kernel.route": "monarch_core._kernel._runtime",
     "Kernel._serve_inbound": "monarch_core._kernel._runtime",
+    "SendPath.send": "monarch_core._kernel._sending",
+    "SendPath._direct": "monarch_core._kernel._sending",
     # procs: running a message, the cast tree, sending to recipients
     "ActorHost._run_message": "monarch_core._proc._host",
     "decode": "monarch_core._proc._tree",
@@ -69,9 +71,6 @@ SUCCESSORS: dict[str, tuple[str, ...]] = {
 
 #: Named functions still over the limit -> why (being split as of this writing).
 KNOWN: dict[str, str] = {
-    "Kernel.send": "being split with the Kernel class (_runtime.py)",
-    "Kernel.route": "being split with the Kernel class (_runtime.py)",
-    "Kernel._serve_inbound": "being split with the Kernel class (_runtime.py)",
     "ActorHost._run_message": "being split (_proc/_host.py)",
 }
 
