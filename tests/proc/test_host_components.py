@@ -1,0 +1,69 @@
+"""The actor host's parts: the header ``ActorHost.enqueue`` queues is typed
+(``_invoke.ActorHeader``: named fields, a traced call's context kept as the
+tenth item), and an actor's runtime is the components its host holds --
+mailbox, invoker, failure handling, stop -- with the names other layers read
+on the host still answering from them (white-box, from inside a real actor)."""
+
+from __future__ import annotations
+
+from monarch_core._proc._host import ActorHost
+from monarch_core._proc._invoke import ActorHeader
+from monarch_core.actor import Actor, context, endpoint, this_host
+
+from _helpers import T, fresh
+
+TRACE = bytes(24)
+REST = (("proc", "addr", 7), 2, ("gpus",), (4,), "client", None, 0)  # reply, rank, labels, sizes, sender, ret, explicit
+
+
+class _Host:
+    """What ``ActorHost.enqueue`` touches of its actor host."""
+
+    def __init__(self) -> None:
+        self.posted: list = []
+
+    def _post(self, item: tuple) -> None:
+        self.posted.append(item)
+
+
+def test_enqueue_queues_a_typed_header_with_named_fields() -> None:
+    host = _Host()
+    ActorHost.enqueue(host, ("k", "ep", *REST), b"p", [], "peer")  # type: ignore[arg-type]
+    ActorHost.enqueue(host, ("k", "ep", *REST, TRACE), b"p", [], "peer")  # type: ignore[arg-type]
+    plain, traced = (item[0] for item in host.posted)
+    for h in (plain, traced):
+        assert type(h) is ActorHeader
+        assert (h.key, h.method, h.reply, h.rank, h.labels, h.sizes, h.sender, h.ret, h.explicit) == ("k", "ep", *REST)
+    assert len(plain) == 9 and len(traced) == 10 and traced[9] == TRACE  # the context rides as the tenth item
+    assert repr(traced).startswith("ActorHeader(") and "ActorHeader(" in repr(plain)
+    assert traced == ("k", "ep", *REST, TRACE)  # still the tuple the agent's refusals read
+
+
+class Inside(Actor):
+    @endpoint
+    def parts(self) -> dict:
+        host = context().actor_instance._host
+        return {
+            "components": sorted(type(getattr(host, a)).__name__
+                                 for a in ("_mailbox", "_invoker", "_failing", "_stopping")),
+            "loop_is_mailbox_loop": host.loop is host._mailbox.loop,
+            "current_reply": host._current_reply[2] if host._current_reply is not None else None,
+            "queues": [type(q).__name__ for q in (host._incoming, host._pending, host._control)],
+            "stop_requested": host._stop_requested,
+        }
+
+
+def test_the_host_is_its_components_and_keeps_the_names_other_layers_read() -> None:
+    procs = this_host().spawn_procs(per_host={"p": 1})
+    try:
+        one = procs.spawn(fresh("inside"), Inside).slice(p=0)
+        got = one.parts.call_one().get(timeout=T)
+    finally:
+        procs.stop().get(timeout=T)
+    assert got == {
+        "components": ["Failing", "Invoker", "Mailbox", "Stopping"],
+        "loop_is_mailbox_loop": True,
+        "current_reply": "parts",  # the message being handled, as ``Port`` and telemetry read it
+        "queues": ["deque", "deque", "deque"],
+        "stop_requested": False,
+    }
