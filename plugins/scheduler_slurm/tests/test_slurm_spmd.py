@@ -17,6 +17,10 @@ import pytest
 
 import slurm_helpers as H
 
+# The first test's budget covers the module fixture's sbatch, which may take up to its own
+# 460 s limit (two torchrun runs of at most 200 s each, and Slurm's scheduling), plus the test.
+pytestmark = pytest.mark.timeout(600)
+
 pytest.importorskip("hostlist")
 pytest.importorskip("torch")
 
