@@ -3,6 +3,8 @@
     python bench/scale.py                          # procs N = 4,16,64,128,256; actors M = 1000,5000,10000,20000
     python bench/scale.py --procs 4,16 --actors 1000,5000 --md scale.md
     python bench/scale.py --procs '' --actors '' --hosts 16,64,256   # worker loops over tls only
+    python bench/scale.py --procs 32,64,128,256 --actors 1000,5000 --hosts '' --ssh-hosts '' \
+        --reference-python /path/to/torchmonarch-venv/bin/python     # side by side with torchmonarch
 
 Each measurement runs in a fresh client process (its own fork server and
 procs), so one size's leftovers or memory do not leak into the next.
@@ -12,11 +14,22 @@ proc: *spawn + first call* (``spawn_procs`` until the actor mesh's first
 ``call()`` returned every rank), *call()* (a second ``call()`` to all N),
 *stop* (``ProcMesh.stop()``), *left* (proc pids still running 15 s after stop).
 
-Actors axis: one proc mesh of 8 procs and M actors as M/8 actor meshes of 8:
+Actors axis: one proc mesh of 8 procs (a probe actor on each first, for their
+pids) and M actors as M/8 actor meshes of 8:
 *spawn rate* (actors per second, spawn of every mesh until each answered its
 first ``call()``), *call-all* (one more ``call()`` on every mesh, all issued
 before any is awaited), *stop*, *client RSS per actor* (the client's RSS
 growth from before the spawns to after the calls, divided by M), *left*.
+
+Side by side (``--reference-python PYTHON``, an interpreter with torchmonarch
+installed): the procs and actors axes run each size once more, right after
+ours, with the same script on torchmonarch's public API (``monarch.actor``),
+and each column becomes three: ours, torchmonarch's, and ours ÷ torchmonarch
+saying which is better.  A size that fails on either side (its error, a
+client that died, a timeout) is a ``failed: <first line>`` cell; the run goes
+on.  Every process a client started is killed once it ends (torchmonarch's
+procs sit in process groups of their own), and a client is given up when the
+machine's available memory falls under ``MEM_FLOOR_MIB``.
 
 Hosts axis (``--hosts``): N worker loops on this machine, each a "host"
 started by address the way a user starts them on machines they own
@@ -31,8 +44,12 @@ started until every one printed its readiness line; the user's side),
 sequential calls; *less idle background*: minus the idle rate below times
 the call's p50, the heartbeats' share; *to 16 of them*: the same calls to a
 16-host slice while all N run, the machine's load at a fixed call size),
-*idle CPU* (the client's CPU over 10 s of doing nothing while it
-heartbeats N hosts, as a share of one core), *PSS per host* (worker loop,
+*idle CPU* (the client's CPU over ``--idle`` s, default 20, of doing
+nothing while it heartbeats and supervises N hosts, as a share of one core:
+``time.process_time()`` and /proc/self/stat's utime+stime, per thread too;
+in a table of its own next to the floor, the same client with its runtime
+started and no host attached; ``--idle-profile DIR`` also writes a cProfile
+of the client's kernel thread over that window), *PSS per host* (worker loop,
 fork server and proc, summed, over N), *host lost* (the last
 worker loop SIGKILLed during a 3 s ``call()`` to all: seconds until that
 call raised, and whether the message names the host), *rest* (a ``call()``
