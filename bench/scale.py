@@ -939,7 +939,7 @@ def reference_unavailable(python: str) -> str | None:
     return None
 
 
-def measure(code: str, size_key: str, sizes: list[int], timeout: float,
+def measure(axis: str, code: str, size_key: str, sizes: list[int], timeout: float,
             ref_python: str | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """Each size in a fresh client of ours, then (with ``ref_python``) in a
     fresh torchmonarch client right after it: our rows and the reference's."""
@@ -948,13 +948,12 @@ def measure(code: str, size_key: str, sizes: list[int], timeout: float,
     for n in sizes:
         r = run(code, n, timeout)
         r.setdefault(size_key, n)
-        print(f"[scale] {code is PROCS and 'procs' or 'actors'} {n} (ours): {r}", file=sys.stderr, flush=True)
+        print(f"[scale] {axis} {n} (ours): {r}", file=sys.stderr, flush=True)
         rows.append(r)
         if ref is not None:
             t = run(for_reference(code), n, timeout, python=ref_python)
             t.setdefault(size_key, n)
-            print(f"[scale] {code is PROCS and 'procs' or 'actors'} {n} (torchmonarch): {t}", file=sys.stderr,
-                  flush=True)
+            print(f"[scale] {axis} {n} (torchmonarch): {t}", file=sys.stderr, flush=True)
             ref.append(t)
     return rows, ref
 
@@ -988,11 +987,11 @@ def main() -> int:
             print(f"[scale] --reference-python {ref_python}: {why}", file=sys.stderr, flush=True)
             return 2
     if sizes:
-        rows, ref = measure(PROCS, "n", sizes, args.timeout, ref_python)
+        rows, ref = measure("procs", PROCS, "n", sizes, args.timeout, ref_python)
         out.append(procs_table(rows, ref))
     counts = [int(x) for x in args.actors.split(",") if x]
     if counts:
-        rows, ref = measure(ACTORS, "m", counts, args.timeout, ref_python)
+        rows, ref = measure("actors", ACTORS, "m", counts, args.timeout, ref_python)
         out.append(actors_table(rows, ref))
     hsizes = [int(x) for x in args.hosts.split(",") if x]
     if hsizes:
