@@ -755,23 +755,26 @@ def run(code: str, arg: int, timeout: float, python: str | None = None) -> dict[
             kill_all()
             p.kill()
             p.wait(timeout=60)
+            shutil_rmtree(d)
             return {"error": f"timed out after {timeout:.0f}s"}
     finally:
         done.set()
         time.sleep(0.2)
         kill_all()  # (what the client left running: its own "left" counted it already)
     if short:
+        shutil_rmtree(d)
         return {"error": f"less than {MEM_FLOOR_MIB} MiB available ({min(short):.0f}): given up, its processes killed"}
     with open(os.path.join(d, "stdout")) as f:
         lines = f.read().splitlines()
+    with open(os.path.join(d, "stderr")) as f:
+        last = [ln.strip() for ln in f.read().splitlines() if ln.strip()][-1:] or [""]
+    shutil_rmtree(d)
     for line in lines:
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
     for line in lines:
         if line.startswith("ERROR "):
             return {"error": json.loads(line[len("ERROR "):])}
-    with open(os.path.join(d, "stderr")) as f:
-        last = [ln.strip() for ln in f.read().splitlines() if ln.strip()][-1:] or [""]
     how = f"killed by {signal.Signals(-p.returncode).name}" if p.returncode < 0 else f"rc={p.returncode}"
     return {"error": f"client died ({how}): {last[0][:200]}"}
 
