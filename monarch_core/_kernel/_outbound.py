@@ -600,7 +600,11 @@ class _Outbound:
         without progress they are returned as undeliverable."""
         k = self.kernel
         while True:
-            await trio.sleep(min(1.0, k.delivery_timeout / 4))
+            # With nothing unacknowledged no deadline can pass before the next send, so an idle
+            # session sleeps half the timeout (the first check after a send still comes before
+            # its deadline; then checks are at most a second apart): a client of hundreds of
+            # idle sessions no longer wakes each of them every second.
+            await trio.sleep(min(1.0, k.delivery_timeout / 4) if self.unacked else k.delivery_timeout / 2)
             if self.unacked and time.monotonic() - self.last_ack_time > k.delivery_timeout:
                 why = (
                     f"could not deliver to proc {self.proc_id!r} at {address}: nothing acknowledged for "
