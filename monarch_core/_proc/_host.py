@@ -15,7 +15,7 @@ work is done by the components it holds, each behind the protocol it
 declares of its host:
 
 - ``_mailbox.Mailbox``: the thread, the loop, the queues, the idle fast path;
-- ``_invoke.Invoker``: one endpoint message from its (typed) header to its reply;
+- ``_invoke.Invoker``: one endpoint message from its header (``ActorHeader``) to its reply;
 - ``_failing.Failing``: construction, death, cleanup, ``__supervise__``,
   undeliverable messages;
 - ``_stopping.Stopping``: stop requests, the stop, the grace period.
@@ -29,9 +29,11 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
-from monarch_core._proc._failing import CLEANUP_TIMEOUT, Failing, UndeliverableMessage
-from monarch_core._proc._invoke import ActorHeader, Invoker, _has_async_endpoint, _refused_async, loopless
-from monarch_core._proc._mailbox import _AWAIT, _STOP, _SUPERVISE, _UNDELIVERABLE, Mailbox
+from monarch_core._proc._failing import CLEANUP_TIMEOUT as CLEANUP_TIMEOUT  # (re-exported)
+from monarch_core._proc._failing import UndeliverableMessage as UndeliverableMessage  # (re-exported)
+from monarch_core._proc._failing import Failing
+from monarch_core._proc._invoke import Invoker
+from monarch_core._proc._mailbox import _SUPERVISE, _UNDELIVERABLE, Mailbox
 from monarch_core._proc._port import ReturnPort, this_proc_and_host
 from monarch_core._proc._stopping import Stopping
 from monarch_core._mesh._shape import Extent, Point
@@ -40,11 +42,6 @@ from monarch_core.errors import ProtocolError
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
 
-__all__ = ["ActorHost", "HostAgent", "UndeliverableMessage", "CLEANUP_TIMEOUT", "ActorHeader"]
-
-_loopless = loopless  # (the name it had here)
-_make = tuple.__new__
-_KEPT = (_AWAIT, _STOP, _SUPERVISE, _UNDELIVERABLE, _has_async_endpoint, _refused_async)  # (re-exported)
 
 
 class HostAgent(Protocol):
@@ -133,13 +130,13 @@ class ActorHost:
 
     def enqueue(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         """Queue an endpoint message from proc ``sender`` (any thread): ``h``
-        is its header, 9 fields (a traced call's context as a tenth, bytes),
-        queued as an :class:`ActorHeader`.  A header of another shape raises
+        is its header, the 9 fields of an ``_invoke.ActorHeader`` (a traced
+        call's context as a tenth, bytes).  A header of another shape raises
         :class:`ProtocolError`: the kernel checks only the key, and drops the
         connection that carried it."""
         if not (len(h) == 9 or (len(h) == 10 and type(h[9]) is bytes)) or type(h[1]) is not str:
             raise ProtocolError(f"peer {sender} sent a malformed actor message header")
-        self._post((_make(ActorHeader, h), payload, buffers))
+        self._post((h, payload, buffers))
 
     def request_stop(self, reason: str, reply: tuple | None) -> None:
         """Ask the actor to stop after the messages already queued (any

@@ -237,7 +237,7 @@ class Mailbox:
     def _put(self, item: tuple) -> None:
         """A mailbox item arrived (on the actor's loop)."""
         pending = self.pending
-        if self.idle and not pending and type(item[0]) is not object:  # a message, the actor idle: run it here
+        if self.idle and not pending and type(item[0]) is tuple:  # a message, the actor idle: run it here
             rest = self._run(item[0], item[1], item[2])
             if rest is None:
                 return
@@ -333,7 +333,7 @@ class Mailbox:
             h = item[0]
             if h is _STOP:
                 self.owner._finish_stop()
-            elif type(h) is not object:
+            elif type(h) is tuple:
                 self.owner._reply_gone(h)
             elif h is _UNDELIVERABLE:
                 logger.warning("undeliverable message for ended actor %s: %s", self.owner.display_name, item[1])

@@ -112,8 +112,8 @@ class EndpointStat:
         self.sent = 0  # ``calls`` when the last batch took a snapshot
         self.pending: collections.deque[int] = collections.deque()  # dt, req, rep, dt, req, rep, ...
         #: ``add((dt, req, rep))``: one successful call that took ``dt`` ns, with
-        #: ``req`` request and ``rep`` reply bytes (the bound ``extend``: the
-        #: callers check ``len(stat.pending) >= stat.FOLD_AT`` and call :meth:`fold`).
+        #: ``req`` request and ``rep`` reply bytes (the bound ``extend``, which never
+        #: folds: :meth:`record` adds and folds every :data:`FOLD_AT` items).
         self.add = self.pending.extend
         self.raised: Optional[list] = None  # ``_raised``'s window: [start, events, skipped]
 
