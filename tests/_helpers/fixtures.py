@@ -39,6 +39,27 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 )
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """A test owns the asyncio loops it runs: after the last test of a module (its module's
+    fixtures torn down) no asyncio loop may still be running on this thread, or every later
+    test of this worker would run inside it (``asyncio.run`` refused, ``Future.get()`` taken
+    for a call inside a loop).  The module is failed at its last test's teardown, and the loop
+    is taken off the thread so that the tests after it are not failed by it."""
+    yield
+    if nextitem is not None and nextitem.module is getattr(item, "module", None):
+        return  # a module-scoped fixture may still hold a loop until its module's end
+    import asyncio
+
+    loop = asyncio._get_running_loop()
+    if loop is not None:
+        asyncio._set_running_loop(None)
+        pytest.fail(f"an asyncio loop is still running on the test thread after the tests of "
+                    f"{item.nodeid.split('::', 1)[0]} and their fixtures ended ({loop!r}): close it where it is "
+                    "opened (a session-scoped fixture that keeps one open leaks it into every later test)",
+                    pytrace=False)
+
+
 def pytest_report_header() -> str:
     return "monarch code under test: " + ", ".join(_CODE)
 

@@ -156,8 +156,12 @@ def job(tmp_path: Path, plugin_env: dict[str, str]) -> Iterator[Job]:
         j.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """A headless Chromium for this module's tests.  Module-scoped, not session-scoped:
+    Playwright's sync API runs an asyncio loop on the calling (main) thread while it is open,
+    and every later test on the same worker would find that loop "running" (``asyncio.run``
+    refused, as two debugger tests were after these)."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright (pip install playwright) is not installed")
     if not os.path.exists(CHROMIUM):
         pytest.skip("Chromium is not installed (Debian: apt-get install chromium; scripts/testbed/install.sh does)")
