@@ -374,12 +374,7 @@ class OneReply(Cell, PortHandler):
         if stat is not None:
             dt = _now() - self.t0
             rep = len(payload) if not buffers else _nbytes(payload, buffers)
-            if status == _S_VALUE:  # (``stat.record``, inlined)
-                stat.add((dt, self.req, rep))
-                if len(stat.pending) >= stat.FOLD_AT:
-                    stat.fold()
-            else:
-                stat.record(dt, self.req, rep, stat.error_type(payload))
+            stat.record(dt, self.req, rep, None if status == _S_VALUE else stat.error_type(payload))
         self.kernel.remove_port(self.port_id)
         self._forget()
         if status == _S_VALUE:
