@@ -203,6 +203,8 @@ class SubtreeGather:
         self.count = 0
         self.items: list = []
         self.procs: list[str] = []
+        #: proc of a hop below -> the rank (in the message) its loss is reported for
+        self.rank_of: dict[str, int] = {}
         self.closed = False
         self.lock = threading.Lock()
         self.port_id = kernel.add_port(self)
@@ -231,13 +233,17 @@ class SubtreeGather:
         self._send_up(batch)
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        """A proc below was lost (its replies never come): the call fails,
+        reported for that hop's rank -- not for every rank of the call, as a
+        ``-1`` would read -- when the proc is one this port waits on."""
         with self.lock:
             if self.closed:
                 return
             self.closed = True
             self.items = []
         self._close()
-        self._send_up([(-1, W.S_ERROR, *_serial.dumps(exc))])
+        rank = self.rank_of.get(proc_id, -1) if proc_id is not None else -1
+        self._send_up([(rank, W.S_ERROR, *_serial.dumps(exc))])
 
     def _close(self) -> None:
         self.kernel.remove_port(self.port_id)
@@ -398,10 +404,22 @@ def _send_below(kernel: Kernel, msg: tuple, n: int, fanout: int, groups: dict[in
         out = encode(msg, n, fanout, hop, sub, sub_table, view, gather)
         if g is not None:
             g.procs.append(entry[0])
+            g.rank_of.setdefault(entry[0], _hop_rank(hop, sub))
             kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers, g.port_id)
         else:
             kernel.send(entry[0], entry[1], W.K_ACTOR, W.F_TREE, out, payload, buffers)
         kernel.tree_forwarded += 1
+
+
+def _hop_rank(hop: int, sub: list | None) -> int:
+    """The rank (in the message) a lost ``hop`` is reported for: its own when
+    it is a target, else its subtree's first target's."""
+    if sub is _ALL:
+        return hop
+    for member, rank in sub:
+        if member == hop:
+            return int(rank)
+    return int(sub[0][1]) if sub else -1
 
 
 def _fail_targets(kernel: Kernel, at: int, n: int, fanout: int, targets: list | None, reply: tuple | None,

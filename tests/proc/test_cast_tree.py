@@ -292,5 +292,34 @@ def test_an_error_deep_in_the_tree_fails_the_call_and_every_member_still_runs_it
 def test_a_member_dying_during_a_call_fails_it_promptly(small_tree) -> None:
     m = small_tree.spawn(fresh("node"), Node)
     m.who.call().get(timeout=30)
-    with pytest.raises(SupervisionError):
+    with pytest.raises(SupervisionError) as failed:
         m.exit_on.call(8).get(timeout=20)  # a leaf under forwarders 0 and 3
+    # the failure names the member that died, not every rank of the call (forwarder 3 lost it)
+    assert "failed on rank 8 {" in str(failed.value) and "; rank " not in str(failed.value), str(failed.value)
+
+
+def test_a_hop_lost_below_a_forwarder_is_reported_for_its_rank_not_for_every_rank(monkeypatch) -> None:
+    """A forwarder that learns first that a proc below it is gone (the client
+    may hear of it only later: at 256 hosts, through their worker loops) sends
+    the call's failure up for that hop's rank; a ``-1`` there made the client
+    name every rank of the call as failed."""
+    import types
+
+    from monarch_core._proc import _portmsg
+
+    sent: list = []
+    monkeypatch.setattr(_tree._portmsg, "send",
+                        lambda kernel, ref, rank, status, payload, bufs, *a: sent.append((status, payload, bufs)))
+    kernel = types.SimpleNamespace(add_port=lambda h: 7, remove_port=lambda p: None,
+                                   reply_done=lambda p, port: None, tree_batches=0)
+    g = _tree.SubtreeGather(kernel, ("client", "ipc://@c", 1), 4)  # type: ignore[arg-type]
+    g.procs.append("p8")
+    g.rank_of["p8"] = _tree._hop_rank(8, [(8, 5), (9, 6)])
+    g.fail(SupervisionError("proc p8 is gone"), "p8")
+    (status, payload, bufs), = sent
+    assert status == W.S_BATCH
+    (rank, item_status, *_rest), = _portmsg.decode_batch("forwarder", payload, bufs)
+    assert (rank, item_status) == (5, W.S_ERROR)
+    # the rank a hop's loss is reported for: its own, else its subtree's first target's
+    assert _tree._hop_rank(3, None) == 3
+    assert _tree._hop_rank(3, [(7, 2), (8, 4)]) == 2
