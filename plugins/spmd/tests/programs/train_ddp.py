@@ -24,6 +24,7 @@ every rank has joined the process group, so a kill lands after it),
 """
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -133,4 +134,10 @@ if rank == 0 and args.out:
 # destroy_process_group() while its peers were still finishing the last step aborted in gloo at exit
 # ("terminate called without an active exception"), twice in five suite runs on the 3-host Slurm testbed.
 dist.barrier()
+# DDP's reducer (and its communication hook) hold the group and its gloo threads: release them
+# first, so that destroy_process_group() ends those threads, rather than the interpreter's exit
+# destroying them still joinable (the same abort, once in a suite run under two CPU hogs on the
+# ssh testbed, after the barrier above was added).
+del m, opt
+gc.collect()
 dist.destroy_process_group()
