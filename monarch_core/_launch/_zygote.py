@@ -179,6 +179,7 @@ def serve(fd: int, parent_pid: int) -> None:
             problem = f"its imports failed: {type(e).__name__}: {e}"
         if problem is not None:
             _send(sock, ("broken", problem))
+            _linger(sock)
             os._exit(1)
         _send(sock, ("ready", os.getpid()))
         _loop(sock, base_env, base_path)
@@ -189,6 +190,21 @@ def serve(fd: int, parent_pid: int) -> None:
     except BaseException:  # pragma: no cover - logged, then exit
         logger.exception("monarch fork server (pid %d) failed", os.getpid())
     os._exit(0)
+
+
+def _linger(sock: socket.socket, timeout: float = 5.0) -> None:
+    """Before a zygote that cannot serve exits: send EOF, then wait (at most
+    ``timeout`` seconds) until the spawner closed its end.  Exiting with the
+    spawner's messages unread resets the connection, and Linux then drops what
+    the spawner had not read yet -- the report of why (seen once under load:
+    the procs were exec'd with "it exited with code 1" instead of the reason)."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        sock.settimeout(timeout)
+        while sock.recv(65536):
+            pass
+    except OSError:
+        pass
 
 
 def _loop(sock: socket.socket, base_env: dict, base_path: list) -> None:
