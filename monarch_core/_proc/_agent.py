@@ -344,11 +344,11 @@ class ProcAgent:
     def _on_ping(self, m: C.Ping, payload: Any, buffers: list, sender: str) -> None:
         self.watch.on_ping(m, payload, buffers, sender)
 
-    # ---------------------------------------------------------------- undeliverable
     def forward_tree(self, kernel: Kernel, header: bytes, payload: Any, buffers: list, sender: str) -> None:
         """Forward a cast-tree message this proc is on the way of (``_tree.forward``)."""
         _tree.forward(kernel, header, payload, buffers, sender)
 
+    # ---------------------------------------------------------------- undeliverable
     def no_such_actor(self, h: tuple, payload: Any, buffers: list, sender: str) -> None:
         """A message for an actor this proc does not (yet) have: refuse it if
         the actor is gone, else hold it until the spawn arrives (any thread).

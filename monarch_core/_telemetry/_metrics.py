@@ -345,10 +345,10 @@ class _Folded:
         self.calls += calls
         for t, n in errors.items():
             self.errors[t] = self.errors.get(t, 0) + n
-        if count:  # (a min/max without samples means nothing: as ``Latency.merged``)
-            self.min, self.max = (min(self.min, mn), max(self.max, mx)) if self.count else (mn, mx)
-        elif not self.count:
+        if not self.count:  # (a min/max without samples means nothing: as ``Latency.merged``)
             self.min, self.max = mn, mx
+        elif count:
+            self.min, self.max = min(self.min, mn), max(self.max, mx)
         self.count += count
         self.sum += sm
         b = self.buckets
