@@ -27,7 +27,7 @@ def get_or_spawn_controller(name: str, Class: type[T], *args: Any, **kwargs: Any
         raise ValueError(
             f"get_or_spawn_controller({name!r}, {getattr(Class, '__name__', Class)!r}): the class must subclass Actor"
         )
-    payload, bufs = _serial.dumps((Class, args, kwargs))
+    payload, bufs = _serial.dumps_spawn(Class, args, kwargs)
     _start.ensure_runtime()
     rt = _state.current()
     kernel = rt.kernel

@@ -94,6 +94,15 @@ class EndpointProperty(Generic[P, R]):
         self._name = name
         self._owner_name = owner.__qualname__
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pickle of the endpoint holds: not the signature the caller's
+        checks cached (rebuilt where needed), so that a class pickled by value
+        pickles the same before and after its first call -- a proc unpickles
+        it once (``_serial.loads_spawn``)."""
+        state = dict(self.__dict__)
+        state["_signature"] = state["_positional"] = None
+        return state
+
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         if instance is None:
             return self

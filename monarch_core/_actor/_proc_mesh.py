@@ -118,7 +118,7 @@ class ProcMesh(_Mesh):
                     f"({name}.stop())"
                 )
         try:
-            payload, bufs = _serial.dumps((Class, args, kwargs))
+            payload, bufs = _serial.dumps_spawn(Class, args, kwargs)
         except Exception as e:
             raise TypeError(f"constructor arguments of {Class.__qualname__} could not be pickled: {e}") from e
         _start.ensure_runtime()

@@ -364,6 +364,11 @@ class Poller:
                 self._waiting.discard(sel.ident)
             if self._ep_closed:
                 self._ep.close()
+        if sel is not None and not self._waiting:
+            # The loop will not wait again (its actor stopped): the poller's
+            # thread reads from now on, not after its standby or linger.
+            self._left = 0.0
+            self._wake_standby()
 
     # ------------------------------------------------------------ the poller's thread
     def _main(self) -> None:

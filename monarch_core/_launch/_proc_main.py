@@ -208,7 +208,7 @@ def _finalize(threading: Any) -> None:
     if shutdown is not None:
         shutdown()
     atexit._run_exitfuncs()
-    installed = _installation_dirs()
+    installed = _INSTALLED
     users = [m for name, m in list(sys.modules.items())
              if name not in _STARTED_WITH and not name.startswith("monarch_") and _is_users(m, installed)]
     for m in reversed(users):  # the last imported first, as the interpreter does
@@ -229,6 +229,12 @@ def _installation_dirs() -> tuple[str, ...]:
     dirs = {sysconfig.get_paths().get(k) for k in ("stdlib", "platstdlib", "purelib", "platlib")}
     dirs |= {sys.prefix, sys.base_prefix, sys.exec_prefix}
     return tuple(os.path.join(os.path.realpath(d), "") for d in dirs if d)
+
+
+#: the Python installation's directories, found once where this module is
+#: imported (in the fork server, before it forks a proc): a proc's stop then
+#: neither imports ``sysconfig`` nor resolves these paths again
+_INSTALLED = _installation_dirs()
 
 
 def _is_users(module: Any, installed: tuple[str, ...]) -> bool:

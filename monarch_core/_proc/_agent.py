@@ -25,6 +25,7 @@ from monarch_core._proc._port import send_to_port, wrap_exception
 from monarch_core._proc._watch import ProcWatch, Supervised
 from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
+from monarch_core._kernel._poller import Poller
 from monarch_core.errors import ProtocolError, SupervisionError, UndeliverableMessageError
 
 if TYPE_CHECKING:
@@ -203,6 +204,11 @@ class ProcAgent:
         def left() -> float:  # what remains of the grace, for one more wait of at most 1 s
             return min(1.0, max(0.05, deadline - time.monotonic()))
 
+        # This thread's waits below do not read the sockets: the poller's
+        # thread reads for them at once (not after its standby).
+        poller = Poller.current
+        if poller is not None:
+            poller.follow(1)
         try:
             self.kernel.call_soon(self._announce_stopping)
             # Everything delivered here was handled (or will be, before the actors stop):
@@ -217,6 +223,8 @@ class ProcAgent:
             except Exception:  # pragma: no cover - the loop is already gone
                 pass
         finally:
+            if poller is not None:
+                poller.follow(-1)
             self.kernel.stop_loop()
 
     def _announce_stopping(self) -> None:
@@ -240,7 +248,7 @@ class ProcAgent:
 
     def _spawn_controller_here(self, name: str, payload: Any, buffers: list) -> None:
         """On the root proc (kernel loop): spawn controller ``name`` here
-        (``payload``: its pickled ``(Class, args, kwargs)``); every waiter
+        (``payload``: its ``_serial.dumps_spawn``); every waiter
         hears of it through :meth:`controller_ready`."""
         import uuid
 

@@ -31,7 +31,7 @@ ProcRef = tuple
 
 
 class Spawn(NamedTuple):
-    """Start actor ``key`` (rank ``rank`` of mesh ``mesh_name`` over ``labels``/``sizes``) on this proc; payload: ``(Class, args, kwargs)``."""
+    """Start actor ``key`` (rank ``rank`` of mesh ``mesh_name`` over ``labels``/``sizes``) on this proc; payload: ``_serial.dumps_spawn(Class, args, kwargs)``."""
 
     key: str
     mesh_name: str
@@ -67,7 +67,7 @@ class StopProc(NamedTuple):
 
 
 class Controller(NamedTuple):
-    """Answer ``reply`` with controller ``name``, spawning it here first (payload: ``(Class, args, kwargs)``)."""
+    """Answer ``reply`` with controller ``name``, spawning it here first (payload: ``_serial.dumps_spawn(Class, args, kwargs)``)."""
 
     name: str
     reply: PortRef

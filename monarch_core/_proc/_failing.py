@@ -136,7 +136,7 @@ class Failing:
 
     def _init_instance(self, payload: Any, buffers: list) -> None:
         host = self.host
-        cls, args, kwargs = _serial.loads_importing(payload, buffers)
+        cls, args, kwargs = _serial.loads_spawn(payload, buffers)
         host.class_name = cls.__qualname__
         host.class_path = f"{cls.__module__}.{cls.__qualname__}"
         instance = cls.__new__(cls)

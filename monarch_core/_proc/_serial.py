@@ -239,6 +239,42 @@ class _ImportingUnpickler(pickle.Unpickler):
 _SUBIMPORT = (cloudpickle.cloudpickle.subimport.__module__, cloudpickle.cloudpickle.subimport.__qualname__)
 
 
+#: classes a proc keeps unpickled, keyed by their pickle (:func:`loads_spawn`)
+CLASS_CACHE = 256
+_classes: dict[bytes, type[Any]] = {}
+
+
+def dumps_spawn(cls: type, args: tuple, kwargs: dict) -> tuple[bytes, list]:
+    """The payload of a spawn: ``cls`` pickled on its own, in band, then its
+    constructor arguments (out-of-band buffers as :func:`dumps`).
+
+    The class travels as its own pickle so that a proc unpickles each class
+    once (:func:`loads_spawn`): a class defined in ``__main__`` is pickled by
+    value, with its methods' code and the globals they read, and rebuilding
+    it cost more than the rest of an actor's construction.  It is still
+    pickled at every spawn, so a spawn always carries the class and globals
+    as they are when it is called."""
+    f = io.BytesIO()
+    _Pickler(f, protocol=5).dump(cls)
+    return dumps((f.getvalue(), args, kwargs))
+
+
+def loads_spawn(payload: Any, buffers: list) -> tuple[Any, tuple, dict]:
+    """Inverse of :func:`dumps_spawn`: ``(cls, args, kwargs)``, its imports
+    made as :func:`loads_importing` makes them (the caller holds the proc's
+    construction turn).  A class whose pickle this proc has unpickled before
+    is the same class object (as an importable class is), not a copy rebuilt
+    over it; the last :data:`CLASS_CACHE` classes are kept."""
+    data, args, kwargs = loads_importing(payload, buffers)
+    cls = _classes.get(data)
+    if cls is None:
+        cls = loads_importing(data, [])
+        if len(_classes) >= CLASS_CACHE:
+            del _classes[next(iter(_classes))]
+        _classes[data] = cls
+    return cls, args, kwargs
+
+
 def loads_importing(payload: Any, buffers: list) -> Any:
     """:func:`loads` for a payload that may import modules the first time (an
     actor's class and constructor arguments): its imports go through
