@@ -39,7 +39,7 @@ import pytest
 _TESTS = str(Path(__file__).resolve().parent / "tests")
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
-pytest_plugins = ["_helpers.fixtures"]
+pytest_plugins = ["_helpers.fixtures", "_helpers.budgets"]
 
 # A suite started in the background of a non-interactive shell (``pytest ... &``,
 # ``nohup``, some CI runners) inherits SIGINT *ignored*, and so would every

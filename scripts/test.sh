@@ -56,7 +56,15 @@ fi
 # rest on h1..h4) that run side by side, each one test at a time;
 # MONARCH_TEST_WORKERS=0 runs everything in this process.
 WORKERS="${MONARCH_TEST_WORKERS:-4}"
+# Each test's duration and time budget are recorded (tests/_helpers/budgets.py),
+# and the tests that used more than half their budget are named at the end.
+export MONARCH_TEST_DURATIONS="${MONARCH_TEST_DURATIONS:-$PWD/.test-durations.jsonl}"
+: > "$MONARCH_TEST_DURATIONS"
+rc=0
 if [ "$WORKERS" = 0 ]; then
-  exec "$VENV/bin/python" -m pytest "$@"
+  "$VENV/bin/python" -m pytest "$@" || rc=$?
+else
+  "$VENV/bin/python" -m pytest -n "$WORKERS" --dist loadgroup "$@" || rc=$?
 fi
-exec "$VENV/bin/python" -m pytest -n "$WORKERS" --dist loadgroup "$@"
+"$VENV/bin/python" scripts/test_budgets.py "$MONARCH_TEST_DURATIONS" || true
+exit "$rc"
