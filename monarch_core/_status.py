@@ -24,8 +24,8 @@ network, no daemon:
   gone (it was killed) is stale: readers ignore and delete it.  A pid the
   system reused is told apart by the process's start time (``/proc``).
 
-Standard library only: the runtime's observer (``_launch._client_status``)
-writes, the CLI reads.  Writing never raises: a record that cannot be written
+Standard library only: the listeners of the runtime's events in
+``_launch._client_status`` write, the CLI reads.  Writing never raises: a record that cannot be written
 is logged once at DEBUG on ``monarch.status`` and the program goes on.
 """
 

@@ -169,7 +169,7 @@ class ActorMesh(_Mesh, Generic[T]):
                   index: int | None = None) -> tuple[_state.ProcRuntime, Any, Any, list]:
         """The send prologue every adverb runs before it sends: this process's
         runtime (a client's started on first use), the endpoint's client-side
-        telemetry (``Observer.client_side``, kept on the endpoint; falsy when
+        telemetry (``Instrumentation.client_side``, kept on the endpoint; falsy when
         off), the refusal of a call to a view with failed ranks (counted on
         that telemetry as a failed call of ``adverb`` -- of rank ``index`` for
         a ``call_one`` -- then raised: a ``SupervisionError``), and the
@@ -181,7 +181,7 @@ class ActorMesh(_Mesh, Generic[T]):
             rt = _state.current()
         tm = ep._tm
         if tm is None:
-            tm = ep._tm = rt.observer.client_side(ep)
+            tm = ep._tm = rt.instrumentation.client_side(ep)
         if self._health:
             err = self._failed_error(ep)
             if err is not None:
@@ -278,8 +278,10 @@ class ActorMesh(_Mesh, Generic[T]):
         h = GatherReplies(rt.kernel, self._region_.extent, "", lambda e, v: None)
         h.procs = self._recipients.stop(rt.kernel, reason, _sender_name(), h)
         _release(rt, self)
-        rt.observer.retire_when_stopped(h.cell, self._key, self._class.__qualname__)
-        return Future._of(rt.observer.actor_mesh_stopping(self, reason, _all_done([h.cell])))
+        rt.events.emit("actor_mesh_released", mesh_key=self._key, class_name=self._class.__qualname__, done=h.cell)
+        done = _all_done([h.cell])
+        rt.events.emit("actor_mesh_stopping", mesh=self, reason=reason, done=done)
+        return Future._of(done)
 
     def __reduce__(self) -> Any:
         members = [self._members[r].ref() for r in self._region_.root_ranks()]

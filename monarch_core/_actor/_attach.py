@@ -146,6 +146,6 @@ def attach(
     hosts = [HostHandle(name=str(answers[a].get("hostname", a)), address=a) for a in addrs]
     region = Extent(["hosts"], [len(hosts)]).region
     hm = HostMesh(hosts, region, owner=True, name="workers")
-    rt.observer.lifecycle("host_mesh.spawned", mesh="workers", hosts=[h.name for h in hosts], scheduler="attach")
+    rt.events.emit("host_mesh_spawned", mesh="workers", hosts=[h.name for h in hosts], scheduler="attach")
     rt.agent.register_owned(hm)
     return hm

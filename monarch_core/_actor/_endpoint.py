@@ -282,7 +282,7 @@ class Endpoint(Generic[P, R]):
         self._mesh = mesh
         self._name = name
         self._prop = prop
-        self._tm: Any = None  # its instrumentation in this process (the runtime observer's ``client_side``), made on first use
+        self._tm: Any = None  # its instrumentation in this process (the runtime instrumentation's ``client_side``), made on first use
 
     @property
     def name(self) -> str:

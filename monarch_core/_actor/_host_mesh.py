@@ -153,7 +153,7 @@ class HostMesh(_Mesh):
         if host_name in self._shared["lost"]:
             return
         self._shared["lost"][host_name] = reason
-        _state.observer().lifecycle("host_mesh.lost_host", mesh=self._name, host_name=host_name, reason=reason)
+        _state.emit("host_lost", mesh=self._name, host_name=host_name, reason=reason)
         rt = _state.current_runtime_or_none()
         if rt is not None:
             rt.kernel.call_soon(_procs_of_host_lost, rt.kernel, self._shared, self._hosts, host_name, reason)
@@ -292,9 +292,9 @@ class HostMesh(_Mesh):
         _owner_check(self, "stop")
         if self._allocation is not None:
             self._allocation.stopped = True
-        _state.observer().lifecycle("host_mesh.stopping", mesh=self._name, shutdown=False)
+        _state.emit("host_mesh_stopping", mesh=self._name, shutdown=False)
         self._stop_watcher()
-        return _lifecycle_when_done(self._stop_procs(), "host_mesh.stopped", mesh=self._name, shutdown=False)
+        return _stopped_when_done(self._stop_procs(), mesh=self._name, shutdown=False)
 
     def _stop_watcher(self) -> None:
         """End the ``auto_reload`` watcher of a ``sync_workspace`` call, if any."""
@@ -325,7 +325,7 @@ class HostMesh(_Mesh):
     def _end(self, *, detach: bool) -> Future[None]:
         """Stop the procs, tell the worker loops to exit, then release the
         allocation (``detach``: through ``Allocation.detach``, keeping the hosts)."""
-        _state.observer().lifecycle("host_mesh.stopping", mesh=self._name, shutdown=True)
+        _state.emit("host_mesh_stopping", mesh=self._name, shutdown=True)
         self._stop_watcher()
         fut = self._stop_procs()
         self._shared["shutdown"] = True
@@ -334,7 +334,7 @@ class HostMesh(_Mesh):
             alloc.closing = True  # worker loops ending from now on are not lost hosts
         remote = [h.address for h in self._hosts if h.address is not None]
         if alloc is None and not remote:
-            return _lifecycle_when_done(fut, "host_mesh.stopped", mesh=self._name, shutdown=True)
+            return _stopped_when_done(fut, mesh=self._name, shutdown=True)
         _start.ensure_runtime()
         rt = _state.current()
         out = Cell()
@@ -350,7 +350,7 @@ class HostMesh(_Mesh):
 
                 release = functools.partial(alloc.release, detach=True) if detach else alloc.release
                 await trio.to_thread.run_sync(release, abandon_on_cancel=True)
-            _state.observer().lifecycle("host_mesh.stopped", mesh=self._name, shutdown=True)
+            _state.emit("host_mesh_stopped", mesh=self._name, shutdown=True)
             out.set_result(None)
 
         def after() -> None:
@@ -422,10 +422,10 @@ def _output_mode(remote: bool) -> Literal["direct", "stream", "file"]:
     return "file" if remote else "direct"
 
 
-def _lifecycle_when_done(fut: Future[None], name: str, **attributes: Any) -> Future[None]:
-    """``fut``, recording lifecycle event ``name`` when it resolves."""
+def _stopped_when_done(fut: Future[None], mesh: str, shutdown: bool) -> Future[None]:
+    """``fut`` (a host mesh's stop), emitting the runtime event ``host_mesh_stopped`` when it resolves."""
     def done() -> None:
-        _state.observer().lifecycle(name, **attributes)
+        _state.emit("host_mesh_stopped", mesh=mesh, shutdown=shutdown)
 
     if not fut._ensure().add_callback(done):
         done()

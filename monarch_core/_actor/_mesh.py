@@ -56,7 +56,7 @@ def this_host() -> HostMesh:
 
     if not rt.caches.get("this_host_announced"):
         rt.caches["this_host_announced"] = True
-        rt.observer.lifecycle("host_mesh.spawned", mesh="this_host", hosts=["localhost"], scheduler="this_host")
+        rt.events.emit("host_mesh_spawned", mesh="this_host", hosts=["localhost"], scheduler="this_host")
     return HostMesh([HostHandle("localhost")], _EMPTY_REGION, owner=True, name="this_host")
 
 
@@ -119,8 +119,8 @@ def host_mesh_of(record: Any, name: str) -> HostMesh:
     hm = HostMesh(list(record.hosts), region, owner=True, allocation=record, name=name)
     hm._shared["owner"] = _state.current_actor.get()  # who hears its notices (None: this process)
     _start.ensure_runtime()
-    _state.current().observer.lifecycle("host_mesh.spawned", mesh=name, hosts=[h.name for h in record.hosts],
-                                        scheduler=getattr(record.scheduler, "name", None))
+    _state.current().events.emit("host_mesh_spawned", mesh=name, hosts=[h.name for h in record.hosts],
+                                 scheduler=getattr(record.scheduler, "name", None))
     record.on_lost = hm._host_lost
     for host_name, reason in list(record.lost.items()):  # reported while allocating
         hm._host_lost(host_name, reason)

@@ -66,7 +66,8 @@ class ProcMesh(_Mesh):
         self._actor_meshes: dict[str, ActorMesh] = {} if actor_meshes is None else actor_meshes
         if owner and host_mesh is not None:
             _start.ensure_runtime()
-            _state.current().observer.register_procs(name, slots, region.extent, getattr(host_mesh, "_name", ""))
+            _state.current().events.emit("proc_mesh_spawned", mesh=name, slots=slots, extent=region.extent,
+                                         host_mesh=getattr(host_mesh, "_name", ""))
 
     def _with_region(self, region: Region) -> ProcMesh:
         return ProcMesh(self._name, self._slots, region, self._host_mesh, self._init_cell, False, self._actor_meshes)
@@ -139,7 +140,7 @@ class ProcMesh(_Mesh):
         rt.agent.register_supervised(
             Supervised(key, name, Class.__qualname__, mesh, owner_host, mesh._health, members)
         )
-        trace, traced = rt.observer.spawn_trace(name)  # (the ``__init__`` s record under a traced spawn)
+        trace, traced = rt.instrumentation.spawn_trace(name)  # (the ``__init__`` s record under a traced spawn)
         for i, slot in enumerate(members):
             _send.control(kernel, slot.proc_id, slot.address if slot.ready.is_set() else None,
                           C.Spawn(key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner, trace),
@@ -149,7 +150,7 @@ class ProcMesh(_Mesh):
             traced()
         rt.agent.register_owned(mesh)
         self._actor_meshes[key] = mesh
-        rt.observer.actor_mesh_spawned(mesh, self._name, gather)
+        rt.events.emit("actor_mesh_spawned", mesh=mesh, proc_mesh=self._name, init=gather)
         return mesh  # type: ignore[return-value]
 
     def stop(self, reason: str = "stopped by client") -> Future[None]:
@@ -173,7 +174,7 @@ class ProcMesh(_Mesh):
             if not am._stopped:
                 am._stopped = True
                 _release(rt, am)
-                rt.observer.retire_when_stopped(cell, am._key, am._class.__qualname__)
+                rt.events.emit("actor_mesh_released", mesh_key=am._key, class_name=am._class.__qualname__, done=cell)
         self._actor_meshes.clear()
         slots = [s for s in self._slots if s.proc_id != rt.proc_id]
         note = f"its proc mesh {self._name!r} was stopped: {reason}"
@@ -181,7 +182,7 @@ class ProcMesh(_Mesh):
             if s.stopped is None:
                 s.stopped = note
         if slots:
-            rt.observer.lifecycle("proc_mesh.stopping", mesh=self._name, reason=reason)
+            rt.events.emit("proc_mesh_stopping", mesh=self._name, reason=reason)
             stop_procs(rt.kernel, slots, reason, STOP_GRACE if grace is None else grace, cell, self._name)
         else:
             cell.set_result(None)
@@ -236,8 +237,8 @@ class ProcMesh(_Mesh):
             raise RuntimeError(f"proc mesh {self._name!r} has been stopped; spawn procs again")
         slots = [self._slots[r] for r in self._region_.root_ranks()]
         _start.ensure_runtime()
-        _state.current().observer.log_option(self._name, slots, stream_to_client, level, aggregate_window_sec,
-                                             START_TIMEOUT)
+        _state.current().instrumentation.log_option(self._name, slots, stream_to_client, level,
+                                                    aggregate_window_sec, START_TIMEOUT)
         return Applied()
 
     async def __aenter__(self) -> ProcMesh:

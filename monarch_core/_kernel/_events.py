@@ -11,9 +11,11 @@ monarch-core has two extension mechanisms, and only two:
   called with the event's arguments.
 
 An :class:`EventBus` is a scope, not a new mechanism: each kernel holds one
-for its own events (``kernel.events``: ``proc_failed``), and the process has
-one for its lifecycle (:mod:`monarch_core._proc._lifecycle`, which also
-forwards each event to the plugins' hooks of the same name).
+for its own events (``kernel.events``: ``proc_failed``), each proc runtime
+one for what it tells of itself (``ProcRuntime.events``: meshes and procs
+spawned and stopped, failures, supervision; :mod:`monarch_core._proc._runtime_events`),
+and the process has one for its lifecycle (:mod:`monarch_core._proc._lifecycle`,
+which also forwards each event to the plugins' hooks of the same name).
 
 Events are rare -- never per message: a per-message seam would be a method
 on a component's declared interface (a ``Protocol``), not an event.  A

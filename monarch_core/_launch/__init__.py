@@ -5,7 +5,8 @@ One private module per job; arrows point down (this package imports
 own ``ChildProcess`` protocol).  Process entry points (``_start`` for the
 client, ``_proc_main``, ``_worker``, the fork server's preload) are composition
 roots: they build the process's runtime (kernel, agent, ``ProcRuntime`` and its
-observer, telemetry's) with the one :func:`~._start.build_runtime`.  The
+instrumentation, telemetry's) with the one :func:`~._start.build_runtime`, and
+subscribe telemetry (and a client's status record) to its events.  The
 pipeline: ``HostMesh.spawn_procs`` checks its arguments and plans a
 :class:`~._spawn.Launch` (per host, the :class:`ProcSpec` s of its procs); the
 launch starts them here or asks worker loops to, and collects their

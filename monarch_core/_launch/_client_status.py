@@ -1,85 +1,110 @@
-"""The client's observer: telemetry's, plus this process's status record
-(:mod:`monarch_core._status`, read by ``monarch status``).
+"""The client's status record (:mod:`monarch_core._status`, read by ``monarch
+status``), kept up to date from the runtime's events.
 
-``_start`` hands a :class:`ClientObserver` to the client's runtime (procs keep
-the plain ``Telemetry``: only a client has a record).  Each hook does what
-telemetry does, then updates the record at the points that change what
-``monarch status`` shows: a host mesh spawned or stopped, a proc mesh spawned,
-each proc ready or ended, a proc mesh stopping or stopped, an actor mesh
-spawned or stopped.  The record is written whether telemetry is on or not.
+``_start`` calls :func:`subscribe` on a client's runtime (``rt.events``),
+after telemetry's listeners (procs have no record).  The listeners update the
+record at the events that change what ``monarch status`` shows: a host mesh
+spawned, stopping or stopped, a proc mesh spawned, each proc ready or ended, a
+proc mesh stopping or stopped, an actor mesh spawned (running once every
+``__init__`` returned), stopping or stopped.  The record is written whether
+telemetry is on or not; without one (``_status.current()`` is None) they do
+nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from monarch_core import _status
+from monarch_core._kernel._events import EventBus
 from monarch_core._telemetry._instrument import when_resolved
-from monarch_core._telemetry._observer import Telemetry
 
-#: host mesh lifecycle event -> the state ``monarch status`` shows
-_HOST_STATES = {"host_mesh.spawned": "running", "host_mesh.stopping": "stopping", "host_mesh.stopped": "stopped"}
+__all__ = ["subscribe"]
 
 
-class ClientObserver(Telemetry):
-    """:class:`Telemetry`, keeping this client's status record up to date."""
+def subscribe(events: EventBus) -> None:
+    """This client's status record listens to its runtime's bus ``events``
+    (``ProcRuntime.events``).  Called once, where the client's runtime is assembled."""
+    for event, listener in (
+        ("host_mesh_spawned", _host_mesh_spawned),
+        ("host_mesh_stopping", _host_mesh_stopping),
+        ("host_mesh_stopped", _host_mesh_stopped),
+        ("proc_mesh_spawned", _proc_mesh_spawned),
+        ("proc_ready", _proc_ready),
+        ("proc_ended", _proc_ended),
+        ("proc_mesh_stopping", _proc_mesh_stopping),
+        ("proc_mesh_stopped", _proc_mesh_stopped),
+        ("actor_mesh_spawned", _actor_mesh_spawned),
+        ("actor_mesh_stopping", _actor_mesh_stopping),
+    ):
+        events.subscribe(event, listener)
 
-    def lifecycle(self, name: str, **attributes: Any) -> None:  # type: ignore[override]
-        Telemetry.lifecycle(name, **attributes)
-        rec = _status.current()
-        if rec is None:
-            return
-        state = _HOST_STATES.get(name)
-        if state is not None:
-            hosts = attributes.get("hosts")
-            rec.host_mesh(str(attributes.get("mesh")), state, len(hosts) if isinstance(hosts, list) else None,
-                          attributes.get("scheduler"))
-        elif name == "proc_mesh.stopping":
-            rec.proc_mesh_state(str(attributes.get("mesh")), "stopping")
 
-    def register_procs(self, mesh: str, slots: list, extent: Any, host_mesh: str) -> None:  # type: ignore[override]
-        Telemetry.register_procs(mesh, slots, extent, host_mesh)
-        rec = _status.current()
-        if rec is not None:
-            rec.proc_mesh_spawned(mesh, [s.proc_id for s in slots], host_mesh, dict(zip(extent.labels, extent.sizes)))
+def _host_mesh_spawned(mesh: str, hosts: list, scheduler: Optional[str]) -> None:
+    rec = _status.current()
+    if rec is not None:
+        rec.host_mesh(str(mesh), "running", len(hosts) if isinstance(hosts, list) else None, scheduler)
 
-    def proc_ready(self, proc_id: str, pid: Any, last: bool) -> None:  # type: ignore[override]
-        Telemetry.proc_ready(proc_id, pid, last)
-        rec = _status.current()
-        if rec is not None:
-            rec.proc_ready(proc_id)
 
-    def proc_ended(self, proc_id: str, reason: str, stopped: bool) -> None:  # type: ignore[override]
-        Telemetry.proc_ended(proc_id, reason, stopped)
-        rec = _status.current()
-        if rec is not None:
-            rec.proc_ended(proc_id, stopped)
+def _host_mesh_stopping(mesh: str, shutdown: bool) -> None:
+    rec = _status.current()
+    if rec is not None:
+        rec.host_mesh(str(mesh), "stopping", None, None)
 
-    def actor_mesh_spawned(self, mesh: Any, proc_mesh: str, init: Any) -> None:  # type: ignore[override]
-        Telemetry.actor_mesh_spawned(mesh, proc_mesh, init)
-        rec = _status.current()
-        if rec is None:
-            return
-        region = mesh._region_
-        rec.actor_mesh(mesh._key, "starting", name=mesh._name, class_name=mesh._class.__qualname__,
-                       proc_mesh=proc_mesh, extent=dict(zip(region.labels, region.sizes)))
 
-        def done() -> None:
-            if init.count == init.n:  # every __init__ returned (an error resolves it early)
-                rec.actor_mesh(mesh._key, "running")
+def _host_mesh_stopped(mesh: str, shutdown: bool) -> None:
+    rec = _status.current()
+    if rec is not None:
+        rec.host_mesh(str(mesh), "stopped", None, None)
 
-        when_resolved(init.cell, done)
 
-    def actor_mesh_stopping(self, mesh: Any, reason: str, cell: Any) -> Any:  # type: ignore[override]
-        cell = Telemetry.actor_mesh_stopping(mesh, reason, cell)
-        rec = _status.current()
-        if rec is not None:
-            rec.actor_mesh(mesh._key, "stopping")
-            when_resolved(cell, rec.actor_mesh, mesh._key, "stopped")
-        return cell
+def _proc_mesh_spawned(mesh: str, slots: list, extent: Any, host_mesh: str) -> None:
+    rec = _status.current()
+    if rec is not None:
+        rec.proc_mesh_spawned(mesh, [s.proc_id for s in slots], host_mesh, dict(zip(extent.labels, extent.sizes)))
 
-    async def after_procs_stopped(self, kernel: Any, mesh: str) -> None:  # type: ignore[override]
-        await Telemetry.after_procs_stopped(kernel, mesh)
-        rec = _status.current()
-        if rec is not None and mesh:
-            rec.proc_mesh_state(mesh, "stopped")
+
+def _proc_ready(proc_id: str, pid: Any, last: bool) -> None:
+    rec = _status.current()
+    if rec is not None:
+        rec.proc_ready(proc_id)
+
+
+def _proc_ended(proc_id: str, reason: str, stopped: bool) -> None:
+    rec = _status.current()
+    if rec is not None:
+        rec.proc_ended(proc_id, stopped)
+
+
+def _proc_mesh_stopping(mesh: str, reason: str) -> None:
+    rec = _status.current()
+    if rec is not None:
+        rec.proc_mesh_state(str(mesh), "stopping")
+
+
+def _proc_mesh_stopped(mesh: str) -> None:
+    rec = _status.current()
+    if rec is not None and mesh:
+        rec.proc_mesh_state(mesh, "stopped")
+
+
+def _actor_mesh_spawned(mesh: Any, proc_mesh: str, init: Any) -> None:
+    rec = _status.current()
+    if rec is None:
+        return
+    region = mesh._region_
+    rec.actor_mesh(mesh._key, "starting", name=mesh._name, class_name=mesh._class.__qualname__,
+                   proc_mesh=proc_mesh, extent=dict(zip(region.labels, region.sizes)))
+
+    def done() -> None:
+        if init.count == init.n:  # every __init__ returned (an error resolves it early)
+            rec.actor_mesh(mesh._key, "running")
+
+    when_resolved(init.cell, done)
+
+
+def _actor_mesh_stopping(mesh: Any, reason: str, done: Any) -> None:
+    rec = _status.current()
+    if rec is not None:
+        rec.actor_mesh(mesh._key, "stopping")
+        when_resolved(done, rec.actor_mesh, mesh._key, "stopped")

@@ -83,15 +83,17 @@ def main() -> None:
     from monarch_core._kernel import _wire as W
     from monarch_core._mesh._shape import Extent, Point
     from monarch_core._plugins import registry
-    from monarch_core._telemetry import _observer, _reporting
+    from monarch_core._telemetry import _reporting
+    from monarch_core._telemetry import _runtime as _telemetry
 
     _transport.set_from_parent(spec.transport)
     rt = build_runtime(
         proc_id=spec.proc_id, kernel_name=spec.name, transport=registry().transport(spec.transport),
         bind_spec=spec.bind_spec, name=spec.describe, is_client=False, root=spec.root, parent=spec.parent,
         point=Point(spec.rank, Extent(spec.labels, spec.sizes)), python_executable=spec.command.program,
-        proc_mesh_name=spec.name, ready=False, observer=_observer.Telemetry(),
+        proc_mesh_name=spec.name, ready=False, instrumentation=_telemetry.Telemetry(),
     )
+    _telemetry.subscribe(rt.events)  # telemetry's records of what the runtime tells
     kernel = rt.kernel
     parent, status, worker_loop = spec.parent, spec.status, spec.worker_loop
 

@@ -336,7 +336,7 @@ class Launch(PortHandler):
                 from monarch_core._proc import _state
 
                 self.kernel.child_started(self.slots[rank].proc_id)
-                _state.observer().proc_ready(self.slots[rank].proc_id, self.slots[rank].pid, done)
+                _state.emit("proc_ready", proc_id=self.slots[rank].proc_id, pid=self.slots[rank].pid, last=done)
             if done:
                 self.close()
                 self.cell.set_result(True)
@@ -419,15 +419,17 @@ def stop_procs(kernel: Kernel, slots: list[ProcSlot], reason: str, grace: float,
     SIGTERM, and one alive :data:`SIGNAL_WAIT` s later SIGKILL -- directly when
     this process is its parent, through its host's worker loop (``host_kill``)
     otherwise;
-    ``cell`` resolves once all are gone (or the last wait ended), after the
-    output they sent before stopping (``_reporting.after_procs_stopped``)."""
+    ``cell`` resolves once all are gone (or the last wait ended), after what
+    they sent before stopping (their output, their last telemetry) was
+    handled and printed, and the runtime event ``proc_mesh_stopped`` (for a
+    named ``mesh``)."""
     kernel.call_soon(kernel.start_task, _stop, kernel, slots, reason, grace, cell, mesh)
 
 
 async def _stop(kernel: Kernel, slots: list[ProcSlot], reason: str, grace: float, cell: Any, mesh: str) -> None:
     import trio
 
-    from monarch_core._proc import _state
+    from monarch_core._proc import _output, _state
 
     stop = C.StopProc(reason, max(0.5, grace - 0.5))
     starting = []  # procs that never said hello: nothing of the user's runs there yet, so nothing to lose
@@ -465,7 +467,15 @@ async def _stop(kernel: Kernel, slots: list[ProcSlot], reason: str, grace: float
             _signal(kernel, s, sig_name)
         with trio.move_on_after(SIGNAL_WAIT):
             await all_gone()
-    await _state.observer().after_procs_stopped(kernel, mesh)
+    # What they sent last (output lines, telemetry batches) was delivered before they ended
+    # and waits in the loop's queue: a callback queued now runs after it.
+    handled = trio.Event()
+    trio.lowlevel.current_trio_token().run_sync_soon(handled.set)
+    with trio.move_on_after(1.0):
+        await handled.wait()
+    _output.printer.flush(mesh or None)
+    if mesh:
+        _state.emit("proc_mesh_stopped", mesh=mesh)
     cell.set_result(None)
 
 

@@ -2,9 +2,10 @@
 
 :func:`ensure_runtime` is what the mesh API's entry points call first: it
 starts this process's runtime when it has none -- a client's (its kernel
-thread, its proc agent, its observer -- telemetry, whose hub the procs
-report to), on first use.  The runtime is read with ``_proc._state.current()``,
-the one accessor.
+thread, its proc agent, telemetry's instrumentation and its listeners of the
+runtime's events -- telemetry's hub is what the procs report to -- and the
+listeners that keep the status record), on first use.  The runtime is read
+with ``_proc._state.current()``, the one accessor.
 :func:`shutdown` stops it (``shutdown_context``, interpreter exit).
 :func:`build_runtime` assembles a runtime, in the one place it is: the
 client's here, a proc's in :mod:`._proc_main`, a worker loop's in
@@ -24,7 +25,9 @@ from typing import Any, Callable
 from monarch_core import _status, settings
 from monarch_core._launch import _client_status
 from monarch_core._proc import _state, _transport
+from monarch_core._proc._instrumentation import Instrumentation, NoInstrumentation
 from monarch_core._telemetry import _reporting
+from monarch_core._telemetry import _runtime as _telemetry
 
 __all__ = ["build_runtime", "ensure_runtime", "shutdown"]
 
@@ -33,7 +36,7 @@ logger = logging.getLogger("monarch.actor")
 
 def ensure_runtime() -> None:
     """Start this process's runtime if it has none: a client's, on first use
-    (its kernel thread, its proc agent, its observer).  What the mesh API's
+    (its kernel thread, its proc agent, telemetry).  What the mesh API's
     entry points call first (``this_proc()``, ``this_host()``,
     ``hosts_from_config()``, ``context()``, ``monarch_core.runtime``...);
     the runtime itself is read with ``_state.current()``, the one accessor.
@@ -59,16 +62,19 @@ def runtime() -> _state.ProcRuntime:
 
 
 def build_runtime(*, proc_id: str, kernel_name: str, transport: Any, bind_spec: str | None,
-                  agent: Callable[[Any], Any] | None = None, ready: bool = True, **fields: Any) -> _state.ProcRuntime:
+                  agent: Callable[[Any], Any] | None = None, ready: bool = True,
+                  instrumentation: Instrumentation | None = None, **fields: Any) -> _state.ProcRuntime:
     """Assemble this process's runtime and make it current: the one place it
     is (a client's start, ``_launch._proc_main``, ``_launch._worker``).
 
     A kernel for ``proc_id`` (named ``kernel_name``, on ``transport`` -- a
     ``Transport`` -- bound at ``bind_spec``), its agent (``agent(kernel)``,
     default a ``ProcAgent``), and the :class:`~._state.ProcRuntime` over both,
-    whose other fields are ``fields`` (``name``, ``is_client``, ``root``,
-    ``parent``, ``point``, ``python_executable``...).  A client's kernel
-    thread starts here (``is_client=True``), and a client is its own root
+    with ``instrumentation`` (default ``NoInstrumentation``: nothing
+    recorded) and an events bus nobody listens to yet (the caller subscribes
+    its listeners to ``rt.events``), whose other fields are ``fields``
+    (``name``, ``is_client``, ``root``, ``parent``, ``point``,
+    ``python_executable``...).  A client's kernel thread starts here (``is_client=True``), and a client is its own root
     (no ``root``: this proc); a proc's or worker loop's kernel runs when its
     caller serves it.  ``ready``: the agent takes actor messages at once (a
     proc's waits until its bootstrap ran)."""
@@ -81,7 +87,8 @@ def build_runtime(*, proc_id: str, kernel_name: str, transport: Any, bind_spec: 
     if fields["is_client"]:
         kernel.start_thread()
     fields.setdefault("root", (proc_id, kernel.address))
-    rt = _state.ProcRuntime(kernel=kernel, agent=proc_agent, proc_id=proc_id, transport=transport.name, **fields)
+    rt = _state.ProcRuntime(kernel=kernel, agent=proc_agent, proc_id=proc_id, transport=transport.name,
+                            instrumentation=instrumentation or NoInstrumentation(), **fields)
     proc_agent.runtime = rt
     if ready:
         proc_agent.proc_ready.set()
@@ -130,7 +137,9 @@ def _start_client() -> None:
     rt = build_runtime(proc_id=proc_id, kernel_name="client", transport=registry().transport(choice.name),
                        bind_spec=choice.bind_spec, name="client", is_client=True, parent=None,
                        point=_state.ROOT_POINT, python_executable=sys.executable,
-                       observer=_client_status.ClientObserver())
+                       instrumentation=_telemetry.Telemetry())
+    _telemetry.subscribe(rt.events)  # telemetry's records of what the runtime tells
+    _client_status.subscribe(rt.events)  # then this client's status record, for `monarch status`
     _reporting.start_client(rt)
     _status.start(proc_id)  # this client's record, for `monarch status`
     atexit.register(_atexit_shutdown)

@@ -178,7 +178,7 @@ class ProcAgent:
             except BaseException as e:
                 self.init_error = wrap_exception(e, "bootstrap")
                 logger.error("proc bootstrap failed: %r", e,
-                             extra=self.runtime.observer.log_extra("user", endpoint="bootstrap", rank=rank))
+                             extra=self.runtime.instrumentation.log_extra("user", endpoint="bootstrap", rank=rank))
                 send_to_port(reply, rank, W.S_ERROR, self.init_error)
             else:
                 send_to_port(reply, rank, W.S_VALUE, ("ready", self.kernel.proc_id))
@@ -215,7 +215,7 @@ class ProcAgent:
             # say so now, or the senders would count what is unacknowledged as lost.
             self.kernel.call_soon(self.kernel.ack_at_once)
             self.stop_everything(reason, grace)
-            self.runtime.observer.final_flush()  # its output and last telemetry go out before it ends
+            self.runtime.events.emit("proc_ending")  # its output and last telemetry go out before it ends
             try:
                 self.kernel.run(self.kernel.settle_acks, left())
                 # let replies already queued (stop acknowledgements) reach their ports
@@ -443,13 +443,13 @@ class ProcAgent:
 
     # ---------------------------------------------------------------- telemetry
     def _on_telemetry(self, m: C.Telemetry, payload: Any, buffers: list, sender: str) -> None:
-        self.runtime.observer.on_telemetry(payload, sender)
+        self.runtime.instrumentation.on_telemetry(payload, sender)
 
     def _on_telemetry_flush(self, m: C.TelemetryFlush, payload: Any, buffers: list, sender: str) -> None:
-        self.runtime.observer.on_flush(m.reply)
+        self.runtime.instrumentation.on_flush(m.reply)
 
     def _on_log_option(self, m: C.LogOption, payload: Any, buffers: list, sender: str) -> None:
-        self.runtime.observer.on_log_option(m.reply, m.stream, m.level)
+        self.runtime.instrumentation.on_log_option(m.reply, m.stream, m.level)
 
     def _on_reload(self, m: C.Reload, payload: Any, buffers: list, sender: str) -> None:
         from monarch_core._proc import _reload

@@ -20,10 +20,12 @@ import threading
 from typing import Any, Protocol
 
 from monarch_core._proc import _construction, _serial, _state
+from monarch_core._proc._instrumentation import Instrumentation
 from monarch_core._proc._invoke import loopless
 from monarch_core._proc._mailbox import Mailbox
 from monarch_core._proc._port import send_to_port, this_proc_and_host, wrap_exception
 from monarch_core._kernel import _wire as W
+from monarch_core._kernel._events import EventBus
 from monarch_core._mesh._shape import Point
 from monarch_core.errors import SupervisionError
 
@@ -90,11 +92,12 @@ class Failing:
     (``__init__``, ``__cleanup__``: a stop that gives up on the thread names
     it); ``after_death`` is the task that cleans a dead actor up."""
 
-    def __init__(self, host: FailingHost, agent: InitAgent, observer: Any, mailbox: Mailbox,
-                 init: tuple[tuple | None, Any, list], trace: bytes | None) -> None:
+    def __init__(self, host: FailingHost, agent: InitAgent, instrumentation: Instrumentation, events: EventBus,
+                 mailbox: Mailbox, init: tuple[tuple | None, Any, list], trace: bytes | None) -> None:
         self.host = host
         self.agent = agent
-        self.observer = observer
+        self.instrumentation = instrumentation  # the runtime's: ``__init__`` spans, log records' fields
+        self.events = events  # the runtime's: ``supervision_handled``
         self.mailbox = mailbox
         self.init_reply: tuple | None = init[0]  # the spawn's reply port
         self._init: tuple[Any, Any] = (init[1], init[2])  # (payload, buffers) of the class and its arguments
@@ -143,11 +146,11 @@ class Failing:
         host.instance = instance
         self.busy = "__init__"
         _construction.enter_init()
-        sp = self.observer.init_span(self._init_trace)
+        sp = self.instrumentation.init_span(self._init_trace)
         if sp is None:
             loopless(instance.__init__)(*args, **kwargs)
         else:
-            self.observer.run_init(host, sp, loopless(instance.__init__), args, kwargs)
+            self.instrumentation.run_init(host, sp, loopless(instance.__init__), args, kwargs)
 
     def _init_failed(self, e: BaseException) -> None:
         host = self.host
@@ -202,8 +205,8 @@ class Failing:
     def log_extra(self, category: str, endpoint: str | None) -> dict:
         """Structured fields of an error log record about this actor (``monarch_core.telemetry.LOG_FIELDS``)."""
         host = self.host
-        return self.observer.log_extra(category, actor=host.display_name, endpoint=endpoint, mesh=host.name,
-                                       rank=host.rank.rank, proc=host.proc_id)
+        return self.instrumentation.log_extra(category, actor=host.display_name, endpoint=endpoint,
+                                              mesh=host.name, rank=host.rank.rank, proc=host.proc_id)
 
     async def _after_death(self, err: BaseException) -> None:
         await self.mailbox.cancel_tasks()
@@ -261,13 +264,15 @@ class Failing:
             if inspect.isawaitable(handled):
                 handled = await handled
         except BaseException as e:
-            self.observer.supervision_handled(failure.mesh_name, f"{host.display_name}.__supervise__", False)
+            self.events.emit("supervision_handled", mesh=failure.mesh_name,
+                             handled_by=f"{host.display_name}.__supervise__", handled=False)
             self.die(e, f"__supervise__ raised while handling the failure of its mesh {failure.mesh_name!r}",
                      chain=failure.events, where=f"{host.name}.__supervise__")
             return
         finally:
             _state.current_message_rank.reset(token)
-        self.observer.supervision_handled(failure.mesh_name, f"{host.display_name}.__supervise__", bool(handled))
+        self.events.emit("supervision_handled", mesh=failure.mesh_name,
+                         handled_by=f"{host.display_name}.__supervise__", handled=bool(handled))
         if handled:
             logger.info("actor %s handled the failure of its mesh %r", host.display_name, failure.mesh_name)
             return

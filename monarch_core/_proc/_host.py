@@ -50,7 +50,7 @@ class HostAgent(Protocol):
     module imports this one, so it is not named here)."""
 
     kernel: Kernel
-    #: the process's runtime (``monarch_core._launch``): its ``observer``
+    #: the process's runtime (``_state.ProcRuntime``): its ``instrumentation`` and ``events``
     runtime: Any
     #: set once the proc's bootstrap ran (``init_error``: how it failed)
     proc_ready: threading.Event
@@ -90,7 +90,8 @@ class ActorHost:
         trace: bytes | None = None,
     ) -> None:
         self.agent = agent
-        self.observer = observer = agent.runtime.observer  # the runtime's (``_observer``): what this actor records
+        rt = agent.runtime  # its ``instrumentation`` (what this actor records per call) and ``events`` (what it tells)
+        instrumentation, events = rt.instrumentation, rt.events
         self.owner = owner  # (proc_id, address, owning actor key or "")
         self.key = key
         self.name = mesh_name
@@ -107,14 +108,14 @@ class ActorHost:
         self.failure: BaseException | None = None
         self.stopped = False
         self.owned: list[Any] = []  # meshes spawned by this actor (stopped with it)
-        self.span_metas: dict[str, tuple] = {}  # endpoint name -> its server spans' meta (the observer's)
+        self.span_metas: dict[str, tuple] = {}  # endpoint name -> its server spans' meta (the instrumentation's)
         self._return_ref: tuple | None = None
         self._mailbox = mailbox = Mailbox(self, agent.kernel)
         self.loop = mailbox.loop
-        self._invoker = Invoker(self, observer, self.loop, mailbox.spawn)
+        self._invoker = Invoker(self, instrumentation, self.loop, mailbox.spawn)
         self._invoker.known_extent(self.mesh_extent)
-        self._failing = Failing(self, agent, observer, mailbox, (init_reply, payload, buffers), trace)
-        self._stopping = Stopping(self, agent, observer, mailbox, self._invoker, self._failing)
+        self._failing = Failing(self, agent, instrumentation, events, mailbox, (init_reply, payload, buffers), trace)
+        self._stopping = Stopping(self, agent, events, mailbox, self._invoker, self._failing)
         self._post: Callable[[tuple], None] = mailbox.post  # (bound once: ``enqueue``'s one call)
         mailbox.start(self._invoker.run_message)
 
@@ -239,7 +240,7 @@ class ActorHost:
 
     @property
     def _stats(self) -> dict[str, Any]:
-        """Endpoint name -> its server-side stat (the observer's ``retire_server`` clears it)."""
+        """Endpoint name -> its server-side stat (telemetry's listener of ``actor_finished`` clears it)."""
         return self._invoker.stats
 
     @property

@@ -5,7 +5,7 @@ one) that runs endpoint messages, on the actor's loop, one at a time: it reads
 the header (the fields of :class:`ActorHeader`), looks the endpoint up, runs it --
 sync, async (the awaiting half is awaited by the mailbox before the next
 message) or concurrent (a task beside the queue) -- records the run with the
-runtime's observer (one :class:`Timing` record per instrumented call) and
+runtime's instrumentation (one :class:`Timing` record per instrumented call) and
 sends the result or the error to the caller.  What it needs of its actor is
 :class:`InvokerHost`.
 
@@ -23,6 +23,7 @@ import time
 from typing import Any, Awaitable, Callable, Coroutine, NamedTuple, Optional, Protocol
 
 from monarch_core._proc import _lifecycle, _output, _serial, _state, _tree
+from monarch_core._proc._instrumentation import Instrumentation
 from monarch_core._proc._port import _DroppingPort, Port, send_raw_to_port, send_to_port, wrap_exception
 from monarch_core._kernel import _wire as W
 from monarch_core._mesh._shape import Extent, Point
@@ -43,7 +44,7 @@ class ActorHeader(NamedTuple):
     ``_proc._send``, ``_actor._actor_mesh``; its shape checked by
     ``ActorHost.enqueue``).  Headers travel as plain tuples of these nine
     fields, a traced call's context as a tenth item (bytes; read by the
-    observer's ``server_span``); :meth:`Invoker.run_message` names them once,
+    instrumentation's ``server_span``); :meth:`Invoker.run_message` names them once,
     by unpacking, instead of making this object per message (about 0.1 µs of
     CPU a call).  ``ActorHeader._make(h[:9])`` names them off the per-call path."""
 
@@ -59,12 +60,12 @@ class ActorHeader(NamedTuple):
 
 
 class Timing(NamedTuple):
-    """One instrumented run of an endpoint, as the observer records it."""
+    """One instrumented run of an endpoint, as the instrumentation records it."""
 
-    stat: Any  #: the endpoint's server-side stat (``observer.server_stat``: its ``record``)
+    stat: Any  #: the endpoint's server-side stat (``instrumentation.server_stat``: its ``record``)
     t0: int  #: when the run started (``perf_counter_ns``)
     req: int  #: the request's bytes
-    span: Optional[tuple]  #: the run's span (``observer.server_span``), or None when not traced
+    span: Optional[tuple]  #: the run's span (``instrumentation.server_span``), or None when not traced
 
 
 class InvokerHost(Protocol):
@@ -93,17 +94,17 @@ class Invoker:
     gives up on the thread names it.  ``spawn(coro)`` starts a task the actor
     tracks (a concurrent endpoint's body; a stop cancels it)."""
 
-    def __init__(self, host: InvokerHost, observer: Any, loop: asyncio.AbstractEventLoop,
+    def __init__(self, host: InvokerHost, instrumentation: Instrumentation, loop: asyncio.AbstractEventLoop,
                  spawn: Callable[[Coroutine[Any, Any, None]], Any]) -> None:
         self.host = host
-        self.observer = observer  # the runtime's (``_observer``): stats, spans
+        self.instrumentation = instrumentation  # the runtime's (``_instrumentation``): stats, spans
         self.loop = loop
         self.spawn = spawn
         self.current: tuple | None = None
         self.stats: dict[str, Any] = {}  # endpoint name -> its server-side stat (False: not instrumented)
         self._methods: dict[str, tuple] = {}  # endpoint name -> (class, property or None, function)
         self._extents: dict[tuple, Extent] = {}
-        self._span_var = observer.current_span
+        self._span_var = instrumentation.current_span
 
     def known_extent(self, extent: Extent) -> None:
         """Reuse ``extent`` for messages of that shape (the actor's own mesh's)."""
@@ -136,7 +137,7 @@ class Invoker:
             stat = self._stat_for(method)
         if stat:
             t0 = _now()
-            sp = self.observer.server_span(h)
+            sp = self.instrumentation.server_span(h)
             req = len(payload) if not buffers else _nbytes(payload, buffers)
             tm: Timing | None = _make(Timing, (stat, t0, req, sp))
             span_token = self._span_var.set(sp) if sp is not None else None
@@ -309,7 +310,7 @@ class Invoker:
             dt = _now() - t0
             stat.record(dt, req, len(rp) if not rb else _nbytes(rp, rb))
             if sp is not None:
-                self.observer.end_server_span(sp, self.host, method, t0, dt, None)
+                self.instrumentation.end_server_span(sp, self.host, method, t0, dt, None)
         if _output.capture._queue:  # what the endpoint printed reaches the client before its reply
             _output.capture.before_reply()
         send_raw_to_port(reply_ref, rank, W.S_VALUE, rp, rb)
@@ -321,7 +322,7 @@ class Invoker:
         tm.stat.record(dt, tm.req, rep, err)
         sp = tm.span
         if sp is not None:
-            self.observer.end_server_span(sp, self.host, method, t0, dt, err)
+            self.instrumentation.end_server_span(sp, self.host, method, t0, dt, err)
 
     # ------------------------------------------------------------ endpoints
 
@@ -330,7 +331,7 @@ class Invoker:
             _cls, prop, _func = self._lookup(method)
         except AttributeError:
             prop = None
-        stat = self.stats[method] = self.observer.server_stat(self.host, method, prop)
+        stat = self.stats[method] = self.instrumentation.server_stat(self.host, method, prop)
         return stat
 
     def _where(self, method: str) -> str:

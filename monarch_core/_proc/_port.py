@@ -348,7 +348,7 @@ class OneReply(Cell, PortHandler):
 
     ``describe`` names the call in its failures: a :class:`CallSite` (with
     ``index``, the rank called, and ``adverb``) or a plain text.  ``stat``
-    (an endpoint stat, from the runtime's observer): the call is counted there
+    (an endpoint stat, from the runtime's instrumentation): the call is counted there
     when its reply or failure arrives -- latency from construction, ``req``
     request bytes, the reply's bytes, the error's type.  (Built in rather than
     a subclass: it is the per-call path of ``call_one`` with metrics on.)"""

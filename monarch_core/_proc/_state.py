@@ -20,8 +20,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from monarch_core import settings
+from monarch_core._kernel._events import EventBus
 from monarch_core._mesh._shape import Extent, Point
-from monarch_core._proc._observer import Observer
+from monarch_core._proc._instrumentation import Instrumentation, NoInstrumentation
+from monarch_core._proc._runtime_events import EVENTS
 
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
@@ -82,8 +84,10 @@ class ProcRuntime:
     python_executable: str
     proc_mesh_name: str = "client"
     caches: dict[str, Any] = field(default_factory=dict)
-    #: What the runtime tells of itself (``_observer``): telemetry's, handed in where the runtime is built.
-    observer: Observer = field(default_factory=Observer)
+    #: What the runtime calls per call (``_instrumentation``): telemetry's, handed in where the runtime is built.
+    instrumentation: Instrumentation = field(default_factory=NoInstrumentation)
+    #: What the runtime tells of itself (``_runtime_events``): listeners subscribe where the runtime is built.
+    events: EventBus = field(default_factory=lambda: EventBus(EVENTS))
 
     @property
     def ref(self) -> ProcRef:
@@ -102,7 +106,9 @@ current_message_rank: contextvars.ContextVar[Point | None] = contextvars.Context
     "monarch_message_rank", default=None
 )
 
-_NULL = Observer()
+_NULL = NoInstrumentation()
+#: the runtime events of a process that has no runtime: checked, heard by nobody
+_UNHEARD = EventBus(EVENTS)
 
 _EMPTY = Extent([], [])
 ROOT_POINT = Point(0, _EMPTY)
@@ -112,10 +118,20 @@ def current_runtime_or_none() -> ProcRuntime | None:
     return _runtime
 
 
-def observer() -> Observer:
-    """The observer of this process's runtime (the null one while it has none)."""
+def instrumentation() -> Instrumentation:
+    """The instrumentation of this process's runtime (the null one while it has none)."""
     rt = _runtime
-    return rt.observer if rt is not None else _NULL
+    return rt.instrumentation if rt is not None else _NULL
+
+
+def emit(event: str, **arguments: Any) -> None:
+    """Tell the listeners of this process's runtime (``ProcRuntime.events``)
+    that runtime event ``event`` (``_runtime_events.EVENTS``) happened, with
+    its ``arguments``; nobody hears it while the process has no runtime (yet,
+    or any more).  ``KeyError`` for an unknown event; a listener's error is
+    logged, not raised."""
+    rt = _runtime
+    (rt.events if rt is not None else _UNHEARD).emit(event, **arguments)
 
 
 def actor_name() -> str | None:

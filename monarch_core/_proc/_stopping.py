@@ -23,6 +23,7 @@ from monarch_core._proc._invoke import Invoker
 from monarch_core._proc._mailbox import _STOP, Mailbox
 from monarch_core._proc._port import send_to_port
 from monarch_core._kernel import _frames
+from monarch_core._kernel._events import EventBus
 from monarch_core._kernel import _wire as W
 from monarch_core._mesh._shape import Point
 from monarch_core.errors import SupervisionError
@@ -71,11 +72,11 @@ class Stopping:
     actor's thread (``overdue``: the thread runs nothing more); ``reason``:
     why it stopped, as its refusals say."""
 
-    def __init__(self, host: StoppingHost, agent: StopAgent, observer: Any, mailbox: Mailbox, invoker: Invoker,
+    def __init__(self, host: StoppingHost, agent: StopAgent, events: EventBus, mailbox: Mailbox, invoker: Invoker,
                  failing: Failing) -> None:
         self.host = host
         self.agent = agent
-        self.observer = observer
+        self.events = events  # the runtime's (``_runtime_events``): ``actor_finished``
         self.mailbox = mailbox
         self.invoker = invoker
         self.failing = failing
@@ -231,7 +232,7 @@ class Stopping:
 
     def finish(self) -> None:
         """The stop is complete (any thread): its watchdog is cancelled, the
-        actor's server-side metrics leave this process (``observer.retire_server``)
+        runtime event ``actor_finished`` is emitted (its server-side metrics leave this process)
         and the stop is acknowledged.  Nothing of the proc's keeps the actor after
         this: its thread ends and its loop is closed once its main task returns."""
         with self._lock:
@@ -247,7 +248,7 @@ class Stopping:
                     self.agent.kernel.call_soon(scope.cancel)
                 except RuntimeError:  # the kernel is shutting down: so is the watchdog
                     pass
-            self.observer.retire_server(host)
+            self.events.emit("actor_finished", host=host)
             _frames.forget_actor(host.key)
         for r in replies:
             send_to_port(r, host.rank.rank, W.S_VALUE, None)

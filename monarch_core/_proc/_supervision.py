@@ -245,21 +245,20 @@ def _run_hook(failure: MeshFailure) -> None:
         return
     from monarch_core._proc import _state
 
-    obs = _state.observer()
     first = failure.events[0]
     if hook is unhandled_fault_hook and first.get("init") and len(failure.events) == 1:
         # An ``__init__`` that raised: the ``initialized`` future and every call of its mesh raise
         # the ``ActorError`` (actor, rank, remote traceback), which is where the user hears of it --
         # once, and without the client being interrupted (it may catch it and go on).  A hook the
         # user assigned sees it as any other failure.
-        obs.supervision_handled(failure.mesh_name, "unhandled_fault_hook", True)
+        _state.emit("supervision_handled", mesh=failure.mesh_name, handled_by="unhandled_fault_hook", handled=True)
         logger.info("__init__ of %s raised; the calls to its mesh %r raise it (not ending the client)",
                     first.get("actor"), failure.mesh_name)
         return
     try:
         hook(failure)
     except BaseException as e:  # noqa: BLE001 - any exception means "unhandled"
-        obs.supervision_handled(failure.mesh_name, "unhandled_fault_hook", False)
+        _state.emit("supervision_handled", mesh=failure.mesh_name, handled_by="unhandled_fault_hook", handled=False)
         with _ending_lock:
             already, _ending[0] = _ending[0], True
         if already:  # the client is ending for an earlier one: summed up, not reported again in full
@@ -269,12 +268,13 @@ def _run_hook(failure: MeshFailure) -> None:
             "unhandled supervision failure (%s); ending the client with exit code 1:\n%s",
             type(e).__name__,
             failure.report(),
-            extra=obs.log_extra(failure.category, actor=first.get("actor"), mesh=failure.mesh_name,
-                                rank=first.get("rank"), proc=first.get("proc")),
+            extra=_state.instrumentation().log_extra(failure.category, actor=first.get("actor"),
+                                                     mesh=failure.mesh_name, rank=first.get("rank"),
+                                                     proc=first.get("proc")),
         )
         _end_client()
         return
-    obs.supervision_handled(failure.mesh_name, "unhandled_fault_hook", True)
+    _state.emit("supervision_handled", mesh=failure.mesh_name, handled_by="unhandled_fault_hook", handled=True)
     logger.warning("supervision failure dropped by unhandled_fault_hook:\n%s", failure.report())
 
 

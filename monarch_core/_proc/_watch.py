@@ -75,7 +75,7 @@ class WatchOwner(Protocol):
     @property
     def runtime(self) -> Any:
         """The process's runtime (``monarch_core._launch``'s ``Runtime``;
-        None until it is set): its ``observer``, ``name``, ``is_client``."""
+        None until it is set): its ``events``, ``name``, ``is_client``."""
 
     def heartbeat_tick(self, now: float, paused: float | None) -> None:
         """Called once per heartbeat (loop thread); ``paused``: how long this
@@ -113,7 +113,7 @@ class ProcWatch:
         from monarch_core._proc._port import this_proc_and_host
 
         self._gone.setdefault(host.key, (host.describe(), f"failed: {cause.strip().splitlines()[-1] if cause.strip() else cause}"))
-        self.runtime.observer.actor_failed(host, cause, category)
+        self.runtime.events.emit("actor_failed", host=host, cause=cause, category=category)
         report = S.make_report(
             mesh_key=host.key,
             mesh_name=host.name,
@@ -189,7 +189,8 @@ class ProcWatch:
         rec.health[rank] = report
         mesh = rec.mesh._with_region(rec.mesh._region_) if rec.mesh is not None else None
         failure = S.MeshFailure(mesh, report)
-        self.runtime.observer.supervision_event(failure, report, rec.owner_host, self.runtime)
+        self.runtime.events.emit("supervision_event", failure=failure, report=report, owner_host=rec.owner_host,
+                                 runtime=self.runtime)
         logger.info("supervision: %s", failure.report().splitlines()[0])
         if rec.owner_host is not None:
             rec.owner_host.supervise(failure)
@@ -222,7 +223,7 @@ class ProcWatch:
         cause = self._failure_causes.pop(proc_id, None)
         seen_dead = self._seen_dead(proc_id)
         self._reported_dead.discard(proc_id)
-        self.runtime.observer.proc_ended(proc_id, reason, stopped)
+        self.runtime.events.emit("proc_ended", proc_id=proc_id, reason=reason, stopped=stopped)
         if proc_id in self.proc_owners:
             self._tell_owners(proc_id, reason, stopped)
         if stopped:

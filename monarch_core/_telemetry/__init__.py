@@ -2,12 +2,15 @@
 
 The private half of :mod:`monarch_core.telemetry` (the public façade).  It
 sits right above the proc runtime (``_proc``), which sees it only through the
-one observer it is handed where the runtime is built
-(:class:`._observer.Telemetry`, a ``_proc._observer.Observer``); the sinks'
+instrumentation it is handed where the runtime is built
+(:class:`._runtime.Telemetry`, a ``_proc._instrumentation.Instrumentation``:
+what runs per call) and the listeners subscribed there to the runtime's
+events (:func:`._runtime.subscribe`: what the runtime tells); the sinks'
 hookspec is the plugin contract's (``_contract/_telemetry.py``).  Nothing here
 imports trio, asyncio or pluggy at import time.
 
-* :mod:`._observer` -- :class:`Telemetry`, the runtime's observer: each hook, and who implements it;
+* :mod:`._runtime` -- :class:`Telemetry`, the runtime's instrumentation, and
+  :func:`subscribe`, telemetry's listeners of the runtime's events;
 * :mod:`._core` -- switches, this process's identity, the span/event buffers;
 * :mod:`._metrics` -- endpoint stats and their histograms;
 * :mod:`._spans` -- ``@traced``, trace contexts, span records;

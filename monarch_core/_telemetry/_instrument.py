@@ -1,4 +1,4 @@
-"""Per-call instrumentation: the client and server side of a call (hooks of the runtime's observer).
+"""Per-call instrumentation: the client and server side of a call (the runtime's ``Instrumentation``).
 
 * :class:`ClientSide` -- what an endpoint of an actor mesh records in the
   caller: ``call_one``/``choose`` count in ``OneReply`` itself, the reply
@@ -8,8 +8,10 @@
   trace context its messages carry.
 * the server side -- the endpoint stat and span helpers ``ActorHost`` uses.
 
-The runtime reaches these through its observer (:class:`._observer.Telemetry`).
-What a proc then reports to the root (batches, output, lifecycle events) is
+The runtime calls these through its instrumentation (:class:`._runtime.Telemetry`),
+except :func:`retire_when_stopped` and :func:`retire_server`, which listen to
+the runtime's events (``actor_mesh_released``, ``actor_finished``:
+:func:`._runtime.subscribe`).  What a proc then reports to the root (batches, output, lifecycle events) is
 :mod:`._reporting`.
 
 Nothing here runs per call when telemetry is off (``MONARCH_TELEMETRY=0``) or
@@ -298,11 +300,11 @@ class TimedStream(_RecordsOnce, StreamReplies):
         StreamReplies.fail(self, exc, proc_id)
 
 
-def retire_when_stopped(cell: Any, mesh_key: str, class_name: str) -> None:
-    """Once ``cell`` (an actor mesh's stop) resolves, this process's client-side
+def retire_when_stopped(mesh_key: str, class_name: str, done: Any) -> None:
+    """Once ``done`` (an actor mesh's stop) resolves, this process's client-side
     stats of the mesh are retired (``_metrics.retire``: nothing of it is kept here)."""
     if state.enabled:
-        when_resolved(cell, _metrics.retire, mesh_key, class_name, _metrics.CLIENT)
+        when_resolved(done, _metrics.retire, mesh_key, class_name, _metrics.CLIENT)
 
 
 def when_resolved(cell: Any, fn: Any, *args: Any, **kwargs: Any) -> None:

@@ -9,7 +9,9 @@
   (:func:`on_telemetry`), and :func:`flush` waits for every proc's;
 * proc output -- a proc's captured stdout/stderr lines (``_proc._output``) go
   to the root in batches; ``logging_option`` reconfigures them;
-* lifecycle and supervision events (``_events.LIFECYCLE``).
+* lifecycle and supervision events (``_events.LIFECYCLE``): recorded by
+  the functions below that :func:`._runtime.subscribe` makes listeners of
+  the runtime's events (``_proc._runtime_events``).
 
 The per-call half (endpoint metrics, spans) is :mod:`._instrument`.
 """
@@ -263,12 +265,12 @@ def actor_failed(host: Any, cause: str, category: str) -> None:
               endpoint=cur[2] if cur else None, category=category, cause=text.splitlines()[-1] if text else "")
 
 
-def supervision_event(failure: Any, report: dict, owner_host: Any, rt: Any) -> None:
+def supervision_event(failure: Any, report: dict, owner_host: Any, runtime: Any) -> None:
     if not state.enabled:
         return
     if owner_host is not None:
         owner = f"{owner_host.display_name}.__supervise__"
-    elif rt is not None and rt.is_client:
+    elif runtime is not None and runtime.is_client:
         owner = "unhandled_fault_hook"
     else:
         owner = "its proc (which exits)"
@@ -298,30 +300,12 @@ def actor_mesh_spawned(mesh: Any, proc_mesh: str, init: GatherReplies) -> None:
     when_resolved(init.cell, done)
 
 
-def actor_mesh_stopping(mesh: Any, reason: str, cell: Any) -> Any:
-    """``mesh`` is being stopped; ``actor_mesh.stopped`` follows when ``cell`` resolves (returned)."""
+def actor_mesh_stopping(mesh: Any, reason: str, done: Any) -> None:
+    """``mesh`` is being stopped; ``actor_mesh.stopped`` follows when ``done`` resolves."""
     if not state.enabled:
-        return cell
+        return
     lifecycle("actor_mesh.stopping", mesh=mesh._name, mesh_key=mesh._key, reason=reason)
-    when_resolved(cell, lifecycle, "actor_mesh.stopped", mesh=mesh._name, mesh_key=mesh._key)
-    return cell
-
-
-async def after_procs_stopped(kernel: Kernel, mesh: str) -> None:
-    """The procs of ``mesh`` are gone (the kernel's loop, in ``ProcMesh.stop``):
-    what they shipped last is handled and printed before ``stop()`` returns."""
-    import trio
-
-    # Their last batches were delivered before they ended, and wait in the
-    # loop's queue: a callback queued now runs after them.
-    done = trio.Event()
-    token = trio.lowlevel.current_trio_token()
-    token.run_sync_soon(done.set)
-    with trio.move_on_after(1.0):
-        await done.wait()
-    _output.printer.flush(mesh or None)
-    if mesh:
-        lifecycle("proc_mesh.stopped", mesh=mesh)
+    when_resolved(done, lifecycle, "actor_mesh.stopped", mesh=mesh._name, mesh_key=mesh._key)
 
 
 def log_option(mesh: str, slots: list, stream: bool, level: int, window: Optional[float], timeout: float) -> None:
