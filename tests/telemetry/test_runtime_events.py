@@ -97,8 +97,8 @@ pids = sorted(w.pid.call().get().values())
 failing = pm.slice(gpus=0).spawn("failing", Worker)
 failing.crash.broadcast()
 deadline = time.time() + 60
-while not handled and time.time() < deadline:
-    time.sleep(0.05)
+while not any(h["event"] == "supervision_handled" for h in heard) and time.time() < deadline:
+    time.sleep(0.05)                   # (the hook ran, and the event after it was emitted)
 w.stop().get()
 pm.stop().get()
 host.stop().get()
