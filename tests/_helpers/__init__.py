@@ -6,7 +6,7 @@ loads every folder's ``conftest.py`` under the same module name, so which one
 ``import conftest`` finds depends on the collection order.
 
 * :mod:`_helpers` (this module): unique names, timeouts, :func:`poll_until`,
-  :func:`run_async` (a fresh trio run).
+  :func:`run_async` (a fresh trio run), :func:`client_runtime`.
 * :mod:`_helpers.procs`: processes seen through ``/proc``.
 * :mod:`_helpers.clients`: child interpreters that test this checkout.
 * :mod:`_helpers.faults`: the recording ``unhandled_fault_hook``.
@@ -21,7 +21,10 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
+
+if TYPE_CHECKING:
+    from monarch_core._proc._state import ProcRuntime
 
 R = TypeVar("R")
 
@@ -65,3 +68,18 @@ def run_async(afn: Callable[..., Awaitable[R]], *args: Any, timeout: float = 20.
             return await afn(*args)
 
     return trio.run(main)
+
+
+def client_runtime() -> ProcRuntime:
+    """This process's client runtime, started on first use:
+    ``_start.ensure_runtime()`` then ``_state.current()``.
+
+    Only for code running in the test process itself; code run in another
+    process (a child interpreter's code string, an actor's endpoint) calls
+    ``_state.current()`` there (after ``_start.ensure_runtime()`` where the
+    runtime may not exist yet)."""
+    from monarch_core._launch import _start
+    from monarch_core._proc import _state
+
+    _start.ensure_runtime()
+    return _state.current()

@@ -27,10 +27,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class Probe(Actor):
     @endpoint
     def where(self) -> dict:
-        from monarch_core._launch import _start
         from monarch_core._proc import _state
 
-        rt = _start.runtime()
+        rt = _state.current()
         return {"address": rt.kernel.address, "transport": rt.transport, "pid": os.getpid()}
 
 
@@ -57,7 +56,6 @@ def short_dir():  # type: ignore[no-untyped-def]
 _USE = """
 import json, os, stat
 from monarch_core.actor import ChannelTransport, enable_transport, this_host
-from monarch_core._launch import _start
 from monarch_core._proc import _state
 from test_enable_transport import Probe
 
@@ -66,7 +64,7 @@ enable_transport(choice)
 enable_transport(choice)  # the same again: a no-op
 pm = this_host().spawn_procs(per_host={{"gpus": 2}})
 where = pm.spawn("p", Probe).where.call().get(timeout=60).values()
-rt = _start.runtime()
+rt = _state.current()
 client = rt.kernel.address
 path = client[len("ipc://"):]
 is_sock = (not path.startswith("@")) and stat.S_ISSOCK(os.stat(path).st_mode)

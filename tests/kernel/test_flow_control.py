@@ -35,6 +35,8 @@ from monarch_core._kernel._runtime import Kernel
 from monarch_core._plugins import registry
 from monarch_core.errors import SupervisionError, UndeliverableMessageError
 
+from _helpers import client_runtime
+
 WINDOW = 16
 READERS = ["poller", "loop"]
 
@@ -412,10 +414,9 @@ class Echo(Actor):
 
     @endpoint
     def window(self) -> tuple[int, int]:
-        from monarch_core._launch import _start
         from monarch_core._proc import _state
 
-        k = _start.runtime().kernel
+        k = _state.current().kernel
         return k.send_window_msgs, k.send_window_bytes
 
     @endpoint
@@ -445,10 +446,9 @@ class Spammer(Actor):
         """Broadcast ``n`` messages to ``target`` from this actor's asyncio
         loop; the first makes ``target`` call back into ``ping``.  Returns the
         most messages this proc held for ``target`` and how many it received."""
-        from monarch_core._launch import _start
         from monarch_core._proc import _state
 
-        k = _start.runtime().kernel
+        k = _state.current().kernel
         with Sampler(k, [target._members[0].proc_id]) as sampler:
             for i in range(n):
                 target.take.broadcast(i, me if i == 0 else None)
@@ -466,8 +466,6 @@ def small_window():
     """Worker procs (and this client) with a 16-message / 64 KiB window; the
     client's supervision failures are recorded instead of exiting."""
     import monarch_core.actor as mactor
-    from monarch_core._launch import _start
-    from monarch_core._proc import _state
     from monarch_core.actor import this_host
 
     failures: list = []
@@ -475,7 +473,7 @@ def small_window():
     for k, v in ENV_WINDOW.items():
         mp.setenv(k, v)
     mp.setattr(mactor, "unhandled_fault_hook", failures.append)
-    kernel = _start.runtime().kernel
+    kernel = client_runtime().kernel
     mp.setattr(kernel, "send_window_msgs", WINDOW, raising=False)
     mp.setattr(kernel, "send_window_bytes", 64 << 10, raising=False)
     pm = this_host().spawn_procs(per_host={"gpus": 2})

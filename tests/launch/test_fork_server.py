@@ -21,8 +21,6 @@ import time
 
 import pytest
 
-from monarch_core._launch import _start
-from monarch_core._proc import _state
 from monarch_core._launch import _fork_server
 from monarch_core._launch._bootstrap import PROC_MODULE
 from monarch_core.actor import (
@@ -35,7 +33,7 @@ from monarch_core.actor import (
 )
 from monarch_core.errors import SupervisionError
 
-from _helpers import poll_until
+from _helpers import client_runtime, poll_until
 from _helpers.procs import children_of, parent_of, pid_gone, wait_pids_gone
 
 T = 30.0
@@ -90,7 +88,7 @@ def _infos(probe) -> list[dict]:  # type: ignore[no-untyped-def]
 
 def _zygote_info() -> dict:
     """Ask the current zygote of this process what it has imported."""
-    kernel = _start.runtime().kernel
+    kernel = client_runtime().kernel
 
     async def ask() -> dict:
         z = _fork_server.server_of(kernel).start()
@@ -107,7 +105,7 @@ def test_many_concurrent_requests_to_one_zygote_are_all_answered() -> None:
     failed that way).  Requests now queue for the socket one at a time."""
     import trio
 
-    kernel = _start.runtime().kernel
+    kernel = client_runtime().kernel
 
     async def ask_many(n: int) -> list:
         z = _fork_server.server_of(kernel).start()

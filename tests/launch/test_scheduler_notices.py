@@ -66,7 +66,8 @@ def host_mesh(sched):
     from monarch_core._launch import _alloc
     from monarch_core.hookspecs import AllocationRequest
     request = AllocationRequest(name="n", params={}, source="<test>")
-    record = _alloc.allocate(sched, request, _start.runtime(), 90)
+    _start.ensure_runtime()
+    record = _alloc.allocate(sched, request, _state.current(), 90)
     return _mesh.host_mesh_of(record, "n")
 '''
 

@@ -23,8 +23,6 @@ import pytest
 import trio
 
 from monarch_core._actor import _mesh
-from monarch_core._launch import _start
-from monarch_core._proc import _state
 from monarch_core._builtins._local import LocalScheduler
 from monarch_core._launch import _alloc
 from monarch_core.actor import Actor, endpoint, this_host
@@ -32,6 +30,7 @@ from monarch_core.errors import AllocationError, ConfigError
 from monarch_core.hookspecs import Allocation, AllocationRequest, HostHandle, Scheduler
 from monarch_core.testing import check_scheduler
 
+from _helpers import client_runtime
 from _helpers.procs import wait_pids_gone
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -47,7 +46,7 @@ def _request(params: dict, name: str = "t") -> AllocationRequest:
 
 
 def _allocate(scheduler: Scheduler, params: dict, timeout: float = 60.0):
-    rt = _start.runtime()
+    rt = client_runtime()
     return _alloc.allocate(scheduler, _request(params), rt, timeout)
 
 
@@ -341,7 +340,8 @@ CLIENT = textwrap.dedent(
         def die(self):
             os._exit(3)
 
-    record = _alloc.allocate(Marked(), AllocationRequest("two", {"hosts": 2}, "<client>"), _start.runtime(), 60)
+    _start.ensure_runtime()
+    record = _alloc.allocate(Marked(), AllocationRequest("two", {"hosts": 2}, "<client>"), _state.current(), 60)
     hm = _mesh.host_mesh_of(record, "two")
     pids = [int(h.labels["pid"]) for h in hm.hosts]
     pm = hm.spawn_procs()

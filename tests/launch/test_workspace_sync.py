@@ -20,12 +20,12 @@ import monarch_core
 import monarch_core.actor as mactor
 import monarch_core.hookspecs as hs
 from monarch_core._actor import _mesh
-from monarch_core._launch import _start
-from monarch_core._proc import _state
 from monarch_core._launch import _alloc
 from monarch_core._workspace import Workspace
 from monarch_core.actor import this_host
 from monarch_core.hookspecs import AllocationRequest
+
+from _helpers import client_runtime
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "plugin-authors.md"
 
@@ -111,7 +111,7 @@ def test_a_scheduler_that_cannot_copy_says_so_by_name(tmp_path: Path) -> None:
     sched = _doc_scheduler().FixedWorkers()
     tag = uuid.uuid4().hex[:8]
     request = AllocationRequest("fixed", {"workers": [f"ipc://@ws-{tag}-0"]}, "<test fixed>")
-    record = _alloc.allocate(sched, request, _start.runtime(), 60)
+    record = _alloc.allocate(sched, request, client_runtime(), 60)
     hm = _mesh.host_mesh_of(record, "fixed")
     try:
         with pytest.raises(NotImplementedError) as ei:

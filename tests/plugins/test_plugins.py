@@ -80,10 +80,9 @@ class WhereAmI(Actor):
 
     @endpoint
     def where(self, var: str) -> dict:
-        from monarch_core._launch import _start
         from monarch_core._proc import _state
 
-        return {"address": _start.runtime().kernel.address, "pid": os.getpid(), "var": os.environ.get(var)}
+        return {"address": _state.current().kernel.address, "pid": os.getpid(), "var": os.environ.get(var)}
 
 
 # ---------------------------------------------------------------- helpers
@@ -472,9 +471,8 @@ def test_third_party_transport_plugin_is_usable_by_name_and_carries_a_mesh(
         pm = this_host().spawn_procs(per_host={"gpus": 2})
         w = pm.spawn("w", WhereAmI)
         where = w.where.call("MC_DIRT_RANK").get(timeout=60).values()
-        from monarch_core._launch import _start
         from monarch_core._proc import _state
-        client = _start.runtime().kernel.address
+        client = _state.current().kernel.address
         files = sorted(os.listdir(os.environ["MC_DIRT_DIR"]))
         pm.stop().get(timeout=30)
         print(json.dumps({

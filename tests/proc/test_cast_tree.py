@@ -16,13 +16,12 @@ from collections import Counter
 
 import pytest
 
-from monarch_core._launch import _start
 from monarch_core._proc import _state, _tree
 from monarch_core._kernel import _wire as W
 from monarch_core.actor import Actor, current_rank, endpoint, this_host
 from monarch_core.errors import ProtocolError, SupervisionError
 
-from _helpers import fresh, poll_until
+from _helpers import client_runtime, fresh, poll_until
 
 
 # ---------------------------------------------------------------- the layout
@@ -105,11 +104,11 @@ class Node(Actor):
 
     @endpoint
     def forwarded(self) -> int:
-        return _start.runtime().kernel.tree_forwarded
+        return _state.current().kernel.tree_forwarded
 
     @endpoint
     def batches(self) -> int:
-        return _start.runtime().kernel.tree_batches
+        return _state.current().kernel.tree_batches
 
     @endpoint
     def fail_on(self, member: int, folder: str) -> int:
@@ -209,7 +208,7 @@ def test_a_dead_forwarder_fails_the_calls_that_need_it_and_is_routed_around(smal
     m = small_tree.spawn(fresh("node"), Node)
     pids = [pid for _r, pid in m.who.call().get(timeout=30).values()]
     os.kill(pids[0], signal.SIGKILL)  # member 0 forwards to 2 and 3 (and they to 6, 7, 8)
-    kernel = _start.runtime().kernel
+    kernel = client_runtime().kernel
     poll_until(lambda: small_tree._slots[0].proc_id in kernel.dead, 30, what="the killed forwarder's end")
     with pytest.raises(SupervisionError):
         m.who.call().get(timeout=30)
@@ -244,7 +243,7 @@ def test_a_forwarder_without_the_member_table_answers_every_target_with_an_error
     from monarch_core.actor import Channel
 
     port, recv = Channel.open()
-    kernel = _start.runtime().kernel
+    kernel = client_runtime().kernel
     header = _tree.encode(("no-such-mesh", "who", port._ref, ("procs",), (9,), "client", None, False, None), 9, 2,
                           0, None, None, "unknown-view", False)
     _tree.forward(kernel, header, b"", [], "peer")

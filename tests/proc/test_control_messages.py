@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import marshal
 
-from monarch_core._launch import _start
-from monarch_core._proc import _state
 from monarch_core._proc._port import OneReply
 from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
 from monarch_core.actor import Actor, endpoint, this_host
 
-from _helpers import T, fresh
+from _helpers import T, client_runtime, fresh
 
 BAD = [
     ("no_such_op", 1, 2),
@@ -44,7 +42,7 @@ def test_malformed_control_messages_are_dropped_and_the_proc_keeps_serving(meshe
     meshes.append(pm)
     echo = pm.spawn(fresh("echo"), Echo)
     assert echo.echo.call_one(1).get(timeout=T) == 1
-    rt = _start.runtime()
+    rt = client_runtime()
     kernel = rt.kernel
     proc_id, address = pm._slots[0].ref()
     for h in BAD:

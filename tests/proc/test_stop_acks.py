@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import threading
 
-from monarch_core._launch import _start
-from monarch_core._proc import _state
 from monarch_core.actor import Actor, endpoint, this_host
 
-from _helpers import fresh, poll_until
+from _helpers import client_runtime, fresh, poll_until
 from _helpers.clients import describe
 
 
@@ -25,7 +23,7 @@ class Sink(Actor):
 def _settle_stopped(pm) -> None:  # type: ignore[no-untyped-def]
     """Wait until this process has seen the procs of ``pm`` end, and has run
     the fault hook for anything that ending returned as undeliverable."""
-    kernel = _start.runtime().kernel
+    kernel = client_runtime().kernel
     procs = [slot.proc_id for slot in pm._slots]
     poll_until(lambda: all(p in kernel.dead for p in procs), 30, what="the stopped procs' ends")
 
@@ -73,9 +71,8 @@ for _round in range(3):
     pm.stop().get(timeout=60)
     # wait until the procs' ends are seen and what they set off has run
     import threading, time
-    from monarch_core._launch import _start
     from monarch_core._proc import _state
-    kernel = _start.runtime().kernel
+    kernel = _state.current().kernel
     deadline = time.monotonic() + 30
     while not all(slot.proc_id in kernel.dead for slot in pm._slots):
         assert time.monotonic() < deadline, "the stopped procs were never seen to end"

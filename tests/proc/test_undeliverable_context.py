@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from monarch_core._launch import _start
-from monarch_core._proc import _agent, _state
+from monarch_core._proc import _agent
 from monarch_core._actor._actor_mesh import _rebuild_actor_mesh
 from monarch_core._mesh._shape import Extent
 from monarch_core.actor import Actor, endpoint, this_proc
 from monarch_core.errors import UndeliverableMessageError
 
-from _helpers import T
+from _helpers import T, client_runtime
 
 
 class Ghost(Actor):
@@ -25,7 +24,7 @@ class Ghost(Actor):
 def test_an_undeliverable_call_names_mesh_class_endpoint_and_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     this_proc()  # the client's runtime
     monkeypatch.setattr(_agent, "HOLD_TIMEOUT", 0.2)
-    rt = _start.runtime()
+    rt = client_runtime()
     ref = (rt.proc_id, rt.kernel.address)
     # a reference to a mesh whose actor this (live) proc never spawns
     ghost = _rebuild_actor_mesh(Ghost, "ghosts", "ghosts-0000000000", [ref, ref], Extent(["gpus"], [2]).region)

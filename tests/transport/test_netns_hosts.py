@@ -81,7 +81,6 @@ def check_good_client(run_client, scheme, i, pki=None, port=None) -> None:  # ty
 # ---------------------------------------------------------------- three hosts, tcp and tls
 
 CROSS_HOSTS = """
-from monarch_core._launch import _start
 from monarch_core._proc import _state
 hosts = attach()
 pm = hosts.spawn_procs(per_host={"gpus": 2})
@@ -91,7 +90,7 @@ where_a = a.where.call().get(timeout=60).values()
 where_b = b.where.call().get(timeout=60).values()
 calls = b.call_peers.call(a).get(timeout=60).values()
 inbound = a.inbound.call().get(timeout=60).values()
-client = _start.runtime().kernel.address
+client = _state.current().kernel.address
 print(json.dumps({"pids": [w["pid"] for w in where_a]}), flush=True)
 sys.stdin.readline()  # the test looks at the procs first
 pm.stop().get(timeout=60)

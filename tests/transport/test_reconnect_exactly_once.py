@@ -37,7 +37,6 @@ def _assert_ran_exactly_once_in_order(out: dict, calls: int) -> None:
 CLIENT = """
 import json, threading
 from monarch_core.actor import enable_transport, this_host
-from monarch_core._launch import _start
 from monarch_core._proc import _state
 from transport_actors import ProcBreaker, SeqRecorder, break_sessions_forever
 enable_transport({transport!r})
@@ -46,7 +45,7 @@ rec = pm.spawn("rec", SeqRecorder)
 brk = pm.spawn("brk", ProcBreaker)
 rec.record.call_one(-1).get(timeout=60)  # sessions up both ways before the breaks
 stop = threading.Event()
-t = threading.Thread(target=break_sessions_forever, args=(_start.runtime().kernel, {seed}, stop), daemon=True)
+t = threading.Thread(target=break_sessions_forever, args=(_state.current().kernel, {seed}, stop), daemon=True)
 brk.begin.call_one({seed} + 1000).get(timeout=60)
 t.start()
 futs = [rec.record.call_one(i) for i in range({calls})]
@@ -70,14 +69,13 @@ def test_pipelined_calls_run_exactly_once_in_order_while_both_ends_break_connect
 TLS_CLIENT = """
 import json, threading
 from monarch_core.actor import enable_transport, this_host
-from monarch_core._launch import _start
 from monarch_core._proc import _state
 from transport_actors import SeqRecorder, reset_connections_forever
 enable_transport("tls://127.0.0.1:0")
 pm = this_host().spawn_procs(per_host={{"gpus": 1}})
 rec = pm.spawn("rec", SeqRecorder)
 rec.record.call_one(-1).get(timeout=60)  # sessions up both ways before the breaks
-k = _start.runtime().kernel
+k = _state.current().kernel
 ports = [int(a.rsplit(":", 1)[1]) for a in (k.address, *[a for p, a in k._addresses.items() if p != k.proc_id])]
 stop = threading.Event()
 resets = []

@@ -18,7 +18,8 @@ def _my_address() -> str:
     from monarch_core._launch import _start
     from monarch_core._proc import _state
 
-    return _start.runtime().kernel.address
+    _start.ensure_runtime()
+    return _state.current().kernel.address
 
 
 def _listen_port(address: str) -> int:
@@ -168,11 +169,10 @@ class ProcBreaker(Actor):
     def begin(self, seed: int) -> None:
         import threading
 
-        from monarch_core._launch import _start
         from monarch_core._proc import _state
 
         self._thread = threading.Thread(
-            target=break_sessions_forever, args=(_start.runtime().kernel, seed, self._stop), daemon=True
+            target=break_sessions_forever, args=(_state.current().kernel, seed, self._stop), daemon=True
         )
         self._thread.start()
 

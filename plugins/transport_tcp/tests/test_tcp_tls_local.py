@@ -22,7 +22,6 @@ HOSTNAME = socket.gethostname()
 PAIR = """
 import json, os
 from monarch_core.actor import ChannelTransport, enable_transport, this_host
-from monarch_core._launch import _start
 from monarch_core._proc import _state
 from transport_actors import Where, my_listening
 choice = {choice}
@@ -34,8 +33,8 @@ where = a.where.call().get(timeout=60).values()
 one_to_zero = a.slice(gpus=1).call_peers.call_one(a.slice(gpus=0)).get(timeout=60)
 zero_to_one = a.slice(gpus=0).call_peers.call_one(a.slice(gpus=1)).get(timeout=60)
 out = {{
-    "client": _start.runtime().kernel.address,
-    "client_transport": _start.runtime().transport,
+    "client": _state.current().kernel.address,
+    "client_transport": _state.current().transport,
     "client_listens": my_listening(),
     "where": where,
     "listens": a.listening.call().get(timeout=60).values(),
