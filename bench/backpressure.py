@@ -49,7 +49,6 @@ def _status_kib(pid: int | str, key: str) -> int:
 
 def child(count: int, size: int, delay: float) -> dict:
     import monarch_core.actor as mactor
-    from monarch_core._launch import _start
     from monarch_core._proc import _state
     from monarch_core.actor import Actor, endpoint, this_host
 
@@ -70,7 +69,7 @@ def child(count: int, size: int, delay: float) -> dict:
     procs = this_host().spawn_procs(per_host={"gpus": 1})
     slow = procs.spawn("slow", Slow, delay)
     wpid = slow.pid.call_one().get(timeout=60)
-    kernel = _start.runtime().kernel
+    kernel = _state.current().kernel  # (the mesh above started the runtime)
     frame = size + 200  # payload + pickle + header, roughly
     peak = {"msgs": 0, "window_msgs": 0, "window_bytes": 0}
     stop = threading.Event()

@@ -54,13 +54,6 @@ def ensure_runtime() -> None:
         _start_client()
 
 
-def runtime() -> _state.ProcRuntime:
-    """:func:`ensure_runtime`, then ``_state.current()``: kept for the tests
-    that still call it (monarch_core itself does not)."""
-    ensure_runtime()
-    return _state.current()
-
-
 def build_runtime(*, proc_id: str, kernel_name: str, transport: Any, bind_spec: str | None,
                   agent: Callable[[Any], Any] | None = None, ready: bool = True,
                   instrumentation: Instrumentation | None = None, **fields: Any) -> _state.ProcRuntime:
