@@ -86,6 +86,7 @@ class SendPath:
         w = self.windows.get(proc_id)
         if w is None:
             w = self.window(proc_id)
+        took = w
         # _Window.take, inlined for a window with room (every message pays this)
         with w.lock:
             msgs = w.msgs
@@ -98,6 +99,15 @@ class SendPath:
                 w = None
         if w is not None and w.take(size, self._owner, proc_id, kind):  # full: wait for room if this thread may
             flags |= _F_ACK_SOON
+        if self.windows.get(proc_id) is not took:
+            # Its proc died and the window went with its session (``_run_session``)
+            # while this thread took room in it: the room is taken in the window
+            # of now, where the message's drop (``_drop``) gives it back.
+            took.release(1, size)
+            cur = self.window(proc_id)
+            with cur.lock:
+                cur.msgs += 1
+                cur.nbytes += size
         # (a message waiting in the queue goes first: FIFO per thread and destination)
         if not self.tx and self._direct(proc_id, kind, flags, header, payload, buffers, reply_port, track, size):
             return

@@ -576,3 +576,29 @@ def test_a_blocked_client_is_released_when_the_worker_is_killed(small_window) ->
     finally:
         pm.stop().get(timeout=60)
 
+
+
+def test_a_send_that_races_with_its_windows_removal_leaves_no_room_taken(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A dead proc's window goes with its session (``SendPath._run_session``).
+    # A sender that had looked the window up just before took room in the
+    # removed window, and the message's drop gave it back to a new one: the
+    # window then read (-1, -size) for good.  The race, made deterministic:
+    # the lookup itself removes the window, as the loop would right after it.
+    with kernels(2, monkeypatch, "poller") as (a, b):
+        a.call_soon(a.proc_failed, b.proc_id, "b was declared dead by the test")
+        _wait_for(lambda: b.proc_id in a.dead, 30, "b is dead for a")
+        path = a._sender
+        path.window(b.proc_id)
+
+        class RemovedOnLookup(dict):
+            def get(self, key: Any, default: Any = None) -> Any:
+                got = super().get(key, default)
+                if key == b.proc_id and got is not None and not got.msgs:
+                    del self[key]  # what ``_run_session`` does for a dead proc's idle window
+                return got
+
+        monkeypatch.setattr(path, "windows", RemovedOnLookup(path.windows))
+        r = Failures()
+        a.send(b.proc_id, None, *_port_msg(1, b"late")[:4], [], reply_port=a.add_port(r))
+        assert r.failed.wait(30)
+        _wait_for(lambda: a.send_window(b.proc_id) == (0, 0), 30, "the window is empty")

@@ -270,7 +270,10 @@ class _Forked:
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
-            os.kill(self.pid, signum)
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:  # reaped meanwhile by :meth:`wait`, which this handler interrupted
+                pass
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
