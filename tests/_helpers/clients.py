@@ -86,7 +86,8 @@ def run_code(code: str, *args: str, env: Mapping[str, str | None] | None = None,
 
 def describe(res: subprocess.CompletedProcess) -> str:
     """rc, stdout and stderr of a finished child, for assertion messages."""
-    return f"rc={res.returncode}\nstdout:\n{res.stdout[-3000:]}\nstderr:\n{res.stderr[-6000:]}"
+    out, err = res.stdout or "", res.stderr or ""  # (None when not captured, or merged into stdout)
+    return f"rc={res.returncode}\nstdout:\n{out[-3000:]}\nstderr:\n{err[-6000:]}"
 
 
 class LineReader:
