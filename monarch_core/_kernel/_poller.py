@@ -29,6 +29,7 @@ session, and only then lets the connection be closed (no descriptor reuse).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -36,6 +37,7 @@ import selectors
 import _signal  # type: ignore[import-not-found]  # (CPython's C module behind ``signal``; typeshed has no stub)
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from monarch_core._kernel import _inbound
@@ -501,6 +503,21 @@ class _AttachedSelector(selectors.EpollSelector):
             p._left = time.monotonic()
             if p._ack_due:
                 p._send_due_acks()
+
+
+@contextlib.contextmanager
+def following() -> Iterator[None]:
+    """A wait that does not read the sockets itself is under way on this
+    thread (so the poller's thread reads for it at once; see ``Poller.follow``)."""
+    p = Poller.current
+    if p is None:
+        yield
+        return
+    p.follow(1)
+    try:
+        yield
+    finally:
+        p.follow(-1)
 
 
 def reading() -> bool:

@@ -25,7 +25,7 @@ from monarch_core._proc._port import send_to_port, wrap_exception
 from monarch_core._proc._watch import ProcWatch, Supervised
 from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
-from monarch_core._kernel._poller import Poller
+from monarch_core._kernel._poller import following
 from monarch_core.errors import ProtocolError, SupervisionError, UndeliverableMessageError
 
 if TYPE_CHECKING:
@@ -204,27 +204,23 @@ class ProcAgent:
         def left() -> float:  # what remains of the grace, for one more wait of at most 1 s
             return min(1.0, max(0.05, deadline - time.monotonic()))
 
-        # This thread's waits below do not read the sockets: the poller's
-        # thread reads for them at once (not after its standby).
-        poller = Poller.current
-        if poller is not None:
-            poller.follow(1)
         try:
-            self.kernel.call_soon(self._announce_stopping)
-            # Everything delivered here was handled (or will be, before the actors stop):
-            # say so now, or the senders would count what is unacknowledged as lost.
-            self.kernel.call_soon(self.kernel.ack_at_once)
-            self.stop_everything(reason, grace)
-            self.runtime.events.emit("proc_ending")  # its output and last telemetry go out before it ends
-            try:
-                self.kernel.run(self.kernel.settle_acks, left())
-                # let replies already queued (stop acknowledgements) reach their ports
-                self.kernel.run(self.kernel.flush, left())
-            except Exception:  # pragma: no cover - the loop is already gone
-                pass
+            # This thread's waits below do not read the sockets: the poller's
+            # thread reads for them at once (not after its standby).
+            with following():
+                self.kernel.call_soon(self._announce_stopping)
+                # Everything delivered here was handled (or will be, before the actors stop):
+                # say so now, or the senders would count what is unacknowledged as lost.
+                self.kernel.call_soon(self.kernel.ack_at_once)
+                self.stop_everything(reason, grace)
+                self.runtime.events.emit("proc_ending")  # its output and last telemetry go out before it ends
+                try:
+                    self.kernel.run(self.kernel.settle_acks, left())
+                    # let replies already queued (stop acknowledgements) reach their ports
+                    self.kernel.run(self.kernel.flush, left())
+                except Exception:  # pragma: no cover - the loop is already gone
+                    pass
         finally:
-            if poller is not None:
-                poller.follow(-1)
             self.kernel.stop_loop()
 
     def _announce_stopping(self) -> None:

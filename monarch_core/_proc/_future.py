@@ -7,15 +7,15 @@ first observer, so the kernel thread never runs user unpickling code.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import sys
 import threading
 from _thread import allocate_lock as _allocate_lock
-from collections.abc import Callable, Coroutine, Generator, Iterator
+from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from monarch_core._kernel._poller import Poller as _Poller
+from monarch_core._kernel._poller import following as _following
 from monarch_core._proc import _construction
 
 if TYPE_CHECKING:
@@ -199,19 +199,6 @@ class Cell:
         return self._exc
 
 
-@contextlib.contextmanager
-def _following() -> Iterator[None]:
-    """A wait that does not read the sockets itself is under way (so the
-    poller's thread reads for it; see ``Poller.follow``)."""
-    p = _Poller.current
-    if p is None:
-        yield
-        return
-    p.follow(1)
-    try:
-        yield
-    finally:
-        p.follow(-1)
 
 
 def _kernel_thread_check() -> None:
