@@ -82,6 +82,10 @@ class InboundServer:
         self._eager_ack: set[str] = set()  # senders whose messages are acknowledged at once
         self._eager_ack_all = False
         self._peers: dict[str, str] = {}  # procs that opened sessions to us -> their addresses
+        #: sender -> its inbound connections being served now (loop thread), and the
+        #: tasks waiting for them to end (:meth:`drained`)
+        self._open: dict[str, int] = {}
+        self._drain_waiters: dict[str, list[trio.Event]] = {}
         #: the thread that reads plain-socket sessions (None until first used)
         self.poller: Poller | None = None
         self._poller_lock = threading.Lock()
@@ -135,6 +139,17 @@ class InboundServer:
         reader = W.FrameReader(stream)
         try:
             session, sender = await self._handshake(reader, peer)
+            self._open[sender] = self._open.get(sender, 0) + 1
+            try:
+                await self._serve_session(stream, reader, session, sender)
+            finally:
+                self._closed_one(sender)
+        finally:
+            del reader  # (not kept by a traceback of this frame: it holds the read buffer)
+
+    async def _serve_session(self, stream: Stream, reader: W.FrameReader, session: str, sender: str) -> None:
+        """Serve the session of a connection whose handshake was read."""
+        try:
             # Fence the session's previous connection (it may still be
             # delivering what it buffered) before reading where to resume.
             fence = self.fences.get(session)
@@ -151,7 +166,29 @@ class InboundServer:
                 else:
                     await self._read_on_loop(stream, reader, session, sender, fence, epoch, last)
         finally:
-            del reader  # (not kept by a traceback of this frame: it holds the read buffer)
+            del reader  # (as in ``_serve``)
+
+    def _closed_one(self, sender: str) -> None:
+        n = self._open[sender] - 1
+        if n:
+            self._open[sender] = n
+            return
+        del self._open[sender]
+        for ev in self._drain_waiters.pop(sender, ()):
+            ev.set()
+
+    async def drained(self, sender: str, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until no connection from ``sender`` is
+        being read any more: everything it wrote before it closed them was
+        routed (loop thread).  A proc's exit closes its connections, so for an
+        ended proc this is as soon as the reads reach the end of what it
+        sent; the timeout covers a socket its descendants still hold."""
+        if not self._open.get(sender):
+            return
+        ev = trio.Event()
+        self._drain_waiters.setdefault(sender, []).append(ev)
+        with trio.move_on_after(timeout):
+            await ev.wait()
 
     async def _handshake(self, reader: W.FrameReader, peer: str) -> tuple[str, str]:
         """Read the peer's handshake: its session id and proc id; learn the

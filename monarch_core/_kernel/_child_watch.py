@@ -2,7 +2,10 @@
 (``Kernel.adopt_child``): an exit it was not told to expect
 (``Kernel.expect_exit``) fails the proc, naming the exit status, and is
 logged (a WARNING; DEBUG while the proc is starting under a spawn that
-reports its failures once: ``Kernel.child_starting``).
+reports its failures once: ``Kernel.child_starting``).  An exit is reported
+once what the child sent before it ended was routed (``inbound_drained``,
+at most :data:`DRAIN_WAIT`): a reply it sent just before it ended resolves
+its call rather than losing a race with the exit.
 
 :class:`ChildProcess` is what the kernel needs of such a process (the launch
 layer's exec'd ``_launch._children.Child`` and the fork server's
@@ -11,7 +14,7 @@ layer's exec'd ``_launch._children.Child`` and the fork server's
 the kernel's methods of the same names delegate to it): it keeps the adopted
 children and the procs whose exit is expected, and calls back only what
 :class:`ChildWatchOwner` describes (``expect_proc``, ``proc_failed``,
-``start_task``).  This module does not import ``_runtime`` (which imports it).
+``start_task``, ``inbound_drained``).  This module does not import ``_runtime`` (which imports it).
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 logger = logging.getLogger("monarch.kernel")
+
+
+#: Seconds an ended child's connections get to be read to their end before
+#: its end is reported (they close with it; a descendant may hold one open).
+DRAIN_WAIT = 2.0
 
 
 class ChildProcess(Protocol):
@@ -51,6 +59,10 @@ class ChildWatchOwner(Protocol):
 
     def start_task(self, afn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         """Run ``await afn(*args)`` in the background on the loop (loop thread)."""
+
+    async def inbound_drained(self, proc_id: str, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until what ``proc_id`` sent before its
+        connections closed was routed (loop thread)."""
 
 
 class ChildWatch:
@@ -120,6 +132,9 @@ class ChildWatch:
     async def _watch_child(self, proc_id: str, entry: dict[str, Any]) -> None:
         proc = entry["proc"]
         rc = await proc.wait()
+        # What it sent just before it ended (its last replies) may still be unread on its
+        # connections: route it first, so that its end fails only what it never answered.
+        await self._owner.inbound_drained(proc_id, DRAIN_WAIT)
         if rc < 0:
             try:
                 sig = signal.Signals(-rc).name

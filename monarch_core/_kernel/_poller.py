@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import select
 import selectors
@@ -102,7 +103,9 @@ class Poller:
         self._waiting: set[int] = set()  # leaders blocked in a wait right now
         self._followers = 0  # waits that do not read (asyncio/trio awaits, plain waits)
         self._followers_lock = threading.Lock()
-        self._left = 0.0  # monotonic time a leader last stopped waiting
+        #: monotonic time a leader last stopped waiting (-inf: none did; not 0, which is only
+        #: the boot time: a machine up for less than ``LINGER`` would linger)
+        self._left = -math.inf
         self._attached: Any = None  # the actor loop that reads while idle
         self._ep_lock = threading.Lock()
         self._ep_closed = False
@@ -369,7 +372,7 @@ class Poller:
         if sel is not None and not self._waiting:
             # The loop will not wait again (its actor stopped): the poller's
             # thread reads from now on, not after its standby or linger.
-            self._left = 0.0
+            self._left = -math.inf
             self._wake_standby()
 
     # ------------------------------------------------------------ the poller's thread

@@ -424,6 +424,11 @@ class Kernel:
         # window goes with its session, ``SendPath._run_session``).
         self._server.forget(proc_id)
 
+    async def inbound_drained(self, proc_id: str, timeout: float) -> None:
+        """Wait (at most ``timeout`` s) until no connection from ``proc_id`` is
+        being read: what it sent before closing them was routed (loop thread)."""
+        await self._server.drained(proc_id, timeout)
+
     async def wait_dead(self, proc_id: str) -> None:
         """Wait until ``proc_id`` is known to be gone (loop thread)."""
         if proc_id in self.dead:

@@ -31,6 +31,7 @@ from monarch_core._proc import _serial
 from monarch_core._proc._port import ReturnPort, send_to_port
 from monarch_core._proc import _control as C
 from monarch_core._kernel import _wire as W
+from monarch_core._kernel._child_watch import DRAIN_WAIT
 
 if TYPE_CHECKING:
     from monarch_core._kernel._runtime import Kernel
@@ -295,8 +296,15 @@ class ProcWatch:
 
     def on_proc_died(self, m: C.ProcDied, payload: Any, buffers: list, sender: str) -> None:
         """A worker loop reports that a proc it started for us ended (it saw
-        the exit, or killed it)."""
+        the exit, or killed it; loop thread).  The end is reported once the
+        proc's own connections to this one were read to their end: a reply
+        it sent just before it ended, on its connection, resolves its call
+        rather than losing a race with the worker loop's report, on another."""
         self._reported_dead.add(m.proc_id)
+        self.kernel.start_task(self._died, m)
+
+    async def _died(self, m: C.ProcDied) -> None:
+        await self.kernel.inbound_drained(m.proc_id, DRAIN_WAIT)
         self.kernel.proc_failed(m.proc_id, m.reason, m.stopped)
 
     # ---------------------------------------------------------------- heartbeats

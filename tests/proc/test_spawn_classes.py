@@ -82,12 +82,17 @@ def test_a_proc_keeps_reading_after_the_actor_that_read_for_it_stops(client_scri
     # the poller's thread stands by meanwhile.  When that actor stopped, the
     # poller's thread slept out its standby before reading for the others:
     # with the standby made long here, a call to the second actor was never read.
+    # The linger is made longer than the machine has been up: "no leader left
+    # recently" was once written as time 0, which a machine booted less than a
+    # linger ago counts as recent (the CI machines are fresh).
     res = client_script("""
         from monarch_core.actor import Actor, endpoint, this_host
 
         def long_standby() -> None:
+            import time
             from monarch_core._kernel import _poller
-            _poller.STANDBY = _poller.LINGER = 600.0
+            _poller.STANDBY = 600.0
+            _poller.LINGER = time.monotonic() + 600.0
 
         class A(Actor):
             @endpoint
