@@ -37,7 +37,8 @@ a closed listener; and ``connect`` to the closed listener's address (or to
 ``refused=True`` for the closed listener.
 
 It raises ``AssertionError`` describing the first violation: a step that
-does not finish within ``timeout`` seconds fails with what the step waited
+does not finish within ``timeout`` seconds (4 times that for the steps
+that move megabytes) fails with what the step waited
 for and the likely cause (never a hang), and an exception from outside
 :mod:`monarch_core.errors` (``OSError``, ``trio.BrokenResourceError`` ...)
 fails naming the method it escaped from.  ``monarch_core.errors``
@@ -308,11 +309,21 @@ async def check_stream_pair(a: Stream, b: Stream, *, big: int = 8 << 20, timeout
 
 
 async def _cancelled_send(a: Stream, b: Stream, timeout: float) -> None:
-    """A send_all the peer does not read, cancelled; then both close."""
-    with _step("a cancelled a.send_all(), then a.aclose()", timeout,
-               slow="after a cancelled send_all, aclose must still return promptly"):
+    """A send_all the peer does not read, cancelled; then both close.
+
+    The sends are 1 MiB each (a compressing stream does its CPU work per
+    call, and cancellation is seen between calls), up to 32 MiB, more than
+    loopback buffers hold, so the last one blocks and is cancelled after
+    0.1 s.  Only ``aclose`` is held to ``timeout``: the sends to 4 times it
+    (they may compress or encrypt megabytes on a loaded machine)."""
+    chunk = os.urandom(1 << 20)
+    with _step("a.send_all() of 1 MiB blocks the peer does not read, cancelled after 0.1 s", 4 * timeout,
+               slow="a send_all blocked on a full socket must be cancellable"):
         with trio.move_on_after(0.1):
-            await a.send_all(os.urandom(1 << 20) * 16)
+            for _ in range(32):
+                await a.send_all(chunk)
+    with _step("a.aclose() after a cancelled send_all", timeout,
+               slow="after a cancelled send_all, aclose must still return promptly"):
         await a.aclose()
     with _step("b.aclose()", timeout):
         await b.aclose()
