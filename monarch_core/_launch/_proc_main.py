@@ -26,6 +26,7 @@ from typing import Any
 
 from monarch_core._launch._bootstrap import BOOTSTRAP_ENV
 from monarch_core._launch._spec import ProcSpec
+from monarch_core._proc import _output
 from monarch_core._proc._state import tune_malloc  # noqa: F401 - defined below the launch layer
 
 
@@ -60,6 +61,7 @@ def main() -> None:
         sys.exit(2)
     _set_parent_death_signal()
     tune_malloc()
+    _output.whole_lines()  # (procs share the client's terminal: no line of theirs is mixed with another's)
     if os.getppid() != spec.parent_pid:
         os._exit(1)  # the parent died before we set the death signal
     os.environ["MONARCH_PROC_ID"] = spec.proc_id

@@ -40,7 +40,6 @@ forked; ``MONARCH_FORK_SERVER=0`` turns the fork server off.
 from __future__ import annotations
 
 import importlib
-import io
 import logging
 import marshal
 import os
@@ -297,12 +296,7 @@ def _become_proc(fds: list[int], targets: list[int], env_set: dict, env_unset: l
                 pass
     for f in moved:
         os.close(f)
-    if isinstance(sys.stdout, io.TextIOWrapper):
-        try:
-            sys.stdout.reconfigure(line_buffering=os.isatty(1))
-        except Exception:  # noqa: BLE001, S110
-            pass
-    os.setsid()
+    os.setsid()  # (its streams' buffering: ``_proc_main`` sets it, as for an exec'd proc)
     _set_comm(os.path.basename(sys.executable))
     env = dict(base_env)
     for k in env_unset:

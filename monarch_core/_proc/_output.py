@@ -106,6 +106,22 @@ def _user(uid: int) -> str:
         return f"uid {uid}"
 
 
+def whole_lines() -> None:
+    """Make this proc's ``sys.stdout`` and ``sys.stderr`` write each line
+    whole, as soon as it ends (line-buffered, not write-through), whatever
+    the interpreter chose: with ``PYTHONUNBUFFERED=1`` a ``print`` writes
+    each of its pieces on its own, and procs sharing a terminal mixed the
+    words of their lines; to a pipe, stdout is block-buffered, and a local
+    proc's prints appeared only when it ended.  ``flush()`` still writes a
+    line not ended yet (a progress bar)."""
+    for s in (sys.stdout, sys.stderr):
+        if isinstance(s, io.TextIOWrapper):
+            try:
+                s.reconfigure(line_buffering=True, write_through=False)
+            except (ValueError, OSError):  # pragma: no cover - a closed stream
+                pass
+
+
 class _ProcStream(io.TextIOBase):
     """What ``sys.stdout`` / ``sys.stderr`` are in a proc whose output is
     captured: whole lines, tagged with the actor that wrote them."""

@@ -76,3 +76,39 @@ def test_streaming_off_leaves_local_procs_writing_to_the_terminal(tmp_path) -> N
     assert res.returncode == 0, describe(res)
     assert lines.count("print at step 50") == 2, describe(res)  # unprefixed: written by the procs themselves
     assert lines.count("INFO:user:info at step 60") == 2, describe(res)
+
+
+BUSY = r"""
+import sys
+from monarch_core.actor import Actor, current_rank, endpoint, this_host
+
+class Printer(Actor):
+    @endpoint
+    def lines(self, n: int) -> int:
+        r = current_rank().rank
+        for i in range(n):
+            print("rank", r, "line", i, "of", n)   # five pieces, one line
+        return n
+
+pm = this_host().spawn_procs(per_host={"gpus": 2})
+p = pm.spawn("printers", Printer)
+p.lines.call(300).get(timeout=120)
+print("client after the lines")
+"""
+
+
+def test_local_procs_that_do_not_stream_write_each_line_whole_and_at_once(tmp_path) -> None:
+    """Two procs printing at the same time to one terminal: every line comes
+    out whole, with or without ``PYTHONUNBUFFERED`` (which makes Python write
+    each piece of a ``print`` on its own), and before the client's next line
+    (to a pipe, Python would hold a proc's prints until it ended)."""
+    script = write_script(tmp_path, BUSY, "busy.py")
+    expected = {f"rank {r} line {i} of 300" for r in (0, 1) for i in range(300)}
+    for unbuffered in ("1", None):
+        res = subprocess.run([PY, str(script)], cwd=str(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             env=child_env({"MONARCH_STREAM_LOGS": "0", "PYTHONUNBUFFERED": unbuffered}),
+                             text=True, timeout=240)
+        assert res.returncode == 0, describe(res)
+        lines = res.stdout.splitlines()
+        after = lines.index("client after the lines")
+        assert sorted(lines[:after]) == sorted(expected), (unbuffered, describe(res))
