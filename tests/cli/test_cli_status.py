@@ -76,6 +76,8 @@ def test_status_lists_a_running_program_its_meshes_and_follows_it(tmp_path: Path
     out = LineReader(p.stdout, "client")
     try:
         out.wait_for(lambda line: line == "RUNNING", timeout=120)
+        # (a change reaches the file at once, or within the record's write gap: _status.Record)
+        assert poll(lambda: [r for r in status_json(rundir) if r["urls"]]), status_json(rundir)
         records = status_json(rundir)
         assert len(records) == 1, records
         r = records[0]
@@ -103,6 +105,7 @@ def test_status_lists_a_running_program_its_meshes_and_follows_it(tmp_path: Path
         p.stdin.write("\n")
         p.stdin.flush()
         out.wait_for(lambda line: line == "STOPPED", timeout=120)
+        assert poll(lambda: status_json(rundir)[0]["proc_meshes"]["trainers"]["state"] == "stopped")
         mesh = status_json(rundir)[0]["proc_meshes"]["trainers"]
         assert (mesh["state"], mesh["running"]) == ("stopped", 0), mesh
         p.stdin.write("\n")

@@ -19,7 +19,7 @@ from pathlib import Path
 from monarch_core.actor import Actor, endpoint, this_host
 from monarch_core.errors import SupervisionError
 
-from _helpers import T, fresh
+from _helpers import T, fresh, poll_until
 
 
 class Idle(Actor):
@@ -70,7 +70,10 @@ def test_an_idle_actor_is_stopped_without_its_thread_and_refuses_later_calls() -
         a = procs.spawn(fresh("a"), Idle)
         b = procs.spawn(fresh("b"), Idle)
         key = b.key.call_one().get(timeout=T)
-        assert a.stop_sibling.call_one(key).get(timeout=T) == (True, False)
+        # b replied before its thread was back to waiting: until then it is not idle (nothing changes)
+        got = poll_until(lambda: (r := a.stop_sibling.call_one(key).get(timeout=T))[0] and r,
+                         what="b idle, stopped by stop_if_idle")
+        assert got == (True, False)
         try:
             b.ping.call_one(1).get(timeout=T)
         except SupervisionError as e:
