@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import time
 from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any, Callable, Protocol
@@ -53,6 +54,26 @@ HOST_HEARTBEAT_TIMEOUT: float = settings.get("MONARCH_HOST_HEARTBEAT_TIMEOUT")
 #: this process did not run meanwhile (SIGSTOP, a suspended VM, a stalled
 #: loop): the silence it saw is its own, so nobody is declared hung or lost.
 PAUSE_FACTOR: float = 1.0
+#: Heartbeats a process sends per second at most, to its child procs and to
+#: the worker loops it watches (each kind counted apart), before it spaces
+#: their rounds out: up to ``32 * MONARCH_HEARTBEAT_INTERVAL`` peers (64 by
+#: default) each is pinged every round; beyond, each is pinged every few
+#: rounds (:func:`ping_every`), but at least four times within its timeout.
+#: The silence checks still run every round.
+PINGS_PER_S: float = 32.0
+
+
+def ping_every(peers: int, limit: float, interval: float | None = None) -> int:
+    """In how many heartbeat rounds (one every ``interval`` s, by default
+    ``MONARCH_HEARTBEAT_INTERVAL``) each of ``peers`` is pinged once: 1 while
+    pinging them all every round stays within :data:`PINGS_PER_S`; beyond,
+    as many rounds as keep it there, at most as many as fit four times in
+    ``limit`` (the silence after which a peer is declared hung or lost)."""
+    interval = HEARTBEAT_INTERVAL if interval is None else interval
+    if interval <= 0 or peers <= PINGS_PER_S * interval:
+        return 1
+    spaced = math.ceil(peers / (PINGS_PER_S * interval))
+    return max(1, min(spaced, int(limit / (4 * interval))))
 
 
 class Supervised:
@@ -100,6 +121,8 @@ class ProcWatch:
         self._heartbeat_started = False
         self._last_pong: dict[str, float] = {}
         self._hosts: dict[str, _WatchedHost] = {}  # worker loop proc id -> its watch (watch_host)
+        self._phase = 0  # the next peer's heartbeat phase (the rounds it is pinged in: ``ping_every``)
+        self._child_phase: dict[str, int] = {}  # heartbeated child proc id -> its phase
         self._failure_causes: dict[str, str] = {}  # proc id -> what was observed (note_failure_cause)
         self._reported_dead: set[str] = set()  # procs whose worker loop reported their end
 
@@ -221,6 +244,7 @@ class ProcWatch:
         """A proc died or was cut off: every actor on it, of every mesh this
         process owns, failed; the report says what was observed."""
         self._last_pong.pop(proc_id, None)
+        self._child_phase.pop(proc_id, None)
         cause = self._failure_causes.pop(proc_id, None)
         seen_dead = self._seen_dead(proc_id)
         self._reported_dead.discard(proc_id)
@@ -311,6 +335,7 @@ class ProcWatch:
     def watch_child(self, proc_id: str) -> None:
         """Start heartbeating a child proc (loop thread)."""
         self._last_pong[proc_id] = time.monotonic()
+        self._child_phase[proc_id] = self._next_phase()
         self.ensure_heartbeat()
 
     def watch_host(self, proc_id: str, address: str, on_silent: Callable[[str], None]) -> None:
@@ -322,10 +347,15 @@ class ProcWatch:
         if HEARTBEAT_INTERVAL <= 0 or proc_id in self._hosts:
             return
         w = _WatchedHost(proc_id, address, on_silent)
+        w.phase = self._next_phase()
         w.port_id = self.kernel.add_port(_HostPong(w))
         w.header = C.encode(C.Ping((self.kernel.proc_id, self.kernel.address, w.port_id)))
         self._hosts[proc_id] = w
         self.ensure_heartbeat()
+
+    def _next_phase(self) -> int:
+        self._phase += 1
+        return self._phase
 
     def unwatch_host(self, proc_id: str) -> None:
         """Stop heartbeating worker loop ``proc_id`` (loop thread)."""
@@ -354,8 +384,12 @@ class ProcWatch:
         header = C.encode(C.Ping((kernel.proc_id, kernel.address, port_id)))
         host_limit = max(HOST_HEARTBEAT_TIMEOUT, 3 * HEARTBEAT_INTERVAL)  # a few heartbeats at least
         tick = time.monotonic()
+        rounds = 0
         while True:
             await trio.sleep(HEARTBEAT_INTERVAL)
+            rounds += 1
+            child_every = ping_every(len(self._last_pong), HEARTBEAT_TIMEOUT)
+            host_every = ping_every(len(self._hosts), host_limit)
             now = time.monotonic()
             late = now - tick - HEARTBEAT_INTERVAL
             tick = now
@@ -374,12 +408,15 @@ class ProcWatch:
             for proc_id, last in list(self._last_pong.items()):
                 if proc_id in kernel.dead:
                     self._last_pong.pop(proc_id, None)
+                    self._child_phase.pop(proc_id, None)
                     continue
                 if now - last > HEARTBEAT_TIMEOUT:
                     self._last_pong.pop(proc_id, None)
+                    self._child_phase.pop(proc_id, None)
                     kernel.kill_hung(proc_id, HEARTBEAT_TIMEOUT)
                     continue
-                kernel.send(proc_id, None, W.K_CONTROL, 0, header, b"", [], None)
+                if child_every == 1 or (rounds + self._child_phase.get(proc_id, 0)) % child_every == 0:
+                    kernel.send(proc_id, None, W.K_CONTROL, 0, header, b"", [], None)
             for proc_id, w in list(self._hosts.items()):
                 if proc_id in kernel.dead:
                     self.unwatch_host(proc_id)
@@ -397,7 +434,8 @@ class ProcWatch:
                     except Exception:
                         logger.exception("the lost-host callback of %s raised", proc_id)
                     continue
-                kernel.send(proc_id, w.address, W.K_CONTROL, 0, w.header, b"", [], None)
+                if host_every == 1 or (rounds + w.phase) % host_every == 0:
+                    kernel.send(proc_id, w.address, W.K_CONTROL, 0, w.header, b"", [], None)
             self._owner.heartbeat_tick(now, paused)
 
     def on_ping(self, m: C.Ping, payload: Any, buffers: list, sender: str) -> None:
@@ -407,7 +445,7 @@ class ProcWatch:
 class _WatchedHost:
     """A worker loop heartbeated by :meth:`ProcWatch.watch_host`."""
 
-    __slots__ = ("proc_id", "address", "on_silent", "last", "port_id", "header")
+    __slots__ = ("proc_id", "address", "on_silent", "last", "port_id", "header", "phase")
 
     def __init__(self, proc_id: str, address: str, on_silent: Callable[[str], None]) -> None:
         self.proc_id = proc_id
@@ -416,6 +454,7 @@ class _WatchedHost:
         self.last = time.monotonic()
         self.port_id = 0
         self.header = b""
+        self.phase = 0  # the rounds it is pinged in (``ping_every``)
 
 
 class _HostPong:
