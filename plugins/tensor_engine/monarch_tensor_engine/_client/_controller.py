@@ -252,9 +252,9 @@ class Controller:
                 try:
                     r.run.broadcast(data)
                 except SupervisionError as e:  # that proc died: the others go on without it
-                    self.dead[i] = str(e).splitlines()[-1]
-                    logger.warning("tensor engine: rank %d of mesh %r is gone (%s); the other ranks go on",
-                                   i, self.mesh_name, self.dead[i])
+                    if self._rank_gone(i, str(e).splitlines()[-1], False):
+                        logger.warning("tensor engine: rank %d of mesh %r is gone (%s); the other ranks go on",
+                                       i, self.mesh_name, self.dead[i])
 
     def _proc_failed(self, proc_id: str, why: str, stopped: bool) -> None:
         """A proc failed or stopped (the kernel's thread: hand the work over).
@@ -264,15 +264,25 @@ class Controller:
         if proc_id not in self.proc_ids or self.closed:
             return
         rank = self.proc_ids.index(proc_id)
-        if rank in self.dead:
-            return
-        self.dead[rank] = why.splitlines()[-1] if why else "it stopped"
-        if len(self.dead) == len(self.proc_ids):
+        if self._rank_gone(rank, why.splitlines()[-1] if why else "it stopped", stopped) and \
+                len(self.dead) == len(self.proc_ids):
             self.release_state()
-            return
-        if not stopped:
-            threading.Thread(target=self.store.mark_dead, args=(self, f"rank {rank}: {self.dead[rank]}"),
+
+    def _rank_gone(self, rank: int, why: str, stopped: bool) -> bool:
+        """Record that ``rank`` is gone, for ``why`` (any thread); a death
+        (not a stop) of one of the ranks is also marked in the mesh's store,
+        so that every group waiting for that rank fails at once.  Whichever
+        learns of it first -- the kernel (:meth:`_proc_failed`) or a refused
+        send (:meth:`flush`) -- marks it: the second one used to find the rank
+        recorded and skip the store, and the groups waited out their timeout.
+        False: it was known already."""
+        if rank in self.dead:
+            return False
+        self.dead[rank] = why
+        if not stopped and len(self.dead) < len(self.proc_ids):
+            threading.Thread(target=self.store.mark_dead, args=(self, f"rank {rank}: {why}"),
                              daemon=True, name="monarch-tensor-dead").start()
+        return True
 
     def check_alive(self, ranks: Any, what: str) -> None:
         """Raise if one of ``ranks`` (flat ranks; None: all) died."""
