@@ -76,6 +76,14 @@ def ping_every(peers: int, limit: float, interval: float | None = None) -> int:
     return max(1, min(spaced, int(limit / (4 * interval))))
 
 
+def ping_due(peer: str, rounds: int, every: int) -> bool:
+    """Whether ``peer`` is pinged in heartbeat round ``rounds``, each peer
+    being pinged once in ``every`` rounds (:func:`ping_every`): its phase is
+    its name's hash, so that it stays put as peers come and go and the peers
+    spread over the rounds."""
+    return every == 1 or (rounds + hash(peer)) % every == 0
+
+
 class Supervised:
     """What an owner knows about an actor mesh it owns."""
 
@@ -121,8 +129,6 @@ class ProcWatch:
         self._heartbeat_started = False
         self._last_pong: dict[str, float] = {}
         self._hosts: dict[str, _WatchedHost] = {}  # worker loop proc id -> its watch (watch_host)
-        self._phase = 0  # the next peer's heartbeat phase (the rounds it is pinged in: ``ping_every``)
-        self._child_phase: dict[str, int] = {}  # heartbeated child proc id -> its phase
         self._failure_causes: dict[str, str] = {}  # proc id -> what was observed (note_failure_cause)
         self._reported_dead: set[str] = set()  # procs whose worker loop reported their end
 
@@ -244,7 +250,6 @@ class ProcWatch:
         """A proc died or was cut off: every actor on it, of every mesh this
         process owns, failed; the report says what was observed."""
         self._last_pong.pop(proc_id, None)
-        self._child_phase.pop(proc_id, None)
         cause = self._failure_causes.pop(proc_id, None)
         seen_dead = self._seen_dead(proc_id)
         self._reported_dead.discard(proc_id)
@@ -335,7 +340,6 @@ class ProcWatch:
     def watch_child(self, proc_id: str) -> None:
         """Start heartbeating a child proc (loop thread)."""
         self._last_pong[proc_id] = time.monotonic()
-        self._child_phase[proc_id] = self._next_phase()
         self.ensure_heartbeat()
 
     def watch_host(self, proc_id: str, address: str, on_silent: Callable[[str], None]) -> None:
@@ -347,15 +351,10 @@ class ProcWatch:
         if HEARTBEAT_INTERVAL <= 0 or proc_id in self._hosts:
             return
         w = _WatchedHost(proc_id, address, on_silent)
-        w.phase = self._next_phase()
         w.port_id = self.kernel.add_port(_HostPong(w))
         w.header = C.encode(C.Ping((self.kernel.proc_id, self.kernel.address, w.port_id)))
         self._hosts[proc_id] = w
         self.ensure_heartbeat()
-
-    def _next_phase(self) -> int:
-        self._phase += 1
-        return self._phase
 
     def unwatch_host(self, proc_id: str) -> None:
         """Stop heartbeating worker loop ``proc_id`` (loop thread)."""
@@ -408,14 +407,12 @@ class ProcWatch:
             for proc_id, last in list(self._last_pong.items()):
                 if proc_id in kernel.dead:
                     self._last_pong.pop(proc_id, None)
-                    self._child_phase.pop(proc_id, None)
                     continue
                 if now - last > HEARTBEAT_TIMEOUT:
                     self._last_pong.pop(proc_id, None)
-                    self._child_phase.pop(proc_id, None)
                     kernel.kill_hung(proc_id, HEARTBEAT_TIMEOUT)
                     continue
-                if child_every == 1 or (rounds + self._child_phase.get(proc_id, 0)) % child_every == 0:
+                if ping_due(proc_id, rounds, child_every):
                     kernel.send(proc_id, None, W.K_CONTROL, 0, header, b"", [], None)
             for proc_id, w in list(self._hosts.items()):
                 if proc_id in kernel.dead:
@@ -434,7 +431,7 @@ class ProcWatch:
                     except Exception:
                         logger.exception("the lost-host callback of %s raised", proc_id)
                     continue
-                if host_every == 1 or (rounds + w.phase) % host_every == 0:
+                if ping_due(proc_id, rounds, host_every):
                     kernel.send(proc_id, w.address, W.K_CONTROL, 0, w.header, b"", [], None)
             self._owner.heartbeat_tick(now, paused)
 
@@ -445,7 +442,7 @@ class ProcWatch:
 class _WatchedHost:
     """A worker loop heartbeated by :meth:`ProcWatch.watch_host`."""
 
-    __slots__ = ("proc_id", "address", "on_silent", "last", "port_id", "header", "phase")
+    __slots__ = ("proc_id", "address", "on_silent", "last", "port_id", "header")
 
     def __init__(self, proc_id: str, address: str, on_silent: Callable[[str], None]) -> None:
         self.proc_id = proc_id
@@ -454,7 +451,6 @@ class _WatchedHost:
         self.last = time.monotonic()
         self.port_id = 0
         self.header = b""
-        self.phase = 0  # the rounds it is pinged in (``ping_every``)
 
 
 class _HostPong:

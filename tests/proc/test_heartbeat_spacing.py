@@ -1,6 +1,7 @@
 """Heartbeats to many peers are spread over rounds: a parent pings at most
 ``PINGS_PER_S`` of its child procs (and, apart, of its worker loops) a
-second, each peer at least four times per timeout, and checks every
+second, each peer at least four times per timeout (in rounds its name's
+hash places it in), and checks every
 peer's silence every round.  Idle, 256 hosts cost the client 2 % of a core
 in pings alone when each was pinged every round (docs/performance.md)."""
 
@@ -13,7 +14,7 @@ import pytest
 
 from _helpers.clients import describe
 from monarch_core._proc import _watch
-from monarch_core._proc._watch import PINGS_PER_S, ping_every
+from monarch_core._proc._watch import PINGS_PER_S, ping_due, ping_every
 
 
 @pytest.mark.parametrize(
@@ -36,11 +37,13 @@ def test_how_many_rounds_each_peer_waits_for_its_ping(peers: int, limit: float, 
 def test_each_peer_is_pinged_once_in_every_span_of_its_rounds_and_the_rate_stays_bounded() -> None:
     for peers in (1, 64, 65, 200, 256, 1000):
         k = ping_every(peers, 30.0, 2.0)
-        phases = range(1, peers + 1)  # ProcWatch._next_phase: 1, 2, ...
-        per_round = [sum(1 for ph in phases if k == 1 or (r + ph) % k == 0) for r in range(1, 3 * k + 1)]
-        assert max(per_round) <= math.ceil(peers / k)
-        for ph in phases:
-            pinged = [r for r in range(1, 3 * k + 1) if k == 1 or (r + ph) % k == 0]
+        names = [f"procs0{{'gpus': {i}/{peers}}}-{i:08x}" for i in range(peers)]
+        rounds = range(1, 4 * k + 1)
+        per_round = [sum(ping_due(n, r, k) for n in names) for r in rounds]
+        assert sum(per_round) == peers * 4  # each exactly once in every k rounds
+        assert max(per_round) <= 2 * math.ceil(peers / k)  # spread over the rounds (hashes, not exact)
+        for n in names:
+            pinged = [r for r in rounds if ping_due(n, r, k)]
             assert [b - a for a, b in zip(pinged, pinged[1:])] == [k] * (len(pinged) - 1)
         cap = int(30.0 / (4 * 2.0))  # rounds that fit four times in the 30 s limit
         assert k <= max(1, cap)
