@@ -28,6 +28,14 @@ that path, on this machine: the framework's own work comes on top.
   kernel (monarch-core's) pays before a cold spawn's first reply, however
   its procs are started (a fork server that imports trio once, as here, is
   the cheapest way); left out when ``trio`` is not installed;
+* ``spawn_actors``: 8 forked processes, each of which starts a thread per
+  actor when told to (``threading.Thread``, its own queue: a thread per
+  actor is what torchmonarch 0.7.0 gives each actor, and what an actor's
+  thread-local state, torch's grad mode and current device among it, needs),
+  then hands each actor one request that its thread answers: actors per
+  second from the first spawn request until every reply is in (the
+  ``bench/scale.py`` actors axis's spawn rate; no spawn reply, no mesh, no
+  supervision: only the threads and the messages);
 * ``memcpy_64mib``: a plain ``memcpy`` of 64 MiB (the 64 MiB rows: the
   receiver's fresh ``bytes`` needs at least that one copy).
 
@@ -44,6 +52,7 @@ import argparse
 import json
 import os
 import pickle
+import queue
 import select
 import socket
 import statistics
@@ -318,6 +327,82 @@ def cold(procs: int, reps: int, trio: bool = False) -> dict[str, float]:
     return {"s": statistics.median(out[1:])}
 
 
+def _actor_server(sock: socket.socket) -> None:
+    """A child's loop for ``spawn_actors``: a ``("spawn", i)`` request starts
+    actor ``i``'s thread; a ``("call", i, ...)`` request is handed to it and
+    its thread answers; exit at end of stream."""
+    lock = threading.Lock()
+    actors: dict[int, queue.SimpleQueue] = {}
+
+    def actor(q: queue.SimpleQueue) -> None:
+        while True:
+            m = q.get()
+            data = _frame(("reply", m[1], None))
+            with lock:
+                sock.sendall(data)
+
+    ep = select.epoll()
+    ep.register(sock.fileno(), select.EPOLLIN)
+    buf = b""
+    while True:
+        ep.poll()
+        data = sock.recv(1 << 20)
+        if not data:
+            os._exit(0)
+        msgs, buf = _unframe(buf + data)
+        for m in msgs:
+            if m[0] == "spawn":
+                q: queue.SimpleQueue = queue.SimpleQueue()
+                threading.Thread(target=actor, args=(q,), daemon=True).start()
+                actors[m[1]] = q
+            else:
+                actors[m[1]].put(m)
+
+
+def spawn_actors(actors: int, procs: int, reps: int) -> dict[str, float]:
+    """``actors`` actors over ``procs`` forked processes, a thread each, and
+    one call to each: actors per second from the first spawn request until
+    every call is answered (median over ``reps``, each in fresh processes)."""
+    rates = []
+    per = max(1, actors // procs)
+    for _ in range(reps):
+        socks: list[socket.socket] = []
+        pids: list[int] = []
+        try:
+            for _ in range(procs):
+                parent, child = socket.socketpair()
+                pid = os.fork()
+                if pid == 0:  # pragma: no cover - the child
+                    parent.close()
+                    try:
+                        _actor_server(child)
+                    finally:
+                        os._exit(0)
+                child.close()
+                socks.append(parent)
+                pids.append(pid)
+            ep = select.epoll()
+            by_fd = {s.fileno(): s for s in socks}
+            bufs = {fd: b"" for fd in by_fd}
+            for fd in by_fd:
+                ep.register(fd, select.EPOLLIN)
+            t0 = time.perf_counter()
+            for s in socks:
+                s.sendall(b"".join(_frame(("spawn", i)) for i in range(per)))
+            for s in socks:
+                s.sendall(b"".join(_frame(("call", i, "noop", (), {})) for i in range(per)))
+            got = 0
+            while got < per * procs:
+                for fd, _ in _wait(ep):
+                    msgs, bufs[fd] = _unframe(bufs[fd] + _recv(by_fd[fd], 1 << 20))
+                    got += len(msgs)
+            rates.append(got / (time.perf_counter() - t0))
+            ep.close()
+        finally:
+            _reap(socks, pids)
+    return {"actors_per_s": statistics.median(rates)}
+
+
 def _has_trio() -> bool:
     """Whether the interpreter the floors start can import trio (without importing it here)."""
     import importlib.util
@@ -353,6 +438,7 @@ def measure(quick: bool = False) -> dict[str, float]:
         "fanout16_p50_ms": fo["p50_ms"],
         "cold4_s": cold(4, 3 if q else 7)["s"],
         **({"cold4_trio_s": cold(4, 3 if q else 7, trio=True)["s"]} if _has_trio() else {}),
+        "spawn1000_actors_s": spawn_actors(1000, 8, 2 if q else 7)["actors_per_s"],
         "memcpy_64mib_mib_s": memcpy_64mib(3 if q else 9)["mib_s"],
     }
 

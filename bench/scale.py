@@ -93,6 +93,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import _table as T  # noqa: E402
+import floors  # noqa: E402 - the bare-Python floor of the actors axis
 
 #: the procs and actors axes' scripts use only the public API that monarch-core and torchmonarch
 #: share (``monarch_core.actor`` here; ``--reference-python`` runs them with ``monarch.actor``), so
@@ -872,6 +873,28 @@ def actors_table(rows: list[dict[str, Any]], ref: list[dict[str, Any]] | None = 
     return axis_table("actors M (8 procs)", "m", "{:,}", ACTORS_COLUMNS, rows, ref)
 
 
+def actors_floor_table(rows: list[dict[str, Any]], ref: list[dict[str, Any]] | None,
+                       floor: dict[int, float]) -> str:
+    """The actors axis's spawn rates against their bare-Python floor
+    (``floors.spawn_actors``: the same M actors on 8 processes, a thread
+    each, one call each, nothing else), measured in the same run."""
+    headers = ["actors M (8 procs)", "spawn rate floor (a thread per actor), actors/s",
+               "ours, actors/s", "ours, share of the floor"]
+    if ref is not None:
+        headers += ["torchmonarch, actors/s", "torchmonarch, share of the floor"]
+    body = []
+    for i, r in enumerate(rows):
+        m = r["m"]
+        f = floor.get(m)
+        row = [f"{m:,}", T.fmt(f, "{:,.0f}")]
+        for x in [r] + ([ref[i]] if ref is not None else []):
+            rate = None if "error" in x else x.get("rate")
+            row += [T.fmt(rate, "{:,.0f}") if rate is not None else failed(x),
+                    T.fmt(rate / f * 100, "{:.0f} %") if rate is not None and f else T.DASH]
+        body.append(row)
+    return T.markdown(headers, body)
+
+
 def hosts_table(rows: list[dict[str, Any]]) -> str:
     headers = ["hosts N", "workers up, s", "attach, s", "spawn + first call, s", "call() p50, ms", "call() p99, ms",
                "client CPU per call(), ms", "… less idle background, ms",
@@ -996,6 +1019,9 @@ def main() -> int:
     if counts:
         rows, ref = measure("actors", ACTORS, "m", counts, args.timeout, ref_python)
         out.append(actors_table(rows, ref))
+        floor = {m: floors.spawn_actors(m, 8, 3)["actors_per_s"] for m in counts}
+        print(f"[scale] actors floor: {floor}", file=sys.stderr, flush=True)
+        out.append(actors_floor_table(rows, ref, floor))
     hsizes = [int(x) for x in args.hosts.split(",") if x]
     if hsizes:
         floor = run_hosts(0, args.rounds, args.tree_min, args.timeout, args.idle)

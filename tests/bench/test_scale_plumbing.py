@@ -54,6 +54,10 @@ def test_reference_python_puts_both_figures_and_their_ratio_in_each_row() -> Non
     actors_header = next(ln for ln in lines if ln.startswith("| actors M (8 procs) |"))
     assert "spawn rate, actors/s: ours ÷ torchmonarch" in actors_header
     assert any(ln.startswith("| 8 |") for ln in lines)
+    floor_at = next(i for i, ln in enumerate(lines) if "spawn rate floor (a thread per actor)" in ln)
+    floor_row = lines[floor_at + 2].split(" | ")  # (measured in this run: a number, and each side's share)
+    assert floor_row[0] == "| 8" and len(floor_row) == 6 and "failed" not in " ".join(floor_row), floor_row
+    assert floor_row[3].endswith("%") and floor_row[5].strip(" |").endswith("%"), floor_row
 
 
 def test_a_missing_reference_interpreter_is_refused_before_anything_runs() -> None:
@@ -110,6 +114,9 @@ def test_the_table_shows_a_failed_reference_size_and_the_ratios() -> None:
     assert failed_row[3] == scale.T.DASH and failed_row[1] == "3,000"
     assert lines[-1].startswith("| growth exponent | -0.12 | — |")  # theirs: one good size only
     assert scale.ratio_cell(2.0, 1.0, higher_is_better=False) == "2.00 (torchmonarch 2.0× better)"
+    shares = scale.actors_floor_table(ours, ref, {1000: 20000.0, 10000: 15000.0}).splitlines()
+    assert shares[2].split(" | ")[1:] == ["20,000", "4,000", "20 %", "800", "4 % |"]
+    assert shares[3].split(" | ")[3:5] == ["20 %", "failed: client died (killed by SIGABRT): thread 'tokio' panicked"]
 
 
 @pytest.mark.timeout(180)
