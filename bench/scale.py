@@ -19,7 +19,10 @@ pids) and M actors as M/8 actor meshes of 8:
 *spawn rate* (actors per second, spawn of every mesh until each answered its
 first ``call()``), *call-all* (one more ``call()`` on every mesh, all issued
 before any is awaited), *stop*, *client RSS per actor* (the client's RSS
-growth from before the spawns to after the calls, divided by M), *left*.
+growth from before the spawns to after the calls, divided by M), *left*.  After the
+actors table, each M's spawn rate against its bare-Python floor
+(``floors.spawn_actors``: the same M actors on 8 processes, a thread each,
+one call each), measured in the same run.
 
 Side by side (``--reference-python PYTHON``, an interpreter with torchmonarch
 installed): the procs and actors axes run each size once more, right after
