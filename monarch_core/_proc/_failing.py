@@ -109,13 +109,25 @@ class Failing:
     # ------------------------------------------------------------ construction
 
     async def construct(self) -> None:
+        """:meth:`construct_now` once the proc is ready, without blocking the
+        actor's loop meanwhile (the loop of the proc's first actor reads the
+        proc's sockets)."""
+        agent = self.agent
+        if not agent.proc_ready.is_set():
+            await asyncio.get_running_loop().run_in_executor(None, agent.proc_ready.wait)
+        self.construct_now()
+
+    def construct_sync(self) -> None:
+        """:meth:`construct_now` once the proc is ready (the actor's thread waits)."""
+        self.agent.proc_ready.wait()
+        self.construct_now()
+
+    def construct_now(self) -> None:
         """Unpickle the actor's class and run its ``__init__`` (one
         construction at a time per proc), then answer the spawn."""
         payload, buffers = self._init
         self._init = (None, None)
         host, agent, init_reply = self.host, self.agent, self.init_reply
-        if not agent.proc_ready.is_set():
-            await asyncio.get_running_loop().run_in_executor(None, agent.proc_ready.wait)
         token = _state.current_message_rank.set(host.rank)
         try:
             if agent.init_error is not None:

@@ -1,8 +1,9 @@
 """ActorHost: runs one actor instance in this process.
 
-Each actor gets its own thread running its own asyncio loop.  Async endpoints
-run as coroutines on that loop (so ``asyncio.sleep``/``gather`` work); sync
-endpoints run directly on the same thread, which only blocks this actor.
+Each actor gets its own thread, and its own asyncio loop once it needs one
+(``_mailbox``).  Async endpoints run as coroutines on that loop (so
+``asyncio.sleep``/``gather`` work); sync endpoints run directly on the same
+thread, which only blocks this actor.
 Messages are handled one at a time, in arrival order, except bodies of
 ``@concurrent_endpoint`` methods, which run as tasks.
 
@@ -14,7 +15,7 @@ meshes it owns, and the entry points (``enqueue``, ``request_stop``,
 work is done by the components it holds, each behind the protocol it
 declares of its host:
 
-- ``_mailbox.Mailbox``: the thread, the loop, the queues, the idle fast path;
+- ``_mailbox.Mailbox``: the thread, the loop (made when first needed), the queues, the idle fast path;
 - ``_invoke.Invoker``: one endpoint message from its header (``ActorHeader``) to its reply;
 - ``_failing.Failing``: construction, death, cleanup, ``__supervise__``,
   undeliverable messages;
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from monarch_core._proc._failing import CLEANUP_TIMEOUT as CLEANUP_TIMEOUT  # (re-exported)
 from monarch_core._proc._failing import UndeliverableMessage as UndeliverableMessage  # (re-exported)
 from monarch_core._proc._failing import Failing
-from monarch_core._proc._invoke import Invoker
+from monarch_core._proc._invoke import Invoker, has_async_endpoint
 from monarch_core._proc._mailbox import _SUPERVISE, _UNDELIVERABLE, Mailbox
 from monarch_core._proc._port import ReturnPort, this_proc_and_host
 from monarch_core._proc._stopping import Stopping
@@ -111,8 +112,7 @@ class ActorHost:
         self.span_metas: dict[str, tuple] = {}  # endpoint name -> its server spans' meta (the instrumentation's)
         self._return_ref: tuple | None = None
         self._mailbox = mailbox = Mailbox(self, agent.kernel)
-        self.loop = mailbox.loop
-        self._invoker = Invoker(self, instrumentation, self.loop, mailbox.spawn)
+        self._invoker = Invoker(self, instrumentation, mailbox.spawn)
         self._invoker.known_extent(self.mesh_extent)
         self._failing = Failing(self, agent, instrumentation, events, mailbox, (init_reply, payload, buffers), trace)
         self._stopping = Stopping(self, agent, events, mailbox, self._invoker, self._failing)
@@ -211,6 +211,14 @@ class ActorHost:
 
     async def _construct(self) -> None:
         await self._failing.construct()
+
+    def _construct_sync(self) -> None:
+        self._failing.construct_sync()
+
+    def _wants_loop(self) -> bool:
+        """The actor runs on a loop from its construction on: one of its endpoints is ``async def``."""
+        instance = self.instance
+        return instance is not None and has_async_endpoint(type(instance))
 
     async def _stop(self, reason: str, reply: tuple | None) -> None:
         await self._stopping.run(reason)

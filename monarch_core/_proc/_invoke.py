@@ -20,6 +20,7 @@ import functools
 import inspect
 import logging
 import time
+import weakref
 from typing import Any, Awaitable, Callable, Coroutine, NamedTuple, Optional, Protocol
 
 from monarch_core._proc import _lifecycle, _output, _serial, _state, _tree
@@ -94,11 +95,10 @@ class Invoker:
     gives up on the thread names it.  ``spawn(coro)`` starts a task the actor
     tracks (a concurrent endpoint's body; a stop cancels it)."""
 
-    def __init__(self, host: InvokerHost, instrumentation: Instrumentation, loop: asyncio.AbstractEventLoop,
+    def __init__(self, host: InvokerHost, instrumentation: Instrumentation,
                  spawn: Callable[[Coroutine[Any, Any, None]], Any]) -> None:
         self.host = host
         self.instrumentation = instrumentation  # the runtime's (``_instrumentation``): stats, spans
-        self.loop = loop
         self.spawn = spawn
         self.current: tuple | None = None
         self.stats: dict[str, Any] = {}  # endpoint name -> its server-side stat (False: not instrumented)
@@ -350,26 +350,33 @@ class Invoker:
             if attr is None:
                 continue
             if getattr(type(attr), "__monarch_endpoint__", False):  # an @endpoint (``_actor._endpoint``)
-                found = self._methods[name] = (cls, attr, loopless(attr._method, self.loop))
+                found = self._methods[name] = (cls, attr, loopless(attr._method))
                 return found
             if callable(attr):
-                if inspect.iscoroutinefunction(attr) and not _has_async_endpoint(cls):
+                if inspect.iscoroutinefunction(attr) and not has_async_endpoint(cls):
                     func = _refused_async(cls, name)
                 else:
-                    func = loopless(attr, self.loop)
+                    func = loopless(attr)
                 found = self._methods[name] = (cls, None, func)
                 return found
             break
         raise AttributeError(f"{cls.__qualname__} has no endpoint {name!r}")
 
 
-def _has_async_endpoint(cls: type) -> bool:
-    """Whether ``cls`` is an asynchronous actor in the reference's sense: one of its endpoints is ``async def``."""
-    for klass in cls.__mro__:
-        for attr in klass.__dict__.values():
-            if getattr(type(attr), "__monarch_endpoint__", False) and inspect.iscoroutinefunction(attr._method):
-                return True
-    return False
+#: class -> whether it is an asynchronous actor (``has_async_endpoint``), while the class lives
+_ASYNC_CLASSES: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
+
+
+def has_async_endpoint(cls: type) -> bool:
+    """Whether ``cls`` is an asynchronous actor in the reference's sense: one
+    of its endpoints is ``async def`` (found once per class)."""
+    known = _ASYNC_CLASSES.get(cls)
+    if known is not None:
+        return known
+    found = any(getattr(type(attr), "__monarch_endpoint__", False) and inspect.iscoroutinefunction(attr._method)
+                for klass in cls.__mro__ for attr in list(klass.__dict__.values()))
+    _ASYNC_CLASSES[cls] = found
+    return found
 
 
 def _refused_async(cls: type, name: str) -> Any:
@@ -386,26 +393,16 @@ def _refused_async(cls: type, name: str) -> Any:
     return refuse
 
 
-def loopless(func: Any, loop: asyncio.AbstractEventLoop | None = None) -> Any:
+def loopless(func: Any) -> Any:
     """``func`` itself if it is ``async def``; else a wrapper that runs it with
     no asyncio loop visible, as in the reference: ``asyncio.get_running_loop()``
     raises inside it, and it may run a loop of its own (``asyncio.run``) or
-    block in ``Future.get()``.  The actor's loop is hidden only for the call:
-    an awaitable it returns is awaited on the actor's loop as usual.  With
-    ``loop`` (the actor's, which runs wherever the wrapper is called: its
-    endpoints) the wrapper restores that loop without looking it up first
-    (about 0.35 µs a call instead of 0.6)."""
+    block in ``Future.get()``.  The running loop (the actor's, once it has
+    one) is hidden only for the call: an awaitable it returns is awaited on
+    the actor's loop as usual.  With no loop running (an actor that has none
+    yet) the wrapper calls ``func`` and nothing else."""
     if inspect.iscoroutinefunction(func):
         return func
-    if loop is not None:
-        def run_on(*args: Any, **kwargs: Any) -> Any:
-            _set_running_loop(None)
-            try:
-                return func(*args, **kwargs)
-            finally:
-                _set_running_loop(loop)
-
-        return functools.update_wrapper(run_on, func)
 
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any) -> Any:

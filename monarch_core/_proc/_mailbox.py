@@ -1,7 +1,8 @@
 """The mailbox: an actor's thread, its asyncio loop and its queues.
 
 :class:`Mailbox` (``_host.ActorHost`` holds one) runs the actor's own thread
-and loop and hands it what arrives, one item at a time, in arrival order:
+(and loop, once it needs one) and hands it what arrives, one item at a time,
+in arrival order:
 endpoint messages (run by the invoker's ``run_message``), a stop, and the
 undeliverable messages it sent.  Items from any thread go through one FIFO
 (``incoming``), drained once per wake-up; while the actor is idle a message is
@@ -10,6 +11,17 @@ pass per message instead of three).  Control items (``__supervise__`` of a
 failed owned mesh) go ahead of the queued messages, or run as tasks beside
 an endpoint suspended at an ``await`` (it may be waiting for them); a stop
 drops them.  What the mailbox needs of its actor is :class:`MailboxOwner`.
+
+An actor starts without an asyncio loop (:meth:`Mailbox._run_sync`): its
+thread constructs it and runs its endpoint messages as they come, waiting
+for them on a queue.  Making a loop, running the thread's main task on it
+and waking it through its self-pipe cost a proc about as much as the rest
+of a spawn and first call together; a synchronous actor (none of its
+endpoints ``async def``) needs none of it until something awaits.  The first
+item that needs a loop -- an async actor's construction done, an endpoint
+that returns an awaitable, a stop, a control or undeliverable item, a death's
+cleanup -- makes the loop, and from then on the thread runs on it
+(:meth:`Mailbox._main`), with the same order and the same semantics.
 
 The proc's first actor may read the proc's sockets itself while idle
 (``Poller.attach``): a request then wakes this thread directly
@@ -22,6 +34,7 @@ import asyncio
 import collections
 import contextvars
 import logging
+import queue
 import threading
 from _thread import get_ident as _get_ident
 from typing import Any, Awaitable, Callable, Coroutine, Optional, Protocol
@@ -52,6 +65,10 @@ class MailboxOwner(Protocol):
 
     async def _construct(self) -> None: ...
 
+    def _construct_sync(self) -> None: ...
+
+    def _wants_loop(self) -> bool: ...
+
     async def _stop(self, reason: str, reply: tuple | None) -> None: ...
 
     async def _on_supervise(self, failure: Any) -> None: ...
@@ -66,8 +83,10 @@ class MailboxOwner(Protocol):
 class Mailbox:
     """One actor's thread, loop and queues (see the module's docstring).
 
-    Built with its loop; :meth:`start` starts the thread, which constructs
-    the actor (``owner._construct``) and then handles the items."""
+    :meth:`start` starts the thread, which constructs the actor and then
+    handles the items: without a loop while it can, on :attr:`loop` from the
+    first item that needs one (the proc's first actor, which reads the
+    proc's sockets while idle, has its loop from the start)."""
 
     def __init__(self, owner: MailboxOwner, kernel: Any) -> None:
         self.owner = owner
@@ -77,13 +96,15 @@ class Mailbox:
         if getattr(kernel, "threaded_inbound", False) and getattr(kernel, "inbound_poller", None) is not None:
             poller = kernel.inbound_poller()
             sel = poller.attach()
-        self.loop: asyncio.AbstractEventLoop
+        self._loop: asyncio.AbstractEventLoop | None = None
         if sel is not None:
-            self.loop = asyncio.SelectorEventLoop(sel)
-            self.loop.add_reader(poller.fileno(), self._serve_sockets)
+            self._loop = asyncio.SelectorEventLoop(sel)
+            self._loop.add_reader(poller.fileno(), self._serve_sockets)
             self.poller = poller
-        else:
-            self.loop = asyncio.new_event_loop()
+        #: the thread runs without a loop (``_run_sync``); posts wake it through ``_wake_sync``
+        self._sync = sel is None
+        self._mode_lock = threading.Lock()  # a sync-mode post's wake-up against the switch to the loop
+        self._wake_sync: queue.SimpleQueue[None] = queue.SimpleQueue()
         self.pending: collections.deque = collections.deque()  # taken by the actor's loop, in order
         self.incoming: collections.deque = collections.deque()  # from any thread (``post``)
         #: supervision events (any thread), taken before the queued messages (``take_control``)
@@ -101,6 +122,21 @@ class Mailbox:
         self.ctx = contextvars.Context()
         self.ctx.run(_state.current_actor.set, owner)
         self._thread: threading.Thread | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The actor's asyncio loop, made on first use (by the actor's thread:
+        a task it starts, a death's cleanup); the thread runs on it from the
+        item it is handling on."""
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.new_event_loop()
+        return loop
+
+    @property
+    def own_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The actor's loop if it has one yet (reading this makes none)."""
+        return self._loop
 
     def start(self, run: RunMessage) -> None:
         """Start the actor's thread; endpoint messages go to ``run`` (``Invoker.run_message``)."""
@@ -122,6 +158,13 @@ class Mailbox:
             self.orphan_incoming()
             return
         if not self._wake_scheduled:
+            if self._sync:  # the thread runs without a loop (unless it switches meanwhile)
+                with self._mode_lock:
+                    if self._sync:
+                        if not self._wake_scheduled:
+                            self._wake_scheduled = True
+                            self._wake_sync.put(None)
+                        return
             self._wake_scheduled = True
             try:
                 if _get_ident() == self.ident:  # read by this actor's own loop: no wake-up needed
@@ -137,6 +180,11 @@ class Mailbox:
         if self.closed:
             self._orphan_control()
             return
+        if self._sync:  # the thread runs without a loop: it makes one for this
+            with self._mode_lock:
+                if self._sync:
+                    self._wake_sync.put(None)
+                    return
         try:  # the actor's loop takes it (``take_control``), before the queued messages
             if _get_ident() == self.ident:
                 self.loop.call_soon(self.take_control, context=self.ctx)
@@ -256,28 +304,84 @@ class Mailbox:
         # The loop is not made the thread's current event loop: sync code of the
         # actor (endpoints, __init__, hooks) sees no asyncio loop (``_invoke.loopless``).
         try:
-            self.loop.run_until_complete(self._main())
-        except BaseException:  # pragma: no cover - _main handles everything
+            constructed = self._sync
+            if self._sync:
+                if not self._run_sync():
+                    return
+                self._to_loop()
+            loop = self.loop
+            loop.run_until_complete(self.ctx.run(loop.create_task, self._main(constructed)))
+        except BaseException:  # pragma: no cover - _run_sync and _main handle everything
             logger.exception("actor %s loop crashed", self.owner.display_name)
         finally:
+            made = self._loop
             try:
-                pending = [t for t in asyncio.all_tasks(self.loop) if not t.done()]
+                pending = [t for t in asyncio.all_tasks(made) if not t.done()] if made is not None else []
                 for t in pending:
                     t.cancel()
-                if pending:
-                    self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                if pending and made is not None:
+                    made.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             finally:
-                if self.poller is not None:
-                    self.poller.detach(self.loop)
-                self.loop.close()
+                if self.poller is not None and made is not None:
+                    self.poller.detach(made)
+                if made is not None:
+                    made.close()
                 self.closed = True
                 self.orphan_incoming()
                 self._orphan_control()
 
-    async def _main(self) -> None:
+    def _run_sync(self) -> bool:
+        """Construct the actor and run its endpoint messages without a loop,
+        each in the actor's context, waiting for them on ``_wake_sync``,
+        until an item needs a loop: True (the thread goes on on the loop,
+        with that item first), or the actor was stopped without this thread:
+        False."""
+        owner = self.owner
+        ctx = self.ctx
+        ctx.run(owner._construct_sync)
+        if self._loop is not None or owner._wants_loop():
+            return True
+        incoming = self.incoming
+        run = self._run
+        wake = self._wake_sync.get
+        while True:
+            if owner._abandoned:  # stopped without this thread: run nothing more
+                return False
+            if self.control or self._loop is not None:  # (a death's cleanup made the loop)
+                return True
+            if not incoming:
+                self.idle = True
+                wake()
+                self.idle = False
+                self._wake_scheduled = False  # (before the queue is read: a later post wakes it again)
+                continue
+            head = incoming[0][0]
+            if type(head) is not tuple:  # a stop, an undeliverable message: on the loop
+                return True
+            try:
+                _h, a, b = incoming.popleft()
+            except IndexError:  # (taken by a stop that completed without this thread)
+                continue
+            rest = ctx.run(run, head, a, b)
+            if rest is not None:  # the handler awaits: on the loop, before what is queued
+                self.pending.appendleft((_AWAIT, rest, None))
+                return True
+
+    def _to_loop(self) -> None:
+        """From now on posts wake the thread through its loop."""
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        with self._mode_lock:
+            self._sync = False
+            self._wake_scheduled = False
+
+    async def _main(self, constructed: bool = False) -> None:
         owner = self.owner
         _state.current_actor.set(owner)
-        await owner._construct()
+        if not constructed:
+            await owner._construct()
+        elif self.incoming:  # what arrived while the thread ran without a loop, after what it took
+            self._drain_incoming()
         pending = self.pending
         control = self.control
         loop = self.loop

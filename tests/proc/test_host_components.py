@@ -46,7 +46,7 @@ class Inside(Actor):
         return {
             "components": sorted(type(getattr(host, a)).__name__
                                  for a in ("_mailbox", "_invoker", "_failing", "_stopping")),
-            "loop_is_mailbox_loop": host.loop is host._mailbox.loop,
+            "runs_without_a_loop": host._mailbox.own_loop is None,  # (a sync actor: none until one is needed)
             "current_reply": host._current_reply[2] if host._current_reply is not None else None,
             "queues": [type(q).__name__ for q in (host._incoming, host._pending, host._control)],
             "stop_requested": host._stop_requested,
@@ -56,13 +56,15 @@ class Inside(Actor):
 def test_the_host_is_its_components_and_keeps_the_names_other_layers_read() -> None:
     procs = this_host().spawn_procs(per_host={"p": 1})
     try:
+        first = procs.spawn(fresh("first"), Inside).slice(p=0)  # (the proc's first actor reads its sockets: a loop)
+        assert first.parts.call_one().get(timeout=T)["runs_without_a_loop"] is False
         one = procs.spawn(fresh("inside"), Inside).slice(p=0)
         got = one.parts.call_one().get(timeout=T)
     finally:
         procs.stop().get(timeout=T)
     assert got == {
         "components": ["Failing", "Invoker", "Mailbox", "Stopping"],
-        "loop_is_mailbox_loop": True,
+        "runs_without_a_loop": True,
         "current_reply": "parts",  # the message being handled, as ``Port`` and telemetry read it
         "queues": ["deque", "deque", "deque"],
         "stop_requested": False,

@@ -42,7 +42,7 @@ class Probe(Actor):
         gc.collect()
         hosts = [o for o in gc.get_objects() if type(o) is ActorHost]
         threads = [t.name for t in threading.enumerate() if t.name.startswith("monarch-actor-")]
-        loops = [h for h in hosts if not h.loop.is_closed()]
+        loops = [h for h in hosts if h._mailbox.own_loop is not None and not h._mailbox.own_loop.is_closed()]
         return [len(hosts), len(loops), threads]
 
 
