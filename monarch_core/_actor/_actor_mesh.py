@@ -224,7 +224,11 @@ class ActorMesh(_Mesh, Generic[T]):
             h, trace = GatherReplies(kernel, self._region_.extent, ep, ValueMesh), None
         call = Call(ep.name, payload, bufs, (rt.proc_id, kernel.address, h.port_id), h.port_id, None,
                     ep.explicit_response_port, _sender_name(), trace)
-        h.procs = self._recipients.cast(kernel, None, call, gather=h)
+        recipients = self._recipients
+        by_rank = recipients.rank_procs()
+        if by_rank is not None:
+            h.by_rank(by_rank)
+        h.procs = recipients.cast(kernel, None, call, gather=h)
         return h.cell
 
     def _call_stream(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict) -> StreamIterator[Any]:
@@ -243,7 +247,11 @@ class ActorMesh(_Mesh, Generic[T]):
             h, trace = StreamReplies(kernel, n, ep), None
         call = Call(ep.name, payload, bufs, (rt.proc_id, kernel.address, h.port_id), h.port_id, None,
                     ep.explicit_response_port, _sender_name(), trace)
-        h.procs = self._recipients.cast(kernel, None, call)
+        recipients = self._recipients
+        by_rank = recipients.rank_procs()
+        if by_rank is not None:
+            h.by_rank(by_rank)
+        h.procs = recipients.cast(kernel, None, call)
         return StreamIterator(h)
 
     def _cast(self, ep: Endpoint[Any, Any], args: tuple, kwargs: dict, port: Any, only: int | None,

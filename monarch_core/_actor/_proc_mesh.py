@@ -141,6 +141,7 @@ class ProcMesh(_Mesh):
             Supervised(key, name, Class.__qualname__, mesh, owner_host, mesh._health, members)
         )
         trace, traced = rt.instrumentation.spawn_trace(name)  # (the ``__init__`` s record under a traced spawn)
+        gather.by_rank([slot.proc_id for slot in members])  # (a proc that answered and then ended fails nothing)
         for i, slot in enumerate(members):
             _send.control(kernel, slot.proc_id, slot.address if slot.ready.is_set() else None,
                           C.Spawn(key, name, i, region.labels, region.sizes, reply, Class.__qualname__, owner, trace),

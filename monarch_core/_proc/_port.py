@@ -404,10 +404,44 @@ class OneReply(Cell, PortHandler):
         self.set_exception(_in_context(exc, self.describe, self.adverb, [self.index], proc_id))
 
 
+class RankProcs:
+    """The proc that answers for each rank of a cast sent straight to its
+    members (``procs[rank]``), and how many of each proc's ranks have not
+    answered yet: a proc that answered for all its ranks and then ended (a
+    stop, right after its last reply) does not fail the call, whose other
+    ranks may still be on their way.  Used under its port's lock."""
+
+    __slots__ = ("procs", "owed")
+
+    def __init__(self, procs: list[str]) -> None:
+        self.procs = procs
+        owed: dict[str, int] = {}
+        for p in procs:
+            owed[p] = owed.get(p, 0) + 1
+        self.owed = owed
+
+    def answered(self, rank: int) -> str | None:
+        """Rank ``rank`` answered: its proc, if that proc owes nothing more."""
+        if not 0 <= rank < len(self.procs):
+            return None
+        p = self.procs[rank]
+        left = self.owed[p] - 1
+        if left < 0:
+            return None
+        self.owed[p] = left
+        return p if left == 0 else None
+
+    def settled(self, proc_id: str | None) -> bool:
+        """Whether ``proc_id`` answered for every rank it had."""
+        return proc_id is not None and self.owed.get(proc_id) == 0
+
+
 class GatherReplies(PortHandler):
     """Collects one reply per rank of a cast into a ``ValueMesh`` (``call``,
     ``initialized``).  The first error fails the whole future, named as a
-    failure of the call ``describe`` (a :class:`CallSite` or a plain text)."""
+    failure of the call ``describe`` (a :class:`CallSite` or a plain text);
+    the end of a proc that had answered for all its ranks is not one, when
+    the ranks' procs are known (:meth:`by_rank`)."""
 
     def __init__(self, kernel: Kernel, extent: Extent, describe: Any, build: Callable[[Extent, list], Any],
                  adverb: str = "call") -> None:
@@ -423,6 +457,22 @@ class GatherReplies(PortHandler):
         self.build = build
         self.port_id = kernel.add_port(self)
         self.procs: list[str] = []
+        self.ranks: RankProcs | None = None
+
+    def by_rank(self, procs: list[str]) -> None:
+        """``procs[rank]`` answers for ``rank`` (a cast straight to the
+        members, told before it is sent): a proc that answered for all its
+        ranks is no longer waited on, and its end fails nothing."""
+        if len(procs) == self.n:
+            self.ranks = RankProcs(procs)
+
+    def concerns(self, proc_id: str | None) -> bool:
+        """Whether the end of ``proc_id`` fails this call (it still owes a reply, or that is not known)."""
+        ranks = self.ranks
+        if ranks is None:
+            return True
+        with self.lock:
+            return not ranks.settled(proc_id)
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         if status == W.S_BATCH:  # replies gathered by a cast tree
@@ -440,6 +490,10 @@ class GatherReplies(PortHandler):
             self.results[rank] = (payload, buffers)
             self.count += 1
             done = self.count == self.n
+            ranks = self.ranks
+            settled = ranks.answered(rank) if ranks is not None and not done else None
+        if settled is not None:
+            self.kernel.reply_done(settled, self.port_id)
         if done:
             self._done()
             results, extent, build = self.results, self.extent, self.build
@@ -456,13 +510,17 @@ class GatherReplies(PortHandler):
         self.cell.set_lazy(_decode_reply, (status, payload, buffers, describe, adverb, rank))
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        if not self.concerns(proc_id):  # it answered for all its ranks before it ended
+            return
         self._done()
         self.cell.set_exception(_in_context(exc, self.describe, self.adverb, None, proc_id))
 
 
 class StreamReplies(PortHandler):
     """Hands replies out in arrival order, one cell each (``stream``);
-    failures are named as failures of the call ``describe``."""
+    failures are named as failures of the call ``describe``; the end of a
+    proc that had answered for all its ranks is not one, when the ranks'
+    procs are known (:meth:`by_rank`)."""
 
     def __init__(self, kernel: Kernel, n: int, describe: Any, adverb: str = "stream") -> None:
         self.kernel = kernel
@@ -474,6 +532,20 @@ class StreamReplies(PortHandler):
         self.lock = threading.Lock()
         self.port_id = kernel.add_port(self)
         self.procs: list[str] = []
+        self.ranks: RankProcs | None = None
+
+    def by_rank(self, procs: list[str]) -> None:
+        """``procs[rank]`` answers for ``rank`` (as ``GatherReplies.by_rank``)."""
+        if len(procs) == self.n:
+            self.ranks = RankProcs(procs)
+
+    def concerns(self, proc_id: str | None) -> bool:
+        """Whether the end of ``proc_id`` fails the replies still to come."""
+        ranks = self.ranks
+        if ranks is None:
+            return True
+        with self.lock:
+            return not ranks.settled(proc_id)
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         with self.lock:
@@ -482,6 +554,10 @@ class StreamReplies(PortHandler):
             cell = self.cells[self.next]
             self.next += 1
             last = self.next == self.n
+            ranks = self.ranks
+            settled = ranks.answered(rank) if ranks is not None and not last else None
+        if settled is not None:
+            self.kernel.reply_done(settled, self.port_id)
         if last:
             self.kernel.remove_port(self.port_id)
             for p in self.procs:
@@ -493,6 +569,8 @@ class StreamReplies(PortHandler):
             cell.set_lazy(_decode_reply, (status, payload, buffers, describe, adverb, rank))
 
     def fail(self, exc: BaseException, proc_id: str | None = None) -> None:
+        if not self.concerns(proc_id):  # it answered for all its ranks before it ended
+            return
         exc = _in_context(exc, self.describe, self.adverb, None, proc_id)
         with self.lock:
             rest = self.cells[self.next :]

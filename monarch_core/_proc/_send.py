@@ -70,7 +70,7 @@ class Recipients:
     ``region`` over them; and what the cast tree keeps of the view between
     casts.  Indices are the view's ranks."""
 
-    __slots__ = ("key", "members", "region", "_whole", "_view", "_tree_sent", "_headers", "_roots")
+    __slots__ = ("key", "members", "region", "_whole", "_view", "_tree_sent", "_headers", "_roots", "_rank_procs")
 
     def __init__(self, key: str, members: list, region: Region) -> None:
         self.key = key
@@ -81,6 +81,7 @@ class Recipients:
         self._tree_sent: tuple | None = None  # (kernel, deaths known) when the member table last went out
         self._headers: dict = {}  # the marshal parts of the actor headers sent to them (``W.actor_header``)
         self._roots: list[int] | None = None  # the view's rank -> member index (below TREE_MIN: at most that many)
+        self._rank_procs: list[str] | None = None  # the view's rank -> its proc id (``rank_procs``)
 
     def send_one(self, kernel: Kernel, index: int, call: Call) -> str | tuple[str, ...]:
         """Send ``call`` to rank ``index``; the proc its reply comes from
@@ -103,6 +104,22 @@ class Recipients:
         else:
             kernel.send(slot.proc_id, addr, W.K_ACTOR, W.F_PACKED, header, call.payload, call.bufs, call.reply_port)
         return slot.proc_id
+
+    def rank_procs(self) -> list[str] | None:
+        """The proc of each rank of the view when a cast to all of it goes
+        straight to the members (a mesh below ``_tree.TREE_MIN``); None when
+        it goes through the cast tree, whose forwarders carry other ranks'
+        replies."""
+        members = self.members
+        if len(members) >= _tree.TREE_MIN:
+            return None
+        procs = self._rank_procs
+        if procs is None:
+            roots = self._roots
+            if roots is None:
+                roots = self._roots = self.region.root_ranks()
+            procs = self._rank_procs = [members[roots[i]].proc_id for i in range(self.region.nelements)]
+        return procs
 
     def cast(self, kernel: Kernel, indices: Sequence[int] | None, call: Call, gather: Any = None) -> list[str]:
         """Send ``call`` to the ranks ``indices`` (None: all of them), through

@@ -272,6 +272,8 @@ class TimedGather(_RecordsOnce, GatherReplies):
         GatherReplies._done(self)
 
     def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
+        if not self.concerns(proc_id):  # (a proc that had answered ended: not a failure of the call)
+            return
         with self.lock:
             if self.err is None:
                 self.err = type(exc).__name__
@@ -296,6 +298,8 @@ class TimedStream(_RecordsOnce, StreamReplies):
             self._record(None)
 
     def fail(self, exc: BaseException, proc_id: Optional[str] = None) -> None:
+        if not self.concerns(proc_id):  # (a proc that had answered ended: not a failure of the call)
+            return
         self._record(type(exc).__name__)
         StreamReplies.fail(self, exc, proc_id)
 

@@ -4,7 +4,14 @@ child watch and reads its replies on the poller thread; a stopping proc
 that sent its last reply just before it exited could lose that race, and
 the call then failed with ``SupervisionError`` although it was answered
 (the debugger's release test saw it under load).  The exit is now reported
-once the proc's connections were read to their end."""
+once the proc's connections were read to their end.
+
+And a proc that answered for its ranks and then ended does not fail a call
+whose other ranks are still working: a ``call()`` to two procs being
+stopped, where one answers at once (its proc then ends) and the other a
+second later, returns both answers (the debugger's release test saw this
+fail under load, when one rank's proc ended before the other rank's reply
+came)."""
 
 from __future__ import annotations
 
@@ -81,3 +88,42 @@ def test_a_reply_sent_just_before_the_proc_ended_resolves_the_call(client_script
     assert res.returncode == 0, describe(res)
     assert "outcome 42" in res.stdout, describe(res)
     assert "held True" in res.stdout, describe(res)  # the reply really waited unread until after the exit
+
+
+TWO_RANKS = r"""
+import time
+
+from monarch_core.actor import Actor, current_rank, endpoint, this_host
+
+
+class Staggered(Actor):
+    @endpoint
+    def answer(self, delays: list) -> int:
+        rank = current_rank().rank
+        time.sleep(delays[rank])
+        return rank
+
+
+pm = this_host().spawn_procs(per_host={"p": 2})
+a = pm.spawn("staggered", Staggered)
+a.answer.call([0, 0]).get(timeout=60)  # both constructed
+call = a.answer.call([0.0, 1.5])
+stream = a.answer.stream([0.0, 1.5])
+time.sleep(0.2)  # rank 0 answered both; rank 1 is still sleeping
+pm.stop().get(timeout=60)  # rank 0's proc ends at once, rank 1's once it has answered
+try:
+    print("call", sorted(call.get(timeout=30).values()), flush=True)
+except Exception as e:
+    print("call", type(e).__name__, e, flush=True)
+try:
+    print("stream", sorted(f.get(timeout=30) for f in stream), flush=True)
+except Exception as e:
+    print("stream", type(e).__name__, e, flush=True)
+"""
+
+
+def test_a_proc_that_answered_and_ended_does_not_fail_the_call_to_the_others(client_script) -> None:
+    res = client_script(TWO_RANKS, timeout=120)
+    assert res.returncode == 0, describe(res)
+    assert "call [0, 1]" in res.stdout, describe(res)
+    assert "stream [0, 1]" in res.stdout, describe(res)
