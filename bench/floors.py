@@ -62,6 +62,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _table as T  # noqa: E402 - bench's shared statistics (the anchors' percentile)
@@ -105,9 +106,9 @@ def _unframe(buf: bytes) -> tuple[list, bytes]:
     return msgs, buf
 
 
-def _echo_server(sock: socket.socket) -> None:
-    """A child's loop: block in epoll, answer every framed request with a
-    framed reply; exit at end of stream."""
+def _requests(sock: socket.socket) -> Iterator[list]:
+    """A child's loop: block in epoll, yield the framed requests of each
+    read (a list); exit at end of stream."""
     ep = select.epoll()
     ep.register(sock.fileno(), select.EPOLLIN)
     buf = b""
@@ -117,6 +118,12 @@ def _echo_server(sock: socket.socket) -> None:
         if not data:
             os._exit(0)
         msgs, buf = _unframe(buf + data)
+        yield msgs
+
+
+def _echo_server(sock: socket.socket) -> None:
+    """A child's loop: answer every framed request with a framed reply."""
+    for msgs in _requests(sock):
         if msgs:
             sock.sendall(b"".join(_frame(("reply", m[1], None)) for m in msgs))
 
@@ -341,15 +348,7 @@ def _actor_server(sock: socket.socket) -> None:
             with lock:
                 sock.sendall(data)
 
-    ep = select.epoll()
-    ep.register(sock.fileno(), select.EPOLLIN)
-    buf = b""
-    while True:
-        ep.poll()
-        data = sock.recv(1 << 20)
-        if not data:
-            os._exit(0)
-        msgs, buf = _unframe(buf + data)
+    for msgs in _requests(sock):
         for m in msgs:
             if m[0] == "spawn":
                 q: queue.SimpleQueue = queue.SimpleQueue()

@@ -435,6 +435,20 @@ class RankProcs:
         """Whether ``proc_id`` answered for every rank it had."""
         return proc_id is not None and self.owed.get(proc_id) == 0
 
+    @staticmethod
+    def of(procs: list[str], n: int) -> RankProcs | None:
+        """The ranks' procs of a port expecting ``n`` replies (None: not one per rank)."""
+        return RankProcs(procs) if len(procs) == n else None
+
+    @staticmethod
+    def concerns(ranks: RankProcs | None, lock: threading.Lock, proc_id: str | None) -> bool:
+        """Whether the end of ``proc_id`` fails a port whose ranks' procs are
+        ``ranks`` (guarded by ``lock``): it still owes a reply, or that is not known."""
+        if ranks is None:
+            return True
+        with lock:
+            return not ranks.settled(proc_id)
+
 
 class GatherReplies(PortHandler):
     """Collects one reply per rank of a cast into a ``ValueMesh`` (``call``,
@@ -463,16 +477,11 @@ class GatherReplies(PortHandler):
         """``procs[rank]`` answers for ``rank`` (a cast straight to the
         members, told before it is sent): a proc that answered for all its
         ranks is no longer waited on, and its end fails nothing."""
-        if len(procs) == self.n:
-            self.ranks = RankProcs(procs)
+        self.ranks = RankProcs.of(procs, self.n)
 
     def concerns(self, proc_id: str | None) -> bool:
-        """Whether the end of ``proc_id`` fails this call (it still owes a reply, or that is not known)."""
-        ranks = self.ranks
-        if ranks is None:
-            return True
-        with self.lock:
-            return not ranks.settled(proc_id)
+        """Whether the end of ``proc_id`` fails this call (``RankProcs.concerns``)."""
+        return RankProcs.concerns(self.ranks, self.lock, proc_id)
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         if status == W.S_BATCH:  # replies gathered by a cast tree
@@ -536,16 +545,11 @@ class StreamReplies(PortHandler):
 
     def by_rank(self, procs: list[str]) -> None:
         """``procs[rank]`` answers for ``rank`` (as ``GatherReplies.by_rank``)."""
-        if len(procs) == self.n:
-            self.ranks = RankProcs(procs)
+        self.ranks = RankProcs.of(procs, self.n)
 
     def concerns(self, proc_id: str | None) -> bool:
-        """Whether the end of ``proc_id`` fails the replies still to come."""
-        ranks = self.ranks
-        if ranks is None:
-            return True
-        with self.lock:
-            return not ranks.settled(proc_id)
+        """Whether the end of ``proc_id`` fails the replies still to come (``RankProcs.concerns``)."""
+        return RankProcs.concerns(self.ranks, self.lock, proc_id)
 
     def deliver(self, rank: int, status: int, payload: Any, buffers: list) -> None:
         with self.lock:
